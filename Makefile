@@ -1,0 +1,57 @@
+# One entry point for every routine task. `make install` is safe to re-run.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PY312 := $(shell command -v python3.12 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1)
+PROTOS := $(shell find protos -name '*.proto' | sort)
+DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server
+LINT_PATHS := codegym sandbox_worker services clients tests bench
+
+.PHONY: install deb-packages venv proto check-proto buf-lint lint test bench up demo clean
+
+install: deb-packages venv node_modules/.bin/buf
+
+deb-packages:
+	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
+	  missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then echo "installing Debian packages:$$missing"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; fi; \
+	else echo "not root: make sure these Debian packages are installed: $(DEB_PACKAGES)"; fi
+
+venv:
+	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv install 3.12 or apt python3.12)"; exit 1; }
+	@test -x $(PY) || $(PY312) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+
+node_modules/.bin/buf: package.json
+	npm install --silent --no-audit --no-fund
+	@touch $@
+
+proto:
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -Iprotos --python_out=. --grpc_python_out=. \
+	  --mypy_out=. --mypy_grpc_out=. $(PROTOS)
+
+check-proto: proto
+	@git diff --exit-code -- codegym/common codegym/sandbox codegym/runtime codegym/synthesis codegym/verification \
+	  || { echo "generated protobuf code is stale: run 'make proto' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- codegym/*/v1)" || { git status --porcelain -- codegym/*/v1; \
+	  echo "untracked generated files: run 'make proto' and commit"; exit 1; }
+
+buf-lint: node_modules/.bin/buf
+	cd protos && ../node_modules/.bin/buf lint
+
+lint: buf-lint
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy codegym sandbox_worker services clients
+
+test:
+	$(VENV)/bin/pytest -q
+
+bench:
+	$(PY) bench/sandbox_bench.py
+
+clean:
+	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

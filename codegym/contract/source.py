@@ -1,0 +1,193 @@
+"""Static reading of an environment source with `ast`.
+
+The trusted side of the system must know an environment's class and tools without running its
+code (it is LLM-generated and untrusted), so everything here comes from the syntax tree.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from dataclasses import dataclass, field
+
+from codegym.contract.docstring import Docstring, parse_docstring
+from codegym.contract.errors import ContractError, Violation
+
+REQUIRED_METHODS = ("reset", "step", "get_ref_answer")
+REQUIRED_TOOLS = ("Done",)
+RECOMMENDED_TOOLS = ("Observe",)
+
+
+@dataclass
+class ToolDef:
+    """One tool: a key of `func_mapping` and the method implementing it."""
+
+    name: str
+    params: list[ast.arg]
+    defaults: dict[str, ast.expr]
+    signature: str
+    docstring: Docstring
+    line: int
+
+
+@dataclass
+class EnvSpec:
+    """What the contract checker learned about a source."""
+
+    class_name: str
+    tools: list[ToolDef]
+    methods: dict[str, int]
+    sha256: str
+    violations: list[Violation] = field(default_factory=list)
+    warnings: list[Violation] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def tool(self, name: str) -> ToolDef | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+
+def sha256_text(source: str) -> str:
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
+def _is_env_base(base: ast.expr) -> bool:
+    if isinstance(base, ast.Attribute):
+        return base.attr == "Env"
+    return isinstance(base, ast.Name) and base.id == "Env"
+
+
+def find_env_classes(tree: ast.Module) -> list[ast.ClassDef]:
+    """Top-level classes deriving from `gymnasium.Env` (or `gym.Env`, or an imported `Env`)."""
+    return [n for n in tree.body if isinstance(n, ast.ClassDef) and any(_is_env_base(b) for b in n.bases)]
+
+
+def _find_func_mapping(cls: ast.ClassDef) -> tuple[ast.expr | None, int | None]:
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+            for sub in ast.walk(node):
+                targets: list[ast.expr] = []
+                value: ast.expr | None = None
+                if isinstance(sub, ast.Assign):
+                    targets, value = list(sub.targets), sub.value
+                elif isinstance(sub, ast.AnnAssign) and sub.value is not None:
+                    targets, value = [sub.target], sub.value
+                for target in targets:
+                    if (
+                        isinstance(target, ast.Attribute)
+                        and target.attr == "func_mapping"
+                        and isinstance(target.value, ast.Name)
+                        and target.value.id == "self"
+                    ):
+                        return value, sub.lineno
+    return None, None
+
+
+def _signature(fn: ast.FunctionDef) -> tuple[list[ast.arg], dict[str, ast.expr], str]:
+    args = fn.args
+    positional = list(args.posonlyargs) + list(args.args)
+    if positional and positional[0].arg == "self":
+        positional = positional[1:]
+    defaults = list(args.defaults)
+    default_map: dict[str, ast.expr] = {}
+    for arg, default in zip(positional[len(positional) - len(defaults) :], defaults, strict=True):
+        default_map[arg.arg] = default
+    for arg, kw_default in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+        if kw_default is not None:
+            default_map[arg.arg] = kw_default
+    shown = ast.arguments(
+        posonlyargs=[],
+        args=positional,
+        vararg=args.vararg,
+        kwonlyargs=args.kwonlyargs,
+        kw_defaults=args.kw_defaults,
+        kwarg=args.kwarg,
+        defaults=defaults,
+    )
+    return positional + list(args.kwonlyargs), default_map, ast.unparse(shown)
+
+
+def analyze_source(source: str) -> EnvSpec:
+    """Read a source and report every contract violation found (an empty list means it complies)."""
+    digest = sha256_text(source)
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        msg = f"syntax error: {exc.msg}"
+        return EnvSpec("", [], {}, digest, [Violation("syntax_error", msg, exc.lineno)])
+    classes = find_env_classes(tree)
+    if not classes:
+        return EnvSpec("", [], {}, digest, [Violation("no_env_class", "no class deriving from gymnasium.Env")])
+    if len(classes) > 1:
+        names = ", ".join(f"{c.name} (line {c.lineno})" for c in classes)
+        return EnvSpec(
+            "", [], {}, digest, [Violation("several_env_classes", f"several env classes: {names}", classes[1].lineno)]
+        )
+    cls = classes[0]
+    methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
+    spec = EnvSpec(cls.name, [], {name: fn.lineno for name, fn in methods.items()}, digest)
+    for name in REQUIRED_METHODS:
+        if name not in methods:
+            spec.violations.append(Violation("missing_method", f"{cls.name} has no method {name}()", cls.lineno))
+    mapping, line = _find_func_mapping(cls)
+    if mapping is None:
+        spec.violations.append(
+            Violation("func_mapping_missing", "__init__ does not assign self.func_mapping", cls.lineno)
+        )
+        return spec
+    if not isinstance(mapping, ast.Dict):
+        spec.violations.append(
+            Violation("func_mapping_not_dict", "self.func_mapping must be a dict literal {\"Tool\": CODE, ...}", line)
+        )
+        return spec
+    for key in mapping.keys:
+        if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+            spec.violations.append(
+                Violation("func_mapping_key", "func_mapping keys must be string literals (tool names)", line)
+            )
+            continue
+        _add_tool(spec, key.value, methods.get(key.value), line)
+    names = [t.name for t in spec.tools]
+    for name in REQUIRED_TOOLS:
+        if name not in names:
+            spec.violations.append(Violation("missing_tool", f"required tool {name} is not in func_mapping", line))
+    for name in RECOMMENDED_TOOLS:
+        if name not in names:
+            spec.warnings.append(Violation("missing_tool", f"tool {name} is not in func_mapping", line))
+    if "solve" not in methods:
+        spec.warnings.append(Violation("missing_method", f"{cls.name} has no solve()", cls.lineno))
+    return spec
+
+
+def _add_tool(spec: EnvSpec, name: str, fn: ast.FunctionDef | None, mapping_line: int | None) -> None:
+    if fn is None:
+        spec.violations.append(
+            Violation("tool_without_method", f"tool {name} has no method {name}() in {spec.class_name}", mapping_line)
+        )
+        return
+    doc_text = ast.get_docstring(fn, clean=True)
+    if not doc_text:
+        spec.violations.append(Violation("tool_without_docstring", f"tool {name} has no docstring", fn.lineno))
+        return
+    doc = parse_docstring(doc_text)
+    missing = doc.missing_sections()
+    if missing:
+        spec.violations.append(
+            Violation(
+                "tool_docstring_sections",
+                f"docstring of tool {name} lacks section(s): {', '.join(s + ':' for s in missing)}",
+                fn.lineno,
+            )
+        )
+    params, defaults, signature = _signature(fn)
+    spec.tools.append(ToolDef(name, params, defaults, signature, doc, fn.lineno))
+
+
+def parse_env_source(source: str) -> EnvSpec:
+    """Like `analyze_source`, but raise `ContractError` naming every violation."""
+    spec = analyze_source(source)
+    if spec.violations:
+        raise ContractError(spec.violations)
+    return spec
