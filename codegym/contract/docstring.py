@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 SECTION_NAMES = ("Args", "Returns", "Example Output", "Raises", "Note", "Notes", "Example", "Examples")
 REQUIRED_SECTIONS = ("Args", "Returns", "Example Output")
-_SECTION_RE = re.compile(r"^(%s):\s*$" % "|".join(re.escape(s) for s in SECTION_NAMES))
+_SECTION_RE = re.compile(r"^({}):\s*$".format("|".join(re.escape(s) for s in SECTION_NAMES)))
 _ARG_RE = re.compile(r"^\s*(\*{0,2}\w+)\s*(?:\(([^)]*)\))?\s*:\s*(.*)$")
 
 
@@ -69,7 +69,9 @@ def parse_docstring(cleaned: str) -> Docstring:
             sections[current].append(line)
     paragraphs = "\n".join(summary_lines).strip().split("\n\n")
     summary = " ".join(paragraphs[0].split()) if paragraphs and paragraphs[0] else ""
-    return Docstring(lines=lines, summary=summary, sections=sections, args=_parse_args(sections.get("Args", [])))
+    return Docstring(
+        lines=lines, summary=summary, sections=sections, args=_parse_args(sections.get("Args", []))
+    )
 
 
 def _parse_args(body: list[str]) -> list[ArgDoc]:

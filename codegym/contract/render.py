@@ -35,7 +35,9 @@ _SIMPLE_TYPES = {
 
 def tool_text(tool: ToolDef) -> str:
     """One `Function:` block: signature without `self`, docstring without `Example Output`."""
-    body = "\n".join(f"    {line}" if line.strip() else "" for line in tool.docstring.without_section("Example Output"))
+    body = "\n".join(
+        f"    {line}" if line.strip() else "" for line in tool.docstring.without_section("Example Output")
+    )
     return f'Function:\n\ndef {tool.name}({tool.signature}):\n    r"""\n\n{body}\n\n    """\n'
 
 
@@ -70,7 +72,11 @@ def _type_schema(node: ast.expr | None) -> dict[str, Any]:
             return _union([_type_schema(e) for e in inner.elts])
         if outer.get("type") == "array":
             if isinstance(inner, ast.Tuple):
-                items = [_type_schema(e) for e in inner.elts if not (isinstance(e, ast.Constant) and e.value is ...)]
+                items = [
+                    _type_schema(e)
+                    for e in inner.elts
+                    if not (isinstance(e, ast.Constant) and e.value is ...)
+                ]
                 merged = _union(items) if items else {}
                 return {"type": "array", "items": merged} if merged else {"type": "array"}
             item = _type_schema(inner)

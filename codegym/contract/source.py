@@ -81,7 +81,7 @@ def _find_func_mapping(cls: ast.ClassDef) -> tuple[ast.expr | None, int | None]:
                         and isinstance(target.value, ast.Name)
                         and target.value.id == "self"
                     ):
-                        return value, sub.lineno
+                        return value, target.lineno
     return None, None
 
 
@@ -119,18 +119,26 @@ def analyze_source(source: str) -> EnvSpec:
         return EnvSpec("", [], {}, digest, [Violation("syntax_error", msg, exc.lineno)])
     classes = find_env_classes(tree)
     if not classes:
-        return EnvSpec("", [], {}, digest, [Violation("no_env_class", "no class deriving from gymnasium.Env")])
+        return EnvSpec(
+            "", [], {}, digest, [Violation("no_env_class", "no class deriving from gymnasium.Env")]
+        )
     if len(classes) > 1:
         names = ", ".join(f"{c.name} (line {c.lineno})" for c in classes)
         return EnvSpec(
-            "", [], {}, digest, [Violation("several_env_classes", f"several env classes: {names}", classes[1].lineno)]
+            "",
+            [],
+            {},
+            digest,
+            [Violation("several_env_classes", f"several env classes: {names}", classes[1].lineno)],
         )
     cls = classes[0]
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
     spec = EnvSpec(cls.name, [], {name: fn.lineno for name, fn in methods.items()}, digest)
     for name in REQUIRED_METHODS:
         if name not in methods:
-            spec.violations.append(Violation("missing_method", f"{cls.name} has no method {name}()", cls.lineno))
+            spec.violations.append(
+                Violation("missing_method", f"{cls.name} has no method {name}()", cls.lineno)
+            )
     mapping, line = _find_func_mapping(cls)
     if mapping is None:
         spec.violations.append(
@@ -139,7 +147,9 @@ def analyze_source(source: str) -> EnvSpec:
         return spec
     if not isinstance(mapping, ast.Dict):
         spec.violations.append(
-            Violation("func_mapping_not_dict", "self.func_mapping must be a dict literal {\"Tool\": CODE, ...}", line)
+            Violation(
+                "func_mapping_not_dict", 'self.func_mapping must be a dict literal {"Tool": CODE, ...}', line
+            )
         )
         return spec
     for key in mapping.keys:
@@ -149,12 +159,14 @@ def analyze_source(source: str) -> EnvSpec:
             )
             continue
         _add_tool(spec, key.value, methods.get(key.value), line)
-    names = [t.name for t in spec.tools]
+    tool_names = [t.name for t in spec.tools]
     for name in REQUIRED_TOOLS:
-        if name not in names:
-            spec.violations.append(Violation("missing_tool", f"required tool {name} is not in func_mapping", line))
+        if name not in tool_names:
+            spec.violations.append(
+                Violation("missing_tool", f"required tool {name} is not in func_mapping", line)
+            )
     for name in RECOMMENDED_TOOLS:
-        if name not in names:
+        if name not in tool_names:
             spec.warnings.append(Violation("missing_tool", f"tool {name} is not in func_mapping", line))
     if "solve" not in methods:
         spec.warnings.append(Violation("missing_method", f"{cls.name} has no solve()", cls.lineno))
@@ -164,12 +176,18 @@ def analyze_source(source: str) -> EnvSpec:
 def _add_tool(spec: EnvSpec, name: str, fn: ast.FunctionDef | None, mapping_line: int | None) -> None:
     if fn is None:
         spec.violations.append(
-            Violation("tool_without_method", f"tool {name} has no method {name}() in {spec.class_name}", mapping_line)
+            Violation(
+                "tool_without_method",
+                f"tool {name} has no method {name}() in {spec.class_name}",
+                mapping_line,
+            )
         )
         return
     doc_text = ast.get_docstring(fn, clean=True)
     if not doc_text:
-        spec.violations.append(Violation("tool_without_docstring", f"tool {name} has no docstring", fn.lineno))
+        spec.violations.append(
+            Violation("tool_without_docstring", f"tool {name} has no docstring", fn.lineno)
+        )
         return
     doc = parse_docstring(doc_text)
     missing = doc.missing_sections()

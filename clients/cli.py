@@ -1,0 +1,28 @@
+"""The `codegym` command line. Each command group lives in its own module and registers here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from clients import env_commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="codegym",
+        description="CodeGym service: interactive, verified tool-use environments for RL training of agents.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    env_commands.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
