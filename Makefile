@@ -7,9 +7,10 @@ PROTOS := $(shell find protos -name '*.proto' | sort)
 DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server
 LINT_PATHS := codegym sandbox_worker services clients tests bench
 
-.PHONY: install deb-packages venv proto check-proto buf-lint lint test bench up demo clean
 
-install: deb-packages venv node_modules/.bin/buf
+.PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test bench up demo clean
+
+install: deb-packages venv node_modules/.bin/buf jail-paths
 
 deb-packages:
 	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
@@ -18,6 +19,14 @@ deb-packages:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null || \
 	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing >/dev/null; }; fi; \
 	else echo "not root: make sure these Debian packages are installed: $(DEB_PACKAGES)"; fi
+
+# Jails run as unprivileged uids, and nsjail mounts the interpreter as such a uid: every directory
+# above the interpreter and the venv must be traversable (o+x; listing stays forbidden).
+jail-paths: venv
+	@for p in $$($(PY) -c 'import sys; print(sys.base_prefix, sys.prefix)'); do \
+	  d=$$(readlink -f $$p); while [ "$$d" != "/" ]; do \
+	    if [ ! -x "$$d" ] || [ "$$(stat -c %A $$d | cut -c10)" != "x" ]; then chmod o+x "$$d" && echo "o+x $$d (jails must reach the interpreter)"; fi; \
+	    d=$$(dirname $$d); done; done
 
 venv:
 	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv install 3.12 or apt python3.12)"; exit 1; }

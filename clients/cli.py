@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from clients import env_commands
+from clients import env_commands, sandbox_commands, serve_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     env_commands.register(sub)
+    sandbox_commands.register(sub)
+    serve_commands.register(sub)
     return parser
 
 

@@ -1,0 +1,93 @@
+"""`codegym sandbox run`: one operation on one file, printed as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from google.protobuf import json_format
+
+from codegym.grpcutil import aio_channel
+from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+
+OPS = ("create", "solve", "ref_answer", "script", "call_function")
+
+
+def build_operation(
+    source: str, op: str, config: str, *, function: str = "", args: str = "[]", stdin: str = "", seed: int = 0
+) -> pb.Operation:
+    operation = pb.Operation(source=pb.SourceRef(code=source), seed=seed)
+    if op == "create":
+        operation.create.config_json = config
+    elif op == "solve":
+        operation.solve.config_json = config
+    elif op == "ref_answer":
+        operation.ref_answer.config_json = config
+    elif op == "script":
+        operation.run_script.stdin = stdin
+    elif op == "call_function":
+        operation.call_function.function_name = function
+        operation.call_function.args_json = args
+        operation.call_function.stdin = stdin
+    return operation
+
+
+async def _run(args: argparse.Namespace, operation: pb.Operation) -> pb.OperationResult:
+    worker = None
+    target = args.target
+    if not target:
+        from sandbox_worker.server import SandboxWorker
+
+        worker = SandboxWorker(jails=1)
+        await worker.start()
+        target = worker.address
+    try:
+        async with aio_channel(target, ["codegym.sandbox.v1.SandboxService"]) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            response = await stub.Execute(pb.ExecuteRequest(operation=operation), timeout=args.timeout)
+            return response.result
+    finally:
+        if worker is not None:
+            await worker.stop(grace_s=0)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        source = Path(args.file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        print(f"codegym: cannot read {args.file}: {exc}", file=sys.stderr)
+        return 2
+    operation = build_operation(
+        source, args.op, args.config, function=args.function, args=args.args, stdin=args.stdin, seed=args.seed
+    )
+    result = asyncio.run(_run(args, operation))
+    out = json_format.MessageToDict(result, preserving_proto_field_name=True)
+    if not args.show_state:
+        out.pop("state", None)
+    print(json.dumps(out, indent=2, ensure_ascii=False))
+    return 0 if result.status == pb.STATUS_OK else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    sandbox = sub.add_parser("sandbox", help="run untrusted code through a sandbox worker")
+    sandbox_sub = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="COMMAND")
+    run = sandbox_sub.add_parser(
+        "run",
+        help="run one operation on a file and print the result as JSON (exit 0 when status is OK)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    run.add_argument("file", help="environment (or solution) source file")
+    run.add_argument("--op", choices=OPS, default="solve", help="operation")
+    run.add_argument("--config", default="{}", help="task config JSON (create, solve, ref_answer)")
+    run.add_argument("--function", default="", help="function name (call_function)")
+    run.add_argument("--args", default="[]", help="JSON array of arguments (call_function)")
+    run.add_argument("--stdin", default="", help="text fed to stdin (script, call_function)")
+    run.add_argument("--seed", type=int, default=0, help="seed for random")
+    run.add_argument("--target", default="", help="HOST:PORT of a worker; empty starts one in-process")
+    run.add_argument("--timeout", type=float, default=60.0, help="RPC deadline in seconds")
+    run.add_argument("--show-state", action="store_true", help="include the opaque state (base64)")
+    run.set_defaults(func=cmd_run)

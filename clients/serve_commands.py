@@ -1,0 +1,73 @@
+"""`codegym serve ...`: run one server in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+
+from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits
+
+
+def _serve_sandbox(args: argparse.Namespace) -> int:
+    from sandbox_worker.server import SandboxWorker, serve
+
+    worker = SandboxWorker(
+        host=args.host,
+        port=args.port,
+        jails=args.jails,
+        jail_limits=JailLimits(memory_mb=args.jail_memory_mb, pids=args.jail_pids),
+        defaults=RequestLimits(args.wall_ms, args.cpu_ms, args.memory_mb, args.output_bytes),
+        maximum=MAX_LIMITS,
+    )
+    asyncio.run(serve(worker))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="run a server in the foreground")
+    serve_sub = serve.add_subparsers(dest="serve_command", required=True, metavar="SERVER")
+    sandbox = serve_sub.add_parser(
+        "sandbox",
+        help="sandbox worker: runs untrusted environment code in nsjail jails",
+        description="Stateless gRPC executor of untrusted environment code. Limits below are per request "
+        f"defaults; a request may ask for more up to wall {MAX_LIMITS.wall_ms} ms, CPU {MAX_LIMITS.cpu_ms} ms, "
+        f"memory {MAX_LIMITS.memory_mb} MiB, output {MAX_LIMITS.output_bytes} bytes.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    sandbox.add_argument("--host", default="127.0.0.1", help="address to bind")
+    sandbox.add_argument("--port", type=int, default=50061, help="port (0 = any free port)")
+    sandbox.add_argument(
+        "--jails", type=int, default=os.cpu_count() or 2, help="long-lived jails in the pool"
+    )
+    sandbox.add_argument(
+        "--wall-ms", type=int, default=DEFAULT_LIMITS.wall_ms, help="wall-clock limit per request"
+    )
+    sandbox.add_argument("--cpu-ms", type=int, default=DEFAULT_LIMITS.cpu_ms, help="CPU limit per request")
+    sandbox.add_argument(
+        "--memory-mb",
+        type=int,
+        default=DEFAULT_LIMITS.memory_mb,
+        help="memory a request may add to the pre-loaded interpreter (RLIMIT_AS)",
+    )
+    sandbox.add_argument(
+        "--output-bytes",
+        type=int,
+        default=DEFAULT_LIMITS.output_bytes,
+        help="cap on captured stdout and stderr, each",
+    )
+    sandbox.add_argument(
+        "--jail-memory-mb",
+        type=int,
+        default=JailLimits.memory_mb,
+        help="cgroup memory limit of a whole jail (zygote + request)",
+    )
+    sandbox.add_argument(
+        "--jail-pids",
+        type=int,
+        default=JailLimits.pids,
+        help="process limit of a whole jail (cgroup pids and RLIMIT_NPROC)",
+    )
+    sandbox.add_argument("--log-level", default="INFO", help="logging level")
+    sandbox.set_defaults(func=lambda a: (logging.basicConfig(level=a.log_level), _serve_sandbox(a))[1])

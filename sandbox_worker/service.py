@@ -1,0 +1,249 @@
+"""The `codegym.sandbox.v1.SandboxService` servicer.
+
+Bad requests and overload are RPC errors; everything the untrusted code does (raise, loop, eat
+memory, die) is an `OperationResult` with a status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+from typing import Any
+
+import grpc
+
+from codegym.common.v1 import common_pb2
+from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from sandbox_worker.cache import SourceCache
+from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, RequestLimits
+from sandbox_worker.pool import JailPool
+
+log = logging.getLogger(__name__)
+
+STATUS = {
+    "ok": pb.STATUS_OK,
+    "env_error": pb.STATUS_ENV_ERROR,
+    "timeout": pb.STATUS_TIMEOUT,
+    "memory_limit": pb.STATUS_MEMORY_LIMIT,
+    "output_limit": pb.STATUS_OUTPUT_LIMIT,
+    "killed": pb.STATUS_KILLED,
+    "crashed": pb.STATUS_CRASHED,
+    "bad_request": pb.STATUS_BAD_REQUEST,
+    "source_needed": pb.STATUS_SOURCE_NEEDED,
+}
+MAX_BATCH = 4096
+
+
+class BadOperation(ValueError):
+    """An operation that cannot be served at all (INVALID_ARGUMENT)."""
+
+
+def limits_message(limits: RequestLimits) -> pb.Limits:
+    return pb.Limits(
+        wall_ms=limits.wall_ms,
+        cpu_ms=limits.cpu_ms,
+        memory_mb=limits.memory_mb,
+        output_bytes=limits.output_bytes,
+    )
+
+
+def to_result(raw: dict[str, Any], sha: str) -> pb.OperationResult:
+    """Validate a jail's JSON answer field by field; anything malformed becomes CRASHED."""
+    usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
+    try:
+        state = base64.b64decode(raw.get("state") or "", validate=True)
+        return pb.OperationResult(
+            status=STATUS.get(str(raw.get("status")), pb.STATUS_CRASHED),
+            message=str(raw.get("message", ""))[:4096],
+            stdout=str(raw.get("stdout", "")),
+            stderr=str(raw.get("stderr", "")),
+            output_truncated=bool(raw.get("output_truncated", False)),
+            usage=common_pb2.ResourceUsage(
+                wall_ms=max(0, int(usage.get("wall_ms", 0))),
+                cpu_ms=max(0, int(usage.get("cpu_ms", 0))),
+                peak_rss_kb=max(0, int(usage.get("peak_rss_kb", 0))),
+                peak_alloc_bytes=max(0, int(usage.get("peak_alloc_bytes", 0))),
+            ),
+            state=state,
+            observation=str(raw.get("observation", "")),
+            reward=float(raw.get("reward", 0.0)),
+            done=bool(raw.get("done", False)),
+            step_count=max(0, int(raw.get("step_count", 0))),
+            answer_json=str(raw.get("answer_json", "")),
+            answer_repr=str(raw.get("answer_repr", "")),
+            exit_code=int(raw.get("exit_code", 0)),
+            source_sha256=sha,
+            env_class=str(raw.get("env_class", "")),
+        )
+    except (TypeError, ValueError, OverflowError) as exc:
+        return pb.OperationResult(
+            status=pb.STATUS_CRASHED, message=f"malformed answer from the jail: {exc}", source_sha256=sha
+        )
+
+
+class SandboxServicer(pb_grpc.SandboxServiceServicer):
+    def __init__(
+        self,
+        pool: JailPool,
+        *,
+        defaults: RequestLimits = DEFAULT_LIMITS,
+        maximum: RequestLimits = MAX_LIMITS,
+        max_pending: int | None = None,
+    ) -> None:
+        self.pool = pool
+        self.cache = SourceCache()
+        self.defaults = defaults
+        self.maximum = maximum
+        self.max_pending = max_pending or pool.size * 256
+        self.pending = 0
+        self.draining = False
+
+    def _request(self, op: pb.Operation) -> tuple[dict[str, Any], int] | pb.OperationResult:
+        """The jail request for an operation, or a result when it can be answered here."""
+        kind = op.WhichOneof("kind")
+        if kind is None:
+            raise BadOperation(
+                "operation has no kind (create, step, reset, ref_answer, solve, run_script, ...)"
+            )
+        if op.source.code:
+            sha = self.cache.put(op.source.code)
+            if op.source.sha256 and op.source.sha256 != sha:
+                raise BadOperation("source.sha256 does not match source.code")
+            source = op.source.code
+        elif op.source.sha256:
+            sha = op.source.sha256.lower()
+            cached = self.cache.get(sha)
+            if cached is None:
+                return pb.OperationResult(
+                    status=pb.STATUS_SOURCE_NEEDED,
+                    message="source not cached on this worker: resend with source.code",
+                    source_sha256=sha,
+                )
+            source = cached
+        else:
+            raise BadOperation("operation has neither source.code nor source.sha256")
+        limits = self.defaults.merged(
+            self.maximum,
+            wall_ms=op.limits.wall_ms,
+            cpu_ms=op.limits.cpu_ms,
+            memory_mb=op.limits.memory_mb,
+            output_bytes=op.limits.output_bytes,
+        )
+        req: dict[str, Any] = {
+            "op": kind,
+            "sha": sha,
+            "source": source,
+            "seed": op.seed,
+            "limits": {
+                "wall_ms": limits.wall_ms,
+                "cpu_ms": limits.cpu_ms,
+                "memory_mb": limits.memory_mb,
+                "output_bytes": limits.output_bytes,
+            },
+        }
+        if kind == "create":
+            req["config"] = op.create.config_json
+        elif kind == "step":
+            req["state"] = base64.b64encode(op.step.state).decode()
+            req["action"] = op.step.action
+        elif kind == "reset":
+            req["state"] = base64.b64encode(op.reset.state).decode()
+            req["config"] = op.reset.config_json
+        elif kind == "ref_answer":
+            req["config"] = op.ref_answer.config_json
+        elif kind == "solve":
+            req["config"] = op.solve.config_json
+            req["solve_source"] = op.solve.solve_source
+            req["max_steps"] = op.solve.max_steps or 256
+        elif kind == "run_script":
+            req["stdin"] = op.run_script.stdin
+        elif kind == "call_function":
+            try:
+                args = json.loads(op.call_function.args_json or "[]")
+                kwargs = json.loads(op.call_function.kwargs_json or "{}")
+            except ValueError as exc:
+                raise BadOperation(f"call_function arguments are not JSON: {exc}") from None
+            if not isinstance(args, list) or not isinstance(kwargs, dict):
+                raise BadOperation("call_function args_json must be an array and kwargs_json an object")
+            req.update(
+                function=op.call_function.function_name,
+                args=args,
+                kwargs=kwargs,
+                stdin=op.call_function.stdin,
+            )
+        return req, limits.wall_ms
+
+    async def run(self, op: pb.Operation) -> pb.OperationResult:
+        prepared = self._request(op)
+        if isinstance(prepared, pb.OperationResult):
+            return prepared
+        req, wall_ms = prepared
+        raw = await self.pool.execute(req, wall_ms)
+        return to_result(raw, req["sha"])
+
+    async def _admit(self, context: grpc.aio.ServicerContext, count: int) -> None:
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining; retry on another worker")
+        if self.pending + count > self.max_pending:
+            context.set_trailing_metadata((("retry-after-ms", "50"),))
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"worker overloaded: {self.pending} operations pending (max {self.max_pending}); retry later",
+            )
+
+    async def Execute(
+        self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExecuteResponse:
+        await self._admit(context, 1)
+        self.pending += 1
+        try:
+            return pb.ExecuteResponse(result=await self.run(request.operation))
+        except BadOperation as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise
+        finally:
+            self.pending -= 1
+
+    async def ExecuteBatch(
+        self, request: pb.ExecuteBatchRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExecuteBatchResponse:
+        count = len(request.operations)
+        if count > MAX_BATCH:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"batch of {count} operations (max {MAX_BATCH})"
+            )
+        await self._admit(context, count)
+        try:
+            for op in request.operations:
+                self._request(op)
+        except BadOperation as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"operation rejected: {exc}")
+        limit = asyncio.Semaphore(request.max_parallel or self.pool.size)
+
+        async def one(op: pb.Operation) -> pb.OperationResult:
+            async with limit:
+                return await self.run(op)
+
+        self.pending += count
+        try:
+            results = await asyncio.gather(*(one(op) for op in request.operations))
+        finally:
+            self.pending -= count
+        return pb.ExecuteBatchResponse(results=results)
+
+    async def GetWorkerInfo(
+        self, request: pb.GetWorkerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetWorkerInfoResponse:
+        return pb.GetWorkerInfoResponse(
+            jails=self.pool.size,
+            jails_alive=self.pool.alive,
+            jails_replaced=self.pool.replaced,
+            cached_sources=len(self.cache),
+            default_limits=limits_message(self.defaults),
+            max_limits=limits_message(self.maximum),
+            isolation=self.pool.isolation,
+            operations=self.pool.operations,
+        )

@@ -1,0 +1,592 @@
+"""The zygote: the long-lived process inside a jail that forks one child per request.
+
+This file runs *inside* nsjail and is mounted there on its own, so it imports only the standard
+library and what environments use (gymnasium); never the project's packages. It talks to the
+trusted worker over its stdin/stdout with length-prefixed JSON frames, and answers one request at
+a time: after each request every other process in the jail is killed (the zygote is pid 1 of the
+jail's pid namespace, so `kill(-1)` reaches exactly the leftovers), so nothing a request starts
+outlives it and nothing leaks into the next one.
+"""
+
+import base64
+import collections
+import gc
+import hashlib
+import io
+import json
+import os
+import pickle
+import resource
+import select
+import signal
+import struct
+import sys
+import time
+import traceback
+import types
+
+PRELOAD = (
+    "gymnasium",
+    "numpy",
+    "ast",
+    "bisect",
+    "collections",
+    "copy",
+    "dataclasses",
+    "fractions",
+    "functools",
+    "heapq",
+    "itertools",
+    "math",
+    "operator",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "typing",
+)
+MODULE_NAME = "__codegym_env__"
+STATE_MAGIC = b"CGS1"
+MAX_RESULT_BYTES = 32 * 1024 * 1024
+CODE_CACHE_SIZE = 128
+HEADER = struct.Struct(">I")
+
+
+class OutputLimitExceeded(BaseException):
+    """Raised from print() once captured output passes its cap; BaseException so env code rarely swallows it."""
+
+
+class StepCapReached(BaseException):
+    """Raised from step() when a solve() exceeds its step cap."""
+
+
+class BadRequest(Exception):
+    """The request cannot be served as asked (bad config, foreign state, no env class...)."""
+
+
+class CappedWriter(io.TextIOBase):
+    def __init__(self, cap):
+        self.cap = cap
+        self.parts = []
+        self.size = 0
+        self.truncated = False
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        room = self.cap - self.size
+        if len(text) > room:
+            self.parts.append(text[: max(room, 0)])
+            self.size = self.cap
+            self.truncated = True
+            raise OutputLimitExceeded(f"output exceeded {self.cap} bytes")
+        self.parts.append(text)
+        self.size += len(text)
+        return len(text)
+
+    def getvalue(self):
+        return "".join(self.parts)
+
+
+def read_exact(fd, n):
+    chunks = []
+    while n:
+        chunk = os.read(fd, n)
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def send_frame(fd, obj):
+    body = json.dumps(obj, separators=(",", ":")).encode()
+    write_all(fd, HEADER.pack(len(body)) + body)
+
+
+def canonical(value):
+    if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    if isinstance(value, (list, tuple)):
+        return [canonical(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((canonical(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True))
+    if isinstance(value, dict):
+        return {str(k): canonical(v) for k, v in value.items()}
+    if type(value).__module__ == "numpy":
+        return canonical(value.tolist())
+    raise TypeError(type(value).__name__)
+
+
+def parse_config(text):
+    import ast
+
+    if not text or not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise BadRequest("config is neither JSON nor a Python literal") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"config must be an object, got {type(value).__name__}")
+    return value
+
+
+class Child:
+    """Everything that happens in the forked process: untrusted code runs only here."""
+
+    def __init__(self, req, code):
+        self.req = req
+        self.code = code
+        self.stdout = CappedWriter(req["limits"]["output_bytes"])
+        self.stderr = CappedWriter(req["limits"]["output_bytes"])
+        self.module = None
+
+    def load_module(self, as_main=False):
+        module = types.ModuleType("__main__" if as_main else MODULE_NAME)
+        module.__file__ = "<env>"
+        module.__builtins__ = __builtins__
+        if not as_main:
+            sys.modules[MODULE_NAME] = module
+        exec(self.code, module.__dict__)
+        self.module = module
+        return module
+
+    def env_class(self):
+        import gymnasium
+
+        found = [
+            v
+            for v in vars(self.module).values()
+            if isinstance(v, type) and issubclass(v, gymnasium.Env) and v.__module__ == self.module.__name__
+        ]
+        if len(found) != 1:
+            raise BadRequest(f"expected exactly one gymnasium.Env subclass in the source, found {len(found)}")
+        return found[0]
+
+    def make_env(self, config):
+        cls = self.env_class()
+        env = cls.from_env_str(cls.__name__ + "@" + json.dumps(config))
+        if env is None:
+            raise BadRequest(f"{cls.__name__}.from_env_str refused its own env string")
+        observation = env.reset(config)
+        return env, observation
+
+    def pack_state(self, env, config):
+        return STATE_MAGIC + bytes.fromhex(self.req["sha"]) + pickle.dumps((config, env), protocol=5)
+
+    def unpack_state(self):
+        blob = base64.b64decode(self.req.get("state") or "")
+        if blob[:4] != STATE_MAGIC:
+            raise BadRequest("state is not an environment state")
+        if blob[4:36] != bytes.fromhex(self.req["sha"]):
+            raise BadRequest("state belongs to another environment source")
+        try:
+            return pickle.loads(blob[36:])
+        except Exception as exc:
+            raise BadRequest(f"state cannot be restored: {type(exc).__name__}: {exc}") from None
+
+    def episode(self, env, result):
+        result["reward"] = float(getattr(env, "reward", 0.0) or 0.0)
+        result["done"] = bool(getattr(env, "finished", False))
+        result["step_count"] = int(getattr(env, "step_count", 0) or 0)
+
+    def run(self):
+        req = self.req
+        op = req["op"]
+        result = {"status": "ok"}
+        if op == "run_script":
+            return self.run_script(result)
+        self.load_module()
+        if op != "call_function":
+            result["env_class"] = self.env_class().__name__
+        if op == "create":
+            config = parse_config(req.get("config"))
+            env, observation = self.make_env(config)
+            result["observation"] = str(observation)
+            result["state"] = self.pack_state(env, config)
+            self.episode(env, result)
+        elif op == "step":
+            config, env = self.unpack_state()
+            out = env.step(req.get("action", ""))
+            observation = out[1] if isinstance(out, tuple) and len(out) == 2 else out
+            result["observation"] = str(observation)
+            result["state"] = self.pack_state(env, config)
+            self.episode(env, result)
+        elif op == "reset":
+            config, env = self.unpack_state()
+            if req.get("config"):
+                config = parse_config(req["config"])
+            result["observation"] = str(env.reset(config))
+            result["state"] = self.pack_state(env, config)
+            self.episode(env, result)
+        elif op == "ref_answer":
+            import tracemalloc
+
+            env, _ = self.make_env(parse_config(req.get("config")))
+            tracemalloc.start()
+            answer = env.get_ref_answer()
+            result["peak_alloc_bytes"] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+            self.answer(answer, result)
+        elif op == "solve":
+            self.solve(result)
+        elif op == "call_function":
+            fn = getattr(self.module, req.get("function", ""), None)
+            if not callable(fn):
+                raise BadRequest(f"the source has no function {req.get('function')!r}")
+            sys.stdin = io.StringIO(req.get("stdin", ""))
+            self.answer(fn(*req.get("args", []), **req.get("kwargs", {})), result)
+        else:
+            raise BadRequest(f"unknown operation {op!r}")
+        return result
+
+    def answer(self, value, result):
+        result["answer_repr"] = repr(value)[:4096]
+        try:
+            result["answer_json"] = json.dumps(canonical(value), sort_keys=True, separators=(",", ":"))
+        except (TypeError, ValueError):
+            result["answer_json"] = ""
+
+    def solve(self, result):
+        req = self.req
+        config = parse_config(req.get("config"))
+        cls = self.env_class()
+        if req.get("solve_source"):
+            namespace = dict(vars(self.module))
+            exec(compile(req["solve_source"], "<solve>", "exec"), namespace)
+            fn = namespace.get("solve")
+            if not callable(fn):
+                raise BadRequest("solve_source does not define solve(self)")
+            cls.solve = fn
+        env, _ = self.make_env(config)
+        cap = req.get("max_steps") or 256
+        original_step = env.step
+        calls = [0]
+
+        def capped_step(action):
+            calls[0] += 1
+            if calls[0] > cap:
+                raise StepCapReached(f"solve() exceeded {cap} steps")
+            return original_step(action)
+
+        env.step = capped_step
+        try:
+            result["observation"] = str(env.solve())
+        except StepCapReached as exc:
+            result["message"] = str(exc)
+        self.episode(env, result)
+
+    def run_script(self, result):
+        sys.stdin = io.StringIO(self.req.get("stdin", ""))
+        code = 0
+        try:
+            self.load_module(as_main=True)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if exc.code is not None and not isinstance(exc.code, int):
+                print(exc.code, file=sys.stderr)
+        except OutputLimitExceeded:
+            raise
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        result["exit_code"] = code
+        if code != 0:
+            result["status"] = "env_error"
+            result["message"] = f"script exited with code {code}"
+        return result
+
+
+def child_main(req_fd, result_fd, codes):
+    """A spare child: wait for one request, serve it, report, exit."""
+    started = None
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    try:
+        (length,) = HEADER.unpack(read_exact(req_fd, HEADER.size))
+        req = json.loads(read_exact(req_fd, length))
+    except (EOFError, ValueError):
+        os._exit(0)
+    started = time.monotonic()
+    limits = req["limits"]
+    cpu_s = max(1, -(-limits["cpu_ms"] // 1000))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    memory = ZYGOTE_VM_BYTES + limits["memory_mb"] * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    import random
+
+    random.seed(req.get("seed", 0))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(req.get("seed", 0) % 2**32)
+    code = codes.get(req["sha"])
+    child = None
+    try:
+        if code is None:
+            code = compile(req["source"], "<env>", "exec")
+        child = Child(req, code)
+        sys.stdout, sys.stderr = child.stdout, child.stderr
+        result = child.run()
+    except OutputLimitExceeded as exc:
+        result = {"status": "output_limit", "message": str(exc)}
+    except MemoryError:
+        result = {"status": "memory_limit", "message": "memory limit exceeded (MemoryError)"}
+    except RecursionError as exc:
+        result = {"status": "env_error", "message": f"RecursionError: {exc}"}
+    except BadRequest as exc:
+        result = {"status": "bad_request", "message": str(exc)}
+    except SystemExit as exc:
+        result = {"status": "env_error", "message": f"environment called exit({exc.code!r})"}
+    except BaseException as exc:
+        try:
+            traceback.print_exc()
+        except OutputLimitExceeded:
+            pass
+        result = {"status": "env_error", "message": f"{type(exc).__name__}: {exc}"[:2000]}
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    if child is not None:
+        result["stdout"] = child.stdout.getvalue()
+        result["stderr"] = child.stderr.getvalue()
+        result["output_truncated"] = child.stdout.truncated or child.stderr.truncated
+    if isinstance(result.get("state"), bytes):
+        result["state"] = base64.b64encode(result["state"]).decode()
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    result["usage"] = {
+        "wall_ms": int((time.monotonic() - started) * 1000),
+        "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000),
+        "peak_rss_kb": usage.ru_maxrss,
+        "peak_alloc_bytes": result.pop("peak_alloc_bytes", 0),
+    }
+    try:
+        body = json.dumps(result, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        body = json.dumps({"status": "env_error", "message": f"result not serializable: {exc}"}).encode()
+    write_all(result_fd, HEADER.pack(len(body)) + body)
+    os._exit(0)
+
+
+def vm_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+ZYGOTE_VM_BYTES = 0
+
+
+def kill_leftovers():
+    """Kill every other process in the jail and reap them (we are pid 1 of the namespace)."""
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.0005)
+
+
+class Zygote:
+    """Serves requests one at a time, each in a child forked *before* the request arrived.
+
+    Forking a process that has numpy and gymnasium loaded costs over a millisecond; doing it (and
+    reaping the previous child) after answering keeps it off the request's latency.
+    """
+
+    def __init__(self):
+        self.codes = collections.OrderedDict()
+        self.spare = None
+
+    def prefork(self):
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(req_w)
+            os.close(res_r)
+            try:
+                child_main(req_r, res_w, self.codes)
+            finally:
+                os._exit(70)
+        os.close(req_r)
+        os.close(res_w)
+        self.spare = (pid, req_w, res_r)
+
+    def cache(self, req):
+        sha = req["sha"]
+        if sha in self.codes:
+            self.codes.move_to_end(sha)
+            return
+        try:
+            self.codes[sha] = compile(req["source"], "<env>", "exec")
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            return
+        if len(self.codes) > CODE_CACHE_SIZE:
+            self.codes.popitem(last=False)
+
+    def check_source(self, req):
+        sha = req.get("sha", "")
+        source = req.get("source")
+        if sha in self.codes:
+            return None
+        if source is None:
+            return {"status": "source_needed", "message": "source not cached in the jail"}
+        if hashlib.sha256(source.encode()).hexdigest() != sha:
+            return {"status": "bad_request", "message": "source does not match its sha256"}
+        try:
+            compile(source, "<env>", "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:
+            return {"status": "bad_request", "message": f"source does not compile: {exc}"}
+        except (MemoryError, RecursionError) as exc:
+            return {
+                "status": "bad_request",
+                "message": f"source too complex to compile: {type(exc).__name__}",
+            }
+        return None
+
+    def serve(self, req):
+        """Run one request; return its result and the child to clean up after answering."""
+        problem = self.check_source(req)
+        if problem is not None:
+            return problem, None
+        if self.spare is None:
+            self.prefork()
+        pid, req_w, res_r = self.spare
+        self.spare = None
+        started = time.monotonic()
+        try:
+            body = json.dumps(req, separators=(",", ":")).encode()
+            write_all(req_w, HEADER.pack(len(body)) + body)
+        except OSError:
+            pass
+        os.close(req_w)
+        deadline = started + req["limits"]["wall_ms"] / 1000.0
+        buf = bytearray()
+        need = None
+        timed_out = oversized = False
+        while need is None or len(buf) < need:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([res_r], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(res_r, 1 << 20)
+            if not chunk:
+                break
+            buf += chunk
+            if need is None and len(buf) >= HEADER.size:
+                (need,) = HEADER.unpack(bytes(buf[: HEADER.size]))
+                need += HEADER.size
+                if need > MAX_RESULT_BYTES:
+                    oversized = True
+                    break
+        os.close(res_r)
+        if not (timed_out or oversized) and need is not None and len(buf) >= need:
+            try:
+                return json.loads(bytes(buf[HEADER.size : need])), pid
+            except ValueError:
+                pass
+        if timed_out or oversized:
+            os.kill(pid, signal.SIGKILL)
+        _, status, usage = os.wait4(pid, 0)
+        usage_out = {
+            "wall_ms": int((time.monotonic() - started) * 1000),
+            "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000),
+            "peak_rss_kb": usage.ru_maxrss,
+        }
+        if timed_out:
+            result = {
+                "status": "timeout",
+                "message": f"wall-clock limit of {req['limits']['wall_ms']} ms exceeded",
+            }
+        elif oversized:
+            result = {"status": "output_limit", "message": f"result larger than {MAX_RESULT_BYTES} bytes"}
+        elif os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            if sig == signal.SIGXCPU or (
+                sig == signal.SIGKILL and usage_out["cpu_ms"] >= req["limits"]["cpu_ms"]
+            ):
+                result = {
+                    "status": "timeout",
+                    "message": f"CPU limit of {req['limits']['cpu_ms']} ms exceeded",
+                }
+            elif sig == signal.SIGKILL:
+                result = {"status": "killed", "message": "killed by SIGKILL (memory or process limit)"}
+            else:
+                result = {"status": "crashed", "message": f"killed by signal {signal.Signals(sig).name}"}
+            result["exit_code"] = 128 + sig
+        else:
+            code = os.WEXITSTATUS(status)
+            result = {"status": "crashed", "message": f"process exited with code {code} without a result"}
+        result["usage"] = usage_out
+        return result, None
+
+    def cleanup(self, req, pid):
+        """After answering: reap the child, kill whatever it left, cache the code, fork the next spare."""
+        if pid is not None:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+        kill_leftovers()
+        if req.get("source") is not None:
+            self.cache(req)
+        self.prefork()
+
+
+def main():
+    global ZYGOTE_VM_BYTES
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    ZYGOTE_VM_BYTES = vm_bytes()
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    zygote = Zygote()
+    gc.collect()
+    gc.freeze()
+    zygote.prefork()
+    in_fd, out_fd = 0, 1
+    send_frame(out_fd, {"ready": True, "pid": os.getpid(), "python": sys.version.split()[0]})
+    while True:
+        try:
+            (length,) = HEADER.unpack(read_exact(in_fd, HEADER.size))
+            req = json.loads(read_exact(in_fd, length))
+        except EOFError:
+            return
+        pid = None
+        try:
+            result, pid = zygote.serve(req)
+        except Exception as exc:
+            result = {"status": "crashed", "message": f"zygote error: {type(exc).__name__}: {exc}"}
+        result["id"] = req.get("id")
+        send_frame(out_fd, result)
+        zygote.cleanup(req, pid)
+
+
+if __name__ == "__main__":
+    main()
