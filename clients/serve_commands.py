@@ -13,15 +13,19 @@ from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, Reques
 def _serve_sandbox(args: argparse.Namespace) -> int:
     from sandbox_worker.server import SandboxWorker, serve
 
-    worker = SandboxWorker(
-        host=args.host,
-        port=args.port,
-        jails=args.jails,
-        jail_limits=JailLimits(memory_mb=args.jail_memory_mb, pids=args.jail_pids),
-        defaults=RequestLimits(args.wall_ms, args.cpu_ms, args.memory_mb, args.output_bytes),
-        maximum=MAX_LIMITS,
-    )
-    asyncio.run(serve(worker))
+    async def main() -> None:
+        # grpc.aio objects bind to the running loop: build the worker inside it.
+        worker = SandboxWorker(
+            host=args.host,
+            port=args.port,
+            jails=args.jails,
+            jail_limits=JailLimits(memory_mb=args.jail_memory_mb, pids=args.jail_pids),
+            defaults=RequestLimits(args.wall_ms, args.cpu_ms, args.memory_mb, args.output_bytes),
+            maximum=MAX_LIMITS,
+        )
+        await serve(worker)
+
+    asyncio.run(main())
     return 0
 
 

@@ -9,6 +9,7 @@ outlives it and nothing leaks into the next one.
 """
 
 import base64
+import builtins
 import collections
 import gc
 import hashlib
@@ -50,6 +51,9 @@ STATE_MAGIC = b"CGS1"
 MAX_RESULT_BYTES = 32 * 1024 * 1024
 CODE_CACHE_SIZE = 128
 HEADER = struct.Struct(">I")
+# Bound before any env code runs: a request that monkeypatches json or builtins cannot corrupt
+# the report of its own result.
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class OutputLimitExceeded(BaseException):
@@ -360,6 +364,7 @@ def child_main(req_fd, result_fd, codes):
             pass
         result = {"status": "env_error", "message": f"{type(exc).__name__}: {exc}"[:2000]}
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    builtins.__dict__.update(BUILTINS)
     if child is not None:
         result["stdout"] = child.stdout.getvalue()
         result["stderr"] = child.stderr.getvalue()
@@ -374,9 +379,9 @@ def child_main(req_fd, result_fd, codes):
         "peak_alloc_bytes": result.pop("peak_alloc_bytes", 0),
     }
     try:
-        body = json.dumps(result, separators=(",", ":")).encode()
+        body = _dumps(result).encode()
     except (TypeError, ValueError) as exc:
-        body = json.dumps({"status": "env_error", "message": f"result not serializable: {exc}"}).encode()
+        body = _dumps({"status": "env_error", "message": f"result not serializable: {exc}"}).encode()
     write_all(result_fd, HEADER.pack(len(body)) + body)
     os._exit(0)
 
@@ -390,6 +395,25 @@ def vm_bytes():
 
 
 ZYGOTE_VM_BYTES = 0
+BUILTINS = dict(builtins.__dict__)
+
+
+def wipe_tmp():
+    """Empty the jail's tmpfs so no file outlives the request that wrote it."""
+    import shutil
+
+    try:
+        entries = list(os.scandir("/tmp"))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
 
 
 def kill_leftovers():
@@ -552,6 +576,7 @@ class Zygote:
             except ChildProcessError:
                 pass
         kill_leftovers()
+        wipe_tmp()
         if req.get("source") is not None:
             self.cache(req)
         self.prefork()

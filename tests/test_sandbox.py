@@ -1,0 +1,525 @@
+"""The sandbox worker against the real nsjail: results, isolation and the adversarial catalogue.
+
+Each hostile request must come back as a clear status, leave the worker healthy, and the very
+next request on the same jail (the worker has one) must give the correct answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from tests.conftest import ENV_DIR, ROOT, sample_tasks
+from tests.helpers.servers import ServerProcess, wait_healthy
+from tests.helpers.trajectories import record
+
+GOOD = (ENV_DIR / "Sample_0001_I__MaxSubarraySumEnv.py").read_text()
+GOOD_CONFIG = '{"nums": [-2, 1, -3, 4, -1, 2, 1, -5, 4]}'
+FAST = pb.Limits(wall_ms=1500, cpu_ms=1000)
+
+HOSTILE_TEMPLATE = """
+import json
+import gymnasium
+{preamble}
+
+class HostileEnv(gymnasium.Env):
+    def __init__(self, env_str=None):
+        super().__init__()
+        self.func_mapping = {{"Observe": 0, "Evil": 1, "Done": 2}}
+        self.reset({{}})
+
+    @property
+    def finished(self):
+        return self._done
+
+    @property
+    def reward(self):
+        return float(self._reward)
+
+    @staticmethod
+    def from_env_str(env_str):
+        return HostileEnv(env_str)
+
+    def reset(self, options=None):
+        self._done, self._reward, self.step_count = False, 0, 0
+        return "reset"
+
+    def get_ref_answer(self):
+        return 1
+
+    def step(self, action):
+        self.step_count += 1
+        call = json.loads(action)
+        return True, getattr(self, call["name"])(**call["parameters"])
+
+    def Observe(self):
+        return "ok"
+
+    def Evil(self):
+{body}
+        return "survived"
+
+    def Done(self, answer):
+        self._done = True
+        return "done"
+"""
+
+
+def hostile(body: str, preamble: str = "") -> str:
+    indented = "\n".join("        " + line for line in body.strip("\n").splitlines())
+    return HOSTILE_TEMPLATE.format(preamble=preamble, body=indented)
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[ServerProcess]:
+    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    try:
+        yield server
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def stub(worker: ServerProcess) -> Iterator[pb_grpc.SandboxServiceStub]:
+    with grpc.insecure_channel(worker.address) as channel:
+        yield pb_grpc.SandboxServiceStub(channel)
+
+
+def execute(stub: pb_grpc.SandboxServiceStub, op: pb.Operation) -> pb.OperationResult:
+    return stub.Execute(pb.ExecuteRequest(operation=op), timeout=30).result
+
+
+def create(
+    stub: pb_grpc.SandboxServiceStub, source: str, config: str = "{}", **kw: object
+) -> pb.OperationResult:
+    return execute(
+        stub, pb.Operation(source=pb.SourceRef(code=source), create=pb.CreateOp(config_json=config), **kw)
+    )
+
+
+def step(
+    stub: pb_grpc.SandboxServiceStub, source: str, state: bytes, action: str, limits: pb.Limits = FAST
+) -> pb.OperationResult:
+    op = pb.Operation(
+        source=pb.SourceRef(code=source), limits=limits, step=pb.StepOp(state=state, action=action)
+    )
+    return execute(stub, op)
+
+
+def evil(stub: pb_grpc.SandboxServiceStub, body: str, preamble: str = "") -> pb.OperationResult:
+    source = hostile(body, preamble)
+    created = create(stub, source)
+    assert created.status == pb.STATUS_OK, created.message
+    return step(stub, source, created.state, '{"name": "Evil", "parameters": {}}')
+
+
+def assert_still_correct(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    wait_healthy(worker.address)
+    solved = execute(
+        stub, pb.Operation(source=pb.SourceRef(code=GOOD), solve=pb.SolveOp(config_json=GOOD_CONFIG))
+    )
+    assert solved.status == pb.STATUS_OK, solved.message
+    assert solved.reward == 1.0 and solved.done
+    assert solved.observation == "Your answer: 6, Reference answer: 6, Result: Correct, reward=1"
+
+
+def test_create_step_and_solve(stub: pb_grpc.SandboxServiceStub) -> None:
+    created = create(stub, GOOD, GOOD_CONFIG)
+    assert created.status == pb.STATUS_OK
+    assert created.observation == "Environment has been reset."
+    assert created.env_class == "MaxSubarraySumEnv"
+    assert created.source_sha256 == hashlib.sha256(GOOD.encode()).hexdigest()
+    stepped = step(stub, GOOD, created.state, '{"name": "GetElement", "parameters": {"index": 3}}')
+    assert (stepped.status, stepped.observation, stepped.step_count) == (pb.STATUS_OK, "4", 1)
+    again = step(stub, GOOD, stepped.state, '{"name": "Observe", "parameters": {}}')
+    assert (again.observation, again.step_count) == ("9", 2)
+    done = step(stub, GOOD, again.state, '{"name": "Done", "parameters": {"answer": 6}}')
+    assert done.done and done.reward == 1.0
+    # The committed state is untouched by later steps: replaying from it gives the same answer.
+    assert step(stub, GOOD, stepped.state, '{"name": "Observe", "parameters": {}}').step_count == 2
+
+
+def test_reset_keeps_or_replaces_the_config(stub: pb_grpc.SandboxServiceStub) -> None:
+    created = create(stub, GOOD, '{"nums": [1, 2]}')
+    stepped = step(stub, GOOD, created.state, '{"name": "Done", "parameters": {"answer": 3}}')
+    assert stepped.done
+    reset = execute(stub, pb.Operation(source=pb.SourceRef(code=GOOD), reset=pb.ResetOp(state=stepped.state)))
+    assert reset.status == pb.STATUS_OK and not reset.done and reset.step_count == 0
+    assert step(stub, GOOD, reset.state, '{"name": "Observe", "parameters": {}}').observation == "2"
+    other = execute(
+        stub,
+        pb.Operation(
+            source=pb.SourceRef(code=GOOD), reset=pb.ResetOp(state=stepped.state, config_json='{"nums": [5]}')
+        ),
+    )
+    assert step(stub, GOOD, other.state, '{"name": "Observe", "parameters": {}}').observation == "1"
+
+
+def test_ref_answer_reports_answer_and_usage(stub: pb_grpc.SandboxServiceStub) -> None:
+    result = execute(
+        stub, pb.Operation(source=pb.SourceRef(code=GOOD), ref_answer=pb.RefAnswerOp(config_json=GOOD_CONFIG))
+    )
+    assert result.status == pb.STATUS_OK
+    assert (result.answer_json, result.answer_repr) == ("6", "6")
+    assert result.usage.peak_rss_kb > 0 and result.usage.wall_ms < 1500
+
+
+def test_solve_with_a_candidate_and_a_step_cap(stub: pb_grpc.SandboxServiceStub) -> None:
+    wrong = "def solve(self):\n    return self.step(json.dumps({'name': 'Done', 'parameters': {'answer': 0}}))[1]\n"
+    result = execute(
+        stub,
+        pb.Operation(
+            source=pb.SourceRef(code=GOOD), solve=pb.SolveOp(config_json=GOOD_CONFIG, solve_source=wrong)
+        ),
+    )
+    assert result.status == pb.STATUS_OK and result.reward == 0.0 and result.done and result.step_count == 1
+    looping = "def solve(self):\n    while True:\n        self.step(json.dumps({'name': 'Observe', 'parameters': {}}))\n"
+    capped = execute(
+        stub,
+        pb.Operation(
+            source=pb.SourceRef(code=GOOD),
+            solve=pb.SolveOp(config_json=GOOD_CONFIG, solve_source=looping, max_steps=20),
+        ),
+    )
+    assert capped.status == pb.STATUS_OK and not capped.done and capped.step_count == 20
+    assert "exceeded 20 steps" in capped.message
+
+
+def test_run_script_and_call_function(stub: pb_grpc.SandboxServiceStub) -> None:
+    script = execute(stub, pb.Operation(source=pb.SourceRef(code=GOOD), run_script=pb.RunScriptOp()))
+    assert script.status == pb.STATUS_OK and script.exit_code == 0
+    assert script.stdout.count("reward=1") == 2
+    failing = execute(
+        stub, pb.Operation(source=pb.SourceRef(code="import sys\nsys.exit(3)\n"), run_script=pb.RunScriptOp())
+    )
+    assert failing.status == pb.STATUS_ENV_ERROR and failing.exit_code == 3
+    solution = "def add(a, b):\n    return (a + b, [a])\n\ndef echo():\n    print(input().upper())\n"
+    called = execute(
+        stub,
+        pb.Operation(
+            source=pb.SourceRef(code=solution),
+            call_function=pb.CallFunctionOp(function_name="add", args_json="[2, 3]"),
+        ),
+    )
+    assert (
+        called.status == pb.STATUS_OK and called.answer_json == "[5,[2]]" and called.answer_repr == "(5, [2])"
+    )
+    echoed = execute(
+        stub,
+        pb.Operation(
+            source=pb.SourceRef(code=solution),
+            call_function=pb.CallFunctionOp(function_name="echo", stdin="hi\n"),
+        ),
+    )
+    assert echoed.stdout == "HI\n"
+
+
+def test_source_by_hash_and_source_needed(stub: pb_grpc.SandboxServiceStub) -> None:
+    fresh = GOOD + "\n# variant for the cache test\n"
+    sha = hashlib.sha256(fresh.encode()).hexdigest()
+    op = pb.Operation(source=pb.SourceRef(sha256=sha), create=pb.CreateOp(config_json=GOOD_CONFIG))
+    assert execute(stub, op).status == pb.STATUS_SOURCE_NEEDED
+    assert create(stub, fresh, GOOD_CONFIG).status == pb.STATUS_OK
+    assert execute(stub, op).status == pb.STATUS_OK
+
+
+def test_same_seed_same_result_and_stable_hash_order(stub: pb_grpc.SandboxServiceStub) -> None:
+    source = hostile("print(random.random(), {'apple', 'pear', 'fig', 'kiwi'})", preamble="import random")
+    created = create(stub, source, seed=7)
+    outs = [step(stub, source, created.state, '{"name": "Evil", "parameters": {}}') for _ in range(2)]
+    op = pb.Operation(
+        source=pb.SourceRef(code=source),
+        seed=7,
+        step=pb.StepOp(state=created.state, action='{"name": "Evil", "parameters": {}}'),
+    )
+    seeded = [execute(stub, op).stdout for _ in range(2)]
+    assert seeded[0] == seeded[1] and seeded[0]
+    assert outs[0].stdout.split(" ", 1)[1] == outs[1].stdout.split(" ", 1)[1]
+
+
+# --- adversarial catalogue -------------------------------------------------------------------------
+
+
+def test_infinite_loop_in_a_tool(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    result = evil(stub, "while True:\n    pass")
+    assert result.status == pb.STATUS_TIMEOUT, result.message
+    assert_still_correct(stub, worker)
+
+
+def test_infinite_loop_at_import(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    result = create(stub, hostile("pass", preamble="while True:\n    pass"), limits=FAST)
+    assert result.status == pb.STATUS_TIMEOUT
+    assert_still_correct(stub, worker)
+
+
+def test_sleeping_past_the_wall_clock(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    result = evil(stub, "import time\ntime.sleep(60)")
+    assert result.status == pb.STATUS_TIMEOUT and "wall-clock" in result.message
+    assert_still_correct(stub, worker)
+
+
+@pytest.mark.parametrize(
+    "body", ["x = bytearray(8 * 1024 ** 3)", "hog = []\nwhile True:\n    hog.append(' ' * 2 ** 20)"]
+)
+def test_memory_bomb(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess, body: str) -> None:
+    result = evil(stub, body)
+    assert result.status == pb.STATUS_MEMORY_LIMIT, result.message
+    assert_still_correct(stub, worker)
+
+
+def test_fork_bomb(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    result = evil(
+        stub, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    )
+    assert result.status in (pb.STATUS_TIMEOUT, pb.STATUS_KILLED), result.message
+    assert_still_correct(stub, worker)
+
+
+def test_deep_recursion(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    result = evil(stub, "def f(n):\n    return f(n + 1)\nf(0)")
+    assert result.status == pb.STATUS_ENV_ERROR and "RecursionError" in result.message
+    smashed = evil(
+        stub, "import sys\nsys.setrecursionlimit(10 ** 8)\ndef f(n):\n    return f(n + 1) + 1\nf(0)"
+    )
+    # CPython 3.12 keeps Python frames off the C stack: unbounded recursion ends at a limit, not a segfault.
+    assert smashed.status in (pb.STATUS_TIMEOUT, pb.STATUS_MEMORY_LIMIT, pb.STATUS_CRASHED), smashed.message
+    assert_still_correct(stub, worker)
+
+
+def test_shell_and_subprocess_see_only_the_jail(
+    stub: pb_grpc.SandboxServiceStub, worker: ServerProcess
+) -> None:
+    marker = ROOT / "var" / "sandbox-escape-marker"
+    body = (
+        "import os, subprocess\n"
+        f"os.system('touch {marker}')\n"
+        "out = subprocess.run(['/bin/cat', '/etc/passwd'], capture_output=True, text=True)\n"
+        "print(out.returncode, repr(out.stderr[:200]))"
+    )
+    result = evil(stub, body)
+    assert result.status == pb.STATUS_OK, result.message
+    assert result.stdout.startswith("1 ") and "No such file" in result.stdout
+    assert not marker.exists()
+    assert_still_correct(stub, worker)
+
+
+def test_writes_outside_tmp_fail_and_tmp_does_not_outlive_a_request(
+    stub: pb_grpc.SandboxServiceStub, worker: ServerProcess
+) -> None:
+    target = ROOT / "README.md"
+    before = target.read_bytes()
+    result = evil(
+        stub,
+        f"try:\n    open({str(target)!r}, 'a').write('pwned')\nexcept OSError as e:\n    print(type(e).__name__)\n"
+        "open('/tmp/secret', 'w').write('s3cret')\nprint(open('/tmp/secret').read())",
+    )
+    assert result.status == pb.STATUS_OK
+    assert result.stdout.split()[0] in ("OSError", "FileNotFoundError", "PermissionError")
+    assert result.stdout.split()[1] == "s3cret"
+    assert target.read_bytes() == before
+    leaked = evil(stub, "import os\nprint(os.listdir('/tmp'))")
+    assert leaked.stdout.strip() == "[]"
+    assert_still_correct(stub, worker)
+
+
+def test_host_files_are_invisible(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    hidden = [
+        "/etc/passwd",
+        "/etc/shadow",
+        "/root/.bash_history",
+        str(ROOT / "README.md"),
+        str(ROOT / "codegym"),
+    ]
+    body = (
+        "import os\n"
+        f"print([p for p in {hidden!r} if os.path.exists(p)])\n"
+        "print(sorted(os.listdir('/')))\n"
+        "print(os.getuid(), dict(os.environ).get('HOME'), sorted(os.environ))"
+    )
+    result = evil(stub, body)
+    visible, top, ids = result.stdout.splitlines()
+    assert visible == "[]"
+    assert "etc" not in top and "home" not in top and "var" not in top
+    uid, home, env_names = ids.split(" ", 2)
+    assert uid == "65534" and home == "None"
+    assert "OPENAI_API_KEY" not in env_names and "PYTHONHASHSEED" in env_names
+    assert_still_correct(stub, worker)
+
+
+def test_network_is_unreachable(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    port = worker.address.rsplit(":", 1)[1]
+    body = (
+        "import socket\n"
+        "for host in ['127.0.0.1', '1.1.1.1']:\n"
+        "    try:\n"
+        f"        socket.create_connection((host, {port} if host == '127.0.0.1' else 53), timeout=1)\n"
+        "        print(host, 'connected')\n"
+        "    except OSError as e:\n"
+        "        print(host, type(e).__name__)"
+    )
+    result = evil(stub, body)
+    assert "connected" not in result.stdout
+    assert result.stdout.count("Error") == 2, result.stdout
+    assert_still_correct(stub, worker)
+
+
+def test_killing_the_parent_and_everything_else(
+    stub: pb_grpc.SandboxServiceStub, worker: ServerProcess
+) -> None:
+    result = evil(
+        stub, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)"
+    )
+    assert result.status == pb.STATUS_OK and result.observation == "survived"
+    everything = evil(
+        stub, "import os, signal, time\nif os.fork() == 0:\n    os.kill(-1, signal.SIGKILL)\ntime.sleep(5)"
+    )
+    assert everything.status == pb.STATUS_KILLED, everything.message
+    worker_pid = evil(stub, f"import os, signal\nos.kill({worker.pid}, signal.SIGKILL)")
+    assert worker_pid.status == pb.STATUS_ENV_ERROR and "ProcessLookupError" in worker_pid.message
+    assert worker.proc.poll() is None
+    assert_still_correct(stub, worker)
+
+
+def test_huge_output(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    result = evil(stub, "while True:\n    print('spam' * 1000)")
+    assert result.status == pb.STATUS_OUTPUT_LIMIT
+    assert result.output_truncated and 0 < len(result.stdout) <= 64 * 1024
+    assert_still_correct(stub, worker)
+
+
+def test_monkeypatching_does_not_reach_the_next_request(
+    stub: pb_grpc.SandboxServiceStub, worker: ServerProcess
+) -> None:
+    result = evil(
+        stub, "import builtins, json\nbuiltins.len = lambda x: 42\njson.dumps = lambda *a, **k: 'HACKED'"
+    )
+    assert result.status == pb.STATUS_OK
+    check = evil(stub, "import json\nprint(len([1]), json.dumps([1]))")
+    assert check.stdout.strip() == "1 [1]"
+    assert_still_correct(stub, worker)
+
+
+def test_malformed_action_and_unknown_tool_are_env_data(stub: pb_grpc.SandboxServiceStub) -> None:
+    created = create(stub, GOOD, GOOD_CONFIG)
+    bad_json = step(stub, GOOD, created.state, "{not json")
+    assert bad_json.status == pb.STATUS_OK and bad_json.observation.startswith("Error:")
+    unknown = step(stub, GOOD, created.state, '{"name": "Teleport", "parameters": {}}')
+    assert unknown.observation == "Error: Invalid action: Teleport"
+
+
+def test_state_from_another_environment(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    other_source = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py").read_text()
+    foreign = create(stub, other_source, '{"nums": [4, 6]}').state
+    result = step(stub, GOOD, foreign, '{"name": "Observe", "parameters": {}}')
+    assert result.status == pb.STATUS_BAD_REQUEST and "another environment" in result.message
+    garbage = step(stub, GOOD, b"\x00garbage", '{"name": "Observe", "parameters": {}}')
+    assert garbage.status == pb.STATUS_BAD_REQUEST
+    assert_still_correct(stub, worker)
+
+
+def test_invalid_sources(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    syntax = create(stub, "class Broken(:\n")
+    assert syntax.status == pb.STATUS_BAD_REQUEST and "does not compile" in syntax.message
+    no_env = create(stub, "x = 1\n")
+    assert no_env.status == pb.STATUS_BAD_REQUEST and "gymnasium.Env" in no_env.message
+    raising = create(stub, "raise ValueError('boom at import')\n")
+    assert raising.status == pb.STATUS_ENV_ERROR and "boom at import" in raising.message
+    bad_config = create(stub, GOOD, "[1, 2]")
+    assert bad_config.status == pb.STATUS_BAD_REQUEST and "must be an object" in bad_config.message
+    assert_still_correct(stub, worker)
+
+
+def test_bad_requests_are_rpc_errors(stub: pb_grpc.SandboxServiceStub) -> None:
+    with pytest.raises(grpc.RpcError) as no_kind:
+        stub.Execute(pb.ExecuteRequest(operation=pb.Operation(source=pb.SourceRef(code=GOOD))), timeout=10)
+    assert no_kind.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as no_source:
+        stub.Execute(pb.ExecuteRequest(operation=pb.Operation(create=pb.CreateOp())), timeout=10)
+    assert no_source.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as oversized:
+        stub.Execute(
+            pb.ExecuteRequest(operation=pb.Operation(source=pb.SourceRef(code="#" * (17 << 20)))), timeout=10
+        )
+    assert oversized.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_batch_returns_results_in_order(stub: pb_grpc.SandboxServiceStub) -> None:
+    configs = [{"nums": [i, -1, i]} for i in range(1, 9)]
+    ops = [
+        pb.Operation(source=pb.SourceRef(code=GOOD), ref_answer=pb.RefAnswerOp(config_json=json.dumps(c)))
+        for c in configs
+    ]
+    ops.insert(
+        3,
+        pb.Operation(
+            source=pb.SourceRef(code=hostile("pass", preamble="raise SystemExit(4)")), create=pb.CreateOp()
+        ),
+    )
+    results = stub.ExecuteBatch(pb.ExecuteBatchRequest(operations=ops, max_parallel=4), timeout=60).results
+    assert [r.answer_json for r in results[:3] + results[4:]] == [str(2 * i - 1) for i in range(1, 9)]
+    assert results[3].status == pb.STATUS_ENV_ERROR
+
+
+def test_a_dead_jail_is_replaced(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+    before = stub.GetWorkerInfo(pb.GetWorkerInfoRequest(), timeout=10)
+    nsjails = subprocess.run(["pgrep", "-f", "-P", str(worker.pid), "nsjail"], capture_output=True, text=True)
+    pids = [int(p) for p in nsjails.stdout.split()]
+    assert pids, "the worker has no nsjail child"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    result = None
+    while time.monotonic() < deadline:
+        result = create(stub, GOOD, GOOD_CONFIG)
+        if result.status == pb.STATUS_OK:
+            break
+        assert result.status == pb.STATUS_CRASHED
+        time.sleep(0.2)
+    assert result is not None and result.status == pb.STATUS_OK
+    after = stub.GetWorkerInfo(pb.GetWorkerInfoRequest(), timeout=10)
+    assert after.jails_replaced == before.jails_replaced + 1 and after.jails_alive == 1
+    assert_still_correct(stub, worker)
+
+
+def test_sample_envs_through_the_worker_match_in_process(stub: pb_grpc.SandboxServiceStub) -> None:
+    tasks = [t for t in sample_tasks() if t["difficulty"] == "easy"]
+    jobs = [
+        {
+            "path": str(ENV_DIR / f"{t['env_id']}.py"),
+            "class": t["env_id"].split("__")[1],
+            "config": t["config"],
+        }
+        for t in tasks
+    ]
+    recorded = record(jobs)
+    for task, trajectory in zip(tasks, recorded, strict=True):
+        source = (ENV_DIR / f"{task['env_id']}.py").read_text()
+        created = create(stub, source, json.dumps(task["config"]))
+        assert created.observation == trajectory["first"]
+        state = created.state
+        for action, observation in trajectory["steps"]:
+            result = step(stub, source, state, action)
+            assert result.status == pb.STATUS_OK and result.observation == observation, (
+                task["env_id"],
+                action,
+            )
+            state = result.state
+        assert result.reward == trajectory["reward"] == 1.0 and result.done
+
+
+def test_sigterm_drains_and_exits_cleanly() -> None:
+    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    wait_healthy(server.address, "codegym.sandbox.v1.SandboxService")
+    assert server.stop(signal.SIGTERM) == 0
+    assert subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True).stdout == b""
