@@ -509,24 +509,31 @@ class Zygote:
         buf = bytearray()
         need = None
         timed_out = oversized = False
+        # Watch the child itself too: a grandchild holding the result pipe must not hide its death.
+        pidfd = os.pidfd_open(pid)
+        exited = False
         while need is None or len(buf) < need:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
                 break
-            ready, _, _ = select.select([res_r], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(res_r, 1 << 20)
-            if not chunk:
-                break
-            buf += chunk
-            if need is None and len(buf) >= HEADER.size:
-                (need,) = HEADER.unpack(bytes(buf[: HEADER.size]))
-                need += HEADER.size
-                if need > MAX_RESULT_BYTES:
-                    oversized = True
+            ready, _, _ = select.select([res_r, pidfd], [], [], remaining)
+            if res_r in ready:
+                chunk = os.read(res_r, 1 << 20)
+                if not chunk:
                     break
+                buf += chunk
+                if need is None and len(buf) >= HEADER.size:
+                    (need,) = HEADER.unpack(bytes(buf[: HEADER.size]))
+                    need += HEADER.size
+                    if need > MAX_RESULT_BYTES:
+                        oversized = True
+                        break
+            elif pidfd in ready:
+                if exited:
+                    break
+                exited = True  # read once more: the result may already sit in the pipe
+        os.close(pidfd)
         os.close(res_r)
         if not (timed_out or oversized) and need is not None and len(buf) >= need:
             try:

@@ -381,6 +381,9 @@ def test_killing_the_parent_and_everything_else(
         stub, "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)"
     )
     assert result.status == pb.STATUS_OK and result.observation == "survived"
+    suicide = evil(stub, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert suicide.status == pb.STATUS_KILLED and suicide.exit_code == 128 + signal.SIGKILL
+    # The request's own grandchild kills everything it may (the request included) and lingers.
     everything = evil(
         stub, "import os, signal, time\nif os.fork() == 0:\n    os.kill(-1, signal.SIGKILL)\ntime.sleep(5)"
     )
