@@ -14,6 +14,7 @@ import os
 import signal
 import struct
 import tempfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ MAX_FRAME = 64 * 1024 * 1024
 START_TIMEOUT_S = 20.0
 # Slack on top of a request's wall limit before the worker gives up on the zygote itself.
 WATCHDOG_SLACK_S = 2.0
+# Must equal CODE_CACHE_SIZE in zygote.py (a mismatch only costs a resend).
+ZYGOTE_CODE_CACHE = 128
 
 
 class JailDied(Exception):
@@ -42,6 +45,8 @@ class Jail:
         self.workdir = workdir
         self.proc: asyncio.subprocess.Process | None = None
         self.served = 0
+        # Sources this jail's zygote has compiled (mirrors its LRU): requests for them omit the text.
+        self.known: OrderedDict[str, None] = OrderedDict()
         self.log_path = workdir / f"jail-{index}.log"
 
     @property
@@ -101,6 +106,22 @@ class Jail:
         return frame
 
     async def execute(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
+        """Run a request, sending the source text only when this jail has not compiled it yet."""
+        sha = request["sha"]
+        if sha in self.known:
+            self.known.move_to_end(sha)
+            result = await self._roundtrip({k: v for k, v in request.items() if k != "source"}, wall_ms)
+            if result.get("status") != "source_needed":
+                return result
+            del self.known[sha]
+        result = await self._roundtrip(request, wall_ms)
+        if result.get("status") != "bad_request" or "compile" not in str(result.get("message", "")):
+            self.known[sha] = None
+            if len(self.known) > ZYGOTE_CODE_CACHE:
+                self.known.popitem(last=False)
+        return result
+
+    async def _roundtrip(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
         """Send one request and wait for its result; raise JailDied when the jail must go."""
         if not self.alive:
             raise JailDied(f"jail {self.index} is not running")

@@ -458,9 +458,11 @@ class Zygote:
         self.spare = (pid, req_w, res_r)
 
     def cache(self, req):
-        sha = req["sha"]
+        sha = req.get("sha")
         if sha in self.codes:
             self.codes.move_to_end(sha)
+            return
+        if req.get("source") is None:
             return
         try:
             self.codes[sha] = compile(req["source"], "<env>", "exec")
@@ -584,8 +586,7 @@ class Zygote:
                 pass
         kill_leftovers()
         wipe_tmp()
-        if req.get("source") is not None:
-            self.cache(req)
+        self.cache(req)
         self.prefork()
 
 

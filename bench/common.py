@@ -1,0 +1,111 @@
+"""Benchmark helpers: a bare gRPC echo server for the baseline, percentiles, process-tree memory."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+
+ECHO_METHOD = "/bench.Echo/Echo"
+
+
+async def serve_echo() -> None:
+    """A gRPC server whose one method returns its request bytes: the floor any service sits on."""
+
+    async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return request
+
+    handler = grpc.method_handlers_generic_handler(
+        "bench.Echo",
+        {"Echo": grpc.unary_unary_rpc_method_handler(echo)},
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(f"listening on 127.0.0.1:{port}", flush=True)
+    await server.wait_for_termination()
+
+
+def start_process(args: list[str]) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if "listening on" in line:
+            return proc, line.split("listening on ")[1].split()[0]
+        if not line:
+            break
+    proc.kill()
+    raise RuntimeError(f"{args} did not start")
+
+
+def echo_callable(channel: grpc.aio.Channel) -> Callable[[bytes], Awaitable[bytes]]:
+    return channel.unary_unary(ECHO_METHOD, request_serializer=None, response_deserializer=None)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+async def closed_loop(
+    call: Callable[[int], Awaitable[object]], concurrency: int, total: int, max_seconds: float
+) -> tuple[float, list[float]]:
+    """`concurrency` callers issue `total` calls (bounded in count and time); returns calls/s and latencies."""
+    latencies: list[float] = []
+    counter = iter(range(total))
+    stop_at = time.monotonic() + max_seconds
+
+    async def caller() -> None:
+        for i in counter:
+            if time.monotonic() > stop_at:
+                return
+            t = time.perf_counter()
+            await call(i)
+            latencies.append(time.perf_counter() - t)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    return len(latencies) / (time.perf_counter() - started), latencies
+
+
+def tree_memory_kb(root_pid: int) -> tuple[int, int]:
+    """(RSS, PSS) in KiB summed over a process and all its descendants; PSS splits shared pages fairly."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    rss = pss = 0
+    stack = [root_pid]
+    while stack:
+        pid = stack.pop()
+        stack.extend(children.get(pid, []))
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Rss:"):
+                    rss += int(line.split()[1])
+                elif line.startswith("Pss:"):
+                    pss += int(line.split()[1])
+        except OSError:
+            continue
+    return rss, pss
+
+
+if __name__ == "__main__":
+    asyncio.run(serve_echo())
