@@ -34,7 +34,9 @@ async def serve_echo() -> None:
 
 
 def start_process(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

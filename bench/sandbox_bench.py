@@ -43,7 +43,9 @@ def solve_candidates(source: str, count: int) -> list[str]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
-    worker, worker_addr = start_process(["-m", "clients.cli", "serve", "sandbox", "--port", "0", "--jails", "2"])
+    worker, worker_addr = start_process(
+        ["-m", "clients.cli", "serve", "sandbox", "--port", "0", "--jails", "2"]
+    )
     echo, echo_addr = start_process([str(ROOT / "bench" / "common.py")])
     source = ENV.read_text()
     try:
@@ -53,7 +55,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             created = await stub.Execute(
                 pb.ExecuteRequest(
                     operation=pb.Operation(
-                        source=pb.SourceRef(code=source), create=pb.CreateOp(config_json='{"nums": [3, -1, 4, -1, 5]}')
+                        source=pb.SourceRef(code=source),
+                        create=pb.CreateOp(config_json='{"nums": [3, -1, 4, -1, 5]}'),
                     )
                 )
             )
@@ -83,7 +86,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             rng = random.Random(1)
             configs = [json.dumps({"nums": [rng.randint(-20, 20) for _ in range(10)]}) for _ in range(30)]
             ops = [
-                pb.Operation(source=pb.SourceRef(sha256=sha), solve=pb.SolveOp(config_json=c, solve_source=cand))
+                pb.Operation(
+                    source=pb.SourceRef(sha256=sha), solve=pb.SolveOp(config_json=c, solve_source=cand)
+                )
                 for cand in solve_candidates(source, 10)
                 for c in configs
             ]
@@ -112,7 +117,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=600, help="sequential calls per latency measurement")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent callers for throughput")
     args = parser.parse_args()

@@ -52,7 +52,7 @@ def limits_message(limits: RequestLimits) -> pb.Limits:
 
 def to_result(raw: dict[str, Any], sha: str) -> pb.OperationResult:
     """Validate a jail's JSON answer field by field; anything malformed becomes CRASHED."""
-    usage = raw.get("usage") if isinstance(raw.get("usage"), dict) else {}
+    usage: dict[str, Any] = raw["usage"] if isinstance(raw.get("usage"), dict) else {}
     try:
         state = base64.b64decode(raw.get("state") or "", validate=True)
         return pb.OperationResult(

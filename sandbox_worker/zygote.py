@@ -11,6 +11,7 @@ outlives it and nothing leaks into the next one.
 import base64
 import builtins
 import collections
+import contextlib
 import gc
 import hashlib
 import io
@@ -25,6 +26,8 @@ import sys
 import time
 import traceback
 import types
+from collections.abc import Mapping
+from typing import Any
 
 PRELOAD = (
     "gymnasium",
@@ -57,7 +60,7 @@ _dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class OutputLimitExceeded(BaseException):
-    """Raised from print() once captured output passes its cap; BaseException so env code rarely swallows it."""
+    """Raised from print() past the output cap; a BaseException so env code rarely swallows it."""
 
 
 class StepCapReached(BaseException):
@@ -69,16 +72,16 @@ class BadRequest(Exception):
 
 
 class CappedWriter(io.TextIOBase):
-    def __init__(self, cap):
+    def __init__(self, cap: int) -> None:
         self.cap = cap
-        self.parts = []
+        self.parts: list[str] = []
         self.size = 0
         self.truncated = False
 
-    def writable(self):
+    def writable(self) -> bool:
         return True
 
-    def write(self, text):
+    def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
         room = self.cap - self.size
@@ -91,11 +94,11 @@ class CappedWriter(io.TextIOBase):
         self.size += len(text)
         return len(text)
 
-    def getvalue(self):
+    def getvalue(self) -> str:
         return "".join(self.parts)
 
 
-def read_exact(fd, n):
+def read_exact(fd: int, n: int) -> bytes:
     chunks = []
     while n:
         chunk = os.read(fd, n)
@@ -106,18 +109,18 @@ def read_exact(fd, n):
     return b"".join(chunks)
 
 
-def write_all(fd, data):
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
 
 
-def send_frame(fd, obj):
+def send_frame(fd: int, obj: dict[str, Any]) -> None:
     body = json.dumps(obj, separators=(",", ":")).encode()
     write_all(fd, HEADER.pack(len(body)) + body)
 
 
-def canonical(value):
+def canonical(value: Any) -> Any:
     if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
         return value
     if isinstance(value, float):
@@ -133,7 +136,7 @@ def canonical(value):
     raise TypeError(type(value).__name__)
 
 
-def parse_config(text):
+def parse_config(text: str | None) -> dict[str, Any]:
     import ast
 
     if not text or not text.strip():
@@ -153,24 +156,24 @@ def parse_config(text):
 class Child:
     """Everything that happens in the forked process: untrusted code runs only here."""
 
-    def __init__(self, req, code):
+    def __init__(self, req: dict[str, Any], code: types.CodeType) -> None:
         self.req = req
         self.code = code
         self.stdout = CappedWriter(req["limits"]["output_bytes"])
         self.stderr = CappedWriter(req["limits"]["output_bytes"])
-        self.module = None
+        self.module: Any = None
 
-    def load_module(self, as_main=False):
+    def load_module(self, as_main: bool = False) -> types.ModuleType:
         module = types.ModuleType("__main__" if as_main else MODULE_NAME)
         module.__file__ = "<env>"
-        module.__builtins__ = __builtins__
+        module.__dict__["__builtins__"] = builtins
         if not as_main:
             sys.modules[MODULE_NAME] = module
         exec(self.code, module.__dict__)
         self.module = module
         return module
 
-    def env_class(self):
+    def env_class(self) -> Any:
         import gymnasium
 
         found = [
@@ -182,7 +185,7 @@ class Child:
             raise BadRequest(f"expected exactly one gymnasium.Env subclass in the source, found {len(found)}")
         return found[0]
 
-    def make_env(self, config):
+    def make_env(self, config: dict[str, Any]) -> tuple[Any, Any]:
         cls = self.env_class()
         env = cls.from_env_str(cls.__name__ + "@" + json.dumps(config))
         if env is None:
@@ -190,10 +193,10 @@ class Child:
         observation = env.reset(config)
         return env, observation
 
-    def pack_state(self, env, config):
+    def pack_state(self, env: Any, config: dict[str, Any]) -> bytes:
         return STATE_MAGIC + bytes.fromhex(self.req["sha"]) + pickle.dumps((config, env), protocol=5)
 
-    def unpack_state(self):
+    def unpack_state(self) -> tuple[dict[str, Any], Any]:
         blob = base64.b64decode(self.req.get("state") or "")
         if blob[:4] != STATE_MAGIC:
             raise BadRequest("state is not an environment state")
@@ -204,15 +207,15 @@ class Child:
         except Exception as exc:
             raise BadRequest(f"state cannot be restored: {type(exc).__name__}: {exc}") from None
 
-    def episode(self, env, result):
+    def episode(self, env: Any, result: dict[str, Any]) -> None:
         result["reward"] = float(getattr(env, "reward", 0.0) or 0.0)
         result["done"] = bool(getattr(env, "finished", False))
         result["step_count"] = int(getattr(env, "step_count", 0) or 0)
 
-    def run(self):
+    def run(self) -> dict[str, Any]:
         req = self.req
         op = req["op"]
-        result = {"status": "ok"}
+        result: dict[str, Any] = {"status": "ok"}
         if op == "run_script":
             return self.run_script(result)
         self.load_module()
@@ -259,14 +262,14 @@ class Child:
             raise BadRequest(f"unknown operation {op!r}")
         return result
 
-    def answer(self, value, result):
+    def answer(self, value: Any, result: dict[str, Any]) -> None:
         result["answer_repr"] = repr(value)[:4096]
         try:
             result["answer_json"] = json.dumps(canonical(value), sort_keys=True, separators=(",", ":"))
         except (TypeError, ValueError):
             result["answer_json"] = ""
 
-    def solve(self, result):
+    def solve(self, result: dict[str, Any]) -> None:
         req = self.req
         config = parse_config(req.get("config"))
         cls = self.env_class()
@@ -282,7 +285,7 @@ class Child:
         original_step = env.step
         calls = [0]
 
-        def capped_step(action):
+        def capped_step(action: str) -> Any:
             calls[0] += 1
             if calls[0] > cap:
                 raise StepCapReached(f"solve() exceeded {cap} steps")
@@ -295,7 +298,7 @@ class Child:
             result["message"] = str(exc)
         self.episode(env, result)
 
-    def run_script(self, result):
+    def run_script(self, result: dict[str, Any]) -> dict[str, Any]:
         sys.stdin = io.StringIO(self.req.get("stdin", ""))
         code = 0
         try:
@@ -316,7 +319,7 @@ class Child:
         return result
 
 
-def child_main(req_fd, result_fd, codes):
+def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType]) -> None:
     """A spare child: wait for one request, serve it, report, exit."""
     started = None
     devnull = os.open("/dev/null", os.O_RDWR)
@@ -358,10 +361,8 @@ def child_main(req_fd, result_fd, codes):
     except SystemExit as exc:
         result = {"status": "env_error", "message": f"environment called exit({exc.code!r})"}
     except BaseException as exc:
-        try:
+        with contextlib.suppress(OutputLimitExceeded):
             traceback.print_exc()
-        except OutputLimitExceeded:
-            pass
         result = {"status": "env_error", "message": f"{type(exc).__name__}: {exc}"[:2000]}
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     builtins.__dict__.update(BUILTINS)
@@ -386,7 +387,7 @@ def child_main(req_fd, result_fd, codes):
     os._exit(0)
 
 
-def vm_bytes():
+def vm_bytes() -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmSize:"):
@@ -398,7 +399,7 @@ ZYGOTE_VM_BYTES = 0
 BUILTINS = dict(builtins.__dict__)
 
 
-def wipe_tmp():
+def wipe_tmp() -> None:
     """Empty the jail's tmpfs so no file outlives the request that wrote it."""
     import shutil
 
@@ -416,12 +417,10 @@ def wipe_tmp():
             pass
 
 
-def kill_leftovers():
+def kill_leftovers() -> None:
     """Kill every other process in the jail and reap them (we are pid 1 of the namespace)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(-1, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -438,11 +437,11 @@ class Zygote:
     reaping the previous child) after answering keeps it off the request's latency.
     """
 
-    def __init__(self):
-        self.codes = collections.OrderedDict()
-        self.spare = None
+    def __init__(self) -> None:
+        self.codes: collections.OrderedDict[str, types.CodeType] = collections.OrderedDict()
+        self.spare: tuple[int, int, int] | None = None
 
-    def prefork(self):
+    def prefork(self) -> None:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         pid = os.fork()
@@ -457,8 +456,8 @@ class Zygote:
         os.close(res_w)
         self.spare = (pid, req_w, res_r)
 
-    def cache(self, req):
-        sha = req.get("sha")
+    def cache(self, req: dict[str, Any]) -> None:
+        sha = str(req.get("sha", ""))
         if sha in self.codes:
             self.codes.move_to_end(sha)
             return
@@ -471,7 +470,7 @@ class Zygote:
         if len(self.codes) > CODE_CACHE_SIZE:
             self.codes.popitem(last=False)
 
-    def check_source(self, req):
+    def check_source(self, req: dict[str, Any]) -> dict[str, Any] | None:
         sha = req.get("sha", "")
         source = req.get("source")
         if sha in self.codes:
@@ -491,13 +490,14 @@ class Zygote:
             }
         return None
 
-    def serve(self, req):
+    def serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
         """Run one request; return its result and the child to clean up after answering."""
         problem = self.check_source(req)
         if problem is not None:
             return problem, None
         if self.spare is None:
             self.prefork()
+        assert self.spare is not None
         pid, req_w, res_r = self.spare
         self.spare = None
         started = time.monotonic()
@@ -550,6 +550,7 @@ class Zygote:
             "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000),
             "peak_rss_kb": usage.ru_maxrss,
         }
+        result: dict[str, Any]
         if timed_out:
             result = {
                 "status": "timeout",
@@ -577,26 +578,22 @@ class Zygote:
         result["usage"] = usage_out
         return result, None
 
-    def cleanup(self, req, pid):
+    def cleanup(self, req: dict[str, Any], pid: int | None) -> None:
         """After answering: reap the child, kill whatever it left, cache the code, fork the next spare."""
         if pid is not None:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
         kill_leftovers()
         wipe_tmp()
         self.cache(req)
         self.prefork()
 
 
-def main():
+def main() -> None:
     global ZYGOTE_VM_BYTES
     for name in PRELOAD:
-        try:
+        with contextlib.suppress(ImportError):
             __import__(name)
-        except ImportError:
-            pass
     ZYGOTE_VM_BYTES = vm_bytes()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     zygote = Zygote()
