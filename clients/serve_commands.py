@@ -13,6 +13,8 @@ from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, Reques
 def _serve_sandbox(args: argparse.Namespace) -> int:
     from sandbox_worker.server import SandboxWorker, serve
 
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
     async def main() -> None:
         # grpc.aio objects bind to the running loop: build the worker inside it.
         worker = SandboxWorker(
@@ -74,4 +76,4 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="process limit of a whole jail (cgroup pids and RLIMIT_NPROC)",
     )
     sandbox.add_argument("--log-level", default="INFO", help="logging level")
-    sandbox.set_defaults(func=lambda a: (logging.basicConfig(level=a.log_level), _serve_sandbox(a))[1])
+    sandbox.set_defaults(func=_serve_sandbox)

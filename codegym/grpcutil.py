@@ -69,32 +69,27 @@ def target_for(addresses: str | Sequence[str]) -> str:
     raise ValueError("several addresses must be IP literals; use one dns:/// name for a headless service")
 
 
+def channel_options(service_names: Iterable[str], *, retry: bool = True) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.service_config", service_config(service_names, retry=retry)),
+        ("grpc.enable_retries", 1 if retry else 0),
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ]
+
+
 def aio_channel(
     addresses: str | Sequence[str], service_names: Iterable[str], *, retry: bool = True
 ) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(
-        target_for(addresses),
-        options=[
-            ("grpc.service_config", service_config(service_names, retry=retry)),
-            ("grpc.enable_retries", 1 if retry else 0),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ],
+        target_for(addresses), options=channel_options(service_names, retry=retry)
     )
 
 
 def sync_channel(
     addresses: str | Sequence[str], service_names: Iterable[str], *, retry: bool = True
 ) -> grpc.Channel:
-    return grpc.insecure_channel(
-        target_for(addresses),
-        options=[
-            ("grpc.service_config", service_config(service_names, retry=retry)),
-            ("grpc.enable_retries", 1 if retry else 0),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ],
-    )
+    return grpc.insecure_channel(target_for(addresses), options=channel_options(service_names, retry=retry))
 
 
 class ManagedServer:

@@ -115,7 +115,7 @@ class Jail:
                 return result
             del self.known[sha]
         result = await self._roundtrip(request, wall_ms)
-        if result.get("status") != "bad_request" or "compile" not in str(result.get("message", "")):
+        if not result.get("source_rejected"):
             self.known[sha] = None
             if len(self.known) > ZYGOTE_CODE_CACHE:
                 self.known.popitem(last=False)

@@ -176,8 +176,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             )
         return req, limits.wall_ms
 
-    async def run(self, op: pb.Operation) -> pb.OperationResult:
-        prepared = self._request(op)
+    async def run(self, prepared: tuple[dict[str, Any], int] | pb.OperationResult) -> pb.OperationResult:
         if isinstance(prepared, pb.OperationResult):
             return prepared
         req, wall_ms = prepared
@@ -200,7 +199,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         await self._admit(context, 1)
         self.pending += 1
         try:
-            return pb.ExecuteResponse(result=await self.run(request.operation))
+            return pb.ExecuteResponse(result=await self.run(self._request(request.operation)))
         except BadOperation as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise
@@ -217,19 +216,18 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             )
         await self._admit(context, count)
         try:
-            for op in request.operations:
-                self._request(op)
+            prepared = [self._request(op) for op in request.operations]
         except BadOperation as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"operation rejected: {exc}")
         limit = asyncio.Semaphore(request.max_parallel or self.pool.size)
 
-        async def one(op: pb.Operation) -> pb.OperationResult:
+        async def one(item: tuple[dict[str, Any], int] | pb.OperationResult) -> pb.OperationResult:
             async with limit:
-                return await self.run(op)
+                return await self.run(item)
 
         self.pending += count
         try:
-            results = await asyncio.gather(*(one(op) for op in request.operations))
+            results = await asyncio.gather(*(one(item) for item in prepared))
         finally:
             self.pending -= count
         return pb.ExecuteBatchResponse(results=results)

@@ -478,11 +478,19 @@ class Zygote:
         if source is None:
             return {"status": "source_needed", "message": "source not cached in the jail"}
         if hashlib.sha256(source.encode()).hexdigest() != sha:
-            return {"status": "bad_request", "message": "source does not match its sha256"}
+            return {
+                "status": "bad_request",
+                "message": "source does not match its sha256",
+                "source_rejected": True,
+            }
         try:
             compile(source, "<env>", "exec", dont_inherit=True)
         except (SyntaxError, ValueError) as exc:
-            return {"status": "bad_request", "message": f"source does not compile: {exc}"}
+            return {
+                "status": "bad_request",
+                "message": f"source does not compile: {exc}",
+                "source_rejected": True,
+            }
         except (MemoryError, RecursionError) as exc:
             return {
                 "status": "bad_request",
