@@ -24,6 +24,7 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
             jail_limits=JailLimits(memory_mb=args.jail_memory_mb, pids=args.jail_pids),
             defaults=RequestLimits(args.wall_ms, args.cpu_ms, args.memory_mb, args.output_bytes),
             maximum=MAX_LIMITS,
+            max_pending=args.max_pending,
         )
         await serve(worker)
 
@@ -74,6 +75,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=JailLimits.pids,
         help="process limit of a whole jail (cgroup pids and RLIMIT_NPROC)",
+    )
+    sandbox.add_argument(
+        "--max-pending",
+        type=int,
+        default=0,
+        help="operations queued or running before RESOURCE_EXHAUSTED (0 = 256 per jail)",
     )
     sandbox.add_argument("--log-level", default="INFO", help="logging level")
     sandbox.set_defaults(func=_serve_sandbox)

@@ -28,9 +28,12 @@ class SandboxWorker:
         jail_limits: JailLimits | None = None,
         defaults: RequestLimits = DEFAULT_LIMITS,
         maximum: RequestLimits = MAX_LIMITS,
+        max_pending: int = 0,
     ) -> None:
         self.pool = JailPool(jails, jail_limits)
-        self.servicer = SandboxServicer(self.pool, defaults=defaults, maximum=maximum)
+        self.servicer = SandboxServicer(
+            self.pool, defaults=defaults, maximum=maximum, max_pending=max_pending
+        )
         self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
         pb_grpc.add_SandboxServiceServicer_to_server(self.servicer, self.managed.server)
 

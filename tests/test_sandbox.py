@@ -525,3 +525,43 @@ def test_sigterm_drains_and_exits_cleanly() -> None:
     wait_healthy(server.address, "codegym.sandbox.v1.SandboxService")
     assert server.stop(signal.SIGTERM) == 0
     assert subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True).stdout == b""
+
+
+def _sleeper(seconds: float) -> pb.ExecuteRequest:
+    source = f"import time\ntime.sleep({seconds})\n"
+    return pb.ExecuteRequest(
+        operation=pb.Operation(
+            source=pb.SourceRef(code=source), run_script=pb.RunScriptOp(), limits=pb.Limits(wall_ms=5000)
+        )
+    )
+
+
+def test_overload_is_resource_exhausted_and_loses_nothing() -> None:
+    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", "--max-pending", "2"])
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            futures = [stub.Execute.future(_sleeper(0.5), timeout=30) for _ in range(2)]
+            time.sleep(0.2)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Execute(_sleeper(0.1), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "retry later" in refused.value.details()
+            assert [f.result().result.status for f in futures] == [pb.STATUS_OK, pb.STATUS_OK]
+    finally:
+        assert server.stop() == 0
+
+
+def test_drain_finishes_running_work_and_refuses_new_work() -> None:
+    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.SandboxServiceStub(channel)
+        running = stub.Execute.future(_sleeper(1.0), timeout=30)
+        time.sleep(0.3)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Execute(_sleeper(0.1), timeout=10, wait_for_ready=False)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert running.result().result.status == pb.STATUS_OK
+    assert server.proc.wait(20) == 0
