@@ -456,21 +456,13 @@ class Zygote:
         os.close(res_w)
         self.spare = (pid, req_w, res_r)
 
-    def cache(self, req: dict[str, Any]) -> None:
-        sha = str(req.get("sha", ""))
+    def touch(self, sha: str) -> None:
+        """Mark a cached source as recently used, so LRU eviction matches the worker's bookkeeping."""
         if sha in self.codes:
             self.codes.move_to_end(sha)
-            return
-        if req.get("source") is None:
-            return
-        try:
-            self.codes[sha] = compile(req["source"], "<env>", "exec")
-        except (SyntaxError, ValueError, MemoryError, RecursionError):
-            return
-        if len(self.codes) > CODE_CACHE_SIZE:
-            self.codes.popitem(last=False)
 
     def check_source(self, req: dict[str, Any]) -> dict[str, Any] | None:
+        """Compile a source new to this jail into the cache (once), or say why it cannot be served."""
         sha = req.get("sha", "")
         source = req.get("source")
         if sha in self.codes:
@@ -484,7 +476,7 @@ class Zygote:
                 "source_rejected": True,
             }
         try:
-            compile(source, "<env>", "exec", dont_inherit=True)
+            code = compile(source, "<env>", "exec", dont_inherit=True)
         except (SyntaxError, ValueError) as exc:
             return {
                 "status": "bad_request",
@@ -495,7 +487,11 @@ class Zygote:
             return {
                 "status": "bad_request",
                 "message": f"source too complex to compile: {type(exc).__name__}",
+                "source_rejected": True,
             }
+        self.codes[sha] = code
+        if len(self.codes) > CODE_CACHE_SIZE:
+            self.codes.popitem(last=False)
         return None
 
     def serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
@@ -593,7 +589,7 @@ class Zygote:
                 os.waitpid(pid, 0)
         kill_leftovers()
         wipe_tmp()
-        self.cache(req)
+        self.touch(str(req.get("sha", "")))
         self.prefork()
 
 
