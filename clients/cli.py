@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from clients import env_commands, sandbox_commands, serve_commands
+from clients import (
+    demo_command,
+    env_commands,
+    library_commands,
+    sandbox_commands,
+    serve_commands,
+    up_command,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,8 +22,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     env_commands.register(sub)
+    library_commands.register(sub)
     sandbox_commands.register(sub)
     serve_commands.register(sub)
+    up_command.register(sub)
+    demo_command.register(sub)
     return parser
 
 

@@ -32,6 +32,26 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_runtime(args: argparse.Namespace) -> int:
+    from services.runtime.server import RuntimeServer, serve
+    from services.runtime.service import RuntimeConfig
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = RuntimeConfig(
+        max_sessions=args.max_sessions,
+        session_ttl_s=args.session_ttl_s,
+        default_max_steps=args.max_steps,
+        step_timeout_ms=args.step_timeout_ms,
+    )
+
+    async def main() -> None:
+        server = RuntimeServer(args.library, args.sandbox, host=args.host, port=args.port, config=config)
+        await serve(server)
+
+    asyncio.run(main())
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run a server in the foreground")
     serve_sub = serve.add_subparsers(dest="serve_command", required=True, metavar="SERVER")
@@ -84,3 +104,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     sandbox.add_argument("--log-level", default="INFO", help="logging level")
     sandbox.set_defaults(func=_serve_sandbox)
+
+    from services.runtime.library import default_library_path
+    from services.runtime.service import RuntimeConfig
+
+    defaults = RuntimeConfig()
+    runtime = serve_sub.add_parser(
+        "runtime",
+        help="runtime: environment sessions for RL trainers over sandbox workers",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    runtime.add_argument(
+        "--library", default=str(default_library_path()), help="environment library (SQLite)"
+    )
+    runtime.add_argument(
+        "--sandbox",
+        required=True,
+        help="sandbox workers: HOST:PORT[,HOST:PORT...] (IP literals) or one dns:///NAME:PORT",
+    )
+    runtime.add_argument("--host", default="127.0.0.1", help="address to bind")
+    runtime.add_argument("--port", type=int, default=50051, help="port (0 = any free port)")
+    runtime.add_argument(
+        "--max-sessions", type=int, default=defaults.max_sessions, help="open sessions at most"
+    )
+    runtime.add_argument(
+        "--session-ttl-s",
+        type=float,
+        default=defaults.session_ttl_s,
+        help="idle time before a session expires",
+    )
+    runtime.add_argument("--max-steps", type=int, default=defaults.default_max_steps, help="default step cap")
+    runtime.add_argument(
+        "--step-timeout-ms", type=int, default=defaults.step_timeout_ms, help="default deadline of one step"
+    )
+    runtime.add_argument("--log-level", default="INFO", help="logging level")
+    runtime.set_defaults(func=_serve_runtime)

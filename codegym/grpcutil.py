@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 SERVER_OPTIONS: list[tuple[str, Any]] = [
+    # Two servers must never share a port by accident (gRPC sets SO_REUSEPORT by default).
+    ("grpc.so_reuseport", 0),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     # Recycle connections so that clients using round_robin over DNS pick up new replicas.
@@ -34,9 +36,19 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
 
 
 def service_config(
-    service_names: Iterable[str], *, retry: bool = True, timeout_s: float | None = None
+    service_names: Iterable[str],
+    *,
+    retry: bool = True,
+    timeout_s: float | None = None,
+    health_service: str | None = None,
+    no_retry: Iterable[tuple[str, str]] = (),
 ) -> str:
-    """`round_robin` over all resolved addresses; retry on UNAVAILABLE (callers mark idempotent calls)."""
+    """`round_robin` over all resolved addresses; retry on UNAVAILABLE.
+
+    `no_retry` names (service, method) pairs that must not be retried by the channel (calls that
+    change state and are not idempotent). With `health_service`, the channel watches each backend's
+    `grpc.health.v1` status and sends nothing to one that is draining or down.
+    """
     method: dict[str, Any] = {"name": [{"service": name} for name in service_names]}
     if retry:
         method["retryPolicy"] = {
@@ -48,7 +60,17 @@ def service_config(
         }
     if timeout_s is not None:
         method["timeout"] = f"{timeout_s}s"
-    return json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "methodConfig": [method]})
+    methods = [method]
+    exact = [{"service": service, "method": name} for service, name in no_retry]
+    if exact:
+        plain: dict[str, Any] = {"name": exact}
+        if timeout_s is not None:
+            plain["timeout"] = f"{timeout_s}s"
+        methods.append(plain)
+    config: dict[str, Any] = {"loadBalancingConfig": [{"round_robin": {}}], "methodConfig": methods}
+    if health_service is not None:
+        config["healthCheckConfig"] = {"serviceName": health_service}
+    return json.dumps(config)
 
 
 def target_for(addresses: str | Sequence[str]) -> str:
@@ -69,27 +91,48 @@ def target_for(addresses: str | Sequence[str]) -> str:
     raise ValueError("several addresses must be IP literals; use one dns:/// name for a headless service")
 
 
-def channel_options(service_names: Iterable[str], *, retry: bool = True) -> list[tuple[str, Any]]:
+def channel_options(
+    service_names: Iterable[str],
+    *,
+    retry: bool = True,
+    health_service: str | None = None,
+    no_retry: Iterable[tuple[str, str]] = (),
+) -> list[tuple[str, Any]]:
+    config = service_config(service_names, retry=retry, health_service=health_service, no_retry=no_retry)
     return [
-        ("grpc.service_config", service_config(service_names, retry=retry)),
+        ("grpc.service_config", config),
         ("grpc.enable_retries", 1 if retry else 0),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        # A restarted backend is found again within a second or two (the default backoff grows to 2 min).
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2000),
     ]
 
 
 def aio_channel(
-    addresses: str | Sequence[str], service_names: Iterable[str], *, retry: bool = True
+    addresses: str | Sequence[str],
+    service_names: Iterable[str],
+    *,
+    retry: bool = True,
+    health_service: str | None = None,
+    no_retry: Iterable[tuple[str, str]] = (),
 ) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(
-        target_for(addresses), options=channel_options(service_names, retry=retry)
-    )
+    options = channel_options(service_names, retry=retry, health_service=health_service, no_retry=no_retry)
+    return grpc.aio.insecure_channel(target_for(addresses), options=options)
 
 
 def sync_channel(
-    addresses: str | Sequence[str], service_names: Iterable[str], *, retry: bool = True
+    addresses: str | Sequence[str],
+    service_names: Iterable[str],
+    *,
+    retry: bool = True,
+    health_service: str | None = None,
+    no_retry: Iterable[tuple[str, str]] = (),
 ) -> grpc.Channel:
-    return grpc.insecure_channel(target_for(addresses), options=channel_options(service_names, retry=retry))
+    options = channel_options(service_names, retry=retry, health_service=health_service, no_retry=no_retry)
+    return grpc.insecure_channel(target_for(addresses), options=options)
 
 
 class ManagedServer:

@@ -77,6 +77,7 @@ def to_result(raw: dict[str, Any], sha: str) -> pb.OperationResult:
             exit_code=int(raw.get("exit_code", 0)),
             source_sha256=sha,
             env_class=str(raw.get("env_class", "")),
+            trajectory=[str(item) for item in raw.get("trajectory") or []],
         )
     except (TypeError, ValueError, OverflowError) as exc:
         return pb.OperationResult(
@@ -158,6 +159,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             req["config"] = op.solve.config_json
             req["solve_source"] = op.solve.solve_source
             req["max_steps"] = op.solve.max_steps or 256
+            req["record"] = op.solve.record
         elif kind == "run_script":
             req["stdin"] = op.run_script.stdin
         elif kind == "call_function":

@@ -280,8 +280,9 @@ class Child:
             if not callable(fn):
                 raise BadRequest("solve_source does not define solve(self)")
             cls.solve = fn
-        env, _ = self.make_env(config)
+        env, first = self.make_env(config)
         cap = req.get("max_steps") or 256
+        trajectory: list[str] | None = [str(first)] if req.get("record") else None
         original_step = env.step
         calls = [0]
 
@@ -289,13 +290,19 @@ class Child:
             calls[0] += 1
             if calls[0] > cap:
                 raise StepCapReached(f"solve() exceeded {cap} steps")
-            return original_step(action)
+            out = original_step(action)
+            if trajectory is not None:
+                observation = out[1] if isinstance(out, tuple) and len(out) == 2 else out
+                trajectory.extend((str(action), str(observation)))
+            return out
 
         env.step = capped_step
         try:
             result["observation"] = str(env.solve())
         except StepCapReached as exc:
             result["message"] = str(exc)
+        if trajectory is not None:
+            result["trajectory"] = trajectory
         self.episode(env, result)
 
     def run_script(self, result: dict[str, Any]) -> dict[str, Any]:

@@ -239,6 +239,7 @@ class SolveOp(_message.Message):
     CONFIG_JSON_FIELD_NUMBER: _builtins.int
     SOLVE_SOURCE_FIELD_NUMBER: _builtins.int
     MAX_STEPS_FIELD_NUMBER: _builtins.int
+    RECORD_FIELD_NUMBER: _builtins.int
     config_json: _builtins.str
     """The config JSON."""
     solve_source: _builtins.str
@@ -247,16 +248,21 @@ class SolveOp(_message.Message):
     """
     max_steps: _builtins.int
     """Cap on step() calls; the episode is cut (status ok, done false) once it is reached. 0 = 256."""
+    record: _builtins.bool
+    """Return every (action, observation) pair the solve() made, in order, and the first
+    observation: an oracle trajectory for replaying through the runtime.
+    """
     def __init__(
         self,
         *,
         config_json: _builtins.str = ...,
         solve_source: _builtins.str = ...,
         max_steps: _builtins.int = ...,
+        record: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "max_steps", b"max_steps", "solve_source", b"solve_source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "max_steps", b"max_steps", "record", b"record", "solve_source", b"solve_source"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -418,6 +424,7 @@ class OperationResult(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     SOURCE_SHA256_FIELD_NUMBER: _builtins.int
     ENV_CLASS_FIELD_NUMBER: _builtins.int
+    TRAJECTORY_FIELD_NUMBER: _builtins.int
     status: Global___Status.ValueType
     """Outcome class."""
     message: _builtins.str
@@ -452,6 +459,10 @@ class OperationResult(_message.Message):
     def usage(self) -> _common_pb2.ResourceUsage:
         """Resources used."""
 
+    @_builtins.property
+    def trajectory(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """solve with record: the first observation, then alternating action and observation."""
+
     def __init__(
         self,
         *,
@@ -471,10 +482,11 @@ class OperationResult(_message.Message):
         exit_code: _builtins.int = ...,
         source_sha256: _builtins.str = ...,
         env_class: _builtins.str = ...,
+        trajectory: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_json", b"answer_json", "answer_repr", b"answer_repr", "done", b"done", "env_class", b"env_class", "exit_code", b"exit_code", "message", b"message", "observation", b"observation", "output_truncated", b"output_truncated", "reward", b"reward", "source_sha256", b"source_sha256", "state", b"state", "status", b"status", "stderr", b"stderr", "stdout", b"stdout", "step_count", b"step_count", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_json", b"answer_json", "answer_repr", b"answer_repr", "done", b"done", "env_class", b"env_class", "exit_code", b"exit_code", "message", b"message", "observation", b"observation", "output_truncated", b"output_truncated", "reward", b"reward", "source_sha256", b"source_sha256", "state", b"state", "status", b"status", "stderr", b"stderr", "stdout", b"stdout", "step_count", b"step_count", "trajectory", b"trajectory", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,212 @@
+"""Remote sessions behind familiar interfaces.
+
+- `RemoteEnv`: a `gymnasium.Env` whose observations and actions are strings, over one runtime
+  session, for trainers that drive gymnasium environments.
+- `OnlineGymEnv`: a drop-in for trainers written against CodeGym's online client
+  (`from_env_str`, `step(action) -> str`, `finished`, `reward`, `release()`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import string
+from typing import Any
+
+import grpc
+import gymnasium
+from gymnasium import spaces
+
+from clients.actions import BEGIN, ActionParseError, parse_function_call
+from clients.runtime_client import DEFAULT_TARGET, ActionLike, RuntimeClient
+from codegym.runtime.v1 import runtime_service_pb2 as rt
+
+MAX_TEXT = 1 << 20
+TEXT_CHARSET = string.printable
+
+
+class RemoteEnv(gymnasium.Env[str, str]):
+    """One runtime session as a gymnasium environment.
+
+    `reset()` opens the session (or resets it to its own task); `reset(options={"ability": ...})`
+    or `{"env_id": ..., "config": ...}` moves to another task; `reset(seed=N)` reopens with that
+    seed. `info` carries the tool list, task text, step index and any typed step error.
+    """
+
+    metadata = {"render_modes": []}  # noqa: RUF012 (gymnasium declares it a plain attribute)
+
+    def __init__(
+        self,
+        client: RuntimeClient | str = DEFAULT_TARGET,
+        *,
+        ability: str = "",
+        env_id: str = "",
+        config: dict[str, Any] | None = None,
+        env_str: str = "",
+        max_steps: int = 0,
+        step_timeout_ms: int = 0,
+    ) -> None:
+        self._owns_client = isinstance(client, str)
+        self.client = RuntimeClient(client) if isinstance(client, str) else client
+        self.task: dict[str, Any] = {
+            "ability": ability,
+            "env_id": env_id,
+            "config": config,
+            "env_str": env_str,
+        }
+        self.options = {"max_steps": max_steps, "step_timeout_ms": step_timeout_ms}
+        self.observation_space = spaces.Text(MAX_TEXT, charset=TEXT_CHARSET)
+        self.action_space = spaces.Text(MAX_TEXT, charset=TEXT_CHARSET)
+        self.session_id = ""
+        self.created: rt.CreateSessionResponse | None = None
+
+    def _info(self) -> dict[str, Any]:
+        created = self.created
+        assert created is not None
+        return {
+            "session_id": self.session_id,
+            "env_id": created.env_id,
+            "tools_text": created.tools_text,
+            "tools": [t.json_schema for t in created.tools],
+            "task_text": created.task_text,
+            "max_steps": created.max_steps,
+        }
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        new_task = bool(options) and any(k in options for k in ("ability", "env_id", "env_str"))  # type: ignore[operator]
+        if new_task:
+            assert options is not None
+            self.task = {
+                "ability": options.get("ability", ""),
+                "env_id": options.get("env_id", ""),
+                "config": options.get("config"),
+                "env_str": options.get("env_str", ""),
+            }
+        if self.session_id and not new_task and seed is None:
+            observation = self.client.reset(self.session_id)
+            return observation, self._info()
+        self._close_session()
+        self.created = self.client.create_session(**self.task, **self.options, seed=seed or 0)
+        self.session_id = self.created.session_id
+        return self.created.observation, self._info()
+
+    def step(self, action: ActionLike) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not self.session_id:
+            raise RuntimeError("call reset() before step()")
+        response = self.client.step(self.session_id, action)
+        info: dict[str, Any] = {"step_index": response.step_index}
+        if response.HasField("error"):
+            info["error"] = rt.StepErrorCode.Name(response.error.code)
+            info["error_message"] = response.error.message
+        terminated = response.done and not response.truncated
+        return response.observation, response.reward, terminated, response.truncated, info
+
+    def _close_session(self) -> None:
+        if self.session_id:
+            with contextlib.suppress(grpc.RpcError):
+                self.client.close_session(self.session_id)
+            self.session_id = ""
+
+    def close(self) -> None:
+        self._close_session()
+        if self._owns_client:
+            self.client.close()
+
+
+class OnlineGymEnv:
+    """Drop-in for CodeGym's online environment client, backed by a runtime session.
+
+    `step()` takes the action as CodeGym's JSON string (or a whole model turn holding a
+    `<|FunctionCallBegin|>` block) and returns the observation string; refusals and typed errors
+    come back as observation text, as a local CodeGym environment would answer them.
+    """
+
+    def __init__(self, client: RuntimeClient, created: rt.CreateSessionResponse, owns_client: bool) -> None:
+        self.client = client
+        self.session_id = created.session_id
+        self.env_id = created.env_id
+        self.observation = created.observation
+        self.tools_text = created.tools_text
+        self.task_text = created.task_text
+        self.max_steps = created.max_steps
+        self.step_count = 0
+        self._reward = 0.0
+        self._finished = False
+        self._owns_client = owns_client
+
+    @classmethod
+    def from_env_str(
+        cls,
+        env_str: str,
+        target: str = DEFAULT_TARGET,
+        *,
+        client: RuntimeClient | None = None,
+        max_steps: int = 0,
+        seed: int = 0,
+    ) -> OnlineGymEnv:
+        """`env_str` is an ability string `codegym_v1@{code_id}__{Env}@{json}` or `Env@{json}`."""
+        owns = client is None
+        client = client or RuntimeClient(target)
+        try:
+            if env_str.startswith("codegym_v1@"):
+                created = client.create_session(ability=env_str, max_steps=max_steps, seed=seed)
+            else:
+                created = client.create_session(env_str=env_str, max_steps=max_steps, seed=seed)
+        except BaseException:
+            if owns:
+                client.close()
+            raise
+        return cls(client, created, owns)
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    @property
+    def reward(self) -> float:
+        return self._reward
+
+    def step(self, action: str) -> str:
+        if BEGIN in action:
+            try:
+                action = parse_function_call(action).to_json()
+            except ActionParseError as exc:
+                return f"Error: {exc}"
+        try:
+            response = self.client.step(self.session_id, action)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                self._finished = True
+                return f"Error: {exc.details()}"
+            raise
+        self.step_count = response.step_index
+        self._reward = response.reward
+        self._finished = response.done
+        if response.HasField("error"):
+            return f"Error: {response.error.message}"
+        return str(response.observation)
+
+    def reset(self) -> str:
+        self.observation = self.client.reset(self.session_id)
+        self.step_count = 0
+        self._reward = 0.0
+        self._finished = False
+        return self.observation
+
+    def release(self) -> None:
+        """Close the session on the server (and the connection if this object opened it)."""
+        try:
+            self.client.close_session(self.session_id)
+        except grpc.RpcError:
+            pass
+        finally:
+            if self._owns_client:
+                self.client.close()
+
+    def __enter__(self) -> OnlineGymEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

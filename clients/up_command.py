@@ -1,0 +1,160 @@
+"""`codegym up`: sandbox workers and a runtime on loopback, as child processes, until Ctrl-C.
+
+Each server runs as its own process (as it would in a cluster), so a crash of one is visible and
+stops the whole set instead of leaving a half-working system behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.runtime.library import Library, default_library_path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+LISTENING = re.compile(r"listening on (\S+:\d+)")
+
+
+def build_default_library(path: Path) -> None:
+    """The sample environments and their task configs, imported on first run."""
+    if not (EXAMPLES / "envs").is_dir():
+        raise SystemExit(f"codegym up: no library at {path} and no examples folder to build one from")
+    with Library(path) as library:
+        report = library.import_paths([EXAMPLES / "envs", EXAMPLES / "tasks.jsonl"])
+        envs, tasks = library.counts()
+    print(f"built library {path}: {envs} environments, {tasks} task configs", flush=True)
+    for where, reason in report.skipped:
+        print(f"  skipped {where}: {reason}", flush=True)
+
+
+class Child:
+    """One server process; its first stdout line names its address."""
+
+    def __init__(self, name: str, args: list[str], timeout_s: float = 60.0) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "clients.cli", *args],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.address = ""
+        deadline = time.monotonic() + timeout_s
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            line = self.proc.stdout.readline()
+            match = LISTENING.search(line)
+            if match:
+                self.address = match.group(1)
+                return
+        self.stop()
+        raise RuntimeError(f"{name} did not start (exit code {self.proc.returncode})")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+
+
+def wait_serving(address: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    raise TimeoutError(f"{address} is not serving after {timeout_s:.0f}s")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    library = Path(args.library)
+    if not library.exists():
+        build_default_library(library)
+    children: list[Child] = []
+    stopping = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        for i in range(args.workers):
+            port = args.sandbox_port + i if args.sandbox_port else 0
+            worker_args = [
+                "serve",
+                "sandbox",
+                "--host",
+                args.host,
+                "--port",
+                str(port),
+                "--jails",
+                str(args.jails),
+            ]
+            children.append(Child(f"sandbox worker {i + 1}", worker_args))
+        workers = [c.address for c in children]
+        runtime_args = [
+            "serve", "runtime", "--host", args.host, "--port", str(args.port),
+            "--library", str(library), "--sandbox", ",".join(workers),
+        ]  # fmt: skip
+        runtime = Child("runtime", runtime_args)
+        children.append(runtime)
+        for child in children:
+            wait_serving(child.address)
+        print(f"runtime listening on {runtime.address}", flush=True)
+        for child in children[:-1]:
+            print(f"{child.name} at {child.address}", flush=True)
+        print(f"library {library}; Ctrl-C stops everything", flush=True)
+        while not stopping:
+            dead = [c for c in children if c.proc.poll() is not None]
+            if dead:
+                print(
+                    f"codegym up: {dead[0].name} exited with {dead[0].proc.returncode}; stopping", flush=True
+                )
+                return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        for child in reversed(children):
+            child.stop()
+        if children:
+            print("codegym up: stopped", flush=True)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    up = sub.add_parser(
+        "up",
+        help="run sandbox workers and the runtime on loopback until Ctrl-C",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    up.add_argument(
+        "--library",
+        default=str(default_library_path()),
+        help="environment library; built from the sample environments when missing",
+    )
+    up.add_argument("--workers", type=int, default=2, help="sandbox worker processes")
+    up.add_argument("--jails", type=int, default=os.cpu_count() or 2, help="jails per worker")
+    up.add_argument("--host", default="127.0.0.1", help="address every server binds")
+    up.add_argument("--port", type=int, default=50051, help="runtime port (0 = any free port)")
+    up.add_argument(
+        "--sandbox-port", type=int, default=0, help="first sandbox worker port (0 = any free ports)"
+    )
+    up.set_defaults(func=cmd_up)

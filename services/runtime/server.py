@@ -1,0 +1,71 @@
+"""A runtime process: the library in memory, a session store, a channel to the sandbox workers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from codegym.grpcutil import ManagedServer
+from codegym.runtime.v1 import runtime_service_pb2 as rt
+from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
+from services.runtime.dispatch import SandboxDispatcher
+from services.runtime.library import EnvRecord, load_library
+from services.runtime.service import RuntimeConfig, RuntimeServicer
+from services.runtime.sessions import InMemorySessionStore, SessionStore
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
+
+
+class RuntimeServer:
+    """Build inside the running event loop (grpc.aio objects bind to it)."""
+
+    def __init__(
+        self,
+        library: str | Path | dict[str, EnvRecord],
+        sandbox: str | Sequence[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        config: RuntimeConfig | None = None,
+        store: SessionStore | None = None,
+    ) -> None:
+        envs = load_library(library) if isinstance(library, (str, Path)) else library
+        self.dispatcher = SandboxDispatcher(sandbox)
+        self.servicer = RuntimeServicer(envs, store or InMemorySessionStore(), self.dispatcher, config)
+        self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
+        rt_grpc.add_RuntimeServiceServicer_to_server(self.servicer, self.managed.server)
+        self._reaper: asyncio.Task[None] | None = None
+
+    @property
+    def address(self) -> str:
+        return self.managed.address
+
+    async def start(self) -> None:
+        await self.managed.start()
+        self._reaper = asyncio.get_running_loop().create_task(self.servicer.reaper())
+        log.info("runtime on %s serving %d environments", self.address, len(self.servicer.envs))
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.managed.drain(grace_s)
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await self.dispatcher.close()
+
+
+async def serve(server: RuntimeServer) -> None:
+    """Run until SIGTERM/SIGINT, then drain: finish running steps, refuse new ones."""
+    await server.start()
+    print(
+        f"runtime listening on {server.address} ({len(server.servicer.envs)} environments)",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    server.managed.install_signal_handlers(stop.set)
+    await stop.wait()
+    await server.stop()
