@@ -165,7 +165,7 @@ class Library:
         for raw in paths:
             path = Path(raw)
             if path.is_dir():
-                sources += sorted(p for p in path.rglob("*.py") if "__" in p.stem)
+                sources += sorted(p for p in path.rglob("*.py") if p.name != "__init__.py")
                 jsonl += sorted(path.rglob("*.jsonl"))
             elif path.suffix == ".py":
                 sources.append(path)
@@ -209,7 +209,9 @@ class Library:
             return report
         task_file = path.with_suffix(".task.md")
         task_text = task_file.read_text(encoding="utf-8").strip() if task_file.exists() else ""
-        return self._import_source(path.stem, source, task_text=task_text, metadata={"file": path.name})
+        report = self._import_source(path.stem, source, task_text=task_text, metadata={"file": path.name})
+        report.skipped = [(str(path), why) for _, why in report.skipped]
+        return report
 
     def _import_source(
         self, env_id: str, source: str, *, task_text: str, metadata: dict[str, Any]

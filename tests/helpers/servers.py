@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +43,18 @@ class ServerProcess:
         if not self.address:
             self.stop()
             raise RuntimeError("server did not start:\n" + "".join(self.output))
+        # Keep reading, so a chatty server never blocks on a full pipe; tests can inspect the text.
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.output)
 
     @property
     def pid(self) -> int:

@@ -1,0 +1,527 @@
+"""The runtime end to end: real sandbox worker processes (real nsjail), a real runtime process, the
+project's clients over gRPC on loopback. Observations are compared with the environments run
+in-process (in a child interpreter, so env code stays out of the test process)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from clients.actions import BEGIN, END
+from clients.gym_env import OnlineGymEnv, RemoteEnv
+from clients.runtime_client import AsyncRuntimeClient, RuntimeClient
+from codegym.contract import parse_ability, split_env_id
+from codegym.runtime.v1 import runtime_service_pb2 as rt
+from services.runtime.library import Library
+from tests.conftest import (
+    ENV_DIR,
+    EXAMPLES,
+    FIXTURE_ENVS,
+    ROOT,
+    SHARED_DATA,
+    sample_tasks,
+    training_instances,
+)
+from tests.helpers.servers import ServerProcess
+from tests.helpers.trajectories import record
+
+RUNTIME_ENVS = ROOT / "tests" / "fixtures" / "runtime_envs"
+COUNTER = "Test_0001_I__CounterEnv"
+
+
+def env_path(env_id: str) -> Path:
+    for folder in (ENV_DIR, FIXTURE_ENVS, RUNTIME_ENVS):
+        if (folder / f"{env_id}.py").exists():
+            return folder / f"{env_id}.py"
+    raise FileNotFoundError(env_id)
+
+
+def in_process(tasks: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Oracle trajectories recorded by running each env's solve() in a child interpreter."""
+    jobs = [{"path": str(env_path(e)), "class": split_env_id(e)[1], "config": c} for e, c in tasks]
+    return record(jobs)
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("library") / "library.db"
+    with Library(path) as lib:
+        report = lib.import_paths(
+            [ENV_DIR, EXAMPLES / "tasks.jsonl", FIXTURE_ENVS, SHARED_DATA / "training_instance_sample.jsonl"]
+        )
+        report.merge(lib.import_paths([RUNTIME_ENVS / f"{COUNTER}.py"]))
+    assert report.skipped == []
+    return path
+
+
+def start_workers(count: int = 2) -> list[ServerProcess]:
+    return [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"]) for _ in range(count)]
+
+
+def start_runtime(library: Path, workers: list[ServerProcess], *extra: str) -> ServerProcess:
+    sandbox = ",".join(w.address for w in workers)
+    args = ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", sandbox, *extra]
+    return ServerProcess(args)
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[list[ServerProcess]]:
+    procs = start_workers()
+    yield procs
+    for proc in procs:
+        assert proc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def runtime(library: Path, workers: list[ServerProcess]) -> Iterator[ServerProcess]:
+    proc = start_runtime(library, workers)
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(runtime: ServerProcess) -> Iterator[RuntimeClient]:
+    with RuntimeClient(runtime.address, timeout_s=60) as c:
+        yield c
+
+
+def replay(client: RuntimeClient, env_id: str, config: dict[str, Any], expected: dict[str, Any]) -> None:
+    created = client.create_session(env_id=env_id, config=config)
+    assert created.observation == expected["first"]
+    for i, (action, observation) in enumerate(expected["steps"]):
+        response = client.step(created.session_id, action)
+        assert not response.HasField("error"), response.error
+        assert response.observation == observation, (env_id, i, action)
+        assert response.step_index == i + 1
+    assert response.done and not response.truncated
+    assert response.reward == expected["reward"] == 1
+    assert client.close_session(created.session_id)
+
+
+# ---- library --------------------------------------------------------------------------------------
+
+
+def test_library_import_is_idempotent_and_reports_what_it_skipped(tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "NoDoubleUnderscoreEnv.py").write_text("x = 1\n")
+    (bad / "Bad_1_I__BrokenEnv.py").write_text("class BrokenEnv(:\n")
+    (bad / "Bad_2_I__OtherNameEnv.py").write_text(
+        (ENV_DIR / "Sample_0001_I__MaxSubarraySumEnv.py").read_text()
+    )
+    lines = [
+        json.dumps({"ability": 'codegym_v1@Nope_1_I__MissingEnv@{"a": 1}'}),
+        json.dumps({"ability": "wrong@Sample_0001_I__MaxSubarraySumEnv@{}"}),
+        "{not json",
+        json.dumps(
+            {"env_id": "Sample_0001_I__MaxSubarraySumEnv", "config": {"nums": [1]}, "difficulty": "extreme"}
+        ),
+        json.dumps({"question_id": "q1"}),
+    ]
+    (bad / "tasks.jsonl").write_text("\n".join(lines) + "\n")
+    db = tmp_path / "lib.db"
+    with Library(db) as lib:
+        first = lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl", bad])
+        second = lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+        assert lib.counts() == (12, 108)
+    assert len(first.added) == 12 and first.tasks_added == 108
+    assert second.added == [] and second.updated == [] and len(second.unchanged) == 12
+    assert second.tasks_added == 0 and second.tasks_present == 108
+    reasons = {
+        Path(where.split(":")[0]).name + where[len(where.split(":")[0]) :]: why
+        for where, why in first.skipped
+    }
+    assert len(first.skipped) == 8, first.skipped
+    assert "not {code_id}__{EnvClass}" in reasons["NoDoubleUnderscoreEnv.py"]
+    assert "syntax" in reasons["Bad_1_I__BrokenEnv.py"].lower()
+    assert "defines MaxSubarraySumEnv, not OtherNameEnv" in reasons["Bad_2_I__OtherNameEnv.py"]
+    assert "not in the library" in reasons["tasks.jsonl:1"]
+    assert "prefix" in reasons["tasks.jsonl:2"]
+    assert "Expecting property name" in reasons["tasks.jsonl:3"]
+    assert "extreme" in reasons["tasks.jsonl:4"]
+    assert "neither 'ability'" in reasons["tasks.jsonl:5"]
+
+
+def test_training_instances_bring_task_text_and_oracle_rounds(library: Path) -> None:
+    with Library(library) as lib:
+        for item in training_instances():
+            ability = parse_ability(item["ability"])
+            record_ = lib.get(ability.env_id)
+            assert record_ is not None
+            assert record_.tools_text == item["prompt"][0]["content"]
+            assert record_.task_text and record_.task_text in item["prompt"][1]["content"]
+            rounds = [t.solve_fc_round for t in record_.tasks if json.loads(t.config_json) == ability.config]
+            assert rounds == [item["extra_info"]["solve_fc_round"]]
+
+
+# ---- playing episodes through every client --------------------------------------------------------
+
+
+def test_every_sample_task_reaches_reward_1_with_in_process_observations(client: RuntimeClient) -> None:
+    tasks = [(t["env_id"], t["config"]) for t in sample_tasks()]
+    expected = in_process(tasks)
+    for (env_id, config), exp in zip(tasks, expected, strict=True):
+        replay(client, env_id, config, exp)
+
+
+def test_training_instance_abilities_through_online_adapter(runtime: ServerProcess) -> None:
+    instances = training_instances()
+    abilities = [parse_ability(i["ability"]) for i in instances]
+    expected = in_process([(a.env_id, a.config) for a in abilities])
+    for item, exp in zip(instances, expected, strict=True):
+        env = OnlineGymEnv.from_env_str(item["ability"], target=runtime.address)
+        try:
+            assert env.observation == exp["first"]
+            assert env.tools_text == item["prompt"][0]["content"]
+            for i, (action, observation) in enumerate(exp["steps"]):
+                # Every other step arrives as a model turn with the function-call markers.
+                turn = f"thinking...{BEGIN}[{action}]{END}" if i % 2 else action
+                assert env.step(turn) == observation
+            assert env.finished and env.reward == 1.0
+            assert env.step_count == len(exp["steps"])
+            assert env.step('{"name": "Observe", "parameters": {}}').startswith("Error: ")
+        finally:
+            env.release()
+
+
+def test_async_client_plays_one_task_of_every_env_concurrently(runtime: ServerProcess) -> None:
+    tasks = [(t["env_id"], t["config"]) for t in sample_tasks() if t["difficulty"] == "medium"][::3]
+    expected = in_process(tasks)
+
+    async def play(client: AsyncRuntimeClient, env_id: str, config: dict[str, Any]) -> list[str]:
+        created = await client.create_session(env_id=env_id, config=config)
+        seen = [created.observation]
+        for action in exp_by_env[env_id]["steps"]:
+            seen.append((await client.step(created.session_id, action[0])).observation)
+        assert (await client.get_session(created.session_id)).status == rt.SESSION_STATUS_DONE
+        await client.close_session(created.session_id)
+        return seen
+
+    exp_by_env = {e: x for (e, _), x in zip(tasks, expected, strict=True)}
+
+    async def main() -> list[list[str]]:
+        async with AsyncRuntimeClient(runtime.address) as client:
+            return await asyncio.gather(*(play(client, e, c) for e, c in tasks))
+
+    results = asyncio.run(main())
+    for (env_id, _), seen in zip(tasks, results, strict=True):
+        exp = exp_by_env[env_id]
+        assert seen == [exp["first"], *(o for _, o in exp["steps"])]
+
+
+def test_gymnasium_adapter(client: RuntimeClient) -> None:
+    task = next(t for t in sample_tasks() if t["env_id"].endswith("CountIslandsEnv"))
+    (exp,) = in_process([(task["env_id"], task["config"])])
+    env = RemoteEnv(client, env_id=task["env_id"], config=task["config"])
+    try:
+        observation, info = env.reset()
+        assert observation == exp["first"] and "def GetCell" in info["tools_text"]
+        for action, expected in exp["steps"]:
+            observation, reward, terminated, truncated, info = env.step(action)
+            assert observation == expected and "error" not in info
+        assert (reward, terminated, truncated) == (1.0, True, False)
+        observation, _ = env.reset()  # same session, back to its own task
+        assert observation == exp["first"]
+        _, _, _, _, info = env.step({"name": "Nope", "parameters": {}})
+        assert info["error"] == "STEP_ERROR_CODE_UNKNOWN_TOOL" and info["step_index"] == 0
+    finally:
+        env.close()
+
+
+# ---- bad inputs -----------------------------------------------------------------------------------
+
+
+def rpc_error(call: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value
+
+
+def test_create_session_refusals(client: RuntimeClient) -> None:
+    err = rpc_error(lambda: client.create_session(env_id="Nope_1_I__NoSuchEnv", config={}))
+    assert err.code() == grpc.StatusCode.NOT_FOUND and "Nope_1_I__NoSuchEnv" in err.details()
+    err = rpc_error(lambda: client.create_session(env_id=f"{COUNTER}", config="{target: 3"))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "neither JSON" in err.details()
+    err = rpc_error(lambda: client.create_session(env_id=COUNTER, config={"wrong": 1}))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "config needs 'target'" in err.details()
+    err = rpc_error(lambda: client.create_session(ability="codegym_v2@X__YEnv@{}"))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "prefix" in err.details()
+    err = rpc_error(
+        lambda: client.create_session(env_id="Sample_0001_I__MaxSubarraySumEnv", env_str="OtherEnv@{}")
+    )
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    err = rpc_error(lambda: client.create_session(env_id=COUNTER, config={"target": 1}, max_steps=100000))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_steps" in err.details()
+    created = client.create_session(env_str='CounterEnv@{"target": 2}')  # by class name alone
+    assert created.env_id == COUNTER and created.observation == "Counter at 0; reach 2."
+
+
+def counter_session(client: RuntimeClient, **options: Any) -> str:
+    return client.create_session(env_id=COUNTER, config={"target": 3}, **options).session_id
+
+
+@pytest.mark.parametrize(
+    ("action", "code", "words"),
+    [
+        ("{not json", rt.STEP_ERROR_CODE_INVALID_ACTION, "not valid JSON"),
+        ('{"parameters": {}}', rt.STEP_ERROR_CODE_INVALID_ACTION, '"name"'),
+        ('{"name": "Add", "parameters": [1]}', rt.STEP_ERROR_CODE_INVALID_ACTION, "must be a JSON object"),
+        (
+            '[{"name": "Observe"}, {"name": "Observe"}]',
+            rt.STEP_ERROR_CODE_INVALID_ACTION,
+            "one function call",
+        ),
+        ('{"name": "Exec", "parameters": {}}', rt.STEP_ERROR_CODE_UNKNOWN_TOOL, "Observe, Add, Boom"),
+        (
+            '{"name": "Add", "parameters": {"amount": "' + "x" * 70000 + '"}}',
+            rt.STEP_ERROR_CODE_INVALID_ACTION,
+            "bytes",
+        ),
+        ('{"name": "Boom", "parameters": {}}', rt.STEP_ERROR_CODE_ENV_ERROR, "boom"),
+        ('{"name": "Spin", "parameters": {}}', rt.STEP_ERROR_CODE_STEP_TIMEOUT, "timed out"),
+        ('{"name": "Hog", "parameters": {}}', rt.STEP_ERROR_CODE_SANDBOX_LIMIT, "memory"),
+    ],
+)
+def test_step_errors_are_typed_and_change_nothing(
+    client: RuntimeClient, action: str, code: int, words: str
+) -> None:
+    session = counter_session(client, step_timeout_ms=500)
+    assert client.step(session, '{"name": "Add", "parameters": {"amount": 2}}').observation == "2"
+    response = client.step(session, action)
+    assert response.error.code == code, response
+    assert words in response.error.message and response.observation == response.error.message
+    assert response.step_index == 1 and not response.done
+    # The failed step left the committed state alone: the counter is still 2, one step taken.
+    after = client.step(session, '{"name": "Observe", "parameters": {}}')
+    assert (after.observation, after.step_index) == ("2", 2)
+    client.close_session(session)
+
+
+def test_structured_tool_call_and_one_element_list(client: RuntimeClient) -> None:
+    session = counter_session(client)
+    response = client.step(session, rt.ToolCall(name="Add", parameters_json='{"amount": 5}'))
+    assert response.observation == "5"
+    response = client.step(session, '[{"name": "Add", "parameters": {"amount": -2}}]')
+    assert response.observation == "3"
+    response = client.step(session, rt.ToolCall(name="Add", parameters_json="{oops"))
+    assert response.error.code == rt.STEP_ERROR_CODE_INVALID_ACTION
+
+
+def test_oversized_message_is_refused_by_the_server(client: RuntimeClient, runtime: ServerProcess) -> None:
+    session = counter_session(client)
+    unlimited = grpc.insecure_channel(runtime.address, options=[("grpc.max_send_message_length", -1)])
+    with unlimited:
+        step = unlimited.unary_unary(
+            "/codegym.runtime.v1.RuntimeService/Step",
+            request_serializer=rt.StepRequest.SerializeToString,
+            response_deserializer=rt.StepResponse.FromString,
+        )
+        request = rt.StepRequest(session_id=session, action_json="x" * (17 * 1024 * 1024))
+        err = rpc_error(lambda: step(request, timeout=30))
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert client.step(session, '{"name": "Observe", "parameters": {}}').step_index == 1
+
+
+def test_unknown_session_done_session_and_truncation(client: RuntimeClient) -> None:
+    err = rpc_error(lambda: client.step("no-such-session", '{"name": "Observe", "parameters": {}}'))
+    assert err.code() == grpc.StatusCode.NOT_FOUND
+    session = counter_session(client)
+    client.step(session, {"name": "Add", "parameters": {"amount": 3}})
+    done = client.step(session, {"name": "Done", "parameters": {"answer": 3}})
+    assert done.done and not done.truncated and done.reward == 1.0
+    err = rpc_error(lambda: client.step(session, {"name": "Observe", "parameters": {}}))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "Reset" in err.details()
+    view = client.get_session(session)
+    assert (view.status, view.step_index, view.reward) == (rt.SESSION_STATUS_DONE, 2, 1.0)
+    assert client.reset(session) == "Counter at 0; reach 3."
+    view = client.get_session(session)
+    assert (view.status, view.step_index, view.reward) == (rt.SESSION_STATUS_ACTIVE, 0, 0.0)
+    assert client.step(session, {"name": "Observe", "parameters": {}}).observation == "0"
+
+    capped = counter_session(client, max_steps=3)
+    results = [client.step(capped, {"name": "Add", "parameters": {"amount": 1}}) for _ in range(3)]
+    assert [(r.done, r.truncated) for r in results] == [(False, False), (False, False), (True, True)]
+    assert client.get_session(capped).status == rt.SESSION_STATUS_TRUNCATED
+    err = rpc_error(lambda: client.step(capped, {"name": "Observe", "parameters": {}}))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "truncated" in err.details()
+    assert client.close_session(capped) and not client.close_session(capped)
+    assert rpc_error(lambda: client.get_session(capped)).code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_concurrent_steps_on_one_session_are_serialized(client: RuntimeClient) -> None:
+    session = counter_session(client)
+    with ThreadPoolExecutor(16) as pool:
+        responses = list(
+            pool.map(lambda _: client.step(session, {"name": "Add", "parameters": {"amount": 1}}), range(32))
+        )
+    assert sorted(r.step_index for r in responses) == list(range(1, 33))
+    assert sorted(int(r.observation) for r in responses) == list(range(1, 33))
+    assert client.step(session, {"name": "Observe", "parameters": {}}).observation == "32"
+
+
+def test_batch_step(client: RuntimeClient) -> None:
+    sessions = [counter_session(client) for _ in range(4)]
+    results = client.batch_step(
+        [(s, {"name": "Add", "parameters": {"amount": i}}) for i, s in enumerate(sessions)]
+        + [("no-such-session", {"name": "Observe", "parameters": {}})]
+    )
+    assert [r.response.observation for r in results[:4]] == ["0", "1", "2", "3"]
+    assert results[4].code == grpc.StatusCode.NOT_FOUND.value[0] and "no-such-session" in results[4].message
+    err = rpc_error(lambda: client.batch_step([(sessions[0], "{}"), (sessions[0], "{}")]))
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "distinct" in err.details()
+
+
+def test_list_and_get_envs(client: RuntimeClient) -> None:
+    envs = list(client.list_envs(page_size=4))
+    assert len(envs) == 16 and [e.env_id for e in envs] == sorted(e.env_id for e in envs)
+    assert [e.env_id[:11] for e in client.list_envs(prefix="Sample_000")] == [
+        f"Sample_000{i}" for i in range(1, 10)
+    ]
+    samples = [e for e in envs if e.env_id.startswith("Sample_")]
+    assert all(e.task_count == 9 for e in samples)
+    env = client.get_env("Sample_0004_I__CountIslandsEnv")
+    assert len(env.tasks) == 9 and {t.difficulty for t in env.tasks} == {1, 2, 3}
+    assert [t.name for t in env.tools] == [
+        "Observe",
+        "GetCell",
+        "MarkVisited",
+        "IsVisited",
+        "GetNeighbors",
+        "Done",
+    ]
+    schema = json.loads(env.tools[1].json_schema)
+    assert schema["function"]["parameters"]["required"] == ["row", "col"]
+    assert "islands" in env.task_text
+    err = rpc_error(lambda: client.get_env("Nope_1_I__NoEnv"))
+    assert err.code() == grpc.StatusCode.NOT_FOUND
+
+
+# ---- limits: TTL, capacity -----------------------------------------------------------------------
+
+
+def test_idle_sessions_expire(library: Path, workers: list[ServerProcess]) -> None:
+    proc = start_runtime(library, workers, "--session-ttl-s", "1")
+    try:
+        with RuntimeClient(proc.address) as c:
+            kept, idle = counter_session(c), counter_session(c)
+            assert c.get_session(idle).expires_in_s <= 1
+            for _ in range(6):  # keep one session busy for ~1.5 s
+                time.sleep(0.25)
+                c.step(kept, {"name": "Observe", "parameters": {}})
+            assert rpc_error(lambda: c.get_session(idle)).code() == grpc.StatusCode.NOT_FOUND
+            assert c.get_session(kept).step_index == 6
+    finally:
+        assert proc.stop() == 0
+
+
+def test_capacity_limit_answers_resource_exhausted_with_retry_hint(
+    library: Path, workers: list[ServerProcess]
+) -> None:
+    proc = start_runtime(library, workers, "--max-sessions", "2")
+    try:
+        with RuntimeClient(proc.address) as c:
+            first, _ = counter_session(c), counter_session(c)
+            err = rpc_error(lambda: counter_session(c))
+            assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "session limit" in err.details()
+            assert ("retry-after-ms", "1000") in tuple(err.trailing_metadata() or ())
+            assert c.close_session(first)
+            assert c.step(counter_session(c), {"name": "Observe", "parameters": {}}).observation == "0"
+    finally:
+        assert proc.stop() == 0
+
+
+# ---- losing workers ------------------------------------------------------------------------------
+
+
+def test_killing_a_worker_mid_episode_loses_no_session(library: Path) -> None:
+    workers = start_workers()
+    proc = start_runtime(library, workers)
+    hard = [(t["env_id"], t["config"]) for t in sample_tasks() if t["difficulty"] == "hard"][::2]
+    expected = in_process(hard)
+    progress = [0] * len(hard)
+    halfway = threading.Barrier(len(hard) + 1, timeout=60)
+    try:
+        with RuntimeClient(proc.address, timeout_s=60) as c:
+
+            def play(index: int) -> list[str]:
+                env_id, config = hard[index]
+                exp = expected[index]
+                created = c.create_session(env_id=env_id, config=config)
+                seen = [created.observation]
+                for i, (action, _) in enumerate(exp["steps"]):
+                    if i == min(3, len(exp["steps"]) // 2):
+                        halfway.wait()  # every episode is in flight when the worker dies
+                    response = c.step(created.session_id, action)
+                    assert not response.HasField("error"), response.error
+                    seen.append(response.observation)
+                    progress[index] += 1
+                assert response.reward == 1.0 and response.done
+                return seen
+
+            with ThreadPoolExecutor(len(hard)) as pool:
+                futures = [pool.submit(play, i) for i in range(len(hard))]
+                halfway.wait()
+                os.killpg(workers[0].pid, signal.SIGKILL)
+                results = [f.result(timeout=120) for f in futures]
+            for exp, seen in zip(expected, results, strict=True):
+                assert seen == [exp["first"], *(o for _, o in exp["steps"])]
+            assert min(progress) > 3
+
+            # Restart the killed worker on its port; then kill the other one while steps are in
+            # flight on it: they are re-run on the restarted worker, exactly once.
+            port = workers[0].address.rsplit(":", 1)[1]
+            workers[0].stop()
+            workers[0] = ServerProcess(["serve", "sandbox", "--port", port, "--jails", "1"])
+            slow = [counter_session(c) for _ in range(4)]
+            with ThreadPoolExecutor(4) as pool:
+                pending = [pool.submit(c.step, s, {"name": "Slow", "parameters": {"ms": 1500}}) for s in slow]
+                time.sleep(0.7)
+                os.killpg(workers[1].pid, signal.SIGKILL)
+                done = [f.result(timeout=60) for f in pending]
+            assert [(r.observation, r.step_index, r.HasField("error")) for r in done] == [("1", 1, False)] * 4
+            workers[1].stop()
+            for _ in range(5):
+                response = c.step(slow[0], {"name": "Add", "parameters": {"amount": 1}})
+                assert not response.HasField("error")
+            assert response.observation == "6" and response.step_index == 6
+    finally:
+        proc.stop()
+        for worker in workers:
+            worker.stop()
+
+
+# ---- codegym up + demo ---------------------------------------------------------------------------
+
+
+def test_codegym_up_and_demo(tmp_path: Path) -> None:
+    up = ServerProcess(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
+    try:
+        lines = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
+        few = tmp_path / "few.jsonl"
+        few.write_text("".join(json.dumps(x) + "\n" for x in lines[::9]))
+        import subprocess
+        import sys
+
+        demo = subprocess.run(
+            [sys.executable, "-m", "clients.cli", "demo", "--target", up.address, "--trajectories", str(few),
+             "--random-episodes", "1"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert "Sample_0012_I__SearchInsertEnv" in demo.stdout and "1/1" in demo.stdout
+        assert "steps/s" in demo.stdout and "problem" not in demo.stdout
+    finally:
+        assert up.stop() == 0
+    time.sleep(0.2)
+    assert "codegym up: stopped" in up.text
