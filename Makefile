@@ -61,6 +61,20 @@ test:
 
 bench:
 	$(PY) bench/sandbox_bench.py
+	$(PY) bench/runtime_bench.py
+
+# The main job on the embedded defaults: `codegym up` in the background (library built from the
+# sample environments on first run), `codegym demo` against it, then everything stopped.
+up:
+	$(VENV)/bin/codegym up
+
+demo:
+	@log=$$(mktemp); $(VENV)/bin/codegym up --port 0 >$$log 2>&1 & pid=$$!; \
+	trap 'kill $$pid 2>/dev/null; wait $$pid; rm -f $$log' EXIT; \
+	for i in $$(seq 600); do grep -q "runtime listening on" $$log && break; \
+	  kill -0 $$pid 2>/dev/null || { cat $$log; exit 1; }; sleep 0.1; done; \
+	addr=$$(sed -n 's/^runtime listening on //p' $$log); test -n "$$addr" || { cat $$log; exit 1; }; \
+	grep -v " INFO " $$log; $(VENV)/bin/codegym demo --target $$addr
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
