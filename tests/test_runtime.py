@@ -296,7 +296,8 @@ def counter_session(client: RuntimeClient, **options: Any) -> str:
 def test_step_errors_are_typed_and_change_nothing(
     client: RuntimeClient, action: str, code: int, words: str
 ) -> None:
-    session = counter_session(client, step_timeout_ms=500)
+    # Only the endless loop gets a short deadline: a memory bomb must hit its limit, not the clock.
+    session = counter_session(client, step_timeout_ms=500 if "Spin" in action else 10_000)
     assert client.step(session, '{"name": "Add", "parameters": {"amount": 2}}').observation == "2"
     response = client.step(session, action)
     assert response.error.code == code, response

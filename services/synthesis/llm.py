@@ -1,0 +1,201 @@
+"""The LLM gateway: every model call of the synthesis service goes through here.
+
+One `openai.AsyncOpenAI` client against any OpenAI-compatible endpoint, with what a long batch
+run needs: bounded concurrency, retries with exponential back-off and jitter on 429, 5xx,
+timeouts and connection errors (a `Retry-After` header wins over the back-off), a response cache
+so an interrupted run resumes without paying twice, and token accounting per stage.
+
+Several samples come from one request with `n` when the endpoint supports it; an endpoint that
+refuses `n` (or returns fewer choices) gets the missing samples as parallel single requests, and
+the gateway remembers not to ask it for `n` again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import openai
+
+from services.synthesis.cache import CachedCompletion, ResponseCache, cache_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Sampling parameters of one stage; `samples` completions are wanted per prompt."""
+
+    model: str = ""
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_tokens: int = 8192
+    samples: int = 1
+
+    def merged(self, **overrides: Any) -> StageParams:
+        return replace(self, **{k: v for k, v in overrides.items() if v})
+
+
+@dataclass(frozen=True)
+class LLMSettings:
+    base_url: str
+    api_key: str = "EMPTY"
+    model: str = "gpt-4o-mini"
+    timeout_s: float = 300.0
+    max_concurrency: int = 16
+    max_retries: int = 6
+    backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+
+
+@dataclass
+class StageUsage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cache_hits: int = 0
+    requests: int = 0
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    finish_reason: str
+    cached: bool = False
+
+
+class LLMUnavailable(RuntimeError):
+    """The endpoint could not answer (down, or failing past the retry budget)."""
+
+
+class LLMRejected(RuntimeError):
+    """The endpoint refused the request itself (a 4xx other than 429): retrying cannot help."""
+
+
+@dataclass
+class LLMGateway:
+    settings: LLMSettings
+    cache: ResponseCache | None = None
+    usage: dict[str, StageUsage] = field(default_factory=lambda: defaultdict(StageUsage))
+
+    def __post_init__(self) -> None:
+        self.client = openai.AsyncOpenAI(
+            base_url=self.settings.base_url,
+            api_key=self.settings.api_key,
+            timeout=self.settings.timeout_s,
+            max_retries=0,  # retries are ours: counted, with Retry-After honoured
+        )
+        self.limit = asyncio.Semaphore(self.settings.max_concurrency)
+        self.n_supported = True
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def complete(self, stage: str, messages: list[dict[str, str]], params: StageParams) -> list[Completion]:
+        """`params.samples` completions of one prompt, from the cache where possible."""
+        model = params.model or self.settings.model
+        keys = [cache_key(model, messages, params, i) for i in range(params.samples)]
+        results: list[Completion | None] = [None] * params.samples
+        usage = self.usage[stage]
+        if self.cache is not None:
+            for i, key in enumerate(keys):
+                hit = self.cache.get(key)
+                if hit is not None:
+                    results[i] = Completion(hit.text, hit.finish_reason, cached=True)
+                    usage.cache_hits += 1
+        missing = [i for i, r in enumerate(results) if r is None]
+        if len(missing) > 1 and self.n_supported:
+            choices = await self._request(stage, model, messages, params, n=len(missing))
+            for i, choice in zip(missing, choices, strict=False):
+                results[i] = self._store(keys[i], choice)
+            missing = [i for i, r in enumerate(results) if r is None]
+            if missing and choices:
+                log.info("endpoint returned %d of %d choices; asking for the rest one by one", len(choices), len(keys))
+        if missing:
+            singles = await asyncio.gather(*(self._request(stage, model, messages, params, n=1) for _ in missing))
+            for i, choices in zip(missing, singles, strict=True):
+                if choices:
+                    results[i] = self._store(keys[i], choices[0])
+        return [r for r in results if r is not None]
+
+    def _store(self, key: str, choice: CachedCompletion) -> Completion:
+        if self.cache is not None:
+            self.cache.put(key, choice)
+        return Completion(choice.text, choice.finish_reason)
+
+    async def _request(
+        self, stage: str, model: str, messages: list[dict[str, str]], params: StageParams, *, n: int
+    ) -> list[CachedCompletion]:
+        usage = self.usage[stage]
+        delay = self.settings.backoff_s
+        for attempt in range(self.settings.max_retries + 1):
+            wait = 0.0
+            try:
+                async with self.limit:
+                    usage.requests += 1
+                    kwargs: dict[str, Any] = {}
+                    if n > 1:
+                        kwargs["n"] = n
+                    response = await self.client.chat.completions.create(
+                        model=model,
+                        messages=messages,  # type: ignore[arg-type]
+                        temperature=params.temperature,
+                        top_p=params.top_p,
+                        max_tokens=params.max_tokens,
+                        **kwargs,
+                    )
+                if response.usage is not None:
+                    usage.prompt_tokens += response.usage.prompt_tokens
+                    usage.completion_tokens += response.usage.completion_tokens
+                return [
+                    CachedCompletion(c.message.content or "", c.finish_reason or "")
+                    for c in sorted(response.choices, key=lambda c: c.index)
+                ]
+            except openai.BadRequestError as exc:
+                if n > 1:
+                    # Most likely `n` is not supported: fall back to single requests for good.
+                    log.info("endpoint refused n=%d (%s); using parallel requests", n, exc.message)
+                    self.n_supported = False
+                    return []
+                raise LLMRejected(f"{stage}: the endpoint refused the request: {exc.message}") from exc
+            except openai.RateLimitError as exc:
+                wait = retry_after(exc.response) or delay
+                cause: str = f"429 rate limited: {exc.message}"
+            except openai.InternalServerError as exc:
+                wait = retry_after(exc.response) or delay
+                cause = f"{exc.status_code} server error: {exc.message}"
+            except openai.APITimeoutError:
+                wait, cause = delay, f"timed out after {self.settings.timeout_s:.0f} s"
+            except openai.APIConnectionError as exc:
+                wait, cause = delay, f"connection failed: {exc.__cause__ or exc}"
+            except openai.APIStatusError as exc:
+                if exc.status_code >= 500:
+                    wait, cause = retry_after(exc.response) or delay, f"{exc.status_code}: {exc.message}"
+                else:
+                    raise LLMRejected(f"{stage}: the endpoint refused the request: {exc.message}") from exc
+            if attempt == self.settings.max_retries:
+                raise LLMUnavailable(f"{stage}: LLM endpoint unavailable after {attempt + 1} attempts: {cause}")
+            usage.retries += 1
+            log.warning("%s: %s; retry %d in %.2f s", stage, cause, attempt + 1, wait)
+            await asyncio.sleep(wait * (1 + 0.25 * random.random()))
+            delay = min(delay * 2, self.settings.max_backoff_s)
+        raise AssertionError("unreachable")
+
+
+def retry_after(response: Any) -> float:
+    """Seconds from `Retry-After` / `retry-after-ms` headers (0 when absent or unreadable)."""
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return 0.0
+    try:
+        if headers.get("retry-after-ms"):
+            return float(headers["retry-after-ms"]) / 1000
+        if headers.get("retry-after"):
+            return float(headers["retry-after"])
+    except ValueError:
+        return 0.0
+    return 0.0
