@@ -11,6 +11,7 @@ from clients import (
     library_commands,
     sandbox_commands,
     serve_commands,
+    synthesize_command,
     up_command,
 )
 
@@ -27,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_commands.register(sub)
     up_command.register(sub)
     demo_command.register(sub)
+    synthesize_command.register(sub)
     return parser
 
 

@@ -52,6 +52,31 @@ def _serve_runtime(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_synthesis(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from clients.synthesize_command import settings_from, stage_defaults
+    from services.synthesis.service import SynthesisServer
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    defaults = stage_defaults(args.stage)
+
+    async def main() -> None:
+        out = Path(args.out)
+        server = SynthesisServer(
+            settings_from(args),
+            out,
+            cache_path=Path(args.cache) if args.cache else None,
+            defaults=defaults,
+            host=args.host,
+            port=args.port,
+        )
+        await server.serve()
+
+    asyncio.run(main())
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run a server in the foreground")
     serve_sub = serve.add_subparsers(dest="serve_command", required=True, metavar="SERVER")
@@ -139,3 +164,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     runtime.add_argument("--log-level", default="INFO", help="logging level")
     runtime.set_defaults(func=_serve_runtime)
+
+    from clients.synthesize_command import add_llm_arguments
+
+    synthesis = serve_sub.add_parser(
+        "synthesis",
+        help="synthesis: environments, unit tests and solve() candidates from an LLM",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    synthesis.add_argument("--host", default="127.0.0.1", help="address to bind")
+    synthesis.add_argument("--port", type=int, default=50071, help="port (0 = any free port)")
+    synthesis.add_argument(
+        "--out", default="synthesis-out", help="folder for SynthesizeStream runs and the cache"
+    )
+    synthesis.add_argument("--cache", default="", help="response cache (default OUT/llm_cache.db)")
+    add_llm_arguments(synthesis)
+    synthesis.add_argument("--log-level", default="INFO", help="logging level")
+    synthesis.set_defaults(func=_serve_synthesis)

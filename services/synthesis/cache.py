@@ -54,7 +54,9 @@ class ResponseCache:
 
     def get(self, key: str) -> CachedCompletion | None:
         with self.lock:
-            row = self.db.execute("SELECT text, finish_reason FROM responses WHERE key = ?", (key,)).fetchone()
+            row = self.db.execute(
+                "SELECT text, finish_reason FROM responses WHERE key = ?", (key,)
+            ).fetchone()
         return CachedCompletion(row[0], row[1]) if row else None
 
     def put(self, key: str, completion: CachedCompletion) -> None:

@@ -95,7 +95,9 @@ class LLMGateway:
     async def close(self) -> None:
         await self.client.close()
 
-    async def complete(self, stage: str, messages: list[dict[str, str]], params: StageParams) -> list[Completion]:
+    async def complete(
+        self, stage: str, messages: list[dict[str, str]], params: StageParams
+    ) -> list[Completion]:
         """`params.samples` completions of one prompt, from the cache where possible."""
         model = params.model or self.settings.model
         keys = [cache_key(model, messages, params, i) for i in range(params.samples)]
@@ -114,9 +116,15 @@ class LLMGateway:
                 results[i] = self._store(keys[i], choice)
             missing = [i for i, r in enumerate(results) if r is None]
             if missing and choices:
-                log.info("endpoint returned %d of %d choices; asking for the rest one by one", len(choices), len(keys))
+                log.info(
+                    "endpoint returned %d of %d choices; asking for the rest one by one",
+                    len(choices),
+                    len(keys),
+                )
         if missing:
-            singles = await asyncio.gather(*(self._request(stage, model, messages, params, n=1) for _ in missing))
+            singles = await asyncio.gather(
+                *(self._request(stage, model, messages, params, n=1) for _ in missing)
+            )
             for i, choices in zip(missing, singles, strict=True):
                 if choices:
                     results[i] = self._store(keys[i], choices[0])
@@ -178,7 +186,9 @@ class LLMGateway:
                 else:
                     raise LLMRejected(f"{stage}: the endpoint refused the request: {exc.message}") from exc
             if attempt == self.settings.max_retries:
-                raise LLMUnavailable(f"{stage}: LLM endpoint unavailable after {attempt + 1} attempts: {cause}")
+                raise LLMUnavailable(
+                    f"{stage}: LLM endpoint unavailable after {attempt + 1} attempts: {cause}"
+                )
             usage.retries += 1
             log.warning("%s: %s; retry %d in %.2f s", stage, cause, attempt + 1, wait)
             await asyncio.sleep(wait * (1 + 0.25 * random.random()))

@@ -78,7 +78,9 @@ def parse_env_output(text: str, finish_reason: str = "stop") -> ParsedEnv:
     if task is None or env is None:
         missing = [name for name, block in (("<task>", task), ("<env>", env)) if block is None]
         if finish_reason == "length":
-            return ParsedEnv("truncated", [f"completion cut by the token limit before {' and '.join(missing)} closed"])
+            return ParsedEnv(
+                "truncated", [f"completion cut by the token limit before {' and '.join(missing)} closed"]
+            )
         return ParsedEnv("missing_marker", [f"no complete {' or '.join(missing)} block"])
     source = unfence(env)
     task_text = task.strip()
@@ -90,10 +92,14 @@ def parse_env_output(text: str, finish_reason: str = "stop") -> ParsedEnv:
         return ParsedEnv("syntax_error", [f"env source line {exc.lineno}: {exc.msg}"], task_text, source)
     spec = analyze_source(source)
     if spec.violations:
-        reasons = [f"{v.code}: {v.message}" + (f" (line {v.line})" if v.line else "") for v in spec.violations]
+        reasons = [
+            f"{v.code}: {v.message}" + (f" (line {v.line})" if v.line else "") for v in spec.violations
+        ]
         return ParsedEnv("contract_violation", reasons, task_text, source, spec.class_name)
     if "solve" not in spec.methods:
-        return ParsedEnv("contract_violation", ["missing_method: no solve()"], task_text, source, spec.class_name)
+        return ParsedEnv(
+            "contract_violation", ["missing_method: no solve()"], task_text, source, spec.class_name
+        )
     return ParsedEnv("ok", [], task_text, source, spec.class_name)
 
 
@@ -112,12 +118,16 @@ def parse_test_lines(text: str, env_class: str, *, hard: bool = False) -> list[P
             tests.append(ParsedTest("invalid_test", f"line {index + 1}: not 'Env@{{json}}': {line[:80]}"))
             continue
         if name.strip() != env_class:
-            tests.append(ParsedTest("invalid_test", f"line {index + 1}: names {name.strip()!r}, not {env_class}", line))
+            tests.append(
+                ParsedTest("invalid_test", f"line {index + 1}: names {name.strip()!r}, not {env_class}", line)
+            )
             continue
         try:
             value = json.loads(config)
         except ValueError as exc:
-            tests.append(ParsedTest("invalid_test", f"line {index + 1}: config is not valid JSON: {exc}", line))
+            tests.append(
+                ParsedTest("invalid_test", f"line {index + 1}: config is not valid JSON: {exc}", line)
+            )
             continue
         if not isinstance(value, dict):
             tests.append(ParsedTest("invalid_test", f"line {index + 1}: config is not a JSON object", line))
@@ -146,7 +156,9 @@ def parse_solve_output(text: str, env_source: str, finish_reason: str = "stop") 
         return ParsedSolve("syntax_error", [f"solve line {exc.lineno}: {exc.msg}"], source)
     functions = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "solve"]
     if len(functions) != 1:
-        return ParsedSolve("contract_violation", [f"expected one top-level def solve(self), found {len(functions)}"], source)
+        return ParsedSolve(
+            "contract_violation", [f"expected one top-level def solve(self), found {len(functions)}"], source
+        )
     args = functions[0].args.args
     if not args or args[0].arg != "self":
         return ParsedSolve("contract_violation", ["solve must take self as its first parameter"], source)
@@ -185,5 +197,7 @@ def splice_solve(env_source: str, solve_source: str) -> str:
     try:
         ast.parse(result)
     except SyntaxError as exc:
-        raise ValueError(f"env source with this solve() does not parse: line {exc.lineno}: {exc.msg}") from None
+        raise ValueError(
+            f"env source with this solve() does not parse: line {exc.lineno}: {exc.msg}"
+        ) from None
     return result

@@ -514,6 +514,7 @@ class SynthesizeStreamResponse(_message.Message):
     REASONS_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
     TOTAL_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
     question_id: _builtins.str
     """Problem id."""
     stage: _builtins.str
@@ -526,6 +527,8 @@ class SynthesizeStreamResponse(_message.Message):
     """Problems finished so far."""
     total: _builtins.int
     """Problems in total."""
+    output: _builtins.str
+    """Folder on the server holding this run's results (envs/, tests/, solve/, summary.json)."""
     @_builtins.property
     def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Rejection reasons."""
@@ -540,10 +543,11 @@ class SynthesizeStreamResponse(_message.Message):
         reasons: _abc.Iterable[_builtins.str] | None = ...,
         done: _builtins.int = ...,
         total: _builtins.int = ...,
+        output: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "done", b"done", "question_id", b"question_id", "reasons", b"reasons", "rejected", b"rejected", "stage", b"stage", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "done", b"done", "output", b"output", "question_id", b"question_id", "reasons", b"reasons", "rejected", b"rejected", "stage", b"stage", "total", b"total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,257 @@
+"""The `codegym.synthesis.v1.SynthesisService` servicer and its server.
+
+LLM failures are typed: an endpoint that is down (or failing past the retry budget) answers
+UNAVAILABLE with the cause; an endpoint that refuses the request answers FAILED_PRECONDITION.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from codegym.grpcutil import ManagedServer
+from codegym.synthesis.v1 import synthesis_service_pb2 as sy
+from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
+from services.synthesis.cache import ResponseCache
+from services.synthesis.llm import (
+    LLMGateway,
+    LLMRejected,
+    LLMSettings,
+    LLMUnavailable,
+    StageParams,
+    StageUsage,
+)
+from services.synthesis.pipeline import synthesize_all
+from services.synthesis.problems import Problem
+from services.synthesis.stages import StageDefaults, Synthesizer
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = sy.DESCRIPTOR.services_by_name["SynthesisService"].full_name
+STATUS = {
+    "ok": sy.PARSE_STATUS_OK,
+    "missing_marker": sy.PARSE_STATUS_MISSING_MARKER,
+    "syntax_error": sy.PARSE_STATUS_SYNTAX_ERROR,
+    "contract_violation": sy.PARSE_STATUS_CONTRACT_VIOLATION,
+    "invalid_test": sy.PARSE_STATUS_INVALID_TEST,
+    "truncated": sy.PARSE_STATUS_TRUNCATED,
+}
+T = TypeVar("T")
+
+
+def params_from(message: sy.StageParams) -> StageParams | None:
+    if not message.ByteSize():
+        return None
+    return StageParams(
+        model=message.model,
+        temperature=message.temperature,
+        top_p=message.top_p,
+        max_tokens=message.max_tokens,
+        samples=message.samples,
+    )
+
+
+def problem_from(message: sy.Problem) -> Problem:
+    return Problem(message.question_id, message.question, message.solution, message.tests)
+
+
+class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
+    def __init__(self, gateway: LLMGateway, out_dir: Path, defaults: StageDefaults | None = None) -> None:
+        self.gateway = gateway
+        self.synth = Synthesizer(gateway, defaults)
+        self.out_dir = out_dir
+
+    def _usage(self, stage: str, before: StageUsage) -> sy.TokenUsage:
+        now = self.gateway.usage[stage]
+        return sy.TokenUsage(
+            prompt_tokens=now.prompt_tokens - before.prompt_tokens,
+            completion_tokens=now.completion_tokens - before.completion_tokens,
+            cache_hits=now.cache_hits - before.cache_hits,
+            requests=now.requests - before.requests,
+        )
+
+    def _snapshot(self, stage: str) -> StageUsage:
+        usage = self.gateway.usage[stage]
+        return StageUsage(usage.prompt_tokens, usage.completion_tokens, usage.cache_hits, usage.requests)
+
+    async def _llm(self, context: grpc.aio.ServicerContext, call: Awaitable[T]) -> T:
+        try:
+            return await call
+        except LLMUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except LLMRejected as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        raise AssertionError("unreachable")
+
+    async def GenerateEnvironment(
+        self, request: sy.GenerateEnvironmentRequest, context: grpc.aio.ServicerContext
+    ) -> sy.GenerateEnvironmentResponse:
+        problem = problem_from(request.problem)
+        if not problem.question.strip() or not problem.solution.strip():
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "problem needs question and solution")
+        before = self._snapshot("environment")
+        envs = await self._llm(context, self.synth.environment(problem, params_from(request.params)))
+        return sy.GenerateEnvironmentResponse(
+            candidates=[
+                sy.EnvironmentCandidate(
+                    status=STATUS[e.status],
+                    reasons=e.reasons,
+                    task_text=e.task_text,
+                    env_source=e.env_source,
+                    env_class=e.env_class,
+                )
+                for e in envs
+            ],
+            usage=self._usage("environment", before),
+        )
+
+    async def GenerateUnitTests(
+        self, request: sy.GenerateUnitTestsRequest, context: grpc.aio.ServicerContext
+    ) -> sy.GenerateUnitTestsResponse:
+        if not request.env_source.strip():
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_source is empty")
+        stage = "hard_tests" if request.hard else "unit_tests"
+        before = self._snapshot(stage)
+        tests = await self._llm(
+            context,
+            self.synth.unit_tests(
+                request.task_text,
+                request.env_source,
+                hard=request.hard,
+                seed_tests=list(request.seed_tests),
+                params=params_from(request.params),
+            ),
+        )
+        return sy.GenerateUnitTestsResponse(
+            tests=[
+                sy.UnitTestCandidate(
+                    status=STATUS[t.status],
+                    reason=t.reason,
+                    env_str=t.env_str,
+                    config_json=t.config_json,
+                    difficulty=t.difficulty,
+                )
+                for t in tests
+            ],
+            usage=self._usage(stage, before),
+        )
+
+    async def GenerateSolveFunctions(
+        self, request: sy.GenerateSolveFunctionsRequest, context: grpc.aio.ServicerContext
+    ) -> sy.GenerateSolveFunctionsResponse:
+        if not request.env_source.strip():
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_source is empty")
+        before = self._snapshot("solve_functions")
+        solves = await self._llm(
+            context,
+            self.synth.solve_functions(
+                request.task_text, request.env_source, count=request.count, params=params_from(request.params)
+            ),
+        )
+        return sy.GenerateSolveFunctionsResponse(
+            candidates=[
+                sy.SolveCandidate(
+                    status=STATUS[s.status],
+                    reasons=s.reasons,
+                    solve_source=s.solve_source,
+                    env_source=s.env_source,
+                )
+                for s in solves
+            ],
+            usage=self._usage("solve_functions", before),
+        )
+
+    async def SynthesizeStream(
+        self, request: sy.SynthesizeStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[sy.SynthesizeStreamResponse]:
+        problems = [problem_from(p) for p in request.problems]
+        ids = [p.question_id for p in problems]
+        if not problems or len(set(ids)) != len(ids) or not all(ids):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "give problems with distinct, non-empty question_ids"
+            )
+        out = self.out_dir / time.strftime("run-%Y%m%d-%H%M%S")
+        queue: asyncio.Queue[sy.SynthesizeStreamResponse | None] = asyncio.Queue()
+        finished: set[str] = set()
+
+        def progress(qid: str, stage: str, ok: int, bad: int, reasons: list[str]) -> None:
+            if stage in ("solve_functions", "error") or (stage == "environment" and ok == 0):
+                finished.add(qid)
+            queue.put_nowait(
+                sy.SynthesizeStreamResponse(
+                    question_id=qid,
+                    stage=stage,
+                    accepted=ok,
+                    rejected=bad,
+                    reasons=reasons[:20],
+                    done=len(finished),
+                    total=len(problems),
+                    output=str(out),
+                )
+            )
+
+        async def run() -> dict[str, Any]:
+            try:
+                return await synthesize_all(self.synth, problems, out, progress)
+            finally:
+                queue.put_nowait(None)
+
+        task = asyncio.get_running_loop().create_task(run())
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+            report = await task
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if report["errors"] and len(report["errors"]) == len(problems):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, next(iter(report["errors"].values())))
+        yield sy.SynthesizeStreamResponse(
+            stage="summary",
+            accepted=report["environments"],
+            rejected=len(problems) - report["environments"],
+            done=len(problems),
+            total=len(problems),
+            output=str(out),
+        )
+
+
+class SynthesisServer:
+    """Build inside the running loop."""
+
+    def __init__(
+        self,
+        settings: LLMSettings,
+        out_dir: Path,
+        *,
+        cache_path: Path | None = None,
+        defaults: StageDefaults | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.cache = ResponseCache(cache_path or out_dir / "llm_cache.db")
+        self.gateway = LLMGateway(settings, self.cache)
+        self.servicer = SynthesisServicer(self.gateway, out_dir, defaults)
+        self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
+        sy_grpc.add_SynthesisServiceServicer_to_server(self.servicer, self.managed.server)
+
+    @property
+    def address(self) -> str:
+        return self.managed.address
+
+    async def serve(self) -> None:
+        await self.managed.start()
+        print(f"synthesis listening on {self.address} (LLM {self.gateway.settings.base_url})", flush=True)
+        stop = asyncio.Event()
+        self.managed.install_signal_handlers(stop.set)
+        await stop.wait()
+        await self.managed.drain(5.0)
+        await self.gateway.close()
+        self.cache.close()

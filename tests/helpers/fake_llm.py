@@ -1,0 +1,210 @@
+"""A local OpenAI-compatible chat-completions server with scripted answers (real HTTP).
+
+The real `openai` client talks to it over loopback, so retries, timeouts, `n`, headers and usage
+accounting are exercised end to end. A `script` function maps each request body to a `Reply`;
+`default_script` answers every stage of the synthesis pipeline with valid output built from the
+project's ArrayGcd sample environment, renamed per problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from tests.conftest import ENV_DIR
+
+SAMPLE = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py").read_text()
+SAMPLE_TASK = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.task.md").read_text().strip()
+
+
+@dataclass
+class Reply:
+    contents: list[str] = field(default_factory=list)
+    status: int = 200
+    finish_reason: str = "stop"
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    error: str = ""
+
+
+def stage_of(body: dict[str, Any]) -> str:
+    text = body["messages"][-1]["content"]
+    if text.startswith("Turn a coding problem"):
+        return "environment"
+    if text.startswith("Write 5 HARD"):
+        return "hard_tests"
+    if text.startswith("Write task configs"):
+        return "unit_tests"
+    if text.startswith("An agent solves a task"):
+        return "solve_functions"
+    return "unknown"
+
+
+def own_section(body: dict[str, Any]) -> str:
+    """The part of the prompt after the one-shot example."""
+    text: str = body["messages"][-1]["content"]
+    for marker in ("### Your problem", "### Your environment", "### Your task"):
+        if marker in text:
+            return text.split(marker, 1)[1]
+    return text
+
+
+def env_class_for(body: dict[str, Any]) -> str:
+    """A class name per problem, stable across requests (derived from the prompt's own part)."""
+    section = own_section(body)
+    if stage_of(body) == "environment":
+        return "P" + hashlib.sha1(section.encode()).hexdigest()[:6].upper() + "GcdEnv"
+    if stage_of(body) in ("unit_tests", "hard_tests"):  # these stages carry the env source
+        return section.split("\nclass ", 1)[1].split("(", 1)[0].strip()
+    return ""
+
+
+def good_env(env_class: str) -> str:
+    return f"<task>\n{SAMPLE_TASK}\n</task>\n<env>\n```python\n{SAMPLE.replace('ArrayGcdEnv', env_class)}```\n</env>"
+
+
+def good_tests(env_class: str, count: int = 15, start: int = 2) -> str:
+    lines = [
+        f'{env_class}@{{"nums": [{start * (i + 1)}, {start * (i + 2)}, {3 * (i + 1)}]}}' for i in range(count)
+    ]
+    return "<tests>\n" + "\n".join(lines) + "\n</tests>"
+
+
+GOOD_SOLVE = """def solve(self):
+    import json
+
+    def call(name, **params):
+        return self.step(json.dumps({"name": name, "parameters": params}))[1]
+
+    n = int(call("Observe"))
+    g = int(call("GetElement", index=0))
+    for i in range(1, n):
+        b = int(call("GetElement", index=i))
+        a = g
+        while call("IsZero", value=b) == "False":
+            a, b = b, int(call("Remainder", a=a, b=b))
+        g = a
+    return call("Done", answer=g)
+"""
+
+
+def default_script(body: dict[str, Any]) -> Reply:
+    n = int(body.get("n") or 1)
+    stage = stage_of(body)
+    env_class = env_class_for(body)
+    if stage == "environment":
+        return Reply([good_env(env_class)] * n)
+    if stage == "unit_tests":
+        return Reply([good_tests(env_class, start=2 + i) for i in range(n)])
+    if stage == "hard_tests":
+        return Reply([good_tests(env_class, count=5, start=1000 + i) for i in range(n)])
+    if stage == "solve_functions":
+        variants = [
+            f"<think>try</think><answer>\n{GOOD_SOLVE}</answer>",
+            f"<answer>\n```python\n{GOOD_SOLVE}```\n</answer>",
+            "I would loop over the elements.",
+        ]
+        return Reply([variants[i % len(variants)] for i in range(n)])
+    return Reply(status=400, error="unexpected prompt")
+
+
+class ScriptedLLM:
+    """Serve `script` on 127.0.0.1:0 in a thread; every request body is kept in `requests`."""
+
+    def __init__(
+        self, script: Callable[[dict[str, Any]], Reply] = default_script, *, n_supported: bool = True
+    ) -> None:
+        self.script = script
+        self.n_supported = n_supported
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length))
+                with outer.lock:
+                    outer.requests.append(body)
+                if int(body.get("n") or 1) > 1 and not outer.n_supported:
+                    self._send(
+                        400, {"error": {"message": "n > 1 is not supported", "type": "invalid_request_error"}}
+                    )
+                    return
+                reply = outer.script(body)
+                if reply.delay_s:
+                    time.sleep(reply.delay_s)
+                if reply.status != 200:
+                    self._send(
+                        reply.status, {"error": {"message": reply.error or "scripted error"}}, reply.headers
+                    )
+                    return
+                prompt_tokens = sum(len(m["content"]) for m in body["messages"]) // 4
+                completion_tokens = sum(len(c) for c in reply.contents) // 4
+                self._send(
+                    200,
+                    {
+                        "id": "chatcmpl-scripted",
+                        "object": "chat.completion",
+                        "created": int(time.time()),
+                        "model": body.get("model", "scripted"),
+                        "choices": [
+                            {
+                                "index": i,
+                                "message": {"role": "assistant", "content": c},
+                                "finish_reason": reply.finish_reason,
+                            }
+                            for i, c in enumerate(reply.contents)
+                        ],
+                        "usage": {
+                            "prompt_tokens": prompt_tokens,
+                            "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens,
+                        },
+                    },
+                    reply.headers,
+                )
+
+            def _send(
+                self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
+            ) -> None:
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    for key, value in (headers or {}).items():
+                        self.send_header(key, value)
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (timeout tests)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> ScriptedLLM:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def count(self, stage: str | None = None) -> int:
+        with self.lock:
+            return sum(1 for r in self.requests if stage is None or stage_of(r) == stage)
