@@ -417,3 +417,40 @@ def test_synthesis_service_with_the_llm_down_answers_unavailable(tmp_path: Path)
             assert "connection failed" in (info.value.details() or "")
     finally:
         assert server.stop() == 0
+
+
+def test_environment_stage_through_http_keeps_every_candidate_with_its_reason(tmp_path: Path) -> None:
+    from services.synthesis.problems import Problem
+    from services.synthesis.stages import Synthesizer
+
+    two_classes = (
+        "<task>t</task><env>\n" + SAMPLE + "\n" + SAMPLE.replace("ArrayGcdEnv", "TwinEnv") + "</env>"
+    )
+    outputs = {
+        0: R(["<think>let me think</think>" + good_env("GoodGcdEnv")]),
+        1: R([good_env("CutEnv")[:900]], finish_reason="length"),
+        2: R(["Sorry, here is the code without markers: import gymnasium"]),
+        3: R([two_classes]),
+    }
+    order = iter(range(4))
+
+    def script(body: dict[str, Any]) -> R:
+        return outputs[next(order)]
+
+    with ScriptedLLM(script, n_supported=False) as llm:
+
+        async def go() -> list[Any]:
+            gw = gateway(llm, tmp_path)
+            try:
+                return await Synthesizer(gw).environment(
+                    Problem("P_1", "q", "def f(): pass"), StageParams(samples=4, model="m")
+                )
+            finally:
+                await gw.close()
+
+        envs = run(go())
+    assert sorted(e.status for e in envs) == ["contract_violation", "missing_marker", "ok", "truncated"]
+    by_status = {e.status: e for e in envs}
+    assert by_status["ok"].env_class == "GoodGcdEnv"
+    assert "token limit" in by_status["truncated"].reasons[0]
+    assert "several env classes" in by_status["contract_violation"].reasons[0]

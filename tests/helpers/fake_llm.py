@@ -8,6 +8,7 @@ project's ArrayGcd sample environment, renamed per problem.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -208,3 +209,12 @@ class ScriptedLLM:
     def count(self, stage: str | None = None) -> int:
         with self.lock:
             return sum(1 for r in self.requests if stage is None or stage_of(r) == stage)
+
+
+if __name__ == "__main__":
+    # Serve the default script by hand, e.g. to try `codegym synthesize` without a model:
+    #   .venv/bin/python -m tests.helpers.fake_llm   → prints the base URL to pass as --llm-base-url
+    with ScriptedLLM() as llm:
+        print(f"scripted OpenAI-compatible server at {llm.base_url} (Ctrl-C stops)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
