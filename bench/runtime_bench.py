@@ -64,6 +64,42 @@ async def replay(
     return len(step_lat) / (time.perf_counter() - started), step_lat, create_lat
 
 
+async def replay_batched(
+    client: AsyncRuntimeClient, trajectories: list[dict[str, Any]], sessions: int, total: int, max_s: float
+) -> tuple[float, list[float]]:
+    """`sessions` episodes driven by one caller with BatchStep: one batch = one step of every session."""
+    batch_lat: list[float] = []
+    steps = 0
+    stop_at = time.monotonic() + max_s
+    started = time.perf_counter()
+    cursor = 0
+    while steps < total and time.monotonic() < stop_at:
+        lines = [trajectories[(cursor + i) % len(trajectories)] for i in range(sessions)]
+        cursor += sessions
+        created = await asyncio.gather(
+            *(client.create_session(env_id=t["env_id"], config=t["config"]) for t in lines)
+        )
+        live = {c.session_id: iter(t["steps"]) for c, t in zip(created, lines, strict=True)}
+        while live and steps < total and time.monotonic() < stop_at:
+            batch = []
+            for sid, it in list(live.items()):
+                step = next(it, None)
+                if step is None:
+                    del live[sid]
+                else:
+                    batch.append((sid, step[0]))
+            if not batch:
+                break
+            t = time.perf_counter()
+            results = await client.batch_step(batch)
+            batch_lat.append(time.perf_counter() - t)
+            steps += len(results)
+            if any(r.code for r in results):
+                raise RuntimeError("a batch entry failed")
+        await asyncio.gather(*(client.close_session(c.session_id) for c in created))
+    return steps / (time.perf_counter() - started), batch_lat
+
+
 async def hold_sessions(client: AsyncRuntimeClient, count: int, max_s: float) -> list[str]:
     ids: list[str] = []
     stop_at = time.monotonic() + max_s
@@ -146,6 +182,15 @@ async def run(args: argparse.Namespace) -> None:
                         )
                     )
                 print(f"... {sessions} sessions done", file=sys.stderr, flush=True)
+            if 32 in args.sessions:
+                rate, batch_lat = await replay_batched(client, trajectories, 32, args.steps, args.max_seconds)
+                rows.append(
+                    (
+                        "32 sessions via BatchStep (1 caller): steps/s",
+                        f"{rate:.0f} (batch p50 {ms(median(batch_lat))} ms)",
+                        "",
+                    )
+                )
             rss_idle, pss_idle = tree_memory_kb(up.pid)
             runtime_idle = tree_memory_kb(runtime_pid(up.pid))[0]
             started = time.perf_counter()

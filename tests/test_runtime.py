@@ -526,3 +526,32 @@ def test_codegym_up_and_demo(tmp_path: Path) -> None:
         assert up.stop() == 0
     time.sleep(0.2)
     assert "codegym up: stopped" in up.text
+
+
+def test_library_command_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "clients.cli", "library", *args, "--library", str(tmp_path / "lib.db")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+
+    broken = tmp_path / "Bad_1_I__BrokenEnv.py"
+    broken.write_text("class BrokenEnv(:\n")
+    first = cli("import", str(ENV_DIR), str(EXAMPLES / "tasks.jsonl"), str(broken))
+    assert first.returncode == 0 and "12 added" in first.stdout and "108 new task configs" in first.stdout
+    assert "skipped" in first.stderr and "Bad_1_I__BrokenEnv.py" in first.stderr
+    again = cli("import", str(ENV_DIR), str(EXAMPLES / "tasks.jsonl"), str(broken), "--strict")
+    assert again.returncode == 1 and "0 added, 0 updated, 12 unchanged" in again.stdout
+    listed = cli("list", "--json")
+    rows = [json.loads(x) for x in listed.stdout.splitlines()]
+    assert len(rows) == 12 and all(r["tasks"] == 9 for r in rows)
+    shown = cli("show", "Sample_0004_I__CountIslandsEnv")
+    assert shown.returncode == 0 and "def GetCell(row: int, col: int):" in shown.stdout and "[easy]" in shown.stdout
+    missing = cli("show", "Nope_1_I__NoEnv")
+    assert missing.returncode == 1 and "no environment" in missing.stderr
