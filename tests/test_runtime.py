@@ -371,6 +371,18 @@ def test_concurrent_steps_on_one_session_are_serialized(client: RuntimeClient) -
     assert client.step(session, {"name": "Observe", "parameters": {}}).observation == "32"
 
 
+def test_closing_a_session_during_its_step_does_not_bring_it_back(client: RuntimeClient) -> None:
+    session = counter_session(client)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(client.step, session, {"name": "Slow", "parameters": {"ms": 800}})
+        time.sleep(0.3)
+        assert client.close_session(session)
+        with pytest.raises(grpc.RpcError) as info:
+            pending.result(timeout=30)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND and "closed during the step" in info.value.details()
+    assert rpc_error(lambda: client.get_session(session)).code() == grpc.StatusCode.NOT_FOUND
+
+
 def test_batch_step(client: RuntimeClient) -> None:
     sessions = [counter_session(client) for _ in range(4)]
     results = client.batch_step(
@@ -552,6 +564,10 @@ def test_library_command_line(tmp_path: Path) -> None:
     rows = [json.loads(x) for x in listed.stdout.splitlines()]
     assert len(rows) == 12 and all(r["tasks"] == 9 for r in rows)
     shown = cli("show", "Sample_0004_I__CountIslandsEnv")
-    assert shown.returncode == 0 and "def GetCell(row: int, col: int):" in shown.stdout and "[easy]" in shown.stdout
+    assert (
+        shown.returncode == 0
+        and "def GetCell(row: int, col: int):" in shown.stdout
+        and "[easy]" in shown.stdout
+    )
     missing = cli("show", "Nope_1_I__NoEnv")
     assert missing.returncode == 1 and "no environment" in missing.stderr

@@ -318,6 +318,11 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 )
                 result = await self._execute(op, record)
                 error = self._step_error(result)
+                if await self.store.get(session_id) is None:
+                    # Closed (or expired) while the step ran: do not bring it back.
+                    raise Refusal(
+                        grpc.StatusCode.NOT_FOUND, f"session {session_id} was closed during the step"
+                    )
             session.touch()
             if error is not None:
                 await self.store.put(session)
@@ -370,6 +375,10 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             result = await self._execute(op, record)
             if result.status != sb.STATUS_OK:
                 raise self._refusal_from(result, f"resetting {session.env_id}")
+            if await self.store.get(request.session_id) is None:
+                raise Refusal(
+                    grpc.StatusCode.NOT_FOUND, f"session {request.session_id} was closed during the reset"
+                )
             session.state = result.state
             session.step_index = 0
             session.reward = 0.0
