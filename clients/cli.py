@@ -34,7 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except OSError as exc:
+        # Ports in use, unreadable files: say what failed, without a traceback.
+        print(f"codegym: {exc}", file=sys.stderr)
+        return 1
     return result
 
 

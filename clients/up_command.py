@@ -132,6 +132,11 @@ def cmd_up(args: argparse.Namespace) -> int:
                 return 1
             time.sleep(0.2)
         return 0
+    except (RuntimeError, TimeoutError) as exc:
+        print(
+            f"codegym up: {exc} (is the port in use? --port 0 picks a free one)", file=sys.stderr, flush=True
+        )
+        return 1
     finally:
         for child in reversed(children):
             child.stop()

@@ -151,9 +151,12 @@ class ManagedServer:
             ],
             self.server,
         )
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        try:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot bind {host}:{port}")
+            raise OSError(f"cannot bind {host}:{port}: address in use or not available")
         self.address = f"{host}:{self.port}" if ":" not in host else f"[{host}]:{self.port}"
         self._stopped = asyncio.Event()
 

@@ -571,3 +571,21 @@ def test_library_command_line(tmp_path: Path) -> None:
     )
     missing = cli("show", "Nope_1_I__NoEnv")
     assert missing.returncode == 1 and "no environment" in missing.stderr
+
+
+def test_a_port_in_use_is_a_clear_error(library: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = subprocess.run(
+            [sys.executable, "-m", "clients.cli", "serve", "runtime", "--port", port, "--library", str(library),
+             "--sandbox", "127.0.0.1:1"],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+        )  # fmt: skip
+    assert result.returncode == 1 and f"cannot bind 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
