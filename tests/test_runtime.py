@@ -538,6 +538,17 @@ def test_codegym_up_and_demo(tmp_path: Path) -> None:
         assert up.stop() == 0
     time.sleep(0.2)
     assert "codegym up: stopped" in up.text
+    # Every server it started is gone: the runtime (named by its library) and the workers' jails.
+    leftovers = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if str(tmp_path) in cmdline and "demo" not in cmdline:
+                leftovers.append(cmdline)
+    assert leftovers == []
 
 
 def test_library_command_line(tmp_path: Path) -> None:
