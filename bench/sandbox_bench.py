@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import closed_loop, echo_callable, median, pct, start_process, tree_memory_kb  # noqa: E402
+from codegym.contract.source import method_source  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -32,9 +33,7 @@ ACTION = '{"name": "GetElement", "parameters": {"index": 2}}'
 
 def solve_candidates(source: str, count: int) -> list[str]:
     """The env's own solve() and near variants (every third one wrong), as a synthesis stage would give."""
-    start = source.index("    def solve(self):")
-    end = source.index("\n\n\ndef _parse_config")
-    body = "\n".join(line[4:] for line in source[start:end].splitlines())
+    body = method_source(source, "solve")
     out = []
     for i in range(count):
         variant = body if i % 3 else body.replace("best=best", "best=0")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import textwrap
 from dataclasses import dataclass, field
 
 from codegym.contract.docstring import Docstring, parse_docstring
@@ -201,6 +202,26 @@ def _add_tool(spec: EnvSpec, name: str, fn: ast.FunctionDef | None, mapping_line
         )
     params, defaults, signature = _signature(fn)
     spec.tools.append(ToolDef(name, params, defaults, signature, doc, fn.lineno))
+
+
+def find_method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    return next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def method_span(fn: ast.FunctionDef) -> tuple[int, int]:
+    """0-based first line (decorators included) and end line (exclusive) of a function."""
+    return min([fn.lineno, *(d.lineno for d in fn.decorator_list)]) - 1, fn.end_lineno or fn.lineno
+
+
+def method_source(source: str, name: str) -> str:
+    """One method of the env class, dedented into a top-level `def` (e.g. an env's own solve())."""
+    tree = ast.parse(source)
+    classes = find_env_classes(tree)
+    fn = find_method(classes[0], name) if len(classes) == 1 else None
+    if fn is None:
+        raise ValueError(f"the source has no env class with a method {name}()")
+    start, end = method_span(fn)
+    return textwrap.dedent("".join(source.splitlines(keepends=True)[start:end]))
 
 
 def parse_env_source(source: str) -> EnvSpec:

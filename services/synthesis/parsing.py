@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from codegym.contract import EnvStringError, analyze_source, parse_env_str
+from codegym.contract.source import find_env_classes, find_method, method_span
 
 FENCE = re.compile(r"^\s*```[\w+-]*\s*\n(.*?)\n\s*```\s*$", re.DOTALL)
 DIFFICULTY_BY_BLOCK = ("easy", "medium", "hard")
@@ -176,15 +177,14 @@ def splice_solve(env_source: str, solve_source: str) -> str:
     replaced; helper functions defined next to `solve` in the candidate go in with it.
     """
     tree = ast.parse(env_source)
-    spec = analyze_source(env_source)
-    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == spec.class_name), None)
-    if cls is None:
+    classes = find_env_classes(tree)
+    if len(classes) != 1:
         raise ValueError("the env source has no env class to put solve() into")
+    cls = classes[0]
     lines = env_source.splitlines(keepends=True)
-    method = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "solve"), None)
+    method = find_method(cls, "solve")
     if method is not None:
-        start = min([method.lineno, *(d.lineno for d in method.decorator_list)]) - 1
-        end = method.end_lineno or method.lineno
+        start, end = method_span(method)
         indent = re.match(r"\s*", lines[method.lineno - 1]).group(0)  # type: ignore[union-attr]
     else:
         last = cls.body[-1]

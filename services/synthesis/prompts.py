@@ -13,6 +13,7 @@ from functools import cache
 from pathlib import Path
 
 from codegym.contract import parse_env_source, tools_text
+from codegym.contract.source import method_source
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ONE_SHOT_ID = "Sample_0006_I"
@@ -175,9 +176,7 @@ Environment:
 
 def solve_messages(task_text: str, tool_docs: str) -> list[dict[str, str]]:
     ex = one_shot()
-    solve_start = ex["env"].index("    def solve(self):")
-    solve_end = ex["env"].index("\n\n\n", solve_start)
-    example_solve = "\n".join(line[4:] for line in ex["env"][solve_start:solve_end].splitlines())
+    example_solve = method_source(ex["env"], "solve")
     user = f"""An agent solves a task by calling tools. Write the function solve(self) that solves
 any instance of the task using only self.step(action), where action is a JSON string
 {{"name": "ToolName", "parameters": {{...}}}} and self.step returns (True, observation_string).

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from codegym.contract.source import method_source
 from tests.conftest import ENV_DIR
 
 SAMPLE = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py").read_text()
@@ -77,22 +78,8 @@ def good_tests(env_class: str, count: int = 15, start: int = 2) -> str:
     return "<tests>\n" + "\n".join(lines) + "\n</tests>"
 
 
-GOOD_SOLVE = """def solve(self):
-    import json
-
-    def call(name, **params):
-        return self.step(json.dumps({"name": name, "parameters": params}))[1]
-
-    n = int(call("Observe"))
-    g = int(call("GetElement", index=0))
-    for i in range(1, n):
-        b = int(call("GetElement", index=i))
-        a = g
-        while call("IsZero", value=b) == "False":
-            a, b = b, int(call("Remainder", a=a, b=b))
-        g = a
-    return call("Done", answer=g)
-"""
+# A correct candidate, as a model following the solve prompt would write it.
+GOOD_SOLVE = method_source(SAMPLE, "solve")
 
 
 def default_script(body: dict[str, Any]) -> Reply:
