@@ -15,9 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from codegym.grpcutil import wait_serving
 from services.runtime.library import Library, default_library_path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -67,21 +65,6 @@ class Child:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
-
-
-def wait_serving(address: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
-    raise TimeoutError(f"{address} is not serving after {timeout_s:.0f}s")
 
 
 def cmd_up(args: argparse.Namespace) -> int:

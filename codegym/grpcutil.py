@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import signal
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -135,6 +136,22 @@ def sync_channel(
     return grpc.insecure_channel(target_for(addresses), options=options)
 
 
+def wait_serving(address: str, service: str = "", timeout_s: float = 30.0) -> None:
+    """Block until `address` answers SERVING on `grpc.health.v1` (for `service`, "" = the server)."""
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    raise TimeoutError(f"{address} is not serving after {timeout_s:.0f}s")
+
+
 class ManagedServer:
     """A grpc.aio server with health and reflection that drains on SIGTERM/SIGINT."""
 
@@ -170,6 +187,12 @@ class ManagedServer:
         await self.health.enter_graceful_shutdown()
         await self.server.stop(grace_s)
         self._stopped.set()
+
+    async def wait_for_signal(self) -> None:
+        """Return on SIGTERM or SIGINT (the caller then drains and stops)."""
+        stop = asyncio.Event()
+        self.install_signal_handlers(stop.set)
+        await stop.wait()
 
     def install_signal_handlers(self, on_signal: Any) -> None:
         loop = asyncio.get_running_loop()

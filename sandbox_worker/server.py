@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from codegym.grpcutil import ManagedServer
@@ -60,7 +59,5 @@ async def serve(worker: SandboxWorker, ready_message: bool = True) -> None:
             f"sandbox worker listening on {worker.address} ({worker.pool.size} jails, {worker.pool.isolation})",
             flush=True,
         )
-    stop = asyncio.Event()
-    worker.managed.install_signal_handlers(stop.set)
-    await stop.wait()
+    await worker.managed.wait_for_signal()
     await worker.stop()

@@ -17,10 +17,11 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from codegym.grpcutil import wait_serving
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from tests.conftest import ENV_DIR, ROOT, sample_tasks
-from tests.helpers.servers import ServerProcess, wait_healthy
+from tests.helpers.servers import ServerProcess
 from tests.helpers.trajectories import record
 
 GOOD = (ENV_DIR / "Sample_0001_I__MaxSubarraySumEnv.py").read_text()
@@ -124,7 +125,7 @@ def evil(stub: pb_grpc.SandboxServiceStub, body: str, preamble: str = "") -> pb.
 
 
 def assert_still_correct(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
-    wait_healthy(worker.address)
+    wait_serving(worker.address)
     solved = execute(
         stub, pb.Operation(source=pb.SourceRef(code=GOOD), solve=pb.SolveOp(config_json=GOOD_CONFIG))
     )
@@ -522,7 +523,7 @@ def test_sample_envs_through_the_worker_match_in_process(stub: pb_grpc.SandboxSe
 
 def test_sigterm_drains_and_exits_cleanly() -> None:
     server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
-    wait_healthy(server.address, "codegym.sandbox.v1.SandboxService")
+    wait_serving(server.address, "codegym.sandbox.v1.SandboxService")
     assert server.stop(signal.SIGTERM) == 0
     assert subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True).stdout == b""
 

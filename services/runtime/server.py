@@ -65,7 +65,5 @@ async def serve(server: RuntimeServer) -> None:
         f"runtime listening on {server.address} ({len(server.servicer.envs)} environments)",
         flush=True,
     )
-    stop = asyncio.Event()
-    server.managed.install_signal_handlers(stop.set)
-    await stop.wait()
+    await server.managed.wait_for_signal()
     await server.stop()

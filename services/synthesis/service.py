@@ -249,9 +249,7 @@ class SynthesisServer:
     async def serve(self) -> None:
         await self.managed.start()
         print(f"synthesis listening on {self.address} (LLM {self.gateway.settings.base_url})", flush=True)
-        stop = asyncio.Event()
-        self.managed.install_signal_handlers(stop.set)
-        await stop.wait()
+        await self.managed.wait_for_signal()
         await self.managed.drain(5.0)
         await self.gateway.close()
         self.cache.close()

@@ -12,9 +12,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 ADDRESS = re.compile(r"listening on (127\.0\.0\.1:\d+)")
 
 
@@ -78,18 +75,3 @@ def running(args: list[str]) -> Iterator[ServerProcess]:
         yield server
     finally:
         server.stop()
-
-
-def wait_healthy(address: str, service: str = "", timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            try:
-                status = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
-                if status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
-    raise TimeoutError(f"{address} not healthy after {timeout}s")
