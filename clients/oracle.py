@@ -24,47 +24,38 @@ async def record_oracle(
     envs: Iterable[EnvRecord], target: str = "", *, max_steps: int = 256, timeout_s: float = 300.0
 ) -> list[dict[str, Any]]:
     """Run solve() with recording for every task of `envs`; `target` empty starts a local worker."""
-    worker = None
-    if not target:
-        from sandbox_worker.server import SandboxWorker
+    from sandbox_worker.server import worker_target
 
-        worker = SandboxWorker(jails=2)
-        await worker.start()
-        target = worker.address
     trajectories: list[dict[str, Any]] = []
-    try:
-        async with aio_channel(target, [SANDBOX]) as channel:
-            stub = pb_grpc.SandboxServiceStub(channel)
-            for record in envs:
-                if not record.tasks:
-                    continue
-                ops = [
-                    pb.Operation(
-                        source=pb.SourceRef(code=record.source),
-                        limits=pb.Limits(wall_ms=20_000, cpu_ms=20_000),
-                        solve=pb.SolveOp(config_json=task.config_json, max_steps=max_steps, record=True),
-                    )
-                    for task in record.tasks
-                ]
-                response = await stub.ExecuteBatch(pb.ExecuteBatchRequest(operations=ops), timeout=timeout_s)
-                for task, result in zip(record.tasks, response.results, strict=True):
-                    line: dict[str, Any] = {
-                        "env_id": record.env_id,
-                        "config": json.loads(task.config_json),
-                        "difficulty": task.difficulty,
-                        "status": pb.Status.Name(result.status).removeprefix("STATUS_").lower(),
-                        "reward": result.reward,
-                    }
-                    if result.status == pb.STATUS_OK and result.trajectory:
-                        items = list(result.trajectory)
-                        line["first"] = items[0]
-                        line["steps"] = [[items[i], items[i + 1]] for i in range(1, len(items) - 1, 2)]
-                    else:
-                        line["message"] = result.message
-                    trajectories.append(line)
-    finally:
-        if worker is not None:
-            await worker.stop(grace_s=0)
+    async with worker_target(target, jails=2) as address, aio_channel(address, [SANDBOX]) as channel:
+        stub = pb_grpc.SandboxServiceStub(channel)
+        for record in envs:
+            if not record.tasks:
+                continue
+            ops = [
+                pb.Operation(
+                    source=pb.SourceRef(code=record.source),
+                    limits=pb.Limits(wall_ms=20_000, cpu_ms=20_000),
+                    solve=pb.SolveOp(config_json=task.config_json, max_steps=max_steps, record=True),
+                )
+                for task in record.tasks
+            ]
+            response = await stub.ExecuteBatch(pb.ExecuteBatchRequest(operations=ops), timeout=timeout_s)
+            for task, result in zip(record.tasks, response.results, strict=True):
+                line: dict[str, Any] = {
+                    "env_id": record.env_id,
+                    "config": json.loads(task.config_json),
+                    "difficulty": task.difficulty,
+                    "status": pb.Status.Name(result.status).removeprefix("STATUS_").lower(),
+                    "reward": result.reward,
+                }
+                if result.status == pb.STATUS_OK and result.trajectory:
+                    items = list(result.trajectory)
+                    line["first"] = items[0]
+                    line["steps"] = [[items[i], items[i + 1]] for i in range(1, len(items) - 1, 2)]
+                else:
+                    line["message"] = result.message
+                trajectories.append(line)
     return trajectories
 
 

@@ -37,22 +37,15 @@ def build_operation(
 
 
 async def _run(args: argparse.Namespace, operation: pb.Operation) -> pb.OperationResult:
-    worker = None
-    target = args.target
-    if not target:
-        from sandbox_worker.server import SandboxWorker
+    from sandbox_worker.server import worker_target
 
-        worker = SandboxWorker(jails=1)
-        await worker.start()
-        target = worker.address
-    try:
-        async with aio_channel(target, ["codegym.sandbox.v1.SandboxService"]) as channel:
-            stub = pb_grpc.SandboxServiceStub(channel)
-            response = await stub.Execute(pb.ExecuteRequest(operation=operation), timeout=args.timeout)
-            return response.result
-    finally:
-        if worker is not None:
-            await worker.stop(grace_s=0)
+    async with (
+        worker_target(args.target, jails=1) as target,
+        aio_channel(target, ["codegym.sandbox.v1.SandboxService"]) as channel,
+    ):
+        stub = pb_grpc.SandboxServiceStub(channel)
+        response = await stub.Execute(pb.ExecuteRequest(operation=operation), timeout=args.timeout)
+        return response.result
 
 
 def cmd_run(args: argparse.Namespace) -> int:

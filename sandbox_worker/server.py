@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 
 from codegym.grpcutil import ManagedServer
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
@@ -49,6 +51,20 @@ class SandboxWorker:
         self.servicer.draining = True
         await self.managed.drain(grace_s)
         await self.pool.close()
+
+
+@contextlib.asynccontextmanager
+async def worker_target(target: str, jails: int = 2) -> AsyncIterator[str]:
+    """`target` itself, or (when empty) the address of a worker started here for the duration."""
+    if target:
+        yield target
+        return
+    worker = SandboxWorker(jails=jails)
+    await worker.start()
+    try:
+        yield worker.address
+    finally:
+        await worker.stop(grace_s=0)
 
 
 async def serve(worker: SandboxWorker, ready_message: bool = True) -> None:

@@ -15,7 +15,6 @@ import asyncio
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import grpc
 
@@ -38,13 +37,6 @@ class SandboxUnavailable(RuntimeError):
         self.code = code
 
 
-@dataclass
-class DispatchStats:
-    calls: int = 0
-    retries: int = 0
-    sources_sent: int = 0
-
-
 class SandboxDispatcher:
     """Runs operations on whichever worker the channel picks. Create inside the running loop."""
 
@@ -52,17 +44,14 @@ class SandboxDispatcher:
         self.channel = aio_channel(addresses, [SANDBOX_SERVICE], health_service=SANDBOX_SERVICE)
         self.stub = sb_grpc.SandboxServiceStub(self.channel)
         self.attempts = attempts
-        self.stats = DispatchStats()
 
     async def close(self) -> None:
         await self.channel.close()
 
     async def execute(self, op: sb.Operation, source: str) -> sb.OperationResult:
         """Run `op` (whose `source.sha256` is set); `source` is sent only if a worker asks for it."""
-        self.stats.calls += 1
         result = await self._call(op)
         if result.status == sb.STATUS_SOURCE_NEEDED:
-            self.stats.sources_sent += 1
             with_code = sb.Operation()
             with_code.CopyFrom(op)
             with_code.source.code = source
@@ -83,7 +72,6 @@ class SandboxDispatcher:
                 if exc.code() not in RETRYABLE:
                     raise
                 last = exc
-                self.stats.retries += 1
                 log.warning(
                     "sandbox call failed (%s: %s), attempt %d", exc.code().name, exc.details(), attempt + 1
                 )

@@ -91,7 +91,6 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self.dispatcher = dispatcher
         self.config = config or RuntimeConfig()
         self.locks: dict[str, asyncio.Lock] = {}
-        self.steps = 0
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -339,7 +338,6 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             if not session.done and session.step_index >= session.max_steps:
                 session.done = session.truncated = True
             await self.store.put(session)
-            self.steps += 1
             return rt.StepResponse(
                 observation=result.observation,
                 reward=session.reward,
