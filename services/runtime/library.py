@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,12 +182,6 @@ class Library:
                 report.merge(self._import_jsonl(path))
         return report
 
-    def import_source(
-        self, env_id: str, source: str, *, task_text: str = "", metadata: dict[str, Any] | None = None
-    ) -> ImportReport:
-        with self.db:
-            return self._import_source(env_id, source, task_text=task_text, metadata=metadata or {})
-
     def add_tasks(self, tasks: Iterable[TaskRecord], origin: str = "") -> ImportReport:
         report = ImportReport()
         with self.db:
@@ -335,12 +329,6 @@ class Library:
 
     # ---- read ---------------------------------------------------------------------------------
 
-    def env_ids(self, prefix: str = "") -> list[str]:
-        rows = self.db.execute(
-            "SELECT env_id FROM envs WHERE substr(env_id, 1, ?) = ? ORDER BY env_id", (len(prefix), prefix)
-        )
-        return [r[0] for r in rows]
-
     def get(self, env_id: str) -> EnvRecord | None:
         row = self.db.execute(
             "SELECT env_id, code_id, env_class, source, sha256, tools_json, tools_text, task_text, metadata"
@@ -363,12 +351,6 @@ class Library:
             " FROM envs ORDER BY env_id"
         )
         return {row[0]: self._record(row, tasks.get(row[0], [])) for row in rows}
-
-    def tasks(self) -> Iterator[TaskRecord]:
-        for env_id, config_json, difficulty, rounds in self.db.execute(
-            "SELECT env_id, config_json, difficulty, solve_fc_round FROM tasks ORDER BY env_id, id"
-        ):
-            yield TaskRecord(env_id, config_json, difficulty, rounds)
 
     def counts(self) -> tuple[int, int]:
         envs = self.db.execute("SELECT COUNT(*) FROM envs").fetchone()[0]
