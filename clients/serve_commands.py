@@ -77,6 +77,19 @@ def _serve_synthesis(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_verification(args: argparse.Namespace) -> int:
+    from services.verification.service import VerificationServer
+
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def main() -> None:
+        server = VerificationServer(args.sandbox, host=args.host, port=args.port)
+        await server.serve()
+
+    asyncio.run(main())
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run a server in the foreground")
     serve_sub = serve.add_subparsers(dest="serve_command", required=True, metavar="SERVER")
@@ -181,3 +194,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_llm_arguments(synthesis)
     synthesis.add_argument("--log-level", default="INFO", help="logging level")
     synthesis.set_defaults(func=_serve_synthesis)
+
+    verification = serve_sub.add_parser(
+        "verification",
+        help="verification: checks generated environments, unit tests and solve() candidates in sandboxes",
+        description="Runs every piece of generated code in the sandbox workers given with --sandbox "
+        "(CheckEnvironment, ValidateUnitTests, CheckSolvability, CheckShortcuts); thresholds are request "
+        "fields. Example: codegym serve verification --sandbox 127.0.0.1:50061,127.0.0.1:50062",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    verification.add_argument(
+        "--sandbox",
+        required=True,
+        help="sandbox workers: HOST:PORT[,HOST:PORT...] (IP literals) or one dns:///NAME:PORT",
+    )
+    verification.add_argument("--host", default="127.0.0.1", help="address to bind")
+    verification.add_argument("--port", type=int, default=50081, help="port (0 = any free port)")
+    verification.add_argument("--log-level", default="INFO", help="logging level")
+    verification.set_defaults(func=_serve_verification)

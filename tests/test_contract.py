@@ -22,7 +22,7 @@ from codegym.contract import (
     tools_schema,
     tools_text,
 )
-from tests.conftest import FIXTURE_ENVS, sample_env_paths, training_instances
+from tests.conftest import ENV_DIR, FIXTURE_ENVS, sample_env_paths, training_instances
 
 
 @pytest.mark.parametrize("instance", training_instances(), ids=lambda d: d["code_id"])
@@ -69,6 +69,31 @@ def test_defaults_make_parameters_optional() -> None:
     schema = next(t for t in tools_schema(spec) if t["function"]["name"] == "SetCandidateGCD")
     assert schema["function"]["parameters"]["required"] == []
     assert "def SetCandidateGCD(value: int=0):" in tools_text(spec)
+
+
+def test_text_rendering_keeps_return_annotations() -> None:
+    plain = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py").read_text()
+    annotated = plain.replace("def Observe(self):", "def Observe(self) -> str:", 1).replace(
+        "def Done(self, answer: int):", "def Done(self, answer: int) -> str:", 1
+    )
+    assert annotated.count(" -> str:") == plain.count(" -> str:") + 2
+    spec = parse_env_source(annotated)
+    observe, done = spec.tool("Observe"), spec.tool("Done")
+    assert observe is not None and done is not None
+    assert (observe.signature, observe.returns) == ("", "str")
+    assert (done.signature, done.returns) == ("answer: int", "str")
+    text = tools_text(spec)
+    assert "def Observe() -> str:\n" in text
+    assert "def Done(answer: int) -> str:\n" in text
+    # methods without a return annotation render exactly as before
+    get_element = spec.tool("GetElement")
+    assert get_element is not None and get_element.returns == ""
+    assert "def GetElement(index: int):\n" in text
+    plain_text = tools_text(parse_env_source(plain))
+    assert "def Observe():\n" in plain_text and "def Done(answer: int):\n" in plain_text
+    assert text.replace(") -> str:\n", "):\n") == plain_text
+    # the JSON schema does not depend on the return annotation
+    assert tools_schema(spec) == tools_schema(parse_env_source(plain))
 
 
 def _codes(source: str) -> list[str]:

@@ -34,11 +34,13 @@ _SIMPLE_TYPES = {
 
 
 def tool_text(tool: ToolDef) -> str:
-    """One `Function:` block: signature without `self`, docstring without `Example Output`."""
+    """One `Function:` block: signature without `self` (return annotation kept when present),
+    docstring without `Example Output`."""
     body = "\n".join(
         f"    {line}" if line.strip() else "" for line in tool.docstring.without_section("Example Output")
     )
-    return f'Function:\n\ndef {tool.name}({tool.signature}):\n    r"""\n\n{body}\n\n    """\n'
+    returns = f" -> {tool.returns}" if tool.returns else ""
+    return f'Function:\n\ndef {tool.name}({tool.signature}){returns}:\n    r"""\n\n{body}\n\n    """\n'
 
 
 def tools_text(spec: EnvSpec) -> str:

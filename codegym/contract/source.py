@@ -29,6 +29,8 @@ class ToolDef:
     signature: str
     docstring: Docstring
     line: int
+    returns: str = ""
+    """Return annotation as written (`ast.unparse`), or "" when the method has none."""
 
 
 @dataclass
@@ -201,7 +203,8 @@ def _add_tool(spec: EnvSpec, name: str, fn: ast.FunctionDef | None, mapping_line
             )
         )
     params, defaults, signature = _signature(fn)
-    spec.tools.append(ToolDef(name, params, defaults, signature, doc, fn.lineno))
+    returns = ast.unparse(fn.returns) if fn.returns is not None else ""
+    spec.tools.append(ToolDef(name, params, defaults, signature, doc, fn.lineno, returns))
 
 
 def find_method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from codegym.grpcutil import ManagedServer
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
-from services.runtime.dispatch import SandboxDispatcher
+from codegym.sandbox_client import SandboxDispatcher
 from services.runtime.library import EnvRecord, load_library
 from services.runtime.service import RuntimeConfig, RuntimeServicer
 from services.runtime.sessions import InMemorySessionStore, SessionStore

@@ -25,7 +25,7 @@ from codegym.contract import EnvStringError, parse_ability, parse_config, parse_
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
-from services.runtime.dispatch import SandboxDispatcher, SandboxUnavailable
+from codegym.sandbox_client import SandboxDispatcher, SandboxUnavailable
 from services.runtime.library import EnvRecord
 from services.runtime.sessions import Session, SessionStore
 

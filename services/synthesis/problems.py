@@ -1,6 +1,8 @@
 """Reading problem sets: JSONL or Parquet rows with KodCode-style fields.
 
-Required: `question_id`, `question`, `solution`; optional: `tests` (or `test`), `subset`. Every
+Required: `question_id`, `question`, `solution`; optional: `tests` (or `test`), `subset`, and
+`entry_point` + `arg_names` (the solution's function and which config keys are its arguments,
+used by verification to cross-check reference answers). Every
 row that cannot be used is reported with its position and the reason; none is dropped silently.
 """
 
@@ -23,6 +25,8 @@ class Problem:
     solution: str
     tests: str = ""
     subset: str = ""
+    entry_point: str = ""
+    arg_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,10 @@ def load_problems(path: str | Path) -> tuple[list[Problem], list[ProblemError]]:
         if not str(row["solution"]).strip():
             errors.append(ProblemError(where, f"{qid}: empty solution"))
             continue
+        arg_names = row.get("arg_names") or []
+        if not isinstance(arg_names, list) or not all(isinstance(a, str) for a in arg_names):
+            errors.append(ProblemError(where, f"{qid}: arg_names must be a list of config keys"))
+            continue
         seen[qid] = where
         tests = row.get("tests", row.get("test", ""))
         problems.append(
@@ -89,6 +97,8 @@ def load_problems(path: str | Path) -> tuple[list[Problem], list[ProblemError]]:
                 solution=str(row["solution"]),
                 tests=tests if isinstance(tests, str) else json.dumps(tests),
                 subset=str(row.get("subset", "")),
+                entry_point=str(row.get("entry_point") or ""),
+                arg_names=tuple(arg_names),
             )
         )
     return problems, errors

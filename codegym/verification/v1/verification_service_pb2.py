@@ -25,33 +25,47 @@ _sym_db = _symbol_database.Default()
 from codegym.common.v1 import common_pb2 as codegym_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2codegym/verification/v1/verification_service.proto\x12\x17\x63odegym.verification.v1\x1a\x1e\x63odegym/common/v1/common.proto\"D\n\x17\x43heckEnvironmentRequest\x12\x12\n\nenv_source\x18\x01 \x01(\t\x12\x15\n\rreject_unsafe\x18\x02 \x01(\x08\"\xd9\x01\n\x18\x43heckEnvironmentResponse\x12\x31\n\x07verdict\x18\x01 \x01(\x0e\x32 .codegym.verification.v1.Verdict\x12\x0f\n\x07reasons\x18\x02 \x03(\t\x12\x17\n\x0fsafety_findings\x18\x03 \x03(\t\x12*\n\x05tools\x18\x04 \x03(\x0b\x32\x1b.codegym.common.v1.ToolSpec\x12\x34\n\nmain_usage\x18\x05 \x01(\x0b\x32 .codegym.common.v1.ResourceUsage\"\x8c\x01\n\rValidatedTest\x12+\n\x04task\x18\x01 \x01(\x0b\x32\x1d.codegym.common.v1.TaskConfig\x12\r\n\x05valid\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12/\n\x05usage\x18\x04 \x01(\x0b\x32 .codegym.common.v1.ResourceUsage\"u\n\x18ValidateUnitTestsRequest\x12\x12\n\nenv_source\x18\x01 \x01(\t\x12,\n\x05tasks\x18\x02 \x03(\x0b\x32\x1d.codegym.common.v1.TaskConfig\x12\x17\n\x0fsolution_source\x18\x03 \x01(\t\"\x85\x01\n\x19ValidateUnitTestsResponse\x12\x35\n\x05tests\x18\x01 \x03(\x0b\x32&.codegym.verification.v1.ValidatedTest\x12\x31\n\x07verdict\x18\x02 \x01(\x0e\x32 .codegym.verification.v1.Verdict\"r\n\x17\x43heckSolvabilityRequest\x12\x12\n\nenv_source\x18\x01 \x01(\t\x12,\n\x05tasks\x18\x02 \x03(\x0b\x32\x1d.codegym.common.v1.TaskConfig\x12\x15\n\rsolve_sources\x18\x03 \x03(\t\"\xa8\x01\n\x18\x43heckSolvabilityResponse\x12\x31\n\x07verdict\x18\x01 \x01(\x0e\x32 .codegym.verification.v1.Verdict\x12\x14\n\x0coracle_index\x18\x02 \x01(\x05\x12,\n\x05tasks\x18\x03 \x03(\x0b\x32\x1d.codegym.common.v1.TaskConfig\x12\x15\n\rsolved_counts\x18\x04 \x03(\r\"\x9d\x01\n\rExportRequest\x12\x13\n\x0bpipeline_db\x18\x01 \x01(\t\x12\x14\n\x0clibrary_path\x18\x02 \x01(\t\x12\x16\n\x0einstances_path\x18\x03 \x01(\t\x12\x1a\n\x12min_solve_fc_round\x18\x04 \x01(\r\x12\x1a\n\x12max_solve_fc_round\x18\x05 \x01(\r\x12\x11\n\tmin_tools\x18\x06 \x01(\r\"9\n\x0e\x45xportResponse\x12\x14\n\x0c\x65nvironments\x18\x01 \x01(\r\x12\x11\n\tinstances\x18\x02 \x01(\r*F\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n\x0cVERDICT_PASS\x10\x01\x12\x10\n\x0cVERDICT_FAIL\x10\x02\x32\xde\x03\n\x13VerificationService\x12w\n\x10\x43heckEnvironment\x12\x30.codegym.verification.v1.CheckEnvironmentRequest\x1a\x31.codegym.verification.v1.CheckEnvironmentResponse\x12z\n\x11ValidateUnitTests\x12\x31.codegym.verification.v1.ValidateUnitTestsRequest\x1a\x32.codegym.verification.v1.ValidateUnitTestsResponse\x12w\n\x10\x43heckSolvability\x12\x30.codegym.verification.v1.CheckSolvabilityRequest\x1a\x31.codegym.verification.v1.CheckSolvabilityResponse\x12Y\n\x06\x45xport\x12&.codegym.verification.v1.ExportRequest\x1a\'.codegym.verification.v1.ExportResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n2codegym/verification/v1/verification_service.proto\x12\x17\x63odegym.verification.v1\x1a\x1e\x63odegym/common/v1/common.proto\"p\n\x17\x43heckEnvironmentRequest\x12\x12\n\nenv_source\x18\x01 \x01(\t\x12\x15\n\rreject_unsafe\x18\x02 \x01(\x08\x12\x17\n\x0fmain_timeout_ms\x18\x03 \x01(\r\x12\x11\n\tskip_main\x18\x04 \x01(\x08\"\x99\x02\n\x18\x43heckEnvironmentResponse\x12\x31\n\x07verdict\x18\x01 \x01(\x0e\x32 .codegym.verification.v1.Verdict\x12\x0f\n\x07reasons\x18\x02 \x03(\t\x12\x17\n\x0fsafety_findings\x18\x03 \x03(\t\x12*\n\x05tools\x18\x04 \x03(\x0b\x32\x1b.codegym.common.v1.ToolSpec\x12\x34\n\nmain_usage\x18\x05 \x01(\x0b\x32 .codegym.common.v1.ResourceUsage\x12\x11\n\tenv_class\x18\x06 \x01(\t\x12\x16\n\x0emain_exit_code\x18\x07 \x01(\x05\x12\x13\n\x0bmain_output\x18\x08 \x01(\t\"\x86\x01\n\x12UnitTestThresholds\x12\x13\n\x0bref_time_ms\x18\x01 \x01(\r\x12\x15\n\rref_memory_mb\x18\x02 \x01(\r\x12\x18\n\x10max_answer_chars\x18\x03 \x01(\r\x12\x11\n\tmin_valid\x18\x04 \x01(\r\x12\x17\n\x0fmin_valid_ratio\x18\x05 \x01(\x02\"\x8e\x02\n\rValidatedTest\x12+\n\x04task\x18\x01 \x01(\x0b\x32\x1d.codegym.common.v1.TaskConfig\x12\r\n\x05valid\x18\x02 \x01(\x08\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12/\n\x05usage\x18\x04 \x01(\x0b\x32 .codegym.common.v1.ResourceUsage\x12\x13\n\x0b\x61nswer_json\x18\x05 \x01(\t\x12\x13\n\x0b\x61nswer_repr\x18\x06 \x01(\t\x12\x38\n\x0b\x63ross_check\x18\x07 \x01(\x0e\x32#.codegym.verification.v1.CrossCheck\x12\x1c\n\x14solution_answer_repr\x18\x08 \x01(\t\"\xde\x01\n\x18ValidateUnitTestsRequest\x12\x12\n\nenv_source\x18\x01 \x01(\t\x12,\n\x05tasks\x18\x02 \x03(\x0b\x32\x1d.codegym.common.v1.TaskConfig\x12\x17\n\x0fsolution_source\x18\x03 \x01(\t\x12\x13\n\x0b\x65ntry_point\x18\x04 \x01(\t\x12\x11\n\targ_names\x18\x05 \x03(\t\x12?\n\nthresholds\x18\x06 \x01(\x0b\x32+.codegym.verification.v1.UnitTestThresholds\"\x84\x02\n\x19ValidateUnitTestsResponse\x12\x35\n\x05tests\x18\x01 \x03(\x0b\x32&.codegym.verification.v1.ValidatedTest\x12\x31\n\x07verdict\x18\x02 \x01(\x0e\x32 .codegym.verification.v1.Verdict\x12\x0f\n\x07reasons\x18\x03 \x03(\t\x12\r\n\x05valid\x18\x04 \x01(\r\x12\x10\n\x08\x64istinct\x18\x05 \x01(\r\x12\x19\n\x11solution_function\x18\x06 \x01(\t\x12\x15\n\rcross_checked\x18\x07 \x01(\r\x12\x19\n\x11\x64isagreement_rate\x18\x08 \x01(\x02\"|\n\x11SolvabilityLimits\x12\x14\n\x0c\x63\x61se_time_ms\x18\x01 \x01(\r\x12\x16\n\x0e\x63\x61se_memory_mb\x18\x02 \x01(\r\x12\x11\n\tmax_steps\x18\x03 \x01(\r\x12\x11\n\tbudget_ms\x18\x04 \x01(\r\x12\x13\n\x0bsmoke_tests\x18\x05 \x01(\r\"\x90\x01\n\x0f\x43\x61ndidateReport\x12\r\n\x05index\x18\x01 \x01(\r\x12:\n\x07outcome\x18\x02 \x01(\x0e\x32).codegym.verification.v1.CandidateOutcome\x12\x0b\n\x03run\x18\x03 \x01(\r\x12\x0e\n\x06solved\x18\x04 \x01(\r\x12\x15\n\rfirst_failure\x18\x05 \x01(\t\"\xae\x01\n\x17\x43heckSolvabilityRequest\x12\x12\n\nenv_source\x18\x01 \x01(\t\x12,\n\x05tasks\x18\x02 \x03(\x0b\x32\x1d.codegym.common.v1.TaskConfig\x12\x15\n\rsolve_sources\x18\x03 \x03(\t\x12:\n\x06limits\x18\x04 \x01(\x0b\x32*.codegym.verification.v1.SolvabilityLimits\"\x98\x02\n\x18\x43heckSolvabilityResponse\x12\x31\n\x07verdict\x18\x01 \x01(\x0e\x32 .codegym.verification.v1.Verdict\x12\x14\n\x0coracle_index\x18\x02 \x01(\x05\x12,\n\x05tasks\x18\x03 \x03(\x0b\x32\x1d.codegym.common.v1.TaskConfig\x12<\n\ncandidates\x18\x05 \x03(\x0b\x32(.codegym.verification.v1.CandidateReport\x12\x0f\n\x07reasons\x18\x06 \x03(\t\x12\x11\n\tcases_run\x18\x07 \x01(\r\x12\x0e\n\x06\x63pu_ms\x18\x08 \x01(\x04J\x04\x08\x04\x10\x05R\rsolved_counts\"8\n\x0cShortcutCase\x12\x13\n\x0b\x63onfig_json\x18\x01 \x01(\t\x12\x13\n\x0b\x61nswer_json\x18\x02 \x01(\t\"\x8e\x01\n\x15\x43heckShortcutsRequest\x12\x12\n\nenv_source\x18\x01 \x01(\t\x12\x34\n\x05\x63\x61ses\x18\x02 \x03(\x0b\x32%.codegym.verification.v1.ShortcutCase\x12\x14\n\x0cmax_fraction\x18\x03 \x01(\x02\x12\x15\n\rprobe_time_ms\x18\x04 \x01(\r\";\n\rShortcutProbe\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0e\n\x06probed\x18\x02 \x01(\r\x12\x0c\n\x04hits\x18\x03 \x01(\r\"\xac\x01\n\x16\x43heckShortcutsResponse\x12\x31\n\x07verdict\x18\x01 \x01(\x0e\x32 .codegym.verification.v1.Verdict\x12\x36\n\x06probes\x18\x02 \x03(\x0b\x32&.codegym.verification.v1.ShortcutProbe\x12\x16\n\x0eshortcut_tools\x18\x03 \x03(\t\x12\x0f\n\x07reasons\x18\x04 \x03(\t*F\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x10\n\x0cVERDICT_PASS\x10\x01\x12\x10\n\x0cVERDICT_FAIL\x10\x02*\x96\x01\n\nCrossCheck\x12\x1b\n\x17\x43ROSS_CHECK_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43ROSS_CHECK_NOT_RUN\x10\x01\x12\x16\n\x12\x43ROSS_CHECK_AGREES\x10\x02\x12\x19\n\x15\x43ROSS_CHECK_DISAGREES\x10\x03\x12\x1f\n\x1b\x43ROSS_CHECK_SOLUTION_FAILED\x10\x04*\xd1\x01\n\x10\x43\x61ndidateOutcome\x12!\n\x1d\x43\x41NDIDATE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43\x41NDIDATE_OUTCOME_ORACLE\x10\x01\x12\"\n\x1e\x43\x41NDIDATE_OUTCOME_FAILED_SMOKE\x10\x02\x12\x1c\n\x18\x43\x41NDIDATE_OUTCOME_FAILED\x10\x03\x12\x1d\n\x19\x43\x41NDIDATE_OUTCOME_NOT_RUN\x10\x04\x12\x1b\n\x17\x43\x41NDIDATE_OUTCOME_EMPTY\x10\x05\x32\xf6\x03\n\x13VerificationService\x12w\n\x10\x43heckEnvironment\x12\x30.codegym.verification.v1.CheckEnvironmentRequest\x1a\x31.codegym.verification.v1.CheckEnvironmentResponse\x12z\n\x11ValidateUnitTests\x12\x31.codegym.verification.v1.ValidateUnitTestsRequest\x1a\x32.codegym.verification.v1.ValidateUnitTestsResponse\x12w\n\x10\x43heckSolvability\x12\x30.codegym.verification.v1.CheckSolvabilityRequest\x1a\x31.codegym.verification.v1.CheckSolvabilityResponse\x12q\n\x0e\x43heckShortcuts\x12..codegym.verification.v1.CheckShortcutsRequest\x1a/.codegym.verification.v1.CheckShortcutsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'codegym.verification.v1.verification_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERDICT']._serialized_start=1305
-  _globals['_VERDICT']._serialized_end=1375
+  _globals['_VERDICT']._serialized_start=2579
+  _globals['_VERDICT']._serialized_end=2649
+  _globals['_CROSSCHECK']._serialized_start=2652
+  _globals['_CROSSCHECK']._serialized_end=2802
+  _globals['_CANDIDATEOUTCOME']._serialized_start=2805
+  _globals['_CANDIDATEOUTCOME']._serialized_end=3014
   _globals['_CHECKENVIRONMENTREQUEST']._serialized_start=111
-  _globals['_CHECKENVIRONMENTREQUEST']._serialized_end=179
-  _globals['_CHECKENVIRONMENTRESPONSE']._serialized_start=182
-  _globals['_CHECKENVIRONMENTRESPONSE']._serialized_end=399
-  _globals['_VALIDATEDTEST']._serialized_start=402
-  _globals['_VALIDATEDTEST']._serialized_end=542
-  _globals['_VALIDATEUNITTESTSREQUEST']._serialized_start=544
-  _globals['_VALIDATEUNITTESTSREQUEST']._serialized_end=661
-  _globals['_VALIDATEUNITTESTSRESPONSE']._serialized_start=664
-  _globals['_VALIDATEUNITTESTSRESPONSE']._serialized_end=797
-  _globals['_CHECKSOLVABILITYREQUEST']._serialized_start=799
-  _globals['_CHECKSOLVABILITYREQUEST']._serialized_end=913
-  _globals['_CHECKSOLVABILITYRESPONSE']._serialized_start=916
-  _globals['_CHECKSOLVABILITYRESPONSE']._serialized_end=1084
-  _globals['_EXPORTREQUEST']._serialized_start=1087
-  _globals['_EXPORTREQUEST']._serialized_end=1244
-  _globals['_EXPORTRESPONSE']._serialized_start=1246
-  _globals['_EXPORTRESPONSE']._serialized_end=1303
-  _globals['_VERIFICATIONSERVICE']._serialized_start=1378
-  _globals['_VERIFICATIONSERVICE']._serialized_end=1856
+  _globals['_CHECKENVIRONMENTREQUEST']._serialized_end=223
+  _globals['_CHECKENVIRONMENTRESPONSE']._serialized_start=226
+  _globals['_CHECKENVIRONMENTRESPONSE']._serialized_end=507
+  _globals['_UNITTESTTHRESHOLDS']._serialized_start=510
+  _globals['_UNITTESTTHRESHOLDS']._serialized_end=644
+  _globals['_VALIDATEDTEST']._serialized_start=647
+  _globals['_VALIDATEDTEST']._serialized_end=917
+  _globals['_VALIDATEUNITTESTSREQUEST']._serialized_start=920
+  _globals['_VALIDATEUNITTESTSREQUEST']._serialized_end=1142
+  _globals['_VALIDATEUNITTESTSRESPONSE']._serialized_start=1145
+  _globals['_VALIDATEUNITTESTSRESPONSE']._serialized_end=1405
+  _globals['_SOLVABILITYLIMITS']._serialized_start=1407
+  _globals['_SOLVABILITYLIMITS']._serialized_end=1531
+  _globals['_CANDIDATEREPORT']._serialized_start=1534
+  _globals['_CANDIDATEREPORT']._serialized_end=1678
+  _globals['_CHECKSOLVABILITYREQUEST']._serialized_start=1681
+  _globals['_CHECKSOLVABILITYREQUEST']._serialized_end=1855
+  _globals['_CHECKSOLVABILITYRESPONSE']._serialized_start=1858
+  _globals['_CHECKSOLVABILITYRESPONSE']._serialized_end=2138
+  _globals['_SHORTCUTCASE']._serialized_start=2140
+  _globals['_SHORTCUTCASE']._serialized_end=2196
+  _globals['_CHECKSHORTCUTSREQUEST']._serialized_start=2199
+  _globals['_CHECKSHORTCUTSREQUEST']._serialized_end=2341
+  _globals['_SHORTCUTPROBE']._serialized_start=2343
+  _globals['_SHORTCUTPROBE']._serialized_end=2402
+  _globals['_CHECKSHORTCUTSRESPONSE']._serialized_start=2405
+  _globals['_CHECKSHORTCUTSRESPONSE']._serialized_end=2577
+  _globals['_VERIFICATIONSERVICE']._serialized_start=3017
+  _globals['_VERIFICATIONSERVICE']._serialized_end=3519
 # @@protoc_insertion_point(module_scope)

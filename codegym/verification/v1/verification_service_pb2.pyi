@@ -44,6 +44,74 @@ VERDICT_FAIL: Verdict.ValueType  # 2
 """Failed; see reasons."""
 Global___Verdict: _TypeAlias = Verdict  # noqa: Y015
 
+class _CrossCheck:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CrossCheckEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CrossCheck.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CROSS_CHECK_UNSPECIFIED: _CrossCheck.ValueType  # 0
+    """Never sent."""
+    CROSS_CHECK_NOT_RUN: _CrossCheck.ValueType  # 1
+    """No callable original solution, or the test was invalid before."""
+    CROSS_CHECK_AGREES: _CrossCheck.ValueType  # 2
+    """The original solution gives the same answer."""
+    CROSS_CHECK_DISAGREES: _CrossCheck.ValueType  # 3
+    """The original solution gives another answer."""
+    CROSS_CHECK_SOLUTION_FAILED: _CrossCheck.ValueType  # 4
+    """The original solution raised or hit a limit on this config."""
+
+class CrossCheck(_CrossCheck, metaclass=_CrossCheckEnumTypeWrapper):
+    """How a test's reference answer compared with the original solution."""
+
+CROSS_CHECK_UNSPECIFIED: CrossCheck.ValueType  # 0
+"""Never sent."""
+CROSS_CHECK_NOT_RUN: CrossCheck.ValueType  # 1
+"""No callable original solution, or the test was invalid before."""
+CROSS_CHECK_AGREES: CrossCheck.ValueType  # 2
+"""The original solution gives the same answer."""
+CROSS_CHECK_DISAGREES: CrossCheck.ValueType  # 3
+"""The original solution gives another answer."""
+CROSS_CHECK_SOLUTION_FAILED: CrossCheck.ValueType  # 4
+"""The original solution raised or hit a limit on this config."""
+Global___CrossCheck: _TypeAlias = CrossCheck  # noqa: Y015
+
+class _CandidateOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CandidateOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CandidateOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CANDIDATE_OUTCOME_UNSPECIFIED: _CandidateOutcome.ValueType  # 0
+    """Never sent."""
+    CANDIDATE_OUTCOME_ORACLE: _CandidateOutcome.ValueType  # 1
+    """Reached reward 1 on every test: the oracle."""
+    CANDIDATE_OUTCOME_FAILED_SMOKE: _CandidateOutcome.ValueType  # 2
+    """Failed the smoke run."""
+    CANDIDATE_OUTCOME_FAILED: _CandidateOutcome.ValueType  # 3
+    """Passed the smoke run, failed a later test."""
+    CANDIDATE_OUTCOME_NOT_RUN: _CandidateOutcome.ValueType  # 4
+    """Not run to the end: an earlier candidate became the oracle, or the budget ran out."""
+    CANDIDATE_OUTCOME_EMPTY: _CandidateOutcome.ValueType  # 5
+    """Empty source."""
+
+class CandidateOutcome(_CandidateOutcome, metaclass=_CandidateOutcomeEnumTypeWrapper):
+    """What happened to one solve() candidate."""
+
+CANDIDATE_OUTCOME_UNSPECIFIED: CandidateOutcome.ValueType  # 0
+"""Never sent."""
+CANDIDATE_OUTCOME_ORACLE: CandidateOutcome.ValueType  # 1
+"""Reached reward 1 on every test: the oracle."""
+CANDIDATE_OUTCOME_FAILED_SMOKE: CandidateOutcome.ValueType  # 2
+"""Failed the smoke run."""
+CANDIDATE_OUTCOME_FAILED: CandidateOutcome.ValueType  # 3
+"""Passed the smoke run, failed a later test."""
+CANDIDATE_OUTCOME_NOT_RUN: CandidateOutcome.ValueType  # 4
+"""Not run to the end: an earlier candidate became the oracle, or the budget ran out."""
+CANDIDATE_OUTCOME_EMPTY: CandidateOutcome.ValueType  # 5
+"""Empty source."""
+Global___CandidateOutcome: _TypeAlias = CandidateOutcome  # noqa: Y015
+
 @_typing.final
 class CheckEnvironmentRequest(_message.Message):
     """Request of CheckEnvironment."""
@@ -52,19 +120,27 @@ class CheckEnvironmentRequest(_message.Message):
 
     ENV_SOURCE_FIELD_NUMBER: _builtins.int
     REJECT_UNSAFE_FIELD_NUMBER: _builtins.int
+    MAIN_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    SKIP_MAIN_FIELD_NUMBER: _builtins.int
     env_source: _builtins.str
     """Env source."""
     reject_unsafe: _builtins.bool
-    """Reject (rather than flag) sources with risky constructs."""
+    """Reject (rather than only flag) sources with risky constructs found by the static scan."""
+    main_timeout_ms: _builtins.int
+    """Wall-clock limit of the `__main__` run, in milliseconds; 0 = 5000."""
+    skip_main: _builtins.bool
+    """Skip the `__main__` run (for sources without a self-test block)."""
     def __init__(
         self,
         *,
         env_source: _builtins.str = ...,
         reject_unsafe: _builtins.bool = ...,
+        main_timeout_ms: _builtins.int = ...,
+        skip_main: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_source", b"env_source", "reject_unsafe", b"reject_unsafe"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_source", b"env_source", "main_timeout_ms", b"main_timeout_ms", "reject_unsafe", b"reject_unsafe", "skip_main", b"skip_main"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -81,15 +157,24 @@ class CheckEnvironmentResponse(_message.Message):
     SAFETY_FINDINGS_FIELD_NUMBER: _builtins.int
     TOOLS_FIELD_NUMBER: _builtins.int
     MAIN_USAGE_FIELD_NUMBER: _builtins.int
+    ENV_CLASS_FIELD_NUMBER: _builtins.int
+    MAIN_EXIT_CODE_FIELD_NUMBER: _builtins.int
+    MAIN_OUTPUT_FIELD_NUMBER: _builtins.int
     verdict: Global___Verdict.ValueType
     """Verdict."""
+    env_class: _builtins.str
+    """The environment class."""
+    main_exit_code: _builtins.int
+    """Exit code of the __main__ run (128+N when killed by signal N)."""
+    main_output: _builtins.str
+    """The end of the __main__ run's stderr (then stdout), for a reader of the report."""
     @_builtins.property
     def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Reasons for failure."""
+        """Reasons for failure, `class: detail`."""
 
     @_builtins.property
     def safety_findings(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Risky constructs found by the static scan."""
+        """Risky constructs found by the static scan (`line N: kind: detail`)."""
 
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]:
@@ -107,14 +192,55 @@ class CheckEnvironmentResponse(_message.Message):
         safety_findings: _abc.Iterable[_builtins.str] | None = ...,
         tools: _abc.Iterable[_common_pb2.ToolSpec] | None = ...,
         main_usage: _common_pb2.ResourceUsage | None = ...,
+        env_class: _builtins.str = ...,
+        main_exit_code: _builtins.int = ...,
+        main_output: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["main_usage", b"main_usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["main_usage", b"main_usage", "reasons", b"reasons", "safety_findings", b"safety_findings", "tools", b"tools", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_class", b"env_class", "main_exit_code", b"main_exit_code", "main_output", b"main_output", "main_usage", b"main_usage", "reasons", b"reasons", "safety_findings", b"safety_findings", "tools", b"tools", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckEnvironmentResponse: _TypeAlias = CheckEnvironmentResponse  # noqa: Y015
+
+@_typing.final
+class UnitTestThresholds(_message.Message):
+    """Limits of unit-test validation; zero values mean the defaults."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REF_TIME_MS_FIELD_NUMBER: _builtins.int
+    REF_MEMORY_MB_FIELD_NUMBER: _builtins.int
+    MAX_ANSWER_CHARS_FIELD_NUMBER: _builtins.int
+    MIN_VALID_FIELD_NUMBER: _builtins.int
+    MIN_VALID_RATIO_FIELD_NUMBER: _builtins.int
+    ref_time_ms: _builtins.int
+    """Wall-clock and CPU limit of one get_ref_answer(), ms; 0 = 3000."""
+    ref_memory_mb: _builtins.int
+    """Memory one get_ref_answer() may use, MiB; 0 = 100."""
+    max_answer_chars: _builtins.int
+    """Longest accepted repr() of a reference answer, characters; 0 = 100."""
+    min_valid: _builtins.int
+    """Fewest valid tests an environment needs; 0 = 10."""
+    min_valid_ratio: _builtins.float
+    """Smallest fraction of valid tests among distinct tests; 0 = 0.8."""
+    def __init__(
+        self,
+        *,
+        ref_time_ms: _builtins.int = ...,
+        ref_memory_mb: _builtins.int = ...,
+        max_answer_chars: _builtins.int = ...,
+        min_valid: _builtins.int = ...,
+        min_valid_ratio: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_answer_chars", b"max_answer_chars", "min_valid", b"min_valid", "min_valid_ratio", b"min_valid_ratio", "ref_memory_mb", b"ref_memory_mb", "ref_time_ms", b"ref_time_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UnitTestThresholds: _TypeAlias = UnitTestThresholds  # noqa: Y015
 
 @_typing.final
 class ValidatedTest(_message.Message):
@@ -126,10 +252,22 @@ class ValidatedTest(_message.Message):
     VALID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    ANSWER_JSON_FIELD_NUMBER: _builtins.int
+    ANSWER_REPR_FIELD_NUMBER: _builtins.int
+    CROSS_CHECK_FIELD_NUMBER: _builtins.int
+    SOLUTION_ANSWER_REPR_FIELD_NUMBER: _builtins.int
     valid: _builtins.bool
     """Valid (answer within limits and cross-checked)."""
     reason: _builtins.str
-    """Reason when invalid."""
+    """Reason when invalid, `class: detail`."""
+    answer_json: _builtins.str
+    """The reference answer as canonical JSON, when JSON-representable."""
+    answer_repr: _builtins.str
+    """repr() of the reference answer."""
+    cross_check: Global___CrossCheck.ValueType
+    """Comparison with the original solution."""
+    solution_answer_repr: _builtins.str
+    """repr() of the original solution's answer, when it ran."""
     @_builtins.property
     def task(self) -> _common_pb2.TaskConfig:
         """The config."""
@@ -145,10 +283,14 @@ class ValidatedTest(_message.Message):
         valid: _builtins.bool = ...,
         reason: _builtins.str = ...,
         usage: _common_pb2.ResourceUsage | None = ...,
+        answer_json: _builtins.str = ...,
+        answer_repr: _builtins.str = ...,
+        cross_check: Global___CrossCheck.ValueType = ...,
+        solution_answer_repr: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "task", b"task", "usage", b"usage", "valid", b"valid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_json", b"answer_json", "answer_repr", b"answer_repr", "cross_check", b"cross_check", "reason", b"reason", "solution_answer_repr", b"solution_answer_repr", "task", b"task", "usage", b"usage", "valid", b"valid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -163,13 +305,28 @@ class ValidateUnitTestsRequest(_message.Message):
     ENV_SOURCE_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
     SOLUTION_SOURCE_FIELD_NUMBER: _builtins.int
+    ENTRY_POINT_FIELD_NUMBER: _builtins.int
+    ARG_NAMES_FIELD_NUMBER: _builtins.int
+    THRESHOLDS_FIELD_NUMBER: _builtins.int
     env_source: _builtins.str
     """Env source."""
     solution_source: _builtins.str
     """Original solution, for cross-checking answers (optional)."""
+    entry_point: _builtins.str
+    """Function of the original solution to call; empty = a top-level function whose parameters
+    match the config keys, if there is exactly one.
+    """
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskConfig]:
         """Configs to validate."""
+
+    @_builtins.property
+    def arg_names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Config keys passed positionally to `entry_point`; empty = the function's parameter names."""
+
+    @_builtins.property
+    def thresholds(self) -> Global___UnitTestThresholds:
+        """Limits."""
 
     def __init__(
         self,
@@ -177,10 +334,13 @@ class ValidateUnitTestsRequest(_message.Message):
         env_source: _builtins.str = ...,
         tasks: _abc.Iterable[_common_pb2.TaskConfig] | None = ...,
         solution_source: _builtins.str = ...,
+        entry_point: _builtins.str = ...,
+        arg_names: _abc.Iterable[_builtins.str] | None = ...,
+        thresholds: Global___UnitTestThresholds | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["thresholds", b"thresholds"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_source", b"env_source", "solution_source", b"solution_source", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arg_names", b"arg_names", "entry_point", b"entry_point", "env_source", b"env_source", "solution_source", b"solution_source", "tasks", b"tasks", "thresholds", b"thresholds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -194,25 +354,127 @@ class ValidateUnitTestsResponse(_message.Message):
 
     TESTS_FIELD_NUMBER: _builtins.int
     VERDICT_FIELD_NUMBER: _builtins.int
+    REASONS_FIELD_NUMBER: _builtins.int
+    VALID_FIELD_NUMBER: _builtins.int
+    DISTINCT_FIELD_NUMBER: _builtins.int
+    SOLUTION_FUNCTION_FIELD_NUMBER: _builtins.int
+    CROSS_CHECKED_FIELD_NUMBER: _builtins.int
+    DISAGREEMENT_RATE_FIELD_NUMBER: _builtins.int
     verdict: Global___Verdict.ValueType
     """Enough valid tests (count and ratio thresholds)."""
+    valid: _builtins.int
+    """Valid tests."""
+    distinct: _builtins.int
+    """Distinct tests (duplicates do not count)."""
+    solution_function: _builtins.str
+    """The original solution's function used for cross-checking; empty when none was callable."""
+    cross_checked: _builtins.int
+    """Tests compared with the original solution."""
+    disagreement_rate: _builtins.float
+    """Fraction of compared tests where the original solution disagreed."""
     @_builtins.property
     def tests(self) -> _containers.RepeatedCompositeFieldContainer[Global___ValidatedTest]:
-        """Per test."""
+        """Per test, in request order."""
+
+    @_builtins.property
+    def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Reasons for failure, `class: detail`."""
 
     def __init__(
         self,
         *,
         tests: _abc.Iterable[Global___ValidatedTest] | None = ...,
         verdict: Global___Verdict.ValueType = ...,
+        reasons: _abc.Iterable[_builtins.str] | None = ...,
+        valid: _builtins.int = ...,
+        distinct: _builtins.int = ...,
+        solution_function: _builtins.str = ...,
+        cross_checked: _builtins.int = ...,
+        disagreement_rate: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tests", b"tests", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_checked", b"cross_checked", "disagreement_rate", b"disagreement_rate", "distinct", b"distinct", "reasons", b"reasons", "solution_function", b"solution_function", "tests", b"tests", "valid", b"valid", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ValidateUnitTestsResponse: _TypeAlias = ValidateUnitTestsResponse  # noqa: Y015
+
+@_typing.final
+class SolvabilityLimits(_message.Message):
+    """Limits of the solvability check; zero values mean the defaults."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CASE_TIME_MS_FIELD_NUMBER: _builtins.int
+    CASE_MEMORY_MB_FIELD_NUMBER: _builtins.int
+    MAX_STEPS_FIELD_NUMBER: _builtins.int
+    BUDGET_MS_FIELD_NUMBER: _builtins.int
+    SMOKE_TESTS_FIELD_NUMBER: _builtins.int
+    case_time_ms: _builtins.int
+    """Wall-clock and CPU limit of one (candidate, test) run, ms; 0 = 10000."""
+    case_memory_mb: _builtins.int
+    """Memory of one run, MiB; 0 = 256."""
+    max_steps: _builtins.int
+    """step() calls one run may make before it counts as failed; 0 = 1024."""
+    budget_ms: _builtins.int
+    """Wall-clock budget of the whole check for one environment, ms; 0 = 300000."""
+    smoke_tests: _builtins.int
+    """Tests of the smoke run every candidate must pass first; 0 = 1."""
+    def __init__(
+        self,
+        *,
+        case_time_ms: _builtins.int = ...,
+        case_memory_mb: _builtins.int = ...,
+        max_steps: _builtins.int = ...,
+        budget_ms: _builtins.int = ...,
+        smoke_tests: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_ms", b"budget_ms", "case_memory_mb", b"case_memory_mb", "case_time_ms", b"case_time_ms", "max_steps", b"max_steps", "smoke_tests", b"smoke_tests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SolvabilityLimits: _TypeAlias = SolvabilityLimits  # noqa: Y015
+
+@_typing.final
+class CandidateReport(_message.Message):
+    """Report on one solve() candidate."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    RUN_FIELD_NUMBER: _builtins.int
+    SOLVED_FIELD_NUMBER: _builtins.int
+    FIRST_FAILURE_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Position in the request."""
+    outcome: Global___CandidateOutcome.ValueType
+    """Outcome."""
+    run: _builtins.int
+    """Tests run and tests solved (reward 1)."""
+    solved: _builtins.int
+    """Tests solved."""
+    first_failure: _builtins.str
+    """The first failure, `class: detail` (e.g. `timeout: ...`, `wrong_answer: reward 0 ...`)."""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        outcome: Global___CandidateOutcome.ValueType = ...,
+        run: _builtins.int = ...,
+        solved: _builtins.int = ...,
+        first_failure: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_failure", b"first_failure", "index", b"index", "outcome", b"outcome", "run", b"run", "solved", b"solved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CandidateReport: _TypeAlias = CandidateReport  # noqa: Y015
 
 @_typing.final
 class CheckSolvabilityRequest(_message.Message):
@@ -223,6 +485,7 @@ class CheckSolvabilityRequest(_message.Message):
     ENV_SOURCE_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
     SOLVE_SOURCES_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
     env_source: _builtins.str
     """Env source."""
     @_builtins.property
@@ -233,16 +496,21 @@ class CheckSolvabilityRequest(_message.Message):
     def solve_sources(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Candidate `def solve(self)` sources."""
 
+    @_builtins.property
+    def limits(self) -> Global___SolvabilityLimits:
+        """Limits."""
+
     def __init__(
         self,
         *,
         env_source: _builtins.str = ...,
         tasks: _abc.Iterable[_common_pb2.TaskConfig] | None = ...,
         solve_sources: _abc.Iterable[_builtins.str] | None = ...,
+        limits: Global___SolvabilityLimits | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_source", b"env_source", "solve_sources", b"solve_sources", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_source", b"env_source", "limits", b"limits", "solve_sources", b"solve_sources", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -257,18 +525,29 @@ class CheckSolvabilityResponse(_message.Message):
     VERDICT_FIELD_NUMBER: _builtins.int
     ORACLE_INDEX_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
-    SOLVED_COUNTS_FIELD_NUMBER: _builtins.int
+    CANDIDATES_FIELD_NUMBER: _builtins.int
+    REASONS_FIELD_NUMBER: _builtins.int
+    CASES_RUN_FIELD_NUMBER: _builtins.int
+    CPU_MS_FIELD_NUMBER: _builtins.int
     verdict: Global___Verdict.ValueType
     """PASS when one candidate solves every test."""
     oracle_index: _builtins.int
     """Index of the oracle candidate, -1 when none."""
+    cases_run: _builtins.int
+    """(candidate, test) runs made."""
+    cpu_ms: _builtins.int
+    """Sandbox CPU time of all runs, ms."""
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskConfig]:
-        """Configs with solve_fc_round filled from the oracle."""
+        """Configs with solve_fc_round filled from the oracle (empty without an oracle)."""
 
     @_builtins.property
-    def solved_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Per candidate, how many tests it solved."""
+    def candidates(self) -> _containers.RepeatedCompositeFieldContainer[Global___CandidateReport]:
+        """Per candidate, in request order."""
+
+    @_builtins.property
+    def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Reasons for failure, `class: detail`."""
 
     def __init__(
         self,
@@ -276,80 +555,149 @@ class CheckSolvabilityResponse(_message.Message):
         verdict: Global___Verdict.ValueType = ...,
         oracle_index: _builtins.int = ...,
         tasks: _abc.Iterable[_common_pb2.TaskConfig] | None = ...,
-        solved_counts: _abc.Iterable[_builtins.int] | None = ...,
+        candidates: _abc.Iterable[Global___CandidateReport] | None = ...,
+        reasons: _abc.Iterable[_builtins.str] | None = ...,
+        cases_run: _builtins.int = ...,
+        cpu_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["oracle_index", b"oracle_index", "solved_counts", b"solved_counts", "tasks", b"tasks", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "cases_run", b"cases_run", "cpu_ms", b"cpu_ms", "oracle_index", b"oracle_index", "reasons", b"reasons", "tasks", b"tasks", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckSolvabilityResponse: _TypeAlias = CheckSolvabilityResponse  # noqa: Y015
 
 @_typing.final
-class ExportRequest(_message.Message):
-    """Request of Export."""
+class ShortcutCase(_message.Message):
+    """A valid test with its reference answer, as ValidateUnitTests returned it."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    PIPELINE_DB_FIELD_NUMBER: _builtins.int
-    LIBRARY_PATH_FIELD_NUMBER: _builtins.int
-    INSTANCES_PATH_FIELD_NUMBER: _builtins.int
-    MIN_SOLVE_FC_ROUND_FIELD_NUMBER: _builtins.int
-    MAX_SOLVE_FC_ROUND_FIELD_NUMBER: _builtins.int
-    MIN_TOOLS_FIELD_NUMBER: _builtins.int
-    pipeline_db: _builtins.str
-    """Pipeline database with verified environments."""
-    library_path: _builtins.str
-    """Library file to write."""
-    instances_path: _builtins.str
-    """Training-instance JSONL to write."""
-    min_solve_fc_round: _builtins.int
-    """Minimum oracle steps of a kept config; 0 = 10."""
-    max_solve_fc_round: _builtins.int
-    """Maximum oracle steps; 0 = 256."""
-    min_tools: _builtins.int
-    """Minimum distinct tools of a kept environment; 0 = 4."""
+    CONFIG_JSON_FIELD_NUMBER: _builtins.int
+    ANSWER_JSON_FIELD_NUMBER: _builtins.int
+    config_json: _builtins.str
+    """The config JSON."""
+    answer_json: _builtins.str
+    """The reference answer as canonical JSON."""
     def __init__(
         self,
         *,
-        pipeline_db: _builtins.str = ...,
-        library_path: _builtins.str = ...,
-        instances_path: _builtins.str = ...,
-        min_solve_fc_round: _builtins.int = ...,
-        max_solve_fc_round: _builtins.int = ...,
-        min_tools: _builtins.int = ...,
+        config_json: _builtins.str = ...,
+        answer_json: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instances_path", b"instances_path", "library_path", b"library_path", "max_solve_fc_round", b"max_solve_fc_round", "min_solve_fc_round", b"min_solve_fc_round", "min_tools", b"min_tools", "pipeline_db", b"pipeline_db"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_json", b"answer_json", "config_json", b"config_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ExportRequest: _TypeAlias = ExportRequest  # noqa: Y015
+Global___ShortcutCase: _TypeAlias = ShortcutCase  # noqa: Y015
 
 @_typing.final
-class ExportResponse(_message.Message):
-    """Response of Export."""
+class CheckShortcutsRequest(_message.Message):
+    """Request of CheckShortcuts."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
-    ENVIRONMENTS_FIELD_NUMBER: _builtins.int
-    INSTANCES_FIELD_NUMBER: _builtins.int
-    environments: _builtins.int
-    """Environments written."""
-    instances: _builtins.int
-    """Training instances written."""
+    ENV_SOURCE_FIELD_NUMBER: _builtins.int
+    CASES_FIELD_NUMBER: _builtins.int
+    MAX_FRACTION_FIELD_NUMBER: _builtins.int
+    PROBE_TIME_MS_FIELD_NUMBER: _builtins.int
+    env_source: _builtins.str
+    """Env source."""
+    max_fraction: _builtins.float
+    """A tool is a shortcut when its first call returns the answer on more than this fraction of
+    the tests; 0 = 0.5.
+    """
+    probe_time_ms: _builtins.int
+    """Wall-clock limit of one probe, ms; 0 = 5000."""
+    @_builtins.property
+    def cases(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShortcutCase]:
+        """Tests with their reference answers."""
+
     def __init__(
         self,
         *,
-        environments: _builtins.int = ...,
-        instances: _builtins.int = ...,
+        env_source: _builtins.str = ...,
+        cases: _abc.Iterable[Global___ShortcutCase] | None = ...,
+        max_fraction: _builtins.float = ...,
+        probe_time_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["environments", b"environments", "instances", b"instances"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cases", b"cases", "env_source", b"env_source", "max_fraction", b"max_fraction", "probe_time_ms", b"probe_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ExportResponse: _TypeAlias = ExportResponse  # noqa: Y015
+Global___CheckShortcutsRequest: _TypeAlias = CheckShortcutsRequest  # noqa: Y015
+
+@_typing.final
+class ShortcutProbe(_message.Message):
+    """Probe results of one tool."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOOL_FIELD_NUMBER: _builtins.int
+    PROBED_FIELD_NUMBER: _builtins.int
+    HITS_FIELD_NUMBER: _builtins.int
+    tool: _builtins.str
+    """Tool name."""
+    probed: _builtins.int
+    """Tests probed."""
+    hits: _builtins.int
+    """Tests where the tool's first call returned the reference answer."""
+    def __init__(
+        self,
+        *,
+        tool: _builtins.str = ...,
+        probed: _builtins.int = ...,
+        hits: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "probed", b"probed", "tool", b"tool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ShortcutProbe: _TypeAlias = ShortcutProbe  # noqa: Y015
+
+@_typing.final
+class CheckShortcutsResponse(_message.Message):
+    """Response of CheckShortcuts."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    PROBES_FIELD_NUMBER: _builtins.int
+    SHORTCUT_TOOLS_FIELD_NUMBER: _builtins.int
+    REASONS_FIELD_NUMBER: _builtins.int
+    verdict: Global___Verdict.ValueType
+    """FAIL when some tool is a shortcut."""
+    @_builtins.property
+    def probes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShortcutProbe]:
+        """Every tool probed (tools that take required arguments and `Done` are not)."""
+
+    @_builtins.property
+    def shortcut_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The shortcut tools."""
+
+    @_builtins.property
+    def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Reasons, `class: detail`."""
+
+    def __init__(
+        self,
+        *,
+        verdict: Global___Verdict.ValueType = ...,
+        probes: _abc.Iterable[Global___ShortcutProbe] | None = ...,
+        shortcut_tools: _abc.Iterable[_builtins.str] | None = ...,
+        reasons: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["probes", b"probes", "reasons", b"reasons", "shortcut_tools", b"shortcut_tools", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckShortcutsResponse: _TypeAlias = CheckShortcutsResponse  # noqa: Y015

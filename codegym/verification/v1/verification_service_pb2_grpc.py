@@ -26,7 +26,11 @@ if _version_not_supported:
 
 
 class VerificationServiceStub:
-    """Runs generated code in sandboxes and keeps what is loadable, documented and solvable.
+    """Runs generated code in sandbox workers and keeps what is loadable, documented and solvable.
+    Every threshold is a request field; a zero value means the documented default. Failures of
+    the generated code are verdicts with reasons, never RPC errors; RPC errors are for malformed
+    requests (INVALID_ARGUMENT) and for sandbox workers that cannot be reached (UNAVAILABLE).
+    Reasons are strings `class: detail`, where `class` is a short stable token for counting.
     """
 
     def __init__(self, channel):
@@ -50,15 +54,19 @@ class VerificationServiceStub:
                 request_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckSolvabilityRequest.SerializeToString,
                 response_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckSolvabilityResponse.FromString,
                 _registered_method=True)
-        self.Export = channel.unary_unary(
-                '/codegym.verification.v1.VerificationService/Export',
-                request_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.ExportRequest.SerializeToString,
-                response_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.ExportResponse.FromString,
+        self.CheckShortcuts = channel.unary_unary(
+                '/codegym.verification.v1.VerificationService/CheckShortcuts',
+                request_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsRequest.SerializeToString,
+                response_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsResponse.FromString,
                 _registered_method=True)
 
 
 class VerificationServiceServicer:
-    """Runs generated code in sandboxes and keeps what is loadable, documented and solvable.
+    """Runs generated code in sandbox workers and keeps what is loadable, documented and solvable.
+    Every threshold is a request field; a zero value means the documented default. Failures of
+    the generated code are verdicts with reasons, never RPC errors; RPC errors are for malformed
+    requests (INVALID_ARGUMENT) and for sandbox workers that cannot be reached (UNAVAILABLE).
+    Reasons are strings `class: detail`, where `class` is a short stable token for counting.
     """
 
     def CheckEnvironment(self, request, context):
@@ -82,8 +90,8 @@ class VerificationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Export(self, request, context):
-        """Filter verified environments and write the library and training instances.
+    def CheckShortcuts(self, request, context):
+        """Probe every tool that needs no argument: does one of them hand out the reference answer?
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,10 +115,10 @@ def add_VerificationServiceServicer_to_server(servicer, server):
                     request_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckSolvabilityRequest.FromString,
                     response_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckSolvabilityResponse.SerializeToString,
             ),
-            'Export': grpc.unary_unary_rpc_method_handler(
-                    servicer.Export,
-                    request_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.ExportRequest.FromString,
-                    response_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.ExportResponse.SerializeToString,
+            'CheckShortcuts': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckShortcuts,
+                    request_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsRequest.FromString,
+                    response_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -121,7 +129,11 @@ def add_VerificationServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class VerificationService:
-    """Runs generated code in sandboxes and keeps what is loadable, documented and solvable.
+    """Runs generated code in sandbox workers and keeps what is loadable, documented and solvable.
+    Every threshold is a request field; a zero value means the documented default. Failures of
+    the generated code are verdicts with reasons, never RPC errors; RPC errors are for malformed
+    requests (INVALID_ARGUMENT) and for sandbox workers that cannot be reached (UNAVAILABLE).
+    Reasons are strings `class: detail`, where `class` is a short stable token for counting.
     """
 
     @staticmethod
@@ -206,7 +218,7 @@ class VerificationService:
             _registered_method=True)
 
     @staticmethod
-    def Export(request,
+    def CheckShortcuts(request,
             target,
             options=(),
             channel_credentials=None,
@@ -219,9 +231,9 @@ class VerificationService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/codegym.verification.v1.VerificationService/Export',
-            codegym_dot_verification_dot_v1_dot_verification__service__pb2.ExportRequest.SerializeToString,
-            codegym_dot_verification_dot_v1_dot_verification__service__pb2.ExportResponse.FromString,
+            '/codegym.verification.v1.VerificationService/CheckShortcuts',
+            codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsRequest.SerializeToString,
+            codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,7 +27,12 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class VerificationServiceStub:
-    """Runs generated code in sandboxes and keeps what is loadable, documented and solvable."""
+    """Runs generated code in sandbox workers and keeps what is loadable, documented and solvable.
+    Every threshold is a request field; a zero value means the documented default. Failures of
+    the generated code are verdicts with reasons, never RPC errors; RPC errors are for malformed
+    requests (INVALID_ARGUMENT) and for sandbox workers that cannot be reached (UNAVAILABLE).
+    Reasons are strings `class: detail`, where `class` is a short stable token for counting.
+    """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -39,12 +44,17 @@ class VerificationServiceStub:
     """Compute reference answers of task configs within limits; cross-check with the original solution."""
     CheckSolvability: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.CheckSolvabilityRequest, _verification_service_pb2.CheckSolvabilityResponse]
     """Run every solve candidate on every valid test; pick the oracle."""
-    Export: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.ExportRequest, _verification_service_pb2.ExportResponse]
-    """Filter verified environments and write the library and training instances."""
+    CheckShortcuts: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.CheckShortcutsRequest, _verification_service_pb2.CheckShortcutsResponse]
+    """Probe every tool that needs no argument: does one of them hand out the reference answer?"""
 
 @_typing.type_check_only
 class VerificationServiceAsyncStub(VerificationServiceStub):
-    """Runs generated code in sandboxes and keeps what is loadable, documented and solvable."""
+    """Runs generated code in sandbox workers and keeps what is loadable, documented and solvable.
+    Every threshold is a request field; a zero value means the documented default. Failures of
+    the generated code are verdicts with reasons, never RPC errors; RPC errors are for malformed
+    requests (INVALID_ARGUMENT) and for sandbox workers that cannot be reached (UNAVAILABLE).
+    Reasons are strings `class: detail`, where `class` is a short stable token for counting.
+    """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     CheckEnvironment: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.CheckEnvironmentRequest, _verification_service_pb2.CheckEnvironmentResponse]  # type: ignore[assignment]
@@ -53,11 +63,16 @@ class VerificationServiceAsyncStub(VerificationServiceStub):
     """Compute reference answers of task configs within limits; cross-check with the original solution."""
     CheckSolvability: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.CheckSolvabilityRequest, _verification_service_pb2.CheckSolvabilityResponse]  # type: ignore[assignment]
     """Run every solve candidate on every valid test; pick the oracle."""
-    Export: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.ExportRequest, _verification_service_pb2.ExportResponse]  # type: ignore[assignment]
-    """Filter verified environments and write the library and training instances."""
+    CheckShortcuts: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.CheckShortcutsRequest, _verification_service_pb2.CheckShortcutsResponse]  # type: ignore[assignment]
+    """Probe every tool that needs no argument: does one of them hand out the reference answer?"""
 
 class VerificationServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Runs generated code in sandboxes and keeps what is loadable, documented and solvable."""
+    """Runs generated code in sandbox workers and keeps what is loadable, documented and solvable.
+    Every threshold is a request field; a zero value means the documented default. Failures of
+    the generated code are verdicts with reasons, never RPC errors; RPC errors are for malformed
+    requests (INVALID_ARGUMENT) and for sandbox workers that cannot be reached (UNAVAILABLE).
+    Reasons are strings `class: detail`, where `class` is a short stable token for counting.
+    """
 
     @_abc_1.abstractmethod
     def CheckEnvironment(
@@ -84,11 +99,11 @@ class VerificationServiceServicer(metaclass=_abc_1.ABCMeta):
         """Run every solve candidate on every valid test; pick the oracle."""
 
     @_abc_1.abstractmethod
-    def Export(
+    def CheckShortcuts(
         self,
-        request: _verification_service_pb2.ExportRequest,
+        request: _verification_service_pb2.CheckShortcutsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_verification_service_pb2.ExportResponse, _abc.Awaitable[_verification_service_pb2.ExportResponse]]:
-        """Filter verified environments and write the library and training instances."""
+    ) -> _typing.Union[_verification_service_pb2.CheckShortcutsResponse, _abc.Awaitable[_verification_service_pb2.CheckShortcutsResponse]]:
+        """Probe every tool that needs no argument: does one of them hand out the reference answer?"""
 
 def add_VerificationServiceServicer_to_server(servicer: VerificationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,112 @@
+"""The `codegym.verification.v1.VerificationService` servicer and its server.
+
+A check that finds the generated code wanting answers OK with `VERDICT_FAIL` and reasons; RPC
+errors are kept for requests that cannot be checked at all (INVALID_ARGUMENT) and for sandbox
+workers that cannot be reached (UNAVAILABLE, so a pipeline retries later instead of recording a
+rejection that was never earned).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from codegym.grpcutil import ManagedServer
+from codegym.sandbox_client import SandboxDispatcher, SandboxUnavailable
+from codegym.verification.v1 import verification_service_pb2 as vf
+from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
+from services.verification.checks import Verifier
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = vf.DESCRIPTOR.services_by_name["VerificationService"].full_name
+# Largest matrix one CheckSolvability call may ask for (candidates × tests).
+MAX_CASES = 20_000
+Response = TypeVar("Response")
+
+
+class VerificationServicer(vf_grpc.VerificationServiceServicer):
+    def __init__(self, verifier: Verifier) -> None:
+        self.verifier = verifier
+
+    async def _checked(
+        self, context: grpc.aio.ServicerContext, source: str, check: Callable[[], Awaitable[Response]]
+    ) -> Response:
+        if not source.strip():
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_source is empty")
+        try:
+            return await check()
+        except SandboxUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        raise AssertionError("unreachable")
+
+    async def CheckEnvironment(
+        self, request: vf.CheckEnvironmentRequest, context: grpc.aio.ServicerContext
+    ) -> vf.CheckEnvironmentResponse:
+        return await self._checked(
+            context, request.env_source, lambda: self.verifier.check_environment(request)
+        )
+
+    async def ValidateUnitTests(
+        self, request: vf.ValidateUnitTestsRequest, context: grpc.aio.ServicerContext
+    ) -> vf.ValidateUnitTestsResponse:
+        ratio = request.thresholds.min_valid_ratio
+        if not 0 <= ratio <= 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"min_valid_ratio {ratio} is not in [0, 1]")
+        return await self._checked(
+            context, request.env_source, lambda: self.verifier.validate_unit_tests(request)
+        )
+
+    async def CheckSolvability(
+        self, request: vf.CheckSolvabilityRequest, context: grpc.aio.ServicerContext
+    ) -> vf.CheckSolvabilityResponse:
+        cases = len(request.tasks) * len(request.solve_sources)
+        if cases > MAX_CASES:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{len(request.solve_sources)} candidates × {len(request.tasks)} tests is more than"
+                f" {MAX_CASES} runs: split the request",
+            )
+        return await self._checked(
+            context, request.env_source, lambda: self.verifier.check_solvability(request)
+        )
+
+    async def CheckShortcuts(
+        self, request: vf.CheckShortcutsRequest, context: grpc.aio.ServicerContext
+    ) -> vf.CheckShortcutsResponse:
+        if not 0 <= request.max_fraction <= 1:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"max_fraction {request.max_fraction} is not in [0, 1]"
+            )
+        return await self._checked(
+            context, request.env_source, lambda: self.verifier.check_shortcuts(request)
+        )
+
+
+class VerificationServer:
+    """Build inside the running loop."""
+
+    def __init__(self, sandbox: str, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.dispatcher = SandboxDispatcher(sandbox)
+        self.servicer = VerificationServicer(Verifier(self.dispatcher))
+        self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
+        vf_grpc.add_VerificationServiceServicer_to_server(self.servicer, self.managed.server)
+
+    @property
+    def address(self) -> str:
+        return self.managed.address
+
+    async def start(self) -> None:
+        await self.managed.start()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.managed.drain(grace_s)
+        await self.dispatcher.close()
+
+    async def serve(self) -> None:
+        await self.start()
+        print(f"verification listening on {self.address}", flush=True)
+        await self.managed.wait_for_signal()
+        await self.stop()
