@@ -9,6 +9,7 @@ from clients import (
     demo_command,
     env_commands,
     library_commands,
+    pipeline_command,
     sandbox_commands,
     serve_commands,
     synthesize_command,
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     up_command.register(sub)
     demo_command.register(sub)
     synthesize_command.register(sub)
+    pipeline_command.register(sub)
     return parser
 
 

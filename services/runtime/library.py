@@ -189,6 +189,33 @@ class Library:
                 self._add_task(task, origin, report)
         return report
 
+    def put_environment(
+        self,
+        env_id: str,
+        source: str,
+        *,
+        task_text: str,
+        metadata: dict[str, Any],
+        tasks: Iterable[TaskRecord],
+    ) -> ImportReport:
+        """Write one verified environment and exactly these task configs (the pipeline's output).
+
+        Unlike an import, the environment's earlier task configs are replaced: a pipeline run is
+        the authority on which configs passed its filters.
+        """
+        with self.db:
+            report = self._import_source(env_id, source, task_text=task_text, metadata=metadata)
+            if report.skipped:
+                return report
+            self.db.execute(
+                "UPDATE envs SET metadata = ?, task_text = ? WHERE env_id = ?",
+                (json.dumps(metadata), task_text, env_id),
+            )
+            self.db.execute("DELETE FROM tasks WHERE env_id = ?", (env_id,))
+            for task in tasks:
+                self._add_task(task, "pipeline", report)
+        return report
+
     def _import_env_file(self, path: Path) -> ImportReport:
         report = ImportReport()
         try:

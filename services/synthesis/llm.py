@@ -60,6 +60,25 @@ class StageUsage:
     requests: int = 0
     retries: int = 0
 
+    def add(self, **counts: int) -> None:
+        for key, value in counts.items():
+            setattr(self, key, getattr(self, key) + value)
+
+
+class Tally:
+    """Counts for one stage of the gateway's totals and, when given, for one caller's request.
+
+    Concurrent calls share the gateway's per-stage totals; a caller that reports usage per request
+    (the synthesis service does, in every response) passes its own `StageUsage` to be counted too.
+    """
+
+    def __init__(self, *targets: StageUsage | None) -> None:
+        self.targets = [t for t in targets if t is not None]
+
+    def add(self, **counts: int) -> None:
+        for target in self.targets:
+            target.add(**counts)
+
 
 @dataclass(frozen=True)
 class Completion:
@@ -96,22 +115,29 @@ class LLMGateway:
         await self.client.close()
 
     async def complete(
-        self, stage: str, messages: list[dict[str, str]], params: StageParams
+        self,
+        stage: str,
+        messages: list[dict[str, str]],
+        params: StageParams,
+        usage: StageUsage | None = None,
     ) -> list[Completion]:
-        """`params.samples` completions of one prompt, from the cache where possible."""
+        """`params.samples` completions of one prompt, from the cache where possible.
+
+        `usage`, when given, receives this call's own counts (besides the gateway's totals).
+        """
         model = params.model or self.settings.model
         keys = [cache_key(model, messages, params, i) for i in range(params.samples)]
         results: list[Completion | None] = [None] * params.samples
-        usage = self.usage[stage]
+        tally = Tally(self.usage[stage], usage)
         if self.cache is not None:
             for i, key in enumerate(keys):
                 hit = self.cache.get(key)
                 if hit is not None:
                     results[i] = Completion(hit.text, hit.finish_reason, cached=True)
-                    usage.cache_hits += 1
+                    tally.add(cache_hits=1)
         missing = [i for i, r in enumerate(results) if r is None]
         if len(missing) > 1 and self.n_supported:
-            choices = await self._request(stage, model, messages, params, n=len(missing))
+            choices = await self._request(stage, model, messages, params, tally, n=len(missing))
             for i, choice in zip(missing, choices, strict=False):
                 results[i] = self._store(keys[i], choice)
             missing = [i for i, r in enumerate(results) if r is None]
@@ -123,7 +149,7 @@ class LLMGateway:
                 )
         if missing:
             singles = await asyncio.gather(
-                *(self._request(stage, model, messages, params, n=1) for _ in missing)
+                *(self._request(stage, model, messages, params, tally, n=1) for _ in missing)
             )
             for i, choices in zip(missing, singles, strict=True):
                 if choices:
@@ -136,15 +162,21 @@ class LLMGateway:
         return Completion(choice.text, choice.finish_reason)
 
     async def _request(
-        self, stage: str, model: str, messages: list[dict[str, str]], params: StageParams, *, n: int
+        self,
+        stage: str,
+        model: str,
+        messages: list[dict[str, str]],
+        params: StageParams,
+        tally: Tally,
+        *,
+        n: int,
     ) -> list[CachedCompletion]:
-        usage = self.usage[stage]
         delay = self.settings.backoff_s
         for attempt in range(self.settings.max_retries + 1):
             wait = 0.0
             try:
                 async with self.limit:
-                    usage.requests += 1
+                    tally.add(requests=1)
                     kwargs: dict[str, Any] = {}
                     if n > 1:
                         kwargs["n"] = n
@@ -157,8 +189,10 @@ class LLMGateway:
                         **kwargs,
                     )
                 if response.usage is not None:
-                    usage.prompt_tokens += response.usage.prompt_tokens
-                    usage.completion_tokens += response.usage.completion_tokens
+                    tally.add(
+                        prompt_tokens=response.usage.prompt_tokens,
+                        completion_tokens=response.usage.completion_tokens,
+                    )
                 return [
                     CachedCompletion(c.message.content or "", c.finish_reason or "")
                     for c in sorted(response.choices, key=lambda c: c.index)
@@ -189,7 +223,7 @@ class LLMGateway:
                 raise LLMUnavailable(
                     f"{stage}: LLM endpoint unavailable after {attempt + 1} attempts: {cause}"
                 )
-            usage.retries += 1
+            tally.add(retries=1)
             log.warning("%s: %s; retry %d in %.2f s", stage, cause, attempt + 1, wait)
             await asyncio.sleep(wait * (1 + 0.25 * random.random()))
             delay = min(delay * 2, self.settings.max_backoff_s)

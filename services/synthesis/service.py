@@ -67,18 +67,15 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
         self.synth = Synthesizer(gateway, defaults)
         self.out_dir = out_dir
 
-    def _usage(self, stage: str, before: StageUsage) -> sy.TokenUsage:
-        now = self.gateway.usage[stage]
+    @staticmethod
+    def _usage(usage: StageUsage) -> sy.TokenUsage:
+        """This request's own counts (concurrent requests of the same stage are not mixed in)."""
         return sy.TokenUsage(
-            prompt_tokens=now.prompt_tokens - before.prompt_tokens,
-            completion_tokens=now.completion_tokens - before.completion_tokens,
-            cache_hits=now.cache_hits - before.cache_hits,
-            requests=now.requests - before.requests,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cache_hits=usage.cache_hits,
+            requests=usage.requests,
         )
-
-    def _snapshot(self, stage: str) -> StageUsage:
-        usage = self.gateway.usage[stage]
-        return StageUsage(usage.prompt_tokens, usage.completion_tokens, usage.cache_hits, usage.requests)
 
     async def _llm(self, context: grpc.aio.ServicerContext, call: Awaitable[T]) -> T:
         try:
@@ -95,8 +92,8 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
         problem = problem_from(request.problem)
         if not problem.question.strip() or not problem.solution.strip():
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "problem needs question and solution")
-        before = self._snapshot("environment")
-        envs = await self._llm(context, self.synth.environment(problem, params_from(request.params)))
+        usage = StageUsage()
+        envs = await self._llm(context, self.synth.environment(problem, params_from(request.params), usage))
         return sy.GenerateEnvironmentResponse(
             candidates=[
                 sy.EnvironmentCandidate(
@@ -108,7 +105,7 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
                 )
                 for e in envs
             ],
-            usage=self._usage("environment", before),
+            usage=self._usage(usage),
         )
 
     async def GenerateUnitTests(
@@ -116,8 +113,7 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
     ) -> sy.GenerateUnitTestsResponse:
         if not request.env_source.strip():
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_source is empty")
-        stage = "hard_tests" if request.hard else "unit_tests"
-        before = self._snapshot(stage)
+        usage = StageUsage()
         tests = await self._llm(
             context,
             self.synth.unit_tests(
@@ -126,6 +122,7 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
                 hard=request.hard,
                 seed_tests=list(request.seed_tests),
                 params=params_from(request.params),
+                usage=usage,
             ),
         )
         return sy.GenerateUnitTestsResponse(
@@ -139,7 +136,7 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
                 )
                 for t in tests
             ],
-            usage=self._usage(stage, before),
+            usage=self._usage(usage),
         )
 
     async def GenerateSolveFunctions(
@@ -147,11 +144,15 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
     ) -> sy.GenerateSolveFunctionsResponse:
         if not request.env_source.strip():
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_source is empty")
-        before = self._snapshot("solve_functions")
+        usage = StageUsage()
         solves = await self._llm(
             context,
             self.synth.solve_functions(
-                request.task_text, request.env_source, count=request.count, params=params_from(request.params)
+                request.task_text,
+                request.env_source,
+                count=request.count,
+                params=params_from(request.params),
+                usage=usage,
             ),
         )
         return sy.GenerateSolveFunctionsResponse(
@@ -164,7 +165,7 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
                 )
                 for s in solves
             ],
-            usage=self._usage("solve_functions", before),
+            usage=self._usage(usage),
         )
 
     async def SynthesizeStream(

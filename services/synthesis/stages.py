@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from codegym.contract import analyze_source, tools_text
 from services.synthesis import prompts
-from services.synthesis.llm import LLMGateway, StageParams
+from services.synthesis.llm import LLMGateway, StageParams, StageUsage
 from services.synthesis.parsing import (
     ParsedEnv,
     ParsedSolve,
@@ -61,10 +61,12 @@ class Synthesizer:
             samples=override.samples,
         )
 
-    async def environment(self, problem: Problem, params: StageParams | None = None) -> list[ParsedEnv]:
+    async def environment(
+        self, problem: Problem, params: StageParams | None = None, usage: StageUsage | None = None
+    ) -> list[ParsedEnv]:
         messages = prompts.environment_messages(problem.question, problem.solution)
         completions = await self.gateway.complete(
-            "environment", messages, self._params("environment", params)
+            "environment", messages, self._params("environment", params), usage
         )
         return [parse_env_output(c.text, c.finish_reason) for c in completions]
 
@@ -76,6 +78,7 @@ class Synthesizer:
         hard: bool = False,
         seed_tests: list[str] | None = None,
         params: StageParams | None = None,
+        usage: StageUsage | None = None,
     ) -> list[ParsedTest]:
         env_class = analyze_source(env_source).class_name
         if not env_class:
@@ -85,7 +88,7 @@ class Synthesizer:
             messages = prompts.hard_test_messages(task_text, env_source, env_class, seed_tests or [])
         else:
             messages = prompts.unit_test_messages(task_text, env_source, env_class)
-        completions = await self.gateway.complete(stage, messages, self._params(stage, params))
+        completions = await self.gateway.complete(stage, messages, self._params(stage, params), usage)
         tests: list[ParsedTest] = []
         seen: set[str] = set()
         for completion in completions:
@@ -105,7 +108,13 @@ class Synthesizer:
         return tests
 
     async def solve_functions(
-        self, task_text: str, env_source: str, *, count: int = 0, params: StageParams | None = None
+        self,
+        task_text: str,
+        env_source: str,
+        *,
+        count: int = 0,
+        params: StageParams | None = None,
+        usage: StageUsage | None = None,
     ) -> list[ParsedSolve]:
         spec = analyze_source(env_source)
         if spec.violations:
@@ -114,5 +123,5 @@ class Synthesizer:
         if count:
             merged = merged.merged(samples=count)
         messages = prompts.solve_messages(task_text, tools_text(spec))
-        completions = await self.gateway.complete("solve_functions", messages, merged)
+        completions = await self.gateway.complete("solve_functions", messages, merged, usage)
         return [parse_solve_output(c.text, env_source, c.finish_reason) for c in completions]

@@ -2,8 +2,11 @@
 
 The real `openai` client talks to it over loopback, so retries, timeouts, `n`, headers and usage
 accounting are exercised end to end. A `script` function maps each request body to a `Reply`;
-`default_script` answers every stage of the synthesis pipeline with valid output built from the
-project's ArrayGcd sample environment, renamed per problem.
+`default_script` answers every stage of the synthesis pipeline with valid output. For the sample
+problems of examples/problems.jsonl it answers with their real sample environments, seeded test
+configs (tests/helpers/sample_configs.py) and each env's own solve() among wrong candidates, so a
+pipeline run over those problems ends with a verified library; any other problem gets the
+ArrayGcd sample environment renamed per problem.
 """
 
 from __future__ import annotations
@@ -20,9 +23,33 @@ from typing import Any
 
 from codegym.contract.source import method_source
 from tests.conftest import ENV_DIR
+from tests.helpers.sample_configs import SAMPLE_CLASSES, sample_configs
 
 SAMPLE = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py").read_text()
 SAMPLE_TASK = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.task.md").read_text().strip()
+
+
+@dataclass(frozen=True)
+class SampleEnv:
+    env_class: str
+    source: str
+    task: str
+
+
+def _sample_envs() -> dict[str, SampleEnv]:
+    """Sample environments by their problem statement (examples/problems.jsonl → envs/)."""
+    by_question: dict[str, SampleEnv] = {}
+    for line in (ENV_DIR.parent / "problems.jsonl").read_text().splitlines():
+        problem = json.loads(line)
+        for path in ENV_DIR.glob(f"{problem['question_id']}__*Env.py"):
+            env_class = path.stem.split("__", 1)[1]
+            task = path.with_suffix(".task.md").read_text().strip()
+            by_question[problem["question"]] = SampleEnv(env_class, path.read_text(), task)
+    return by_question
+
+
+SAMPLES_BY_QUESTION = _sample_envs()
+SAMPLES_BY_CLASS = {s.env_class: s for s in SAMPLES_BY_QUESTION.values()}
 
 
 @dataclass
@@ -82,9 +109,48 @@ def good_tests(env_class: str, count: int = 15, start: int = 2) -> str:
 GOOD_SOLVE = method_source(SAMPLE, "solve")
 
 
+def sample_for(body: dict[str, Any]) -> SampleEnv | None:
+    """The sample environment a request is about, if any (by problem, env class or task text)."""
+    section = own_section(body)
+    stage = stage_of(body)
+    if stage == "environment":
+        return next((s for q, s in SAMPLES_BY_QUESTION.items() if q in section), None)
+    if stage in ("unit_tests", "hard_tests"):
+        return SAMPLES_BY_CLASS.get(env_class_for(body))
+    return next((s for s in SAMPLES_BY_CLASS.values() if s.task in section), None)
+
+
+def sample_tests(sample: SampleEnv, count: int, seed: int, hard: bool) -> str:
+    assert sample.env_class in SAMPLE_CLASSES
+    configs = sample_configs(sample.env_class, count, seed, hard=hard)
+    return "<tests>\n" + "\n".join(f"{sample.env_class}@{json.dumps(c)}" for c in configs) + "\n</tests>"
+
+
+def sample_script(body: dict[str, Any], sample: SampleEnv) -> Reply:
+    n = int(body.get("n") or 1)
+    stage = stage_of(body)
+    if stage == "environment":
+        return Reply([f"<task>\n{sample.task}\n</task>\n<env>\n```python\n{sample.source}```\n</env>"] * n)
+    if stage == "unit_tests":
+        return Reply([sample_tests(sample, 15, seed=i, hard=False) for i in range(n)])
+    if stage == "hard_tests":
+        return Reply([sample_tests(sample, 5, seed=100 + i, hard=True) for i in range(n)])
+    good = method_source(sample.source, "solve")
+    wrong = (
+        "def solve(self):\n    import json\n"
+        "    return self.step(json.dumps({'name': 'Done', 'parameters': {'answer': 0}}))[1]\n"
+    )
+    # A few wrong candidates first: the oracle is not simply the first one.
+    variants = [f"<answer>\n{wrong}</answer>", "no code here", f"<answer>\n{good}</answer>"]
+    return Reply([variants[i % len(variants)] for i in range(n)])
+
+
 def default_script(body: dict[str, Any]) -> Reply:
     n = int(body.get("n") or 1)
     stage = stage_of(body)
+    sample = sample_for(body)
+    if sample is not None:
+        return sample_script(body, sample)
     env_class = env_class_for(body)
     if stage == "environment":
         return Reply([good_env(env_class)] * n)

@@ -1,0 +1,354 @@
+"""`codegym pipeline run|status`: problems in, a verified environment library out.
+
+    codegym pipeline run --problems examples/problems.jsonl --library lib.db --work run1 \\
+        --llm-base-url http://127.0.0.1:8000/v1 --model scripted
+
+Starts what is not given (sandbox workers, the verification service, the synthesis service with
+its response cache in WORK/llm_cache.db) as child processes on loopback, runs every problem
+through the stages, and prints per stage: problems in, passed, rejected by reason, LLM tokens and
+time. Interrupt it at any point and run the same command again: finished stages are not redone
+and LLM answers come from the cache. `codegym pipeline status --work DIR` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from urllib.parse import urlparse
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from clients.pipeline import LLM_STAGES, STAGES, Pipeline, PipelineConfig
+from clients.pipeline_state import PipelineState, StageOutcome
+from codegym.grpcutil import aio_channel, wait_serving
+from codegym.synthesis.v1 import synthesis_service_pb2 as sy
+from codegym.verification.v1 import verification_service_pb2 as vf
+from services.runtime.library import Library
+from services.synthesis.problems import load_problems
+
+SYNTHESIS = sy.DESCRIPTOR.services_by_name["SynthesisService"].full_name
+VERIFICATION = vf.DESCRIPTOR.services_by_name["VerificationService"].full_name
+SHORT = {
+    "environment": "env",
+    "check": "check",
+    "unit_tests": "tests",
+    "hard_tests": "hard",
+    "validate": "valid",
+    "solve_functions": "solve",
+    "solvability": "solvable",
+    "filters": "filters",
+    "library": "library",
+}
+
+
+def is_local(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+@contextmanager
+def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, str]]:
+    """(synthesis, verification) addresses: the ones given, or servers started here until exit."""
+    from clients.up_command import Child
+
+    with ExitStack() as stack:
+        started: list[Child] = []
+
+        def start(name: str, argv: list[str]) -> str:
+            child = Child(name, [*argv, "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"])
+            started.append(child)
+            stack.callback(child.stop)
+            return child.address
+
+        verification = args.verification
+        if not verification:
+            sandbox = args.sandbox
+            if not sandbox:
+                workers = [
+                    start(f"sandbox worker {i + 1}", ["serve", "sandbox", "--jails", str(args.jails)])
+                    for i in range(args.workers)
+                ]
+                sandbox = ",".join(workers)
+            verification = start("verification", ["serve", "verification", "--sandbox", sandbox])
+        synthesis = args.synthesis
+        if not synthesis:
+            argv = [
+                "serve", "synthesis", "--out", str(work / "synthesis"), "--cache", str(work / "llm_cache.db"),
+                "--llm-base-url", args.llm_base_url, "--model", args.model,
+                "--concurrency", str(args.concurrency), "--timeout-s", str(args.timeout_s),
+                "--max-retries", str(args.max_retries), "--backoff-s", str(args.backoff_s),
+            ]  # fmt: skip
+            for item in args.stage:
+                argv += ["--stage", item]
+            synthesis = start("synthesis", argv)
+        for child in started:
+            wait_serving(child.address)
+        yield synthesis, verification
+
+
+def config_from(args: argparse.Namespace) -> PipelineConfig:
+    return PipelineConfig(
+        hard_tests=args.hard_tests,
+        reject_unsafe=args.reject_unsafe,
+        parallel=args.parallel,
+        model=args.model,
+        unit_tests=vf.UnitTestThresholds(
+            ref_time_ms=args.ref_time_ms,
+            ref_memory_mb=args.ref_memory_mb,
+            max_answer_chars=args.max_answer_chars,
+            min_valid=args.min_valid,
+            min_valid_ratio=args.min_valid_ratio,
+        ),
+        solvability=vf.SolvabilityLimits(
+            case_time_ms=args.case_time_ms,
+            case_memory_mb=args.case_memory_mb,
+            max_steps=args.max_steps,
+            budget_ms=int(args.budget_s * 1000),
+        ),
+        min_solve_fc_round=args.min_solve_fc_round,
+        max_solve_fc_round=args.max_solve_fc_round,
+        min_tools=args.min_tools,
+        drop_shortcuts=not args.keep_shortcuts,
+        shortcut_fraction=args.shortcut_fraction,
+    )
+
+
+def summary_table(state: PipelineState, stages: tuple[str, ...], title: str) -> Table:
+    rows, _ = state.summary(stages)
+    table = Table(title=title)
+    for column in (
+        "stage",
+        "in",
+        "passed",
+        "rejected",
+        "rejected by reason",
+        "LLM tokens in/out",
+        "requests (cached)",
+        "time s",
+    ):
+        table.add_column(column, justify="left" if column in ("stage", "rejected by reason") else "right")
+    for row in rows:
+        reasons = ", ".join(f"{k} ×{v}" for k, v in row.reasons.most_common(4)) or "-"
+        llm = row.stage in LLM_STAGES
+        table.add_row(
+            row.stage,
+            str(row.entered),
+            str(row.passed),
+            str(row.rejected) + (f" (+{row.errors} errors)" if row.errors else ""),
+            reasons,
+            f"{row.prompt_tokens}/{row.completion_tokens}" if llm else "-",
+            f"{row.llm_requests} ({row.cache_hits})" if llm else "-",
+            f"{row.wall_s:.1f}",
+        )
+    return table
+
+
+def print_summary(state: PipelineState, stages: tuple[str, ...], title: str) -> None:
+    console = Console(width=None if Console().is_terminal else 180)
+    console.print(summary_table(state, stages, title))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    try:
+        problems, refused = load_problems(args.problems)
+    except (OSError, ValueError) as exc:
+        err.print(f"codegym pipeline: {exc}")
+        return 2
+    for item in refused:
+        err.print(f"refused {item.where}: {item.reason}")
+    if args.limit:
+        problems = problems[: args.limit]
+    if not problems:
+        err.print("codegym pipeline: no usable problem")
+        return 2
+    has_key = bool(args.llm_api_key or os.environ.get("OPENAI_API_KEY"))
+    if not args.synthesis and not is_local(args.llm_base_url) and not has_key:
+        err.print(
+            f"codegym pipeline: {args.llm_base_url} needs an API key: set OPENAI_API_KEY or --llm-api-key"
+        )
+        return 2
+    work = Path(args.work)
+    state = PipelineState(work)
+    state.add_problems(
+        [
+            (p.question_id, {"question_id": p.question_id, "entry_point": p.entry_point, "subset": p.subset})
+            for p in problems
+        ]
+    )
+    config = config_from(args)
+    stages = tuple(s for s in STAGES if s != "hard_tests" or config.hard_tests)
+    state.set_meta("stages", list(stages))
+    library_path = Path(args.library) if args.library else work / "library.db"
+    state.set_meta("library", str(library_path))
+    if args.llm_api_key:
+        os.environ["OPENAI_API_KEY"] = args.llm_api_key
+    started = time.monotonic()
+    errors: list[str] = []
+
+    async def main(synthesis: str, verification: str) -> None:
+        async with (
+            aio_channel(synthesis, [SYNTHESIS]) as syn,
+            aio_channel(verification, [VERIFICATION]) as ver,
+        ):
+            with Library(library_path) as library, live_progress(err, len(problems), stages) as progress:
+
+                def on_outcome(problem_id: str, stage: str, outcome: StageOutcome) -> None:
+                    if outcome.status == "error":
+                        errors.append(f"{problem_id} {stage}: {outcome.reason}")
+                    progress(problem_id, stage, outcome)
+
+                pipeline = Pipeline(state, library, syn, ver, config, on_outcome)
+                await pipeline.run(problems)
+
+    try:
+        with local_services(args, work) as (synthesis, verification):
+            asyncio.run(main(synthesis, verification))
+    except KeyboardInterrupt:
+        err.print("codegym pipeline: interrupted; run the same command again to continue")
+        return 130
+    except (RuntimeError, TimeoutError) as exc:
+        err.print(f"codegym pipeline: {exc}")
+        return 1
+    print_summary(
+        state, stages, f"codegym pipeline: {len(problems)} problems, {time.monotonic() - started:.1f} s"
+    )
+    envs, tasks = Library(library_path).counts() if library_path.exists() else (0, 0)
+    print(f"library {library_path}: {envs} environments, {tasks} task configs; work folder {work}")
+    for line in errors[:20]:
+        err.print(f"[red]error[/red] {line}")
+    if errors:
+        err.print(f"{len(errors)} problem(s) stopped on an error: run the same command again to retry them")
+    state.close()
+    return 1 if errors else 0
+
+
+@contextmanager
+def live_progress(
+    console: Console, total: int, stages: tuple[str, ...]
+) -> Iterator[Callable[[str, str, StageOutcome], None]]:
+    """A bar of problems finished, with passed counts per stage in its description."""
+    counts: Counter[str] = Counter()
+    rejected: Counter[str] = Counter()
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("pipeline", total=total)
+
+        def progress(problem_id: str, stage: str, outcome: StageOutcome) -> None:
+            if outcome.status == "passed":
+                counts[stage] += 1
+            else:
+                rejected[stage] += 1
+            if outcome.status != "passed" or stage == stages[-1]:
+                bar.advance(task)
+            text = " · ".join(
+                f"{SHORT[s]} {counts[s]}" + (f"/-{rejected[s]}" if rejected[s] else "") for s in stages
+            )
+            bar.update(task, description=text)
+
+        yield progress
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        state = PipelineState.open_existing(args.work)
+    except FileNotFoundError as exc:
+        print(f"codegym pipeline status: {exc}", file=sys.stderr)
+        return 2
+    stages = tuple(state.meta("stages", list(STAGES)))
+    print_summary(state, stages, f"codegym pipeline status: {args.work}")
+    if args.problems:
+        for report in state.problem_reports():
+            reason = f": {report['reason']}" if report["reason"] else ""
+            print(f"{report['problem_id']:<24} {report['stage']:<16} {report['status']}{reason}")
+    state.close()
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from clients.synthesize_command import add_llm_arguments
+
+    pipeline = sub.add_parser(
+        "pipeline",
+        help="problems in, a verified environment library out (synthesis + verification + filters)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    pipe_sub = pipeline.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
+    run = pipe_sub.add_parser(
+        "run",
+        help="run (or resume) a pipeline over a problem file",
+        description=__doc__,
+        formatter_class=lambda prog: argparse.ArgumentDefaultsHelpFormatter(prog, max_help_position=40),
+    )
+    run.add_argument(
+        "--problems",
+        required=True,
+        help="JSONL or Parquet: question_id, question, solution[, entry_point, arg_names]",
+    )
+    run.add_argument("--work", required=True, help="work folder: pipeline.db (stage status), LLM cache, logs")
+    run.add_argument("--library", default="", help="library to write (default WORK/library.db)")
+    run.add_argument("--limit", type=int, default=0, help="only the first N problems (0 = all)")
+    run.add_argument("--parallel", type=int, default=8, help="problems in flight")
+    run.add_argument("--synthesis", default="", help="synthesis service HOST:PORT (default: start one)")
+    run.add_argument("--verification", default="", help="verification service HOST:PORT (default: start one)")
+    run.add_argument(
+        "--sandbox", default="", help="sandbox workers HOST:PORT,... for a started verification service"
+    )
+    run.add_argument(
+        "--workers", type=int, default=2, help="sandbox workers to start when --sandbox is not given"
+    )
+    run.add_argument("--jails", type=int, default=os.cpu_count() or 2, help="jails per started worker")
+    run.add_argument("--hard-tests", action="store_true", help="also generate hard unit tests")
+    run.add_argument("--reject-unsafe", action="store_true", help="reject (not only flag) risky constructs")
+    run.add_argument("--ref-time-ms", type=int, default=3000, help="time limit of one get_ref_answer()")
+    run.add_argument("--ref-memory-mb", type=int, default=100, help="memory limit of one get_ref_answer()")
+    run.add_argument("--max-answer-chars", type=int, default=100, help="longest accepted answer repr()")
+    run.add_argument("--min-valid", type=int, default=10, help="valid tests an environment needs")
+    run.add_argument(
+        "--min-valid-ratio", type=float, default=0.8, help="fraction of distinct tests that must be valid"
+    )
+    run.add_argument("--case-time-ms", type=int, default=10_000, help="time limit of one solve() run")
+    run.add_argument("--case-memory-mb", type=int, default=256, help="memory limit of one solve() run")
+    run.add_argument("--max-steps", type=int, default=1024, help="step() calls one solve() run may make")
+    run.add_argument("--budget-s", type=float, default=300.0, help="solvability budget per environment")
+    run.add_argument(
+        "--min-solve-fc-round", type=int, default=10, help="fewest oracle steps of a kept config"
+    )
+    run.add_argument("--max-solve-fc-round", type=int, default=256, help="most oracle steps of a kept config")
+    run.add_argument("--min-tools", type=int, default=4, help="fewest distinct tools of a kept environment")
+    run.add_argument(
+        "--keep-shortcuts", action="store_true", help="flag shortcut environments instead of dropping them"
+    )
+    run.add_argument(
+        "--shortcut-fraction",
+        type=float,
+        default=0.5,
+        help="a tool answering on more than this fraction of tests is a shortcut",
+    )
+    add_llm_arguments(run)
+    run.set_defaults(func=cmd_run)
+
+    status = pipe_sub.add_parser(
+        "status",
+        help="print the per-stage table of a work folder (works while a run is going on)",
+        description="Example: codegym pipeline status --work run1 --problems",
+    )
+    status.add_argument("--work", required=True, help="work folder of a pipeline run")
+    status.add_argument("--problems", action="store_true", help="also list where every problem ended")
+    status.set_defaults(func=cmd_status)
