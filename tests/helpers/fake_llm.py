@@ -117,7 +117,8 @@ def sample_for(body: dict[str, Any]) -> SampleEnv | None:
         return next((s for q, s in SAMPLES_BY_QUESTION.items() if q in section), None)
     if stage in ("unit_tests", "hard_tests"):
         return SAMPLES_BY_CLASS.get(env_class_for(body))
-    return next((s for s in SAMPLES_BY_CLASS.values() if s.task in section), None)
+    # ArrayGcd's task is also the fallback environment's: its candidates stay the generic ones.
+    return next((s for s in SAMPLES_BY_CLASS.values() if s.task in section and s.task != SAMPLE_TASK), None)
 
 
 def sample_tests(sample: SampleEnv, count: int, seed: int, hard: bool) -> str:
