@@ -8,6 +8,7 @@ import sys
 from clients import (
     demo_command,
     env_commands,
+    export_command,
     library_commands,
     pipeline_command,
     sandbox_commands,
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_command.register(sub)
     synthesize_command.register(sub)
     pipeline_command.register(sub)
+    export_command.register(sub)
     return parser
 
 

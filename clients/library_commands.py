@@ -55,6 +55,7 @@ def _show(args: argparse.Namespace) -> int:
                     "env_id": record.env_id,
                     "sha256": record.sha256,
                     "task_text": record.task_text,
+                    "metadata": record.metadata,
                     "tools": [t.schema for t in record.tools],
                     "tasks": [
                         {
@@ -70,6 +71,15 @@ def _show(args: argparse.Namespace) -> int:
         )
         return 0
     print(f"# {record.env_id}  (sha256 {record.sha256[:12]}, {len(record.tasks)} tasks)\n")
+    origin = record.metadata.get("origin")
+    if isinstance(origin, dict):
+        print("origin: " + ", ".join(f"{k} {v}" for k, v in origin.items() if v))
+    report = record.metadata.get("verification")
+    if isinstance(report, dict):
+        for stage, facts in report.items():
+            print(f"verification {stage}: {json.dumps(facts, sort_keys=True)}")
+    if origin or report:
+        print()
     print(record.task_text or "(no task text)")
     print(record.tools_text)
     for task in record.tasks[: args.tasks]:

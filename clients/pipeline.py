@@ -286,7 +286,11 @@ class Pipeline:
         unparsed = Counter(
             parse_status(c.status) for c in response.candidates if c.status != sy.PARSE_STATUS_OK
         )
-        data: dict[str, Any] = {"candidates": good, "unparsed": dict(unparsed), "generated": len(response.candidates)}
+        data: dict[str, Any] = {
+            "candidates": good,
+            "unparsed": dict(unparsed),
+            "generated": len(response.candidates),
+        }
         if not good:
             return rejected(
                 f"no_candidates: none of {len(response.candidates)} solve() outputs parsed", data, usage
