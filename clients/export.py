@@ -80,7 +80,7 @@ def instance(
     else:
         prompt = [
             {"role": "system", "content": record.tools_text, "name": "functions"},
-            {"role": "user", "content": user_message(record.task_text)},
+            {"role": "user", "content": user_message(record.task_text), "name": ""},
         ]
     item: dict[str, Any] = {
         "ability": format_ability(record.code_id, record.env_class, config),
