@@ -40,6 +40,13 @@ class VerificationServicer(vf_grpc.VerificationServiceServicer):
             return await check()
         except SandboxUnavailable as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except grpc.aio.AioRpcError as exc:
+            # A worker that never answered (no worker reachable before the deadline) or refused
+            # the batch: the check did not happen, which the caller must not take for a verdict.
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"sandbox workers failed the request: {exc.code().name}: {exc.details()}",
+            )
         raise AssertionError("unreachable")
 
     async def CheckEnvironment(

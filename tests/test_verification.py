@@ -1,0 +1,169 @@
+"""The verification service's answers to bad and hostile requests, over real gRPC and a real sandbox.
+
+The pipeline tests (test_pipeline.py) drive every check through its verdicts; here each RPC gets
+the inputs a caller can get wrong: empty sources, matrices too large, configs that are not
+objects, duplicates, unreachable workers, and a budget that runs out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+
+import grpc
+import pytest
+
+from codegym.common.v1 import common_pb2 as cm
+from codegym.contract.source import method_source
+from codegym.grpcutil import aio_channel
+from codegym.verification.v1 import verification_service_pb2 as vf
+from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
+from services.verification.service import SERVICE_NAME, VerificationServer
+from services.verification.solution import find_solution_call
+from tests.conftest import ENV_DIR
+from tests.helpers.servers import ServerProcess
+
+SOURCE = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py").read_text()
+GOOD_SOLVE = method_source(SOURCE, "solve")
+
+
+def tasks(*configs: str) -> list[cm.TaskConfig]:
+    return [cm.TaskConfig(env_id="Sample_0006_I__ArrayGcdEnv", config_json=c) for c in configs]
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[ServerProcess]:
+    proc = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "2"])
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture
+async def stub(worker: ServerProcess) -> AsyncIterator[vf_grpc.VerificationServiceStub]:
+    server = VerificationServer(worker.address)
+    await server.start()
+    try:
+        async with aio_channel(server.address, [SERVICE_NAME]) as channel:
+            yield vf_grpc.VerificationServiceStub(channel)
+    finally:
+        await server.stop(grace_s=0)
+
+
+async def test_empty_sources_and_oversized_requests_are_invalid_arguments(
+    stub: vf_grpc.VerificationServiceStub,
+) -> None:
+    calls = [
+        stub.CheckEnvironment(vf.CheckEnvironmentRequest(env_source="  ")),
+        stub.ValidateUnitTests(vf.ValidateUnitTestsRequest(env_source="")),
+        stub.CheckSolvability(vf.CheckSolvabilityRequest(env_source="")),
+        stub.CheckShortcuts(vf.CheckShortcutsRequest(env_source="")),
+        stub.ValidateUnitTests(
+            vf.ValidateUnitTestsRequest(
+                env_source=SOURCE, thresholds=vf.UnitTestThresholds(min_valid_ratio=1.5)
+            )
+        ),
+        stub.CheckSolvability(
+            vf.CheckSolvabilityRequest(
+                env_source=SOURCE,
+                tasks=tasks(*[json.dumps({"nums": [i]}) for i in range(201)]),
+                solve_sources=[GOOD_SOLVE] * 100,
+            )
+        ),
+        stub.CheckShortcuts(vf.CheckShortcutsRequest(env_source=SOURCE, max_fraction=-0.5)),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.details()
+
+
+async def test_environment_check_reports_contract_and_safety(stub: vf_grpc.VerificationServiceStub) -> None:
+    broken = await stub.CheckEnvironment(vf.CheckEnvironmentRequest(env_source="class X(:\n"))
+    assert broken.verdict == vf.VERDICT_FAIL and broken.reasons[0].startswith("syntax_error:")
+    assert broken.main_usage.wall_ms == 0  # nothing ran
+    risky = SOURCE.replace("import math\n", "import math\nimport os\n", 1)
+    flagged = await stub.CheckEnvironment(vf.CheckEnvironmentRequest(env_source=risky))
+    assert flagged.verdict == vf.VERDICT_PASS and any("import: os" in f for f in flagged.safety_findings)
+    assert [t.name for t in flagged.tools] == ["Observe", "GetElement", "Remainder", "IsZero", "Done"]
+    refused = await stub.CheckEnvironment(vf.CheckEnvironmentRequest(env_source=risky, reject_unsafe=True))
+    assert refused.verdict == vf.VERDICT_FAIL and refused.reasons[0].startswith("unsafe:")
+
+
+async def test_unit_tests_bad_configs_and_duplicates(stub: vf_grpc.VerificationServiceStub) -> None:
+    configs = ['{"nums": [4, 6]}', '{"nums":[4,6]}', "[1, 2]", "not json", '{"nums": [9, 12]}']
+    response = await stub.ValidateUnitTests(
+        vf.ValidateUnitTestsRequest(env_source=SOURCE, tasks=tasks(*configs))
+    )
+    reasons = [t.reason.split(":")[0] for t in response.tests]
+    assert reasons == ["", "duplicate", "bad_config", "bad_config", ""]
+    assert [t.answer_json for t in response.tests if t.valid] == ["2", "3"]
+    assert response.distinct == 2 and response.valid == 2
+    assert response.verdict == vf.VERDICT_FAIL and response.reasons[0].startswith("too_few_valid_tests")
+    loose = await stub.ValidateUnitTests(
+        vf.ValidateUnitTestsRequest(
+            env_source=SOURCE, tasks=tasks(*configs), thresholds=vf.UnitTestThresholds(min_valid=2)
+        )
+    )
+    assert loose.verdict == vf.VERDICT_PASS
+
+
+async def test_solvability_edge_cases(stub: vf_grpc.VerificationServiceStub) -> None:
+    none = await stub.CheckSolvability(
+        vf.CheckSolvabilityRequest(env_source=SOURCE, solve_sources=[GOOD_SOLVE])
+    )
+    assert none.verdict == vf.VERDICT_FAIL and none.reasons[0].startswith("no_tests")
+    empty = await stub.CheckSolvability(
+        vf.CheckSolvabilityRequest(
+            env_source=SOURCE, tasks=tasks('{"nums": [4, 6]}'), solve_sources=["", " "]
+        )
+    )
+    assert empty.reasons[0].startswith("no_candidates")
+    assert [c.outcome for c in empty.candidates] == [vf.CANDIDATE_OUTCOME_EMPTY] * 2
+    slow = GOOD_SOLVE.replace(
+        "def solve(self):\n", "def solve(self):\n    import time\n    time.sleep(0.3)\n", 1
+    )
+    budget = await stub.CheckSolvability(
+        vf.CheckSolvabilityRequest(
+            env_source=SOURCE,
+            tasks=tasks(*[json.dumps({"nums": [6 * i, 9 * i]}) for i in range(1, 40)]),
+            solve_sources=[slow],
+            limits=vf.SolvabilityLimits(budget_ms=200),
+        )
+    )
+    assert budget.verdict == vf.VERDICT_FAIL and budget.reasons[0].startswith("budget_exhausted")
+    assert budget.cases_run < 39
+
+
+async def test_unreachable_sandbox_is_unavailable_not_a_verdict() -> None:
+    server = VerificationServer("127.0.0.1:9")
+    await server.start()
+    try:
+        async with aio_channel(server.address, [SERVICE_NAME]) as channel:
+            stub = vf_grpc.VerificationServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.ValidateUnitTests(
+                    vf.ValidateUnitTestsRequest(
+                        env_source=SOURCE,
+                        tasks=tasks('{"nums": [4, 6]}'),
+                        thresholds=vf.UnitTestThresholds(ref_time_ms=200),
+                    ),
+                    timeout=60,
+                )
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "sandbox" in info.value.details()
+    finally:
+        await server.stop(grace_s=0)
+
+
+def test_solution_function_is_found_statically() -> None:
+    source = "def helper(x):\n    return x\n\ndef solve_it(nums, k=1):\n    return nums[:k]\n"
+    call = find_solution_call(source, ["nums", "k"])
+    assert call is not None and call.function == "solve_it" and call.arg_names == ("nums", "k")
+    assert call.args_for({"k": 2, "nums": [1]}) == [[1], 2] and call.args_for({"k": 2}) is None
+    assert find_solution_call(source, ["other"]) is None
+    named = find_solution_call(source, [], entry_point="solve_it", arg_names=["nums"])
+    assert named is not None and named.arg_names == ("nums",)
+    assert find_solution_call(source, [], entry_point="missing") is None
+    assert find_solution_call("import sys\nprint(sys.stdin.read())\n", ["nums"]) is None
+    assert find_solution_call("def broken(:\n", ["nums"]) is None
