@@ -102,6 +102,7 @@ class ExportResult:
     train: list[dict[str, Any]]
     validation: list[dict[str, Any]]
     environments: int
+    held_out_environments: int
     skipped_unverified: int
     skipped_rounds: int
 
@@ -126,7 +127,7 @@ def build_instances(
     """Every task config of every environment, filtered by oracle steps, split by environment."""
     records = list(records)
     validation_ids = held_out((r.env_id for r in records if r.tasks), split)
-    result = ExportResult([], [], 0, 0, 0)
+    result = ExportResult([], [], 0, 0, 0, 0)
     index = 0
     for record in records:
         kept = 0
@@ -145,5 +146,8 @@ def build_instances(
             index += 1
             kept += 1
             (result.validation if record.env_id in validation_ids else result.train).append(item)
-        result.environments += bool(kept)
+        if kept and record.env_id in validation_ids:
+            result.held_out_environments += 1
+        elif kept:
+            result.environments += 1
     return result

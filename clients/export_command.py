@@ -59,7 +59,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     message = f"{len(result.train)} instances from {result.environments} environments in {out}"
     if args.split:
         write(validation_path(out), result.validation, fmt)
-        message += f", {len(result.validation)} held out in {validation_path(out)}"
+        message += (
+            f"; {len(result.validation)} from {result.held_out_environments} held-out environments"
+            f" in {validation_path(out)}"
+        )
     print(message)
     if result.skipped_unverified or result.skipped_rounds:
         print(

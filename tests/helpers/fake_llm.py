@@ -173,7 +173,11 @@ class ScriptedLLM:
     """Serve `script` on 127.0.0.1:0 in a thread; every request body is kept in `requests`."""
 
     def __init__(
-        self, script: Callable[[dict[str, Any]], Reply] = default_script, *, n_supported: bool = True
+        self,
+        script: Callable[[dict[str, Any]], Reply] = default_script,
+        *,
+        n_supported: bool = True,
+        port: int = 0,
     ) -> None:
         self.script = script
         self.n_supported = n_supported
@@ -244,7 +248,7 @@ class ScriptedLLM:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (timeout tests)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -266,9 +270,17 @@ class ScriptedLLM:
 
 
 if __name__ == "__main__":
-    # Serve the default script by hand, e.g. to try `codegym synthesize` without a model:
-    #   .venv/bin/python -m tests.helpers.fake_llm   → prints the base URL to pass as --llm-base-url
-    with ScriptedLLM() as llm:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.helpers.fake_llm",
+        description="A scripted OpenAI-compatible server on 127.0.0.1, to try `codegym synthesize` and "
+        "`codegym pipeline run` without a model; it prints the base URL to pass as --llm-base-url. "
+        "Example: python -m tests.helpers.fake_llm --port 8000",
+    )
+    parser.add_argument("--port", type=int, default=0, help="port (default 0: any free port)")
+    options = parser.parse_args()
+    with ScriptedLLM(port=options.port) as llm:
         print(f"scripted OpenAI-compatible server at {llm.base_url} (Ctrl-C stops)", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
