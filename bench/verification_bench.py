@@ -197,6 +197,7 @@ async def naive_cases(
 
 
 async def run(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
+    load_start = os.getloadavg()[0]  # other work on the machine skews every figure
     source = ENV.read_text()
     configs = sample_configs(ENV_CLASS, TESTS, seed=0)
     tasks = [cm.TaskConfig(config_json=json.dumps(c)) for c in configs]
@@ -358,6 +359,7 @@ async def run(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
                 "environment": f"{ENV_CLASS}: {CANDIDATES} solve() candidates × {TESTS} tests",
                 "servers": f"{WORKERS} × `serve sandbox --jails {args.jails}` + `serve verification`",
                 "timing": f"wall = median of {args.runs} calls after 1 warm-up; CPU per call",
+                "load_average_1m_start_end": f"{load_start:.2f} / {os.getloadavg()[0]:.2f}",
             },
         ),
         (
