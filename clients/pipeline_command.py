@@ -124,7 +124,10 @@ def config_from(args: argparse.Namespace) -> PipelineConfig:
 
 def summary_table(state: PipelineState, stages: tuple[str, ...], title: str) -> Table:
     rows, _ = state.summary(stages)
-    table = Table(title=title)
+    table = Table(
+        title=title,
+        caption="time s: summed over problems (several run at once); tokens and requests: this work folder's",
+    )
     for column in (
         "stage",
         "in",
@@ -219,6 +222,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (RuntimeError, TimeoutError) as exc:
         err.print(f"codegym pipeline: {exc}")
         return 1
+    state.set_meta("last_run_wall_s", round(time.monotonic() - started, 1))
     print_summary(
         state, stages, f"codegym pipeline: {len(problems)} problems, {time.monotonic() - started:.1f} s"
     )
@@ -271,7 +275,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"codegym pipeline status: {exc}", file=sys.stderr)
         return 2
     stages = tuple(state.meta("stages", list(STAGES)))
-    print_summary(state, stages, f"codegym pipeline status: {args.work}")
+    wall = state.meta("last_run_wall_s")
+    suffix = f" (last finished run: {wall} s)" if wall is not None else " (no run finished yet)"
+    print_summary(state, stages, f"codegym pipeline status: {args.work}{suffix}")
     if args.problems:
         for report in state.problem_reports():
             reason = f": {report['reason']}" if report["reason"] else ""

@@ -76,7 +76,7 @@ def limits(time_ms: int, memory_mb: int = 0) -> sb.Limits:
     return sb.Limits(wall_ms=time_ms, cpu_ms=time_ms, memory_mb=memory_mb)
 
 
-def canonical_config(config_json: str) -> tuple[dict[str, Any] | None, str]:
+def config_key(config_json: str) -> tuple[dict[str, Any] | None, str]:
     """(config, canonical text) or (None, reason) for a config that is not a JSON object."""
     try:
         config = json.loads(config_json)
@@ -162,7 +162,7 @@ class Verifier:
         configs: dict[int, dict[str, Any]] = {}
         seen: dict[str, int] = {}
         for i, test in enumerate(tests):
-            config, key = canonical_config(test.task.config_json)
+            config, key = config_key(test.task.config_json)
             if config is None:
                 test.reason = key
             elif key in seen:
@@ -216,7 +216,7 @@ class Verifier:
                 continue
             if result.usage.peak_alloc_bytes > ref_memory * 1024 * 1024:
                 test.reason = (
-                    f"ref_memory: get_ref_answer() allocated {result.usage.peak_alloc_bytes >> 20} MiB"
+                    f"ref_memory_limit: get_ref_answer() allocated {result.usage.peak_alloc_bytes >> 20} MiB"
                     f" (limit {ref_memory} MiB)"
                 )
                 continue
