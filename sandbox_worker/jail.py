@@ -148,10 +148,15 @@ class Jail:
         if self.proc is None:
             return
         if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
+            # Only the group kill: a second `proc.kill()` makes Popen poll (and reap) the dead
+            # leader behind asyncio's child watcher, which then logs "exit status already read".
+            try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
+            except ProcessLookupError:
+                pass
+            except OSError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.proc.wait(), 5)
         if self.proc.stdin is not None:
