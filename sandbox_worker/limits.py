@@ -139,7 +139,9 @@ def build_jail_config(index: int, limits: JailLimits, cgroups: str, log_file: st
         rlimit_stack=8,
         rlimit_core=0,
         seccomp_string=[SECCOMP_POLICY],
-        exec_bin=Exe(path=python_executable(), arg=["-I", "-B", JAIL_ZYGOTE]),
+        # Not -I: it implies -E, which would ignore PYTHONHASHSEED. The environment is empty but for
+        # `envar` anyway; -s drops the user site, -P keeps the script folder off sys.path.
+        exec_bin=Exe(path=python_executable(), arg=["-s", "-P", "-B", JAIL_ZYGOTE]),
     )
     cfg.mount = [
         *_python_mounts(),

@@ -20,7 +20,7 @@ import pytest
 from codegym.grpcutil import wait_serving
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
-from tests.conftest import ENV_DIR, ROOT, sample_tasks
+from tests.conftest import ENV_DIR, PYTHON, ROOT, sample_tasks
 from tests.helpers.servers import ServerProcess
 from tests.helpers.trajectories import record
 
@@ -353,8 +353,45 @@ def test_host_files_are_invisible(stub: pb_grpc.SandboxServiceStub, worker: Serv
     assert "etc" not in top and "home" not in top and "var" not in top
     uid, home, env_names = ids.split(" ", 2)
     assert uid == "65534" and home == "None"
-    assert "OPENAI_API_KEY" not in env_names and "PYTHONHASHSEED" in env_names
+    assert "OPENAI_API_KEY" not in env_names
     assert_still_correct(stub, worker)
+
+
+WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+]
+SET_OF_STRINGS = f"print(str(set({WORDS!r})))"
+
+
+def test_string_hashing_is_the_same_in_every_jail_and_in_process(
+    stub: pb_grpc.SandboxServiceStub,
+) -> None:
+    """An env that prints a set must show the same text on any jail, on a retry, and in-process."""
+    local = subprocess.run(
+        [PYTHON, "-c", SET_OF_STRINGS],
+        env={"PYTHONHASHSEED": "0", "PATH": os.environ.get("PATH", "")},
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    op = pb.Operation(source=pb.SourceRef(code=SET_OF_STRINGS), run_script=pb.RunScriptOp())
+    other = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    try:
+        with grpc.insecure_channel(other.address) as channel:
+            seen = [execute(stub, op).stdout for _ in range(3)]
+            seen += [execute(pb_grpc.SandboxServiceStub(channel), op).stdout for _ in range(3)]
+    finally:
+        assert other.stop() == 0
+    assert seen == [local] * 6
 
 
 def test_network_is_unreachable(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
