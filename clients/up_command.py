@@ -1,7 +1,9 @@
 """`codegym up`: sandbox workers and a runtime on loopback, as child processes, until Ctrl-C.
 
-Each server runs as its own process (as it would in a cluster), so a crash of one is visible and
-stops the whole set instead of leaving a half-working system behind.
+Each server runs as its own process (as it would in a cluster) under a small supervisor: a server
+that dies is started again on the same port, after a back-off, while the others keep serving
+(the runtime's channel finds a restarted worker by itself, and re-runs a lost step on another
+worker). The set stops on Ctrl-C/SIGTERM, or when a server dies too often to be kept up.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Child:
 
     def __init__(self, name: str, args: list[str], timeout_s: float = 60.0) -> None:
         self.name = name
+        self.args = args
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "clients.cli", *args],
             stdout=subprocess.PIPE,
@@ -65,6 +68,45 @@ class Child:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(5)
+
+
+class Supervisor:
+    """Restarts dead servers on their own port, with back-off; gives up past a restart budget."""
+
+    def __init__(self, children: list[Child], *, max_restarts: int = 5, window_s: float = 60.0) -> None:
+        self.children = children
+        self.max_restarts = max_restarts
+        self.window_s = window_s
+        self.restarts: dict[str, list[float]] = {}
+
+    def check(self) -> str:
+        """Restart what died; return why the set must stop ("" to go on)."""
+        for i, child in enumerate(self.children):
+            code = child.proc.poll()
+            if code is None:
+                continue
+            now = time.monotonic()
+            recent = [t for t in self.restarts.get(child.name, []) if now - t < self.window_s]
+            if len(recent) >= self.max_restarts:
+                return f"{child.name} exited with {code} {len(recent) + 1} times in {self.window_s:.0f} s"
+            delay = min(0.5 * 2 ** len(recent), 8.0)
+            print(f"codegym up: {child.name} exited with {code}; restarting in {delay:.1f} s", flush=True)
+            time.sleep(delay)
+            port = child.address.rsplit(":", 1)[1]
+            argv = list(child.args)
+            argv[argv.index("--port") + 1] = port
+            try:
+                self.children[i] = Child(child.name, argv)
+            except RuntimeError as exc:
+                print(f"codegym up: {exc}", flush=True)
+                self.restarts[child.name] = [*recent, now]
+                return self.check()
+            self.restarts[child.name] = [*recent, now]
+            print(
+                f"codegym up: {child.name} back at {self.children[i].address} (pid {self.children[i].proc.pid})",
+                flush=True,
+            )
+        return ""
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -104,14 +146,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             wait_serving(child.address)
         print(f"runtime listening on {runtime.address}", flush=True)
         for child in children[:-1]:
-            print(f"{child.name} at {child.address}", flush=True)
+            print(f"{child.name} at {child.address} (pid {child.proc.pid})", flush=True)
         print(f"library {library}; Ctrl-C stops everything", flush=True)
+        supervisor = Supervisor(children)
         while not stopping:
-            dead = [c for c in children if c.proc.poll() is not None]
-            if dead:
-                print(
-                    f"codegym up: {dead[0].name} exited with {dead[0].proc.returncode}; stopping", flush=True
-                )
+            problem = supervisor.check()
+            if problem:
+                print(f"codegym up: {problem}; stopping", flush=True)
                 return 1
             time.sleep(0.2)
         return 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -549,6 +550,43 @@ def test_codegym_up_and_demo(tmp_path: Path) -> None:
             if str(tmp_path) in cmdline and "demo" not in cmdline:
                 leftovers.append(cmdline)
     assert leftovers == []
+
+
+def test_codegym_up_restarts_a_killed_worker_and_every_episode_finishes(tmp_path: Path) -> None:
+    up = ServerProcess(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
+    try:
+        deadline = time.monotonic() + 30
+        while "sandbox worker 2 at" not in up.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = int(re.search(r"sandbox worker 1 at \S+ \(pid (\d+)\)", up.text).group(1))  # type: ignore[union-attr]
+        lines = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
+        episodes = [t for t in lines if len(t["steps"]) >= 20][:16]
+        killed = threading.Event()
+
+        def play(expected: dict[str, Any]) -> None:
+            with RuntimeClient(up.address, timeout_s=60) as c:
+                created = c.create_session(env_id=expected["env_id"], config=expected["config"])
+                assert created.observation == expected["first"]
+                for i, (action, observation) in enumerate(expected["steps"]):
+                    if i == 5 and not killed.is_set():
+                        killed.set()
+                        os.killpg(pid, signal.SIGKILL)
+                    response = c.step(created.session_id, action)
+                    assert not response.HasField("error"), response.error
+                    assert response.observation == observation
+                assert response.done and response.reward == 1
+
+        with ThreadPoolExecutor(8) as pool:
+            for future in [pool.submit(play, t) for t in episodes]:
+                future.result(timeout=120)
+        assert killed.is_set()
+        deadline = time.monotonic() + 30
+        while "sandbox worker 1 back at" not in up.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "sandbox worker 1 exited with -9; restarting" in up.text
+        assert "sandbox worker 1 back at" in up.text and up.proc.poll() is None
+    finally:
+        assert up.stop() == 0
 
 
 def test_library_command_line(tmp_path: Path) -> None:
