@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 ZYGOTE_PATH = Path(__file__).with_name("zygote.py")
 JAIL_ZYGOTE = "/sandbox/zygote.py"
+# The in-jail modules: the zygote and what it imports from beside it (standard library only).
+JAIL_MODULES = ("zygote.py", "resident.py")
 # Outside uid/gid of jail i is BASE_ID + i: unprivileged ids that own no file, one per jail, so
 # per-uid limits (RLIMIT_NPROC) and signals cannot cross jails.
 BASE_ID = 200_000
@@ -59,8 +61,9 @@ class JailLimits:
     """Whole-jail limits: they bound a jail's zygote plus the request it is serving."""
 
     memory_mb: int = 1536
-    pids: int = 64
-    open_files: int = 64
+    # Resident sessions hold a process and two pipe ends each (32 per jail by default).
+    pids: int = 128
+    open_files: int = 256
     file_size_mb: int = 1
     tmpfs_mb: int = 8
 
@@ -145,7 +148,16 @@ def build_jail_config(index: int, limits: JailLimits, cgroups: str, log_file: st
     )
     cfg.mount = [
         *_python_mounts(),
-        MountPt(src=str(ZYGOTE_PATH), dst=JAIL_ZYGOTE, is_bind=True, rw=False, is_dir=False),
+        *(
+            MountPt(
+                src=str(ZYGOTE_PATH.with_name(name)),
+                dst=f"/sandbox/{name}",
+                is_bind=True,
+                rw=False,
+                is_dir=False,
+            )
+            for name in JAIL_MODULES
+        ),
         MountPt(src="/dev/null", dst="/dev/null", is_bind=True, rw=True, is_dir=False),
         MountPt(src="/dev/urandom", dst="/dev/urandom", is_bind=True, rw=False, is_dir=False),
         MountPt(dst="/tmp", fstype="tmpfs", rw=True, is_dir=True, options=f"size={limits.tmpfs_mb}m"),

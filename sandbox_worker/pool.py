@@ -1,8 +1,14 @@
-"""A pool of jails: hands out idle jails, replaces dead ones, keeps serving while one restarts."""
+"""A pool of jails: hands out idle jails, replaces dead ones, keeps serving while one restarts.
+
+Steps of a session go to the jail that holds the session resident (its live env in a process of
+that jail) while that jail is up; everything else goes to any idle jail. The session-to-jail map
+is only a hint: a jail that no longer holds the session serves the step cold.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -16,15 +22,33 @@ from sandbox_worker.limits import JailLimits, detect_cgroups, isolation_summary
 log = logging.getLogger(__name__)
 
 
+# Sessions remembered per worker (a hint each; the oldest are forgotten first).
+AFFINITY_SIZE = 100_000
+
+
 class JailPool:
-    def __init__(self, size: int, limits: JailLimits | None = None) -> None:
+    def __init__(
+        self,
+        size: int,
+        limits: JailLimits | None = None,
+        *,
+        resident_cap: int = 32,
+        resident_idle_s: float = 300.0,
+    ) -> None:
         self.size = size
         self.limits = limits or JailLimits()
+        self.resident_cap = resident_cap
+        self.resident_idle_s = resident_idle_s
         self.cgroups = detect_cgroups()
         self.isolation = isolation_summary(self.cgroups)
         self.workdir: Path = make_workdir()
         self.jails: list[Jail] = []
-        self._idle: asyncio.Queue[Jail] = asyncio.Queue()
+        self._free = asyncio.Condition()
+        self._busy: set[int] = set()
+        self._ready: set[int] = set()
+        self.affinity: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self.pinned: collections.Counter[int] = collections.Counter()
+        self.resident_steps = 0
         self._ids = itertools.count(1)
         self.replaced = 0
         self.operations = 0
@@ -36,8 +60,7 @@ class JailPool:
             log.warning("cgroups are not writable here: jails are limited by rlimits only")
         self.jails = [Jail(i, self.limits, self.cgroups, self.workdir) for i in range(self.size)]
         await asyncio.gather(*(j.start() for j in self.jails))
-        for jail in self.jails:
-            self._idle.put_nowait(jail)
+        self._ready = set(range(self.size))
         log.info("%d jails ready (%s)", self.size, self.isolation)
 
     @property
@@ -45,9 +68,13 @@ class JailPool:
         return sum(1 for j in self.jails if j.alive)
 
     async def execute(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
-        """Run a request on the next idle jail. A dying jail yields a CRASHED/TIMEOUT result, not an error."""
-        jail = await self._idle.get()
+        """Run a request on a jail (the session's, for its steps). A dying jail yields a CRASHED result."""
+        session = str(request.get("session") or "")
+        jail = await self._acquire(self.affinity.get(session) if session else None)
         request = {**request, "id": next(self._ids)}
+        if session:
+            request["resident_cap"] = self.resident_cap
+            request["resident_idle_s"] = self.resident_idle_s
         try:
             result = await jail.execute(request, wall_ms)
         except JailDied as exc:
@@ -59,10 +86,48 @@ class JailPool:
             self._replace(jail)
             raise
         self.operations += 1
-        self._idle.put_nowait(jail)
+        if session:
+            self._pin(session, jail.index if result.get("status") == "ok" else None)
+            self.resident_steps += bool(result.get("resident"))
+        await self._release(jail)
         return result
 
+    def _pin(self, session: str, index: int | None) -> None:
+        old = self.affinity.pop(session, None)
+        if old is not None:
+            self.pinned[old] -= 1
+        if index is None:
+            return
+        self.affinity[session] = index
+        self.pinned[index] += 1
+        if len(self.affinity) > AFFINITY_SIZE:
+            _, dropped = self.affinity.popitem(last=False)
+            self.pinned[dropped] -= 1
+
+    async def _acquire(self, want: int | None) -> Jail:
+        """The wanted jail when it is up (waiting while it is busy), else the idle jail with fewest sessions."""
+        async with self._free:
+            while True:
+                if want is not None and want in self._ready:
+                    if want not in self._busy:
+                        self._busy.add(want)
+                        return self.jails[want]
+                else:
+                    idle = [i for i in self._ready if i not in self._busy]
+                    if idle:
+                        index = min(idle, key=lambda i: self.pinned[i])
+                        self._busy.add(index)
+                        return self.jails[index]
+                await self._free.wait()
+
+    async def _release(self, jail: Jail) -> None:
+        async with self._free:
+            self._busy.discard(jail.index)
+            self._free.notify_all()
+
     def _replace(self, jail: Jail) -> None:
+        self._ready.discard(jail.index)
+        self._busy.discard(jail.index)
         if self._closed:
             return
         task = asyncio.get_running_loop().create_task(self._restart(jail))
@@ -81,7 +146,9 @@ class JailPool:
                 delay = min(delay * 2, 5.0)
                 continue
             self.replaced += 1
-            self._idle.put_nowait(jail)
+            async with self._free:
+                self._ready.add(jail.index)
+                self._free.notify_all()
             return
 
     async def close(self) -> None:

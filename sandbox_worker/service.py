@@ -78,6 +78,7 @@ def to_result(raw: dict[str, Any], sha: str) -> pb.OperationResult:
             source_sha256=sha,
             env_class=str(raw.get("env_class", "")),
             trajectory=[str(item) for item in raw.get("trajectory") or []],
+            resident=bool(raw.get("resident", False)),
         )
     except (TypeError, ValueError, OverflowError) as exc:
         return pb.OperationResult(
@@ -150,6 +151,8 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         elif kind == "step":
             req["state"] = base64.b64encode(op.step.state).decode()
             req["action"] = op.step.action
+            if op.step.session_key:
+                req["session"] = op.step.session_key
         elif kind == "reset":
             req["state"] = base64.b64encode(op.reset.state).decode()
             req["config"] = op.reset.config_json

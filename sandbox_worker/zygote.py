@@ -29,6 +29,10 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+# resident.py is mounted beside this file; -P keeps the script's folder off sys.path, so say it.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import resident
+
 PRELOAD = (
     "gymnasium",
     "numpy",
@@ -54,6 +58,11 @@ STATE_MAGIC = b"CGS1"
 MAX_RESULT_BYTES = 32 * 1024 * 1024
 CODE_CACHE_SIZE = 128
 HEADER = struct.Struct(">I")
+# Resident sessions per jail, and how long one may sit idle; the worker may send its own values.
+RESIDENT_CAP = 32
+RESIDENT_IDLE_S = 300.0
+# Highest fd a forked child may have inherited (the jail's RLIMIT_NOFILE is below it).
+MAX_FDS = 1024
 # Bound before any env code runs: a request that monkeypatches json or builtins cannot corrupt
 # the report of its own result.
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
@@ -115,9 +124,13 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def send_frame(fd: int, obj: dict[str, Any]) -> None:
+def encode_frame(obj: dict[str, Any]) -> bytes:
     body = json.dumps(obj, separators=(",", ":")).encode()
-    write_all(fd, HEADER.pack(len(body)) + body)
+    return HEADER.pack(len(body)) + body
+
+
+def send_frame(fd: int, obj: dict[str, Any]) -> None:
+    write_all(fd, encode_frame(obj))
 
 
 def canonical(value: Any) -> Any:
@@ -162,6 +175,25 @@ class Child:
         self.stdout = CappedWriter(req["limits"]["output_bytes"])
         self.stderr = CappedWriter(req["limits"]["output_bytes"])
         self.module: Any = None
+        # The live session of a step request, kept when this process stays resident.
+        self.env: Any = None
+        self.config: dict[str, Any] = {}
+
+    def next_request(self, req: dict[str, Any]) -> None:
+        """A resident child's next step: fresh output capture, same module and env."""
+        self.req = req
+        self.stdout = CappedWriter(req["limits"]["output_bytes"])
+        self.stderr = CappedWriter(req["limits"]["output_bytes"])
+
+    def step_env(self, action: str, result: dict[str, Any]) -> None:
+        out = self.env.step(action)
+        observation = out[1] if isinstance(out, tuple) and len(out) == 2 else out
+        result["observation"] = str(observation)
+        state = self.pack_state(self.env, self.config)
+        result["state"] = state
+        if self.req.get("resident"):
+            result["state_sha"] = hashlib.sha256(state).hexdigest()
+        self.episode(self.env, result)
 
     def load_module(self, as_main: bool = False) -> types.ModuleType:
         module = types.ModuleType("__main__" if as_main else MODULE_NAME)
@@ -228,12 +260,8 @@ class Child:
             result["state"] = self.pack_state(env, config)
             self.episode(env, result)
         elif op == "step":
-            config, env = self.unpack_state()
-            out = env.step(req.get("action", ""))
-            observation = out[1] if isinstance(out, tuple) and len(out) == 2 else out
-            result["observation"] = str(observation)
-            result["state"] = self.pack_state(env, config)
-            self.episode(env, result)
+            self.config, self.env = self.unpack_state()
+            self.step_env(req.get("action", ""), result)
         elif op == "reset":
             config, env = self.unpack_state()
             if req.get("config"):
@@ -343,8 +371,7 @@ def warm_up() -> None:
 
 
 def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType]) -> None:
-    """A spare child: wait for one request, serve it, report, exit."""
-    started = None
+    """A spare child: wait for one request, serve it, report; exit, or stay as a resident session."""
     devnull = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -355,26 +382,59 @@ def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType])
         req = json.loads(read_exact(req_fd, length))
     except (EOFError, ValueError):
         os._exit(0)
-    started = time.monotonic()
     limits = req["limits"]
-    cpu_s = max(1, -(-limits["cpu_ms"] // 1000))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    if req.get("resident"):
+        resident.limit_cpu(limits["cpu_ms"])
+    else:
+        cpu_s = max(1, -(-limits["cpu_ms"] // 1000))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     memory = ZYGOTE_VM_BYTES + limits["memory_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    result, child = run_request(req, codes, None)
+    body = encode_result(result)
+    write_all(result_fd, HEADER.pack(len(body)) + body)
+    if req.get("resident") and result.get("status") == "ok" and child is not None and child.env is not None:
+
+        def handle(frame: bytes) -> tuple[bytes, bool]:
+            try:
+                step_req = json.loads(frame)
+                resident.limit_cpu(step_req["limits"]["cpu_ms"])
+            except (ValueError, KeyError, TypeError) as exc:
+                return encode_result(
+                    {"status": "bad_request", "message": f"bad resident request: {exc}"}
+                ), False
+            out, _ = run_request(step_req, codes, child)
+            return encode_result(out), out.get("status") == "ok"
+
+        resident.serve(req_fd, result_fd, handle)
+    os._exit(0)
+
+
+def run_request(
+    req: dict[str, Any], codes: Mapping[str, types.CodeType], child: "Child | None"
+) -> tuple[dict[str, Any], "Child | None"]:
+    """Serve one request in this process (a fresh `Child`, or the resident one for its next step)."""
     import random
 
+    started = time.monotonic()
+    cpu_before = resident.cpu_seconds()
     random.seed(req.get("seed", 0))
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed(req.get("seed", 0) % 2**32)
-    code = codes.get(req["sha"])
-    child = None
     try:
-        if code is None:
-            code = compile(req["source"], "<env>", "exec")
-        child = Child(req, code)
-        sys.stdout, sys.stderr = child.stdout, child.stderr
-        result = child.run()
+        if child is None:
+            code = codes.get(req["sha"])
+            if code is None:
+                code = compile(req["source"], "<env>", "exec")
+            child = Child(req, code)
+            sys.stdout, sys.stderr = child.stdout, child.stderr
+            result = child.run()
+        else:
+            child.next_request(req)
+            sys.stdout, sys.stderr = child.stdout, child.stderr
+            result = {"status": "ok"}
+            child.step_env(req.get("action", ""), result)
     except OutputLimitExceeded as exc:
         result = {"status": "output_limit", "message": str(exc)}
     except MemoryError:
@@ -400,16 +460,19 @@ def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType])
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result["usage"] = {
         "wall_ms": int((time.monotonic() - started) * 1000),
-        "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000),
+        "cpu_ms": int((usage.ru_utime + usage.ru_stime - cpu_before) * 1000),
         "peak_rss_kb": usage.ru_maxrss,
         "peak_alloc_bytes": result.pop("peak_alloc_bytes", 0),
     }
+    return result, child
+
+
+def encode_result(result: dict[str, Any]) -> bytes:
+    """A result as JSON bytes (without the length header)."""
     try:
-        body = _dumps(result).encode()
+        return _dumps(result).encode()
     except (TypeError, ValueError) as exc:
-        body = _dumps({"status": "env_error", "message": f"result not serializable: {exc}"}).encode()
-    write_all(result_fd, HEADER.pack(len(body)) + body)
-    os._exit(0)
+        return _dumps({"status": "env_error", "message": f"result not serializable: {exc}"}).encode()
 
 
 def vm_bytes() -> int:
@@ -442,29 +505,147 @@ def wipe_tmp() -> None:
             pass
 
 
-def kill_leftovers() -> None:
-    """Kill every other process in the jail and reap them (we are pid 1 of the namespace)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(-1, signal.SIGKILL)
-    while True:
+def kill_leftovers(keep: set[int]) -> None:
+    """Kill every process in the jail but this one and `keep` (resident sessions, the spare), and reap.
+
+    The zygote is pid 1 of the jail's pid namespace, so whatever a request left behind (its own
+    children included, reparented here) shows in /proc and is reaped here.
+    """
+    me = os.getpid()
+    victims: set[int] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        if pid == me or pid in keep:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            victims.add(pid)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
-        if pid == 0:
-            time.sleep(0.0005)
+        if pid:
+            victims.discard(pid)
+            continue
+        if not victims:
+            return
+        time.sleep(0.0005)
+
+
+class Resident:
+    """A resident session's process, as the zygote sees it."""
+
+    __slots__ = ("last_used", "pid", "req_w", "res_r", "version")
+
+    def __init__(self, pid: int, req_w: int, res_r: int, version: str) -> None:
+        self.pid = pid
+        self.req_w = req_w
+        self.res_r = res_r
+        self.version = version
+        self.last_used = time.monotonic()
+
+
+def child_status(
+    pid: int, started: float, limits: dict[str, int], timed_out: bool, oversized: bool, *, kill: bool = False
+) -> dict[str, Any]:
+    """Reap a child that gave no usable result (killing it first) and say why."""
+    if timed_out or oversized or kill:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _, status, usage = os.wait4(pid, 0)
+    usage_out = {
+        "wall_ms": int((time.monotonic() - started) * 1000),
+        "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000),
+        "peak_rss_kb": usage.ru_maxrss,
+    }
+    result: dict[str, Any]
+    if timed_out:
+        result = {"status": "timeout", "message": f"wall-clock limit of {limits['wall_ms']} ms exceeded"}
+    elif oversized:
+        result = {"status": "output_limit", "message": f"result larger than {MAX_RESULT_BYTES} bytes"}
+    elif os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and usage_out["cpu_ms"] >= limits["cpu_ms"]):
+            result = {"status": "timeout", "message": f"CPU limit of {limits['cpu_ms']} ms exceeded"}
+        elif sig == signal.SIGKILL:
+            result = {"status": "killed", "message": "killed by SIGKILL (memory or process limit)"}
+        else:
+            result = {"status": "crashed", "message": f"killed by signal {signal.Signals(sig).name}"}
+        result["exit_code"] = 128 + sig
+    else:
+        code = os.WEXITSTATUS(status)
+        result = {"status": "crashed", "message": f"process exited with code {code} without a result"}
+    result["usage"] = usage_out
+    return result
+
+
+def collect(pid: int, res_r: int, started: float, limits: dict[str, int]) -> dict[str, Any]:
+    """One result from a child within the request's wall limit, or the reason there is none.
+
+    A result that came back has no "reaped" key; otherwise the child was killed (if it overran)
+    and reaped, and the result says why ("timeout", "killed", ...), with "reaped": True.
+    """
+    deadline = started + limits["wall_ms"] / 1000.0
+    buf = bytearray()
+    need = None
+    timed_out = oversized = False
+    # Watch the child itself too: a grandchild holding the result pipe must not hide its death.
+    pidfd = os.pidfd_open(pid)
+    exited = False
+    try:
+        while need is None or len(buf) < need:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            ready, _, _ = select.select([res_r, pidfd], [], [], remaining)
+            if res_r in ready:
+                chunk = os.read(res_r, 1 << 20)
+                if not chunk:
+                    break
+                buf += chunk
+                if need is None and len(buf) >= HEADER.size:
+                    (need,) = HEADER.unpack(bytes(buf[: HEADER.size]))
+                    need += HEADER.size
+                    if need > MAX_RESULT_BYTES:
+                        oversized = True
+                        break
+            elif pidfd in ready:
+                if exited:
+                    break
+                exited = True  # read once more: the result may already sit in the pipe
+    finally:
+        os.close(pidfd)
+    if not (timed_out or oversized) and need is not None and len(buf) >= need:
+        try:
+            result = json.loads(bytes(buf[HEADER.size : need]))
+            if isinstance(result, dict):
+                return result
+        except ValueError:
+            pass
+    # No usable result: whatever the child still does is of no use; make sure it is gone.
+    result = child_status(pid, started, limits, timed_out, oversized, kill=True)
+    result["reaped"] = True
+    return result
 
 
 class Zygote:
-    """Serves requests one at a time, each in a child forked *before* the request arrived.
+    """Serves requests one at a time: one-shot operations in a child forked *before* the request
+    arrived, steps of resident sessions in that session's own child.
 
     Forking a process that has numpy and gymnasium loaded costs over a millisecond; doing it (and
-    reaping the previous child) after answering keeps it off the request's latency.
+    reaping the previous child) after answering keeps it off the request's latency. A session's
+    steps after its first skip the fork altogether (resident.py).
     """
 
     def __init__(self) -> None:
         self.codes: collections.OrderedDict[str, types.CodeType] = collections.OrderedDict()
         self.spare: tuple[int, int, int] | None = None
+        self.residents: collections.OrderedDict[str, Resident] = collections.OrderedDict()
 
     def prefork(self) -> None:
         req_r, req_w = os.pipe()
@@ -473,6 +654,12 @@ class Zygote:
         if pid == 0:
             os.close(req_w)
             os.close(res_r)
+            # Other sessions' pipes must not reach code of this one: close every inherited fd but
+            # stdio and our own two.
+            low, high = sorted((req_r, res_w))
+            os.closerange(3, low)
+            os.closerange(low + 1, high)
+            os.closerange(high + 1, MAX_FDS)
             try:
                 child_main(req_r, res_w, self.codes)
             finally:
@@ -520,7 +707,17 @@ class Zygote:
         return None
 
     def serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
-        """Run one request; return its result and the child to clean up after answering."""
+        """Run one request; return its result and the one-shot child to reap after answering."""
+        key = str(req.get("session") or "") if req.get("op") == "step" else ""
+        if key:
+            state = base64.b64decode(req.get("state") or "")
+            version = hashlib.sha256(state).hexdigest()
+            held = self.residents.get(key)
+            if held is not None:
+                if held.version == version and self.alive(held.pid):
+                    return self.serve_resident(key, held, req), None
+                self.evict(key)
+            req["resident"] = True
         problem = self.check_source(req)
         if problem is not None:
             return problem, None
@@ -530,92 +727,77 @@ class Zygote:
         pid, req_w, res_r = self.spare
         self.spare = None
         started = time.monotonic()
-        try:
-            body = json.dumps(req, separators=(",", ":")).encode()
-            write_all(req_w, HEADER.pack(len(body)) + body)
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            write_all(req_w, encode_frame(req))
+        result = collect(pid, res_r, started, req["limits"])
+        if key and not result.get("reaped") and result.get("status") == "ok" and result.get("state_sha"):
+            self.residents[key] = Resident(pid, req_w, res_r, str(result.pop("state_sha")))
+            result["resident"] = False
+            return result, None
+        result.pop("state_sha", None)
         os.close(req_w)
-        deadline = started + req["limits"]["wall_ms"] / 1000.0
-        buf = bytearray()
-        need = None
-        timed_out = oversized = False
-        # Watch the child itself too: a grandchild holding the result pipe must not hide its death.
-        pidfd = os.pidfd_open(pid)
-        exited = False
-        while need is None or len(buf) < need:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            ready, _, _ = select.select([res_r, pidfd], [], [], remaining)
-            if res_r in ready:
-                chunk = os.read(res_r, 1 << 20)
-                if not chunk:
-                    break
-                buf += chunk
-                if need is None and len(buf) >= HEADER.size:
-                    (need,) = HEADER.unpack(bytes(buf[: HEADER.size]))
-                    need += HEADER.size
-                    if need > MAX_RESULT_BYTES:
-                        oversized = True
-                        break
-            elif pidfd in ready:
-                if exited:
-                    break
-                exited = True  # read once more: the result may already sit in the pipe
-        os.close(pidfd)
         os.close(res_r)
-        if not (timed_out or oversized) and need is not None and len(buf) >= need:
-            try:
-                return json.loads(bytes(buf[HEADER.size : need])), pid
-            except ValueError:
-                pass
-        if timed_out or oversized:
-            os.kill(pid, signal.SIGKILL)
-        _, status, usage = os.wait4(pid, 0)
-        usage_out = {
-            "wall_ms": int((time.monotonic() - started) * 1000),
-            "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000),
-            "peak_rss_kb": usage.ru_maxrss,
-        }
-        result: dict[str, Any]
-        if timed_out:
-            result = {
-                "status": "timeout",
-                "message": f"wall-clock limit of {req['limits']['wall_ms']} ms exceeded",
-            }
-        elif oversized:
-            result = {"status": "output_limit", "message": f"result larger than {MAX_RESULT_BYTES} bytes"}
-        elif os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-            if sig == signal.SIGXCPU or (
-                sig == signal.SIGKILL and usage_out["cpu_ms"] >= req["limits"]["cpu_ms"]
-            ):
-                result = {
-                    "status": "timeout",
-                    "message": f"CPU limit of {req['limits']['cpu_ms']} ms exceeded",
-                }
-            elif sig == signal.SIGKILL:
-                result = {"status": "killed", "message": "killed by SIGKILL (memory or process limit)"}
-            else:
-                result = {"status": "crashed", "message": f"killed by signal {signal.Signals(sig).name}"}
-            result["exit_code"] = 128 + sig
-        else:
-            code = os.WEXITSTATUS(status)
-            result = {"status": "crashed", "message": f"process exited with code {code} without a result"}
-        result["usage"] = usage_out
-        return result, None
+        return result, (None if result.pop("reaped", False) else pid)
+
+    def serve_resident(self, key: str, held: Resident, req: dict[str, Any]) -> dict[str, Any]:
+        """A step in the session's own process: no fork, no unpickling."""
+        self.residents.move_to_end(key)
+        started = time.monotonic()
+        light = {k: v for k, v in req.items() if k not in ("state", "source")}
+        light["resident"] = True
+        with contextlib.suppress(OSError):
+            write_all(held.req_w, encode_frame(light))
+        result = collect(held.pid, held.res_r, started, req["limits"])
+        if not result.pop("reaped", False) and result.get("status") == "ok" and result.get("state_sha"):
+            held.version = str(result.pop("state_sha"))
+            held.last_used = time.monotonic()
+            result["resident"] = True
+            return result
+        # Failed: the child's copy is not the committed state any more; the next step runs cold.
+        result.pop("state_sha", None)
+        self.evict(key)
+        return result
+
+    @staticmethod
+    def alive(pid: int) -> bool:
+        try:
+            return os.waitpid(pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
+
+    def evict(self, key: str) -> None:
+        held = self.residents.pop(key, None)
+        if held is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(held.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(held.pid, 0)
+        for fd in (held.req_w, held.res_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def cleanup(self, req: dict[str, Any], pid: int | None) -> None:
-        """After answering: reap the child, kill whatever it left, cache the code, fork the next spare."""
+        """After answering: reap the child, kill whatever else ran, evict idle sessions, fork the next spare."""
         if pid is not None:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-        kill_leftovers()
+        cap = int(req.get("resident_cap") or RESIDENT_CAP)
+        idle_s = float(req.get("resident_idle_s") or RESIDENT_IDLE_S)
+        now = time.monotonic()
+        for key, held in list(self.residents.items()):
+            if now - held.last_used > idle_s:
+                self.evict(key)
+        while len(self.residents) > cap:
+            self.evict(next(iter(self.residents)))
+        keep = {held.pid for held in self.residents.values()}
+        if self.spare is not None:
+            keep.add(self.spare[0])
+        kill_leftovers(keep)
         wipe_tmp()
         self.touch(str(req.get("sha", "")))
-        self.prefork()
+        if self.spare is None:
+            self.prefork()
 
 
 def main() -> None:

@@ -164,19 +164,26 @@ class StepOp(_message.Message):
 
     STATE_FIELD_NUMBER: _builtins.int
     ACTION_FIELD_NUMBER: _builtins.int
+    SESSION_KEY_FIELD_NUMBER: _builtins.int
     state: _builtins.bytes
     """State from an earlier create/step/reset result. Produced and read only inside jails."""
     action: _builtins.str
     """The action as CodeGym's JSON string `{"name": ..., "parameters": {...}}`."""
+    session_key: _builtins.str
+    """A session id: keep this session's env live in a process of the jail between steps. The
+    next step with the same key and the state this step returned runs there (no fork, no
+    unpickling); any other state runs cold from `state`. Empty: a one-shot step.
+    """
     def __init__(
         self,
         *,
         state: _builtins.bytes = ...,
         action: _builtins.str = ...,
+        session_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "session_key", b"session_key", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -425,6 +432,7 @@ class OperationResult(_message.Message):
     SOURCE_SHA256_FIELD_NUMBER: _builtins.int
     ENV_CLASS_FIELD_NUMBER: _builtins.int
     TRAJECTORY_FIELD_NUMBER: _builtins.int
+    RESIDENT_FIELD_NUMBER: _builtins.int
     status: Global___Status.ValueType
     """Outcome class."""
     message: _builtins.str
@@ -455,6 +463,8 @@ class OperationResult(_message.Message):
     """sha256 of the source used."""
     env_class: _builtins.str
     """Name of the environment class found in the source."""
+    resident: _builtins.bool
+    """step with session_key: served by the session's resident process (false: cold)."""
     @_builtins.property
     def usage(self) -> _common_pb2.ResourceUsage:
         """Resources used."""
@@ -483,10 +493,11 @@ class OperationResult(_message.Message):
         source_sha256: _builtins.str = ...,
         env_class: _builtins.str = ...,
         trajectory: _abc.Iterable[_builtins.str] | None = ...,
+        resident: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_json", b"answer_json", "answer_repr", b"answer_repr", "done", b"done", "env_class", b"env_class", "exit_code", b"exit_code", "message", b"message", "observation", b"observation", "output_truncated", b"output_truncated", "reward", b"reward", "source_sha256", b"source_sha256", "state", b"state", "status", b"status", "stderr", b"stderr", "stdout", b"stdout", "step_count", b"step_count", "trajectory", b"trajectory", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_json", b"answer_json", "answer_repr", b"answer_repr", "done", b"done", "env_class", b"env_class", "exit_code", b"exit_code", "message", b"message", "observation", b"observation", "output_truncated", b"output_truncated", "resident", b"resident", "reward", b"reward", "source_sha256", b"source_sha256", "state", b"state", "status", b"status", "stderr", b"stderr", "stdout", b"stdout", "step_count", b"step_count", "trajectory", b"trajectory", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
