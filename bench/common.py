@@ -83,6 +83,57 @@ async def closed_loop(
     return len(latencies) / (time.perf_counter() - started), latencies
 
 
+def _children() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    return children
+
+
+def _cpu_ticks(pid: int, reaped: bool) -> int:
+    """utime + stime (+ cutime + cstime: children it already reaped) of one process, in clock ticks."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    own = int(fields[11]) + int(fields[12])
+    return own + (int(fields[13]) + int(fields[14]) if reaped else 0)
+
+
+def cpu_by_role(up_pid: int) -> dict[str, float]:
+    """CPU seconds so far of `codegym up`'s runtime, its sandbox worker processes, and their jails.
+
+    Jails count every process below a worker (nsjail, zygote, request and resident children,
+    reaped ones included through their parent's cutime); workers and the runtime count only their
+    own process.
+    """
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    children = _children()
+    roles = {"runtime": 0, "worker": 0, "jail": 0}
+    for pid in children.get(up_pid, []):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"runtime" in cmd:
+            roles["runtime"] += _cpu_ticks(pid, reaped=False)
+        elif b"sandbox" in cmd:
+            roles["worker"] += _cpu_ticks(pid, reaped=False)
+            stack = list(children.get(pid, []))
+            while stack:
+                child = stack.pop()
+                stack.extend(children.get(child, []))
+                roles["jail"] += _cpu_ticks(child, reaped=True)
+    return {role: ticks / tick for role, ticks in roles.items()}
+
+
 def tree_memory_kb(root_pid: int) -> tuple[int, int]:
     """(RSS, PSS) in KiB summed over a process and all its descendants; PSS splits shared pages fairly."""
     children: dict[int, list[int]] = {}

@@ -24,7 +24,15 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import closed_loop, echo_callable, median, pct, start_process, tree_memory_kb  # noqa: E402
+from bench.common import (  # noqa: E402
+    closed_loop,
+    cpu_by_role,
+    echo_callable,
+    median,
+    pct,
+    start_process,
+    tree_memory_kb,
+)
 from clients.oracle import read_trajectories  # noqa: E402
 from clients.runtime_client import AsyncRuntimeClient  # noqa: E402
 from codegym.runtime.v1 import runtime_service_pb2 as rt  # noqa: E402
@@ -153,9 +161,15 @@ async def run(args: argparse.Namespace) -> None:
             await closed_loop(echo_once, 4, 300, 10)
             for sessions in args.sessions:
                 total = args.steps if sessions > 1 else max(300, args.steps // 6)
+                cpu_before = cpu_by_role(up.pid)
                 rate, step_lat, create_lat = await replay(
                     client, trajectories, sessions, total, args.max_seconds
                 )
+                cpu_after = cpu_by_role(up.pid)
+                per_step = {
+                    role: (cpu_after[role] - cpu_before[role]) * 1000 / max(1, len(step_lat))
+                    for role in cpu_after
+                }
                 echo_rate, echo_lat = await closed_loop(echo_once, sessions, total, args.max_seconds)
                 rows += [
                     (f"{sessions} sessions: steps/s", f"{rate:.0f}", f"{echo_rate:.0f} calls/s"),
@@ -168,6 +182,11 @@ async def run(args: argparse.Namespace) -> None:
                         f"{sessions} sessions: create p50 / p99 ms",
                         f"{ms(median(create_lat))} / {ms(pct(create_lat, 0.99))}",
                         "",
+                    ),
+                    (
+                        f"{sessions} sessions: CPU ms per step runtime/worker/jail",
+                        " / ".join(f"{per_step[r]:.2f}" for r in ("runtime", "worker", "jail")),
+                        "(creates and closes included)",
                     ),
                 ]
                 if sessions == 1:

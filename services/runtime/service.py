@@ -168,9 +168,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             lock = self.locks[session_id] = asyncio.Lock()
         return lock
 
-    async def _execute(self, op: sb.Operation, record: EnvRecord) -> sb.OperationResult:
+    async def _execute(self, op: sb.Operation, record: EnvRecord, key: str = "") -> sb.OperationResult:
         try:
-            return await self.dispatcher.execute(op, record.source)
+            return await self.dispatcher.execute(op, record.source, key)
         except SandboxUnavailable as exc:
             raise Refusal(grpc.StatusCode.UNAVAILABLE, str(exc), self.config.retry_after_ms) from None
         except grpc.aio.AioRpcError as exc:
@@ -224,7 +224,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             seed=seed,
             create=sb.CreateOp(config_json=config_json),
         )
-        result = await self._execute(op, record)
+        result = await self._execute(op, record, session_id)
         if result.status != sb.STATUS_OK:
             raise self._refusal_from(result, f"creating {record.env_id}")
         session = Session(
@@ -313,9 +313,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     source=sb.SourceRef(sha256=record.sha256),
                     limits=sb.Limits(wall_ms=session.step_timeout_ms),
                     seed=(session.seed + session.step_index + 1) % (1 << 63),
-                    step=sb.StepOp(state=session.state, action=action),
+                    step=sb.StepOp(state=session.state, action=action, session_key=session_id),
                 )
-                result = await self._execute(op, record)
+                result = await self._execute(op, record, session_id)
                 error = self._step_error(result)
                 if await self.store.get(session_id) is None:
                     # Closed (or expired) while the step ran: do not bring it back.
@@ -370,7 +370,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 seed=session.seed,
                 reset=sb.ResetOp(state=session.state, config_json=session.config_json),
             )
-            result = await self._execute(op, record)
+            result = await self._execute(op, record, request.session_id)
             if result.status != sb.STATUS_OK:
                 raise self._refusal_from(result, f"resetting {session.env_id}")
             if await self.store.get(request.session_id) is None:
