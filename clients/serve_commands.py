@@ -25,6 +25,8 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
             defaults=RequestLimits(args.wall_ms, args.cpu_ms, args.memory_mb, args.output_bytes),
             maximum=MAX_LIMITS,
             max_pending=args.max_pending,
+            resident_cap=args.resident_cap,
+            resident_idle_s=args.resident_idle_s,
         )
         await serve(worker)
 
@@ -139,6 +141,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=0,
         help="operations queued or running before RESOURCE_EXHAUSTED (0 = 256 per jail)",
+    )
+    sandbox.add_argument(
+        "--resident-cap",
+        type=int,
+        default=32,
+        help="resident sessions per jail (live envs kept between steps; least recently used evicted)",
+    )
+    sandbox.add_argument(
+        "--resident-idle-s",
+        type=float,
+        default=300.0,
+        help="idle time after which a resident session is evicted",
     )
     sandbox.add_argument("--log-level", default="INFO", help="logging level")
     sandbox.set_defaults(func=_serve_sandbox)

@@ -176,6 +176,34 @@ def test_every_sample_task_reaches_reward_1_with_in_process_observations(client:
         replay(client, env_id, config, exp)
 
 
+def test_every_sample_task_at_32_sessions_matches_in_process(runtime: ServerProcess) -> None:
+    """The 108 sample episodes, 32 at a time: resident, cold and coalesced steps all give the recording."""
+    tasks = [(t["env_id"], t["config"]) for t in sample_tasks()]
+    expected = in_process(tasks)
+
+    async def main() -> list[list[str]]:
+        limit = asyncio.Semaphore(32)
+        async with AsyncRuntimeClient(runtime.address, timeout_s=120) as client:
+
+            async def play(index: int) -> list[str]:
+                env_id, config = tasks[index]
+                async with limit:
+                    created = await client.create_session(env_id=env_id, config=config)
+                    seen = [created.observation]
+                    for action, _ in expected[index]["steps"]:
+                        response = await client.step(created.session_id, action)
+                        assert not response.HasField("error"), response.error
+                        seen.append(response.observation)
+                    assert response.done and response.reward == 1.0
+                    await client.close_session(created.session_id)
+                    return seen
+
+            return await asyncio.gather(*(play(i) for i in range(len(tasks))))
+
+    for exp, seen in zip(expected, asyncio.run(main()), strict=True):
+        assert seen == [exp["first"], *(o for _, o in exp["steps"])]
+
+
 def test_training_instance_abilities_through_online_adapter(runtime: ServerProcess) -> None:
     instances = training_instances()
     abilities = [parse_ability(i["ability"]) for i in instances]

@@ -1,0 +1,219 @@
+"""Resident sessions in the sandbox: a session's live env kept in its own jail process between steps.
+
+Each test drives a real worker (one jail, so sessions share it) with `Execute` and a session key,
+and checks the effect: which steps ran resident, that observations equal the recorded ones, and
+that a failure, an eviction or a hostile session never changes another session or the committed
+state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from tests.conftest import ENV_DIR, EXAMPLES
+from tests.helpers.servers import ServerProcess
+from tests.test_sandbox import HOSTILE_TEMPLATE
+
+TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
+SOURCES = {p.stem: p.read_text() for p in ENV_DIR.glob("*__*Env.py")}
+STEP_LIMITS = pb.Limits(wall_ms=1500, cpu_ms=1000)
+
+# Tools with class and module state, a slow tool, and the two bombs, in one env.
+RESIDENT_ENV = (
+    HOSTILE_TEMPLATE.format(preamble="COUNTS = []", body="        pass")
+    .replace(
+        '{"Observe": 0, "Evil": 1, "Done": 2}',
+        '{"Observe": 0, "Bump": 1, "Slow": 2, "Fork": 3, "Hog": 4, "Done": 5}',
+    )
+    .replace(
+        "    def Done(self, answer):",
+        """    calls = 0
+
+    def Bump(self):
+        type(self).calls += 1
+        COUNTS.append(1)
+        self.step_count += 0
+        return f"class {type(self).calls} module {len(COUNTS)} own {self.step_count}"
+
+    def Slow(self):
+        while True:
+            pass
+
+    def Fork(self):
+        import os
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+
+    def Hog(self):
+        hog = []
+        while True:
+            hog.append(" " * 2 ** 20)
+
+    def Done(self, answer):""",
+    )
+)
+
+
+def call(name: str) -> str:
+    return json.dumps({"name": name, "parameters": {}})
+
+
+class Session:
+    """One session driven straight against a worker, committing state like the runtime does."""
+
+    def __init__(self, stub: pb_grpc.SandboxServiceStub, key: str, source: str, config: str = "{}") -> None:
+        self.stub, self.key, self.source = stub, key, source
+        created = self.execute(
+            pb.Operation(source=pb.SourceRef(code=source), create=pb.CreateOp(config_json=config))
+        )
+        assert created.status == pb.STATUS_OK, created.message
+        self.first = created.observation
+        self.state = created.state
+
+    def execute(self, op: pb.Operation) -> pb.OperationResult:
+        return self.stub.Execute(pb.ExecuteRequest(operation=op), timeout=60).result
+
+    def step(self, action: str, limits: pb.Limits = STEP_LIMITS) -> pb.OperationResult:
+        op = pb.Operation(
+            source=pb.SourceRef(code=self.source),
+            limits=limits,
+            step=pb.StepOp(state=self.state, action=action, session_key=self.key),
+        )
+        result = self.execute(op)
+        if result.status == pb.STATUS_OK:
+            self.state = result.state  # commit
+        return result
+
+
+def start_worker(*extra: str) -> ServerProcess:
+    return ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", *extra])
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[ServerProcess]:
+    server = start_worker()
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def stub(worker: ServerProcess) -> Iterator[pb_grpc.SandboxServiceStub]:
+    with grpc.insecure_channel(worker.address) as channel:
+        yield pb_grpc.SandboxServiceStub(channel)
+
+
+def replay(stub: pb_grpc.SandboxServiceStub, trajectory: dict, key: str) -> list[bool]:
+    env_id = trajectory["env_id"]
+    session = Session(stub, key, SOURCES[env_id], json.dumps(trajectory["config"]))
+    assert session.first == trajectory["first"]
+    resident = []
+    for i, (action, observation) in enumerate(trajectory["steps"]):
+        result = session.step(action)
+        assert result.status == pb.STATUS_OK, result.message
+        assert result.observation == observation, (env_id, i)
+        resident.append(result.resident)
+    return resident
+
+
+def test_every_step_after_the_first_runs_resident_with_recorded_observations(
+    stub: pb_grpc.SandboxServiceStub,
+) -> None:
+    for n, trajectory in enumerate(TRAJECTORIES[::9]):
+        resident = replay(stub, trajectory, f"replay-{n}")
+        assert resident == [False] + [True] * (len(resident) - 1)
+
+
+def test_a_stale_state_runs_cold_from_that_state(stub: pb_grpc.SandboxServiceStub) -> None:
+    """The runtime may commit nothing after a step (a lost reply): the next step starts from what it holds."""
+    session = Session(stub, "stale", RESIDENT_ENV)
+    committed = session.state
+    assert session.step(call("Bump")).observation == "class 1 module 1 own 1"
+    assert session.step(call("Bump")).resident
+    session.state = committed  # as if neither step had been committed
+    again = session.step(call("Bump"))
+    assert not again.resident and again.observation == "class 1 module 1 own 1"
+
+
+def test_sessions_of_one_env_never_share_class_or_module_state(stub: pb_grpc.SandboxServiceStub) -> None:
+    a, b = Session(stub, "share-a", RESIDENT_ENV), Session(stub, "share-b", RESIDENT_ENV)
+    seen = [a.step(call("Bump")).observation, b.step(call("Bump")).observation]
+    seen += [
+        a.step(call("Bump")).observation,
+        a.step(call("Bump")).observation,
+        b.step(call("Bump")).observation,
+    ]
+    assert seen == [
+        "class 1 module 1 own 1",
+        "class 1 module 1 own 1",
+        "class 2 module 2 own 2",
+        "class 3 module 3 own 3",
+        "class 2 module 2 own 2",
+    ]
+
+
+def test_a_step_that_times_out_leaves_the_committed_state_and_the_next_step_works(
+    stub: pb_grpc.SandboxServiceStub,
+) -> None:
+    session = Session(stub, "slow", RESIDENT_ENV)
+    assert session.step(call("Bump")).observation == "class 1 module 1 own 1"
+    assert session.step(call("Bump")).resident
+    timed_out = session.step(call("Slow"), pb.Limits(wall_ms=500, cpu_ms=400))
+    assert timed_out.status == pb.STATUS_TIMEOUT
+    after = session.step(call("Bump"))
+    # Cold from the committed state (two Bumps): the class counter restarts, the env's own count does not.
+    assert after.status == pb.STATUS_OK and not after.resident
+    assert after.observation == "class 1 module 1 own 3"
+    assert session.step(call("Bump")).resident
+
+
+@pytest.mark.parametrize("bomb", ["Fork", "Hog"])
+def test_a_bomb_in_one_resident_session_leaves_the_others_alive_and_correct(
+    stub: pb_grpc.SandboxServiceStub, bomb: str
+) -> None:
+    others = [
+        Session(stub, f"{bomb}-other-{i}", SOURCES[t["env_id"]], json.dumps(t["config"]))
+        for i, t in enumerate(TRAJECTORIES[:3])
+    ]
+    steps = [iter(t["steps"]) for t in TRAJECTORIES[:3]]
+    for session, it in zip(others, steps, strict=True):
+        action, observation = next(it)
+        assert session.step(action).observation == observation
+    attacker = Session(stub, f"{bomb}-attacker", RESIDENT_ENV)
+    assert attacker.step(call("Bump")).status == pb.STATUS_OK
+    assert attacker.step(call("Bump")).resident
+    bombed = attacker.step(call(bomb), pb.Limits(wall_ms=1500, cpu_ms=1000, memory_mb=64))
+    assert bombed.status != pb.STATUS_OK
+    for session, it in zip(others, steps, strict=True):
+        action, observation = next(it)
+        result = session.step(action)
+        assert result.status == pb.STATUS_OK and result.resident and result.observation == observation
+    recovered = attacker.step(call("Bump"))
+    assert recovered.status == pb.STATUS_OK and recovered.observation == "class 1 module 1 own 3"
+
+
+def test_evicted_sessions_resume_cold_with_identical_observations() -> None:
+    worker = start_worker("--resident-cap", "1")
+    try:
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            first, second = TRAJECTORIES[0], TRAJECTORIES[10]
+            a = Session(stub, "evict-a", SOURCES[first["env_id"]], json.dumps(first["config"]))
+            b = Session(stub, "evict-b", SOURCES[second["env_id"]], json.dumps(second["config"]))
+            resident = []
+            for (action_a, obs_a), (action_b, obs_b) in zip(first["steps"], second["steps"], strict=False):
+                ra, rb = a.step(action_a), b.step(action_b)
+                assert (ra.observation, rb.observation) == (obs_a, obs_b)
+                resident += [ra.resident, rb.resident]
+            # With room for one session per jail, interleaved sessions evict each other every step.
+            assert not any(resident)
+    finally:
+        assert worker.stop() == 0
