@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import logging
 from typing import Any
@@ -153,6 +154,9 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             req["action"] = op.step.action
             if op.step.session_key:
                 req["session"] = op.step.session_key
+                # The version a resident process must hold to take this step (the zygote would
+                # otherwise decode and hash the state itself).
+                req["state_sha"] = hashlib.sha256(op.step.state).hexdigest()
         elif kind == "reset":
             req["state"] = base64.b64encode(op.reset.state).decode()
             req["config"] = op.reset.config_json

@@ -536,10 +536,31 @@ def kill_leftovers(keep: set[int]) -> None:
         time.sleep(0.0005)
 
 
+def last_pid() -> int:
+    """The last pid the jail's pid namespace handed out (-1 when unreadable).
+
+    Unchanged since the last cleanup means no process (or thread) was created since, so there is
+    nothing to kill and the /proc scan, the costliest part of a resident step, can be skipped.
+    """
+    try:
+        fd = os.open("/proc/sys/kernel/ns_last_pid", os.O_RDONLY)
+        try:
+            return int(os.read(fd, 32))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return -1
+
+
+# A full scan at least this often anyway, so that a step that cycled through the whole pid space
+# back to the same last pid cannot keep a process alive past a few requests.
+FULL_SCAN_EVERY = 16
+
+
 class Resident:
     """A resident session's process, as the zygote sees it."""
 
-    __slots__ = ("last_used", "pid", "req_w", "res_r", "version")
+    __slots__ = ("last_used", "pid", "pidfd", "req_w", "res_r", "version")
 
     def __init__(self, pid: int, req_w: int, res_r: int, version: str) -> None:
         self.pid = pid
@@ -547,6 +568,12 @@ class Resident:
         self.res_r = res_r
         self.version = version
         self.last_used = time.monotonic()
+        # Kept open for the session's life: readable once the process has exited.
+        self.pidfd = os.pidfd_open(pid)
+
+    def exited(self) -> bool:
+        ready, _, _ = select.select([self.pidfd], [], [], 0)
+        return bool(ready)
 
 
 def child_status(
@@ -583,18 +610,23 @@ def child_status(
     return result
 
 
-def collect(pid: int, res_r: int, started: float, limits: dict[str, int]) -> dict[str, Any]:
+def collect(
+    pid: int, res_r: int, started: float, limits: dict[str, int], pidfd: int | None = None
+) -> dict[str, Any]:
     """One result from a child within the request's wall limit, or the reason there is none.
 
     A result that came back has no "reaped" key; otherwise the child was killed (if it overran)
-    and reaped, and the result says why ("timeout", "killed", ...), with "reaped": True.
+    and reaped, and the result says why ("timeout", "killed", ...), with "reaped": True. `pidfd`:
+    the child's, when the caller keeps one open (resident sessions); else one is opened here.
     """
     deadline = started + limits["wall_ms"] / 1000.0
     buf = bytearray()
     need = None
     timed_out = oversized = False
     # Watch the child itself too: a grandchild holding the result pipe must not hide its death.
-    pidfd = os.pidfd_open(pid)
+    own_pidfd = pidfd is None
+    if pidfd is None:
+        pidfd = os.pidfd_open(pid)
     exited = False
     try:
         while need is None or len(buf) < need:
@@ -619,7 +651,8 @@ def collect(pid: int, res_r: int, started: float, limits: dict[str, int]) -> dic
                     break
                 exited = True  # read once more: the result may already sit in the pipe
     finally:
-        os.close(pidfd)
+        if own_pidfd:
+            os.close(pidfd)
     if not (timed_out or oversized) and need is not None and len(buf) >= need:
         try:
             result = json.loads(bytes(buf[HEADER.size : need]))
@@ -646,6 +679,8 @@ class Zygote:
         self.codes: collections.OrderedDict[str, types.CodeType] = collections.OrderedDict()
         self.spare: tuple[int, int, int] | None = None
         self.residents: collections.OrderedDict[str, Resident] = collections.OrderedDict()
+        self.seen_last_pid = -2
+        self.since_scan = 0
 
     def prefork(self) -> None:
         req_r, req_w = os.pipe()
@@ -710,11 +745,12 @@ class Zygote:
         """Run one request; return its result and the one-shot child to reap after answering."""
         key = str(req.get("session") or "") if req.get("op") == "step" else ""
         if key:
-            state = base64.b64decode(req.get("state") or "")
-            version = hashlib.sha256(state).hexdigest()
+            version = str(req.get("state_sha") or "")
+            if not version:
+                version = hashlib.sha256(base64.b64decode(req.get("state") or "")).hexdigest()
             held = self.residents.get(key)
             if held is not None:
-                if held.version == version and self.alive(held.pid):
+                if held.version == version and not held.exited():
                     return self.serve_resident(key, held, req), None
                 self.evict(key)
             req["resident"] = True
@@ -747,7 +783,7 @@ class Zygote:
         light["resident"] = True
         with contextlib.suppress(OSError):
             write_all(held.req_w, encode_frame(light))
-        result = collect(held.pid, held.res_r, started, req["limits"])
+        result = collect(held.pid, held.res_r, started, req["limits"], held.pidfd)
         if not result.pop("reaped", False) and result.get("status") == "ok" and result.get("state_sha"):
             held.version = str(result.pop("state_sha"))
             held.last_used = time.monotonic()
@@ -758,13 +794,6 @@ class Zygote:
         self.evict(key)
         return result
 
-    @staticmethod
-    def alive(pid: int) -> bool:
-        try:
-            return os.waitpid(pid, os.WNOHANG) == (0, 0)
-        except ChildProcessError:
-            return False
-
     def evict(self, key: str) -> None:
         held = self.residents.pop(key, None)
         if held is None:
@@ -773,7 +802,7 @@ class Zygote:
             os.kill(held.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(held.pid, 0)
-        for fd in (held.req_w, held.res_r):
+        for fd in (held.req_w, held.res_r, held.pidfd):
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -790,14 +819,18 @@ class Zygote:
                 self.evict(key)
         while len(self.residents) > cap:
             self.evict(next(iter(self.residents)))
-        keep = {held.pid for held in self.residents.values()}
-        if self.spare is not None:
-            keep.add(self.spare[0])
-        kill_leftovers(keep)
+        self.since_scan += 1
+        if last_pid() != self.seen_last_pid or self.since_scan >= FULL_SCAN_EVERY:
+            keep = {held.pid for held in self.residents.values()}
+            if self.spare is not None:
+                keep.add(self.spare[0])
+            kill_leftovers(keep)
+            self.since_scan = 0
         wipe_tmp()
         self.touch(str(req.get("sha", "")))
         if self.spare is None:
             self.prefork()
+        self.seen_last_pid = last_pid()
 
 
 def main() -> None:
