@@ -149,6 +149,8 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         }
         if kind == "create":
             req["config"] = op.create.config_json
+            if op.create.session_key:
+                req["session"] = op.create.session_key
         elif kind == "step":
             req["state"] = base64.b64encode(op.step.state).decode()
             req["action"] = op.step.action

@@ -254,11 +254,14 @@ class Child:
         if op != "call_function":
             result["env_class"] = self.env_class().__name__
         if op == "create":
-            config = parse_config(req.get("config"))
-            env, observation = self.make_env(config)
+            self.config = parse_config(req.get("config"))
+            self.env, observation = self.make_env(self.config)
             result["observation"] = str(observation)
-            result["state"] = self.pack_state(env, config)
-            self.episode(env, result)
+            state = self.pack_state(self.env, self.config)
+            result["state"] = state
+            if req.get("resident"):
+                result["state_sha"] = hashlib.sha256(state).hexdigest()
+            self.episode(self.env, result)
         elif op == "step":
             self.config, self.env = self.unpack_state()
             self.step_env(req.get("action", ""), result)
@@ -743,8 +746,13 @@ class Zygote:
 
     def serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
         """Run one request; return its result and the one-shot child to reap after answering."""
-        key = str(req.get("session") or "") if req.get("op") == "step" else ""
-        if key:
+        op = req.get("op")
+        key = str(req.get("session") or "") if op in ("step", "create") else ""
+        if key and op == "create":
+            # The new session lives on in the process that built it: its first step is resident.
+            self.evict(key)
+            req["resident"] = True
+        elif key:
             version = str(req.get("state_sha") or "")
             if not version:
                 version = hashlib.sha256(base64.b64decode(req.get("state") or "")).hexdigest()

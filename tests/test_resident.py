@@ -70,11 +70,18 @@ def call(name: str) -> str:
 class Session:
     """One session driven straight against a worker, committing state like the runtime does."""
 
-    def __init__(self, stub: pb_grpc.SandboxServiceStub, key: str, source: str, config: str = "{}") -> None:
+    def __init__(
+        self,
+        stub: pb_grpc.SandboxServiceStub,
+        key: str,
+        source: str,
+        config: str = "{}",
+        *,
+        resident_create: bool = False,
+    ) -> None:
         self.stub, self.key, self.source = stub, key, source
-        created = self.execute(
-            pb.Operation(source=pb.SourceRef(code=source), create=pb.CreateOp(config_json=config))
-        )
+        create = pb.CreateOp(config_json=config, session_key=key if resident_create else "")
+        created = self.execute(pb.Operation(source=pb.SourceRef(code=source), create=create))
         assert created.status == pb.STATUS_OK, created.message
         self.first = created.observation
         self.state = created.state
@@ -111,9 +118,12 @@ def stub(worker: ServerProcess) -> Iterator[pb_grpc.SandboxServiceStub]:
         yield pb_grpc.SandboxServiceStub(channel)
 
 
-def replay(stub: pb_grpc.SandboxServiceStub, trajectory: dict, key: str) -> list[bool]:
+def replay(
+    stub: pb_grpc.SandboxServiceStub, trajectory: dict, key: str, resident_create: bool = False
+) -> list[bool]:
     env_id = trajectory["env_id"]
-    session = Session(stub, key, SOURCES[env_id], json.dumps(trajectory["config"]))
+    config = json.dumps(trajectory["config"])
+    session = Session(stub, key, SOURCES[env_id], config, resident_create=resident_create)
     assert session.first == trajectory["first"]
     resident = []
     for i, (action, observation) in enumerate(trajectory["steps"]):
@@ -130,6 +140,13 @@ def test_every_step_after_the_first_runs_resident_with_recorded_observations(
     for n, trajectory in enumerate(TRAJECTORIES[::9]):
         resident = replay(stub, trajectory, f"replay-{n}")
         assert resident == [False] + [True] * (len(resident) - 1)
+
+
+def test_a_session_created_with_its_key_is_resident_from_the_first_step(
+    stub: pb_grpc.SandboxServiceStub,
+) -> None:
+    for n, trajectory in enumerate(TRAJECTORIES[4::9]):
+        assert all(replay(stub, trajectory, f"created-{n}", resident_create=True))
 
 
 def test_a_stale_state_runs_cold_from_that_state(stub: pb_grpc.SandboxServiceStub) -> None:

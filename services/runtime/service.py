@@ -222,7 +222,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             source=sb.SourceRef(sha256=record.sha256),
             limits=sb.Limits(wall_ms=self.config.create_timeout_ms),
             seed=seed,
-            create=sb.CreateOp(config_json=config_json),
+            create=sb.CreateOp(config_json=config_json, session_key=session_id),
         )
         result = await self._execute(op, record, session_id)
         if result.status != sb.STATUS_OK:

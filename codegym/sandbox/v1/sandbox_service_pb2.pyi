@@ -141,16 +141,22 @@ class CreateOp(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONFIG_JSON_FIELD_NUMBER: _builtins.int
+    SESSION_KEY_FIELD_NUMBER: _builtins.int
     config_json: _builtins.str
     """The config passed to `reset(options)`, JSON object (a Python literal is also accepted)."""
+    session_key: _builtins.str
+    """A session id: the process that built the env stays as the session's resident process, so
+    the session's first step (with this session_key) needs no fork. Empty: one-shot.
+    """
     def __init__(
         self,
         *,
         config_json: _builtins.str = ...,
+        session_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "session_key", b"session_key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
