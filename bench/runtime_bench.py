@@ -108,6 +108,48 @@ async def replay_batched(
     return steps / (time.perf_counter() - started), batch_lat
 
 
+async def replay_streamed(
+    client: AsyncRuntimeClient, trajectories: list[dict[str, Any]], sessions: int, total: int, max_s: float
+) -> tuple[float, list[float]]:
+    """`sessions` episodes driven by one caller over one StepStream: a session's next step goes out
+    as soon as its previous one is answered, so no session waits for the slowest."""
+    step_lat: list[float] = []
+    stop_at = time.monotonic() + max_s
+    cursor = iter(range(10**9))
+    stream = client.step_stream()
+    live: dict[str, tuple[Any, float]] = {}
+
+    async def open_one() -> None:
+        line = trajectories[next(cursor) % len(trajectories)]
+        created = await client.create_session(env_id=line["env_id"], config=line["config"])
+        steps = iter(line["steps"])
+        action, expected = next(steps)
+        live[created.session_id] = (steps, expected)
+        await stream.send(created.session_id, action, tag=str(time.perf_counter()))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(open_one() for _ in range(sessions)))
+    while live:
+        answer = await stream.recv()
+        if answer is None:
+            break
+        step_lat.append(time.perf_counter() - float(answer.tag))
+        steps, expected = live[answer.session_id]
+        if answer.code or answer.response.observation != expected:
+            raise RuntimeError(f"stream step failed: {answer.message or 'observation differs'}")
+        step = next(steps, None)
+        if step is None:
+            del live[answer.session_id]
+            await client.close_session(answer.session_id)
+            if len(step_lat) < total and time.monotonic() < stop_at:
+                await open_one()
+            continue
+        live[answer.session_id] = (steps, step[1])
+        await stream.send(answer.session_id, step[0], tag=str(time.perf_counter()))
+    await stream.done_sending()
+    return len(step_lat) / (time.perf_counter() - started), step_lat
+
+
 async def hold_sessions(client: AsyncRuntimeClient, count: int, max_s: float) -> list[str]:
     ids: list[str] = []
     stop_at = time.monotonic() + max_s
@@ -202,6 +244,16 @@ async def run(args: argparse.Namespace) -> None:
                     )
                 print(f"... {sessions} sessions done", file=sys.stderr, flush=True)
             if 32 in args.sessions:
+                rate, stream_lat = await replay_streamed(
+                    client, trajectories, 32, args.steps, args.max_seconds
+                )
+                rows.append(
+                    (
+                        "32 sessions via StepStream (1 caller): steps/s",
+                        f"{rate:.0f} (step p50 {ms(median(stream_lat))} ms)",
+                        "",
+                    )
+                )
                 rate, batch_lat = await replay_batched(client, trajectories, 32, args.steps, args.max_seconds)
                 rows.append(
                     (

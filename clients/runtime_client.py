@@ -7,6 +7,7 @@ change a session and must not be applied twice.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -162,6 +163,10 @@ class AsyncRuntimeClient:
         response = await self.stub.BatchStep(request, timeout=self.timeout_s)
         return list(response.results)
 
+    def step_stream(self) -> StepStream:
+        """One StepStream call: `send` steps of any sessions, `recv` answers as they complete."""
+        return StepStream(self.stub.StepStream(timeout=None))
+
     async def reset(self, session_id: str) -> str:
         response = await self.stub.Reset(rt.ResetRequest(session_id=session_id), timeout=self.timeout_s)
         return str(response.observation)
@@ -196,3 +201,33 @@ class AsyncRuntimeClient:
             rt.GetEnvRequest(env_id=env_id), timeout=self.timeout_s
         )
         return response
+
+
+class StepStream:
+    """A trainer's side of `StepStream`: many sessions' steps over one call, answered as they finish.
+
+    Answers carry the session id and the tag given to `send`; steps of one session apply in the
+    order they were sent. `done_sending()` ends the request side; `recv()` returns None once every
+    answer has arrived.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        # gRPC takes one write at a time on a call; concurrent senders queue here.
+        self.writing = asyncio.Lock()
+
+    async def send(self, session_id: str, action: ActionLike, tag: str = "") -> None:
+        async with self.writing:
+            await self.call.write(rt.StepStreamRequest(step=step_request(session_id, action), tag=tag))
+
+    async def recv(self) -> rt.StepStreamResponse | None:
+        answer = await self.call.read()
+        if answer is grpc.aio.EOF:
+            return None
+        return answer
+
+    async def done_sending(self) -> None:
+        await self.call.done_writing()
+
+    def cancel(self) -> None:
+        self.call.cancel()

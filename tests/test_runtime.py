@@ -204,6 +204,53 @@ def test_every_sample_task_at_32_sessions_matches_in_process(runtime: ServerProc
         assert seen == [exp["first"], *(o for _, o in exp["steps"])]
 
 
+def test_step_stream_drives_many_sessions_over_one_call(runtime: ServerProcess) -> None:
+    tasks = [(t["env_id"], t["config"]) for t in sample_tasks()][::12]
+    expected = in_process(tasks)
+
+    async def main() -> tuple[dict[str, list[str]], list[rt.StepStreamResponse]]:
+        async with AsyncRuntimeClient(runtime.address, timeout_s=60) as client:
+            created = [await client.create_session(env_id=e, config=c) for e, c in tasks]
+            stream = client.step_stream()
+            cursor = {s.session_id: 0 for s in created}
+            plans = {s.session_id: exp["steps"] for s, exp in zip(created, expected, strict=True)}
+            seen: dict[str, list[str]] = {s.session_id: [s.observation] for s in created}
+            # Two steps of each session up front (they must apply in order), and two bad requests.
+            for sid in cursor:
+                for k in range(2):
+                    await stream.send(sid, plans[sid][k][0], tag=f"{sid}:{k}")
+                cursor[sid] = 2
+            await stream.send("f" * 32, '{"name": "Observe", "parameters": {}}', tag="unknown")
+            await stream.send(created[0].session_id, "{not json", tag="malformed")
+            odd: list[rt.StepStreamResponse] = []
+            outstanding = 2 * len(cursor) + 2
+            while outstanding:
+                answer = await stream.recv()
+                assert answer is not None
+                outstanding -= 1
+                if answer.tag in ("unknown", "malformed"):
+                    odd.append(answer)
+                    continue
+                assert answer.code == 0, answer.message
+                sid = answer.session_id
+                seen[sid].append(answer.response.observation)
+                if cursor[sid] < len(plans[sid]):
+                    await stream.send(sid, plans[sid][cursor[sid]][0], tag=f"{sid}:{cursor[sid]}")
+                    cursor[sid] += 1
+                    outstanding += 1
+            await stream.done_sending()
+            assert await stream.recv() is None
+            return seen, odd
+
+    seen, odd = asyncio.run(main())
+    for exp, observations in zip(expected, seen.values(), strict=True):
+        assert observations == [exp["first"], *(o for _, o in exp["steps"])]
+    by_tag = {a.tag: a for a in odd}
+    assert by_tag["unknown"].code == grpc.StatusCode.NOT_FOUND.value[0]
+    assert by_tag["malformed"].code == 0
+    assert by_tag["malformed"].response.error.code == rt.STEP_ERROR_CODE_INVALID_ACTION
+
+
 def test_training_instance_abilities_through_online_adapter(runtime: ServerProcess) -> None:
     instances = training_instances()
     abilities = [parse_ability(i["ability"]) for i in instances]

@@ -15,6 +15,7 @@ import json
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -432,6 +433,59 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 )
 
         return rt.BatchStepResponse(results=await asyncio.gather(*(one(s) for s in steps)))
+
+    async def StepStream(
+        self, request_iterator: AsyncIterator[rt.StepStreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rt.StepStreamResponse]:
+        """Run every step sent as it arrives (at most `max_batch` at once) and answer each when done."""
+        answers: asyncio.Queue[rt.StepStreamResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(self.config.max_batch)
+        running: set[asyncio.Task[None]] = set()
+        latest: dict[str, asyncio.Task[None]] = {}
+
+        async def one(item: rt.StepStreamRequest, before: asyncio.Task[None] | None) -> None:
+            if before is not None:
+                await asyncio.wait([before])  # this session's earlier step first
+            try:
+                answer = rt.StepStreamResponse(
+                    session_id=item.step.session_id, tag=item.tag, response=await self._step(item.step)
+                )
+            except Refusal as exc:
+                answer = rt.StepStreamResponse(
+                    session_id=item.step.session_id, tag=item.tag, code=exc.code.value[0], message=exc.message
+                )
+            finally:
+                slots.release()
+            await answers.put(answer)
+
+        def forget(task: asyncio.Task[None]) -> None:
+            for sid, last in list(latest.items()):
+                if last is task:
+                    del latest[sid]
+
+        async def read() -> None:
+            try:
+                async for item in request_iterator:
+                    await slots.acquire()
+                    sid = item.step.session_id
+                    task = asyncio.get_running_loop().create_task(one(item, latest.get(sid)))
+                    latest[sid] = task
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                    task.add_done_callback(forget)
+                await asyncio.gather(*list(running))
+            finally:
+                await answers.put(None)
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader
+        finally:
+            reader.cancel()
+            for task in list(running):
+                task.cancel()
 
     async def Reset(self, request: rt.ResetRequest, context: grpc.aio.ServicerContext) -> rt.ResetResponse:
         response: rt.ResetResponse = await self._guard(context, self._reset(request))

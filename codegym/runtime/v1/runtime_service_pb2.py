@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from codegym.common.v1 import common_pb2 as codegym_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(codegym/runtime/v1/runtime_service.proto\x12\x12\x63odegym.runtime.v1\x1a\x1e\x63odegym/common/v1/common.proto\"J\n\x0eSessionOptions\x12\x11\n\tmax_steps\x18\x01 \x01(\r\x12\x17\n\x0fstep_timeout_ms\x18\x02 \x01(\r\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"\x97\x01\n\x14\x43reateSessionRequest\x12\x11\n\x07\x61\x62ility\x18\x01 \x01(\tH\x00\x12/\n\x08\x65nv_task\x18\x02 \x01(\x0b\x32\x1b.codegym.runtime.v1.EnvTaskH\x00\x12\x33\n\x07options\x18\x03 \x01(\x0b\x32\".codegym.runtime.v1.SessionOptionsB\x06\n\x04task\"?\n\x07\x45nvTask\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x0f\n\x07\x65nv_str\x18\x03 \x01(\t\"\xb6\x01\n\x15\x43reateSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bobservation\x18\x02 \x01(\t\x12*\n\x05tools\x18\x03 \x03(\x0b\x32\x1b.codegym.common.v1.ToolSpec\x12\x12\n\ntools_text\x18\x04 \x01(\t\x12\x11\n\ttask_text\x18\x05 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x06 \x01(\t\x12\x11\n\tmax_steps\x18\x07 \x01(\r\"1\n\x08ToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x17\n\x0fparameters_json\x18\x02 \x01(\t\"u\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\x0b\x61\x63tion_json\x18\x02 \x01(\tH\x00\x12\x31\n\ttool_call\x18\x03 \x01(\x0b\x32\x1c.codegym.runtime.v1.ToolCallH\x00\x42\x08\n\x06\x61\x63tion\"M\n\tStepError\x12/\n\x04\x63ode\x18\x01 \x01(\x0e\x32!.codegym.runtime.v1.StepErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x96\x01\n\x0cStepResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x12\n\nstep_index\x18\x05 \x01(\r\x12,\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x1d.codegym.runtime.v1.StepError\"B\n\x10\x42\x61tchStepRequest\x12.\n\x05steps\x18\x01 \x03(\x0b\x32\x1f.codegym.runtime.v1.StepRequest\"x\n\x0f\x42\x61tchStepResult\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x32\n\x08response\x18\x04 \x01(\x0b\x32 .codegym.runtime.v1.StepResponse\"I\n\x11\x42\x61tchStepResponse\x12\x34\n\x07results\x18\x01 \x03(\x0b\x32#.codegym.runtime.v1.BatchStepResult\"\"\n\x0cResetRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"$\n\rResetResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\'\n\x14\x43loseSessionResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xb8\x01\n\x12GetSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x31\n\x06status\x18\x03 \x01(\x0e\x32!.codegym.runtime.v1.SessionStatus\x12\x12\n\nstep_index\x18\x04 \x01(\r\x12\x0e\n\x06reward\x18\x05 \x01(\x01\x12\x11\n\tmax_steps\x18\x06 \x01(\r\x12\x14\n\x0c\x65xpires_in_s\x18\x07 \x01(\r\"H\n\x0fListEnvsRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"D\n\nEnvSummary\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x12\n\ntool_names\x18\x02 \x03(\t\x12\x12\n\ntask_count\x18\x03 \x01(\r\"Y\n\x10ListEnvsResponse\x12,\n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x1e.codegym.runtime.v1.EnvSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1f\n\rGetEnvRequest\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\"\xa1\x01\n\x0eGetEnvResponse\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12*\n\x05tools\x18\x02 \x03(\x0b\x32\x1b.codegym.common.v1.ToolSpec\x12\x12\n\ntools_text\x18\x03 \x01(\t\x12\x11\n\ttask_text\x18\x04 \x01(\t\x12,\n\x05tasks\x18\x05 \x03(\x0b\x32\x1d.codegym.common.v1.TaskConfig*\xda\x01\n\rStepErrorCode\x12\x1f\n\x1bSTEP_ERROR_CODE_UNSPECIFIED\x10\x00\x12\"\n\x1eSTEP_ERROR_CODE_INVALID_ACTION\x10\x01\x12 \n\x1cSTEP_ERROR_CODE_UNKNOWN_TOOL\x10\x02\x12\x1d\n\x19STEP_ERROR_CODE_ENV_ERROR\x10\x03\x12 \n\x1cSTEP_ERROR_CODE_STEP_TIMEOUT\x10\x04\x12!\n\x1dSTEP_ERROR_CODE_SANDBOX_LIMIT\x10\x05*\x81\x01\n\rSessionStatus\x12\x1e\n\x1aSESSION_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15SESSION_STATUS_ACTIVE\x10\x01\x12\x17\n\x13SESSION_STATUS_DONE\x10\x02\x12\x1c\n\x18SESSION_STATUS_TRUNCATED\x10\x03\x32\xd1\x05\n\x0eRuntimeService\x12\x64\n\rCreateSession\x12(.codegym.runtime.v1.CreateSessionRequest\x1a).codegym.runtime.v1.CreateSessionResponse\x12I\n\x04Step\x12\x1f.codegym.runtime.v1.StepRequest\x1a .codegym.runtime.v1.StepResponse\x12X\n\tBatchStep\x12$.codegym.runtime.v1.BatchStepRequest\x1a%.codegym.runtime.v1.BatchStepResponse\x12L\n\x05Reset\x12 .codegym.runtime.v1.ResetRequest\x1a!.codegym.runtime.v1.ResetResponse\x12\x61\n\x0c\x43loseSession\x12\'.codegym.runtime.v1.CloseSessionRequest\x1a(.codegym.runtime.v1.CloseSessionResponse\x12[\n\nGetSession\x12%.codegym.runtime.v1.GetSessionRequest\x1a&.codegym.runtime.v1.GetSessionResponse\x12U\n\x08ListEnvs\x12#.codegym.runtime.v1.ListEnvsRequest\x1a$.codegym.runtime.v1.ListEnvsResponse\x12O\n\x06GetEnv\x12!.codegym.runtime.v1.GetEnvRequest\x1a\".codegym.runtime.v1.GetEnvResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(codegym/runtime/v1/runtime_service.proto\x12\x12\x63odegym.runtime.v1\x1a\x1e\x63odegym/common/v1/common.proto\"J\n\x0eSessionOptions\x12\x11\n\tmax_steps\x18\x01 \x01(\r\x12\x17\n\x0fstep_timeout_ms\x18\x02 \x01(\r\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"\x97\x01\n\x14\x43reateSessionRequest\x12\x11\n\x07\x61\x62ility\x18\x01 \x01(\tH\x00\x12/\n\x08\x65nv_task\x18\x02 \x01(\x0b\x32\x1b.codegym.runtime.v1.EnvTaskH\x00\x12\x33\n\x07options\x18\x03 \x01(\x0b\x32\".codegym.runtime.v1.SessionOptionsB\x06\n\x04task\"?\n\x07\x45nvTask\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x0f\n\x07\x65nv_str\x18\x03 \x01(\t\"\xb6\x01\n\x15\x43reateSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bobservation\x18\x02 \x01(\t\x12*\n\x05tools\x18\x03 \x03(\x0b\x32\x1b.codegym.common.v1.ToolSpec\x12\x12\n\ntools_text\x18\x04 \x01(\t\x12\x11\n\ttask_text\x18\x05 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x06 \x01(\t\x12\x11\n\tmax_steps\x18\x07 \x01(\r\"1\n\x08ToolCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x17\n\x0fparameters_json\x18\x02 \x01(\t\"u\n\x0bStepRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x15\n\x0b\x61\x63tion_json\x18\x02 \x01(\tH\x00\x12\x31\n\ttool_call\x18\x03 \x01(\x0b\x32\x1c.codegym.runtime.v1.ToolCallH\x00\x42\x08\n\x06\x61\x63tion\"M\n\tStepError\x12/\n\x04\x63ode\x18\x01 \x01(\x0e\x32!.codegym.runtime.v1.StepErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x96\x01\n\x0cStepResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x11\n\ttruncated\x18\x04 \x01(\x08\x12\x12\n\nstep_index\x18\x05 \x01(\r\x12,\n\x05\x65rror\x18\x06 \x01(\x0b\x32\x1d.codegym.runtime.v1.StepError\"B\n\x10\x42\x61tchStepRequest\x12.\n\x05steps\x18\x01 \x03(\x0b\x32\x1f.codegym.runtime.v1.StepRequest\"x\n\x0f\x42\x61tchStepResult\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x32\n\x08response\x18\x04 \x01(\x0b\x32 .codegym.runtime.v1.StepResponse\"I\n\x11\x42\x61tchStepResponse\x12\x34\n\x07results\x18\x01 \x03(\x0b\x32#.codegym.runtime.v1.BatchStepResult\"O\n\x11StepStreamRequest\x12-\n\x04step\x18\x01 \x01(\x0b\x32\x1f.codegym.runtime.v1.StepRequest\x12\x0b\n\x03tag\x18\x02 \x01(\t\"\x88\x01\n\x12StepStreamResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0b\n\x03tag\x18\x02 \x01(\t\x12\x0c\n\x04\x63ode\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x32\n\x08response\x18\x05 \x01(\x0b\x32 .codegym.runtime.v1.StepResponse\"\"\n\x0cResetRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"$\n\rResetResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\'\n\x14\x43loseSessionResponse\x12\x0f\n\x07\x65xisted\x18\x01 \x01(\x08\"\'\n\x11GetSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xb8\x01\n\x12GetSessionResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x65nv_id\x18\x02 \x01(\t\x12\x31\n\x06status\x18\x03 \x01(\x0e\x32!.codegym.runtime.v1.SessionStatus\x12\x12\n\nstep_index\x18\x04 \x01(\r\x12\x0e\n\x06reward\x18\x05 \x01(\x01\x12\x11\n\tmax_steps\x18\x06 \x01(\r\x12\x14\n\x0c\x65xpires_in_s\x18\x07 \x01(\r\"H\n\x0fListEnvsRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"D\n\nEnvSummary\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12\x12\n\ntool_names\x18\x02 \x03(\t\x12\x12\n\ntask_count\x18\x03 \x01(\r\"Y\n\x10ListEnvsResponse\x12,\n\x04\x65nvs\x18\x01 \x03(\x0b\x32\x1e.codegym.runtime.v1.EnvSummary\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1f\n\rGetEnvRequest\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\"\xa1\x01\n\x0eGetEnvResponse\x12\x0e\n\x06\x65nv_id\x18\x01 \x01(\t\x12*\n\x05tools\x18\x02 \x03(\x0b\x32\x1b.codegym.common.v1.ToolSpec\x12\x12\n\ntools_text\x18\x03 \x01(\t\x12\x11\n\ttask_text\x18\x04 \x01(\t\x12,\n\x05tasks\x18\x05 \x03(\x0b\x32\x1d.codegym.common.v1.TaskConfig*\xda\x01\n\rStepErrorCode\x12\x1f\n\x1bSTEP_ERROR_CODE_UNSPECIFIED\x10\x00\x12\"\n\x1eSTEP_ERROR_CODE_INVALID_ACTION\x10\x01\x12 \n\x1cSTEP_ERROR_CODE_UNKNOWN_TOOL\x10\x02\x12\x1d\n\x19STEP_ERROR_CODE_ENV_ERROR\x10\x03\x12 \n\x1cSTEP_ERROR_CODE_STEP_TIMEOUT\x10\x04\x12!\n\x1dSTEP_ERROR_CODE_SANDBOX_LIMIT\x10\x05*\x81\x01\n\rSessionStatus\x12\x1e\n\x1aSESSION_STATUS_UNSPECIFIED\x10\x00\x12\x19\n\x15SESSION_STATUS_ACTIVE\x10\x01\x12\x17\n\x13SESSION_STATUS_DONE\x10\x02\x12\x1c\n\x18SESSION_STATUS_TRUNCATED\x10\x03\x32\xb2\x06\n\x0eRuntimeService\x12\x64\n\rCreateSession\x12(.codegym.runtime.v1.CreateSessionRequest\x1a).codegym.runtime.v1.CreateSessionResponse\x12I\n\x04Step\x12\x1f.codegym.runtime.v1.StepRequest\x1a .codegym.runtime.v1.StepResponse\x12X\n\tBatchStep\x12$.codegym.runtime.v1.BatchStepRequest\x1a%.codegym.runtime.v1.BatchStepResponse\x12_\n\nStepStream\x12%.codegym.runtime.v1.StepStreamRequest\x1a&.codegym.runtime.v1.StepStreamResponse(\x01\x30\x01\x12L\n\x05Reset\x12 .codegym.runtime.v1.ResetRequest\x1a!.codegym.runtime.v1.ResetResponse\x12\x61\n\x0c\x43loseSession\x12\'.codegym.runtime.v1.CloseSessionRequest\x1a(.codegym.runtime.v1.CloseSessionResponse\x12[\n\nGetSession\x12%.codegym.runtime.v1.GetSessionRequest\x1a&.codegym.runtime.v1.GetSessionResponse\x12U\n\x08ListEnvs\x12#.codegym.runtime.v1.ListEnvsRequest\x1a$.codegym.runtime.v1.ListEnvsResponse\x12O\n\x06GetEnv\x12!.codegym.runtime.v1.GetEnvRequest\x1a\".codegym.runtime.v1.GetEnvResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'codegym.runtime.v1.runtime_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STEPERRORCODE']._serialized_start=2062
-  _globals['_STEPERRORCODE']._serialized_end=2280
-  _globals['_SESSIONSTATUS']._serialized_start=2283
-  _globals['_SESSIONSTATUS']._serialized_end=2412
+  _globals['_STEPERRORCODE']._serialized_start=2282
+  _globals['_STEPERRORCODE']._serialized_end=2500
+  _globals['_SESSIONSTATUS']._serialized_start=2503
+  _globals['_SESSIONSTATUS']._serialized_end=2632
   _globals['_SESSIONOPTIONS']._serialized_start=96
   _globals['_SESSIONOPTIONS']._serialized_end=170
   _globals['_CREATESESSIONREQUEST']._serialized_start=173
@@ -58,28 +58,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BATCHSTEPRESULT']._serialized_end=1166
   _globals['_BATCHSTEPRESPONSE']._serialized_start=1168
   _globals['_BATCHSTEPRESPONSE']._serialized_end=1241
-  _globals['_RESETREQUEST']._serialized_start=1243
-  _globals['_RESETREQUEST']._serialized_end=1277
-  _globals['_RESETRESPONSE']._serialized_start=1279
-  _globals['_RESETRESPONSE']._serialized_end=1315
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=1317
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=1358
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1360
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1399
-  _globals['_GETSESSIONREQUEST']._serialized_start=1401
-  _globals['_GETSESSIONREQUEST']._serialized_end=1440
-  _globals['_GETSESSIONRESPONSE']._serialized_start=1443
-  _globals['_GETSESSIONRESPONSE']._serialized_end=1627
-  _globals['_LISTENVSREQUEST']._serialized_start=1629
-  _globals['_LISTENVSREQUEST']._serialized_end=1701
-  _globals['_ENVSUMMARY']._serialized_start=1703
-  _globals['_ENVSUMMARY']._serialized_end=1771
-  _globals['_LISTENVSRESPONSE']._serialized_start=1773
-  _globals['_LISTENVSRESPONSE']._serialized_end=1862
-  _globals['_GETENVREQUEST']._serialized_start=1864
-  _globals['_GETENVREQUEST']._serialized_end=1895
-  _globals['_GETENVRESPONSE']._serialized_start=1898
-  _globals['_GETENVRESPONSE']._serialized_end=2059
-  _globals['_RUNTIMESERVICE']._serialized_start=2415
-  _globals['_RUNTIMESERVICE']._serialized_end=3136
+  _globals['_STEPSTREAMREQUEST']._serialized_start=1243
+  _globals['_STEPSTREAMREQUEST']._serialized_end=1322
+  _globals['_STEPSTREAMRESPONSE']._serialized_start=1325
+  _globals['_STEPSTREAMRESPONSE']._serialized_end=1461
+  _globals['_RESETREQUEST']._serialized_start=1463
+  _globals['_RESETREQUEST']._serialized_end=1497
+  _globals['_RESETRESPONSE']._serialized_start=1499
+  _globals['_RESETRESPONSE']._serialized_end=1535
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=1537
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=1578
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=1580
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=1619
+  _globals['_GETSESSIONREQUEST']._serialized_start=1621
+  _globals['_GETSESSIONREQUEST']._serialized_end=1660
+  _globals['_GETSESSIONRESPONSE']._serialized_start=1663
+  _globals['_GETSESSIONRESPONSE']._serialized_end=1847
+  _globals['_LISTENVSREQUEST']._serialized_start=1849
+  _globals['_LISTENVSREQUEST']._serialized_end=1921
+  _globals['_ENVSUMMARY']._serialized_start=1923
+  _globals['_ENVSUMMARY']._serialized_end=1991
+  _globals['_LISTENVSRESPONSE']._serialized_start=1993
+  _globals['_LISTENVSRESPONSE']._serialized_end=2082
+  _globals['_GETENVREQUEST']._serialized_start=2084
+  _globals['_GETENVREQUEST']._serialized_end=2115
+  _globals['_GETENVRESPONSE']._serialized_start=2118
+  _globals['_GETENVRESPONSE']._serialized_end=2279
+  _globals['_RUNTIMESERVICE']._serialized_start=2635
+  _globals['_RUNTIMESERVICE']._serialized_end=3453
 # @@protoc_insertion_point(module_scope)

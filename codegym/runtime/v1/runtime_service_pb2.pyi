@@ -443,6 +443,74 @@ class BatchStepResponse(_message.Message):
 Global___BatchStepResponse: _TypeAlias = BatchStepResponse  # noqa: Y015
 
 @_typing.final
+class StepStreamRequest(_message.Message):
+    """One step sent on a StepStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    TAG_FIELD_NUMBER: _builtins.int
+    tag: _builtins.str
+    """Echoed in the answer, for the caller's bookkeeping."""
+    @_builtins.property
+    def step(self) -> Global___StepRequest:
+        """The step."""
+
+    def __init__(
+        self,
+        *,
+        step: Global___StepRequest | None = ...,
+        tag: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["step", b"step"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["step", b"step", "tag", b"tag"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepStreamRequest: _TypeAlias = StepStreamRequest  # noqa: Y015
+
+@_typing.final
+class StepStreamResponse(_message.Message):
+    """One answer on a StepStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    TAG_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    RESPONSE_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """Session."""
+    tag: _builtins.str
+    """The request's tag."""
+    code: _builtins.int
+    """gRPC status code of this step (0 = OK); e.g. NOT_FOUND for an unknown session."""
+    message: _builtins.str
+    """Status detail when code != 0."""
+    @_builtins.property
+    def response(self) -> Global___StepResponse:
+        """Step result when code == 0."""
+
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        tag: _builtins.str = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        response: Global___StepResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "response", b"response", "session_id", b"session_id", "tag", b"tag"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StepStreamResponse: _TypeAlias = StepStreamResponse  # noqa: Y015
+
+@_typing.final
 class ResetRequest(_message.Message):
     """Request of Reset."""
 

@@ -51,6 +51,11 @@ class RuntimeServiceStub:
                 request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepRequest.SerializeToString,
                 response_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepResponse.FromString,
                 _registered_method=True)
+        self.StepStream = channel.stream_stream(
+                '/codegym.runtime.v1.RuntimeService/StepStream',
+                request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamRequest.SerializeToString,
+                response_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamResponse.FromString,
+                _registered_method=True)
         self.Reset = channel.unary_unary(
                 '/codegym.runtime.v1.RuntimeService/Reset',
                 request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetRequest.SerializeToString,
@@ -99,6 +104,15 @@ class RuntimeServiceServicer:
 
     def BatchStep(self, request, context):
         """Apply one action to each of many sessions (different sessions run in parallel).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StepStream(self, request_iterator, context):
+        """Steps of many sessions over one call: each request is answered as soon as it is done
+        (in completion order, tagged), so one trainer drives many sessions without waiting for the
+        slowest. Steps of one session still apply in the order they were sent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -156,6 +170,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.BatchStep,
                     request_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepRequest.FromString,
                     response_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepResponse.SerializeToString,
+            ),
+            'StepStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.StepStream,
+                    request_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamRequest.FromString,
+                    response_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamResponse.SerializeToString,
             ),
             'Reset': grpc.unary_unary_rpc_method_handler(
                     servicer.Reset,
@@ -266,6 +285,33 @@ class RuntimeService:
             '/codegym.runtime.v1.RuntimeService/BatchStep',
             codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepRequest.SerializeToString,
             codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/codegym.runtime.v1.RuntimeService/StepStream',
+            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamRequest.SerializeToString,
+            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

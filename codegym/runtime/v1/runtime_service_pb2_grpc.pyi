@@ -41,6 +41,11 @@ class RuntimeServiceStub:
     """Apply one action."""
     BatchStep: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.BatchStepRequest, _runtime_service_pb2.BatchStepResponse]
     """Apply one action to each of many sessions (different sessions run in parallel)."""
+    StepStream: _grpc.StreamStreamMultiCallable[_runtime_service_pb2.StepStreamRequest, _runtime_service_pb2.StepStreamResponse]
+    """Steps of many sessions over one call: each request is answered as soon as it is done
+    (in completion order, tagged), so one trainer drives many sessions without waiting for the
+    slowest. Steps of one session still apply in the order they were sent.
+    """
     Reset: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ResetRequest, _runtime_service_pb2.ResetResponse]
     """Back to the session's own task config."""
     CloseSession: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CloseSessionRequest, _runtime_service_pb2.CloseSessionResponse]
@@ -65,6 +70,11 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Apply one action."""
     BatchStep: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.BatchStepRequest, _runtime_service_pb2.BatchStepResponse]  # type: ignore[assignment]
     """Apply one action to each of many sessions (different sessions run in parallel)."""
+    StepStream: _aio.StreamStreamMultiCallable[_runtime_service_pb2.StepStreamRequest, _runtime_service_pb2.StepStreamResponse]  # type: ignore[assignment]
+    """Steps of many sessions over one call: each request is answered as soon as it is done
+    (in completion order, tagged), so one trainer drives many sessions without waiting for the
+    slowest. Steps of one session still apply in the order they were sent.
+    """
     Reset: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ResetRequest, _runtime_service_pb2.ResetResponse]  # type: ignore[assignment]
     """Back to the session's own task config."""
     CloseSession: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CloseSessionRequest, _runtime_service_pb2.CloseSessionResponse]  # type: ignore[assignment]
@@ -104,6 +114,17 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.BatchStepResponse, _abc.Awaitable[_runtime_service_pb2.BatchStepResponse]]:
         """Apply one action to each of many sessions (different sessions run in parallel)."""
+
+    @_abc_1.abstractmethod
+    def StepStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_runtime_service_pb2.StepStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_runtime_service_pb2.StepStreamResponse], _abc.AsyncIterator[_runtime_service_pb2.StepStreamResponse]]:
+        """Steps of many sessions over one call: each request is answered as soon as it is done
+        (in completion order, tagged), so one trainer drives many sessions without waiting for the
+        slowest. Steps of one session still apply in the order they were sent.
+        """
 
     @_abc_1.abstractmethod
     def Reset(
