@@ -134,6 +134,38 @@ def cpu_by_role(up_pid: int) -> dict[str, float]:
     return {role: ticks / tick for role, ticks in roles.items()}
 
 
+def zygote_children_memory_kb() -> tuple[int, float, float]:
+    """(count, mean USS, mean PSS) in KiB of the processes the jails' zygotes forked: resident
+    sessions plus one spare per jail. USS (private pages) is what each one costs on its own."""
+    children = _children()
+    zygotes = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"/sandbox/zygote.py" in (entry / "cmdline").read_bytes():
+                    zygotes.append(int(entry.name))
+            except OSError:
+                continue
+    uss: list[int] = []
+    pss: list[int] = []
+    for zygote in zygotes:
+        for pid in children.get(zygote, []):
+            private = proportional = 0
+            try:
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                        private += int(line.split()[1])
+                    elif line.startswith("Pss:"):
+                        proportional += int(line.split()[1])
+            except OSError:
+                continue
+            uss.append(private)
+            pss.append(proportional)
+    if not uss:
+        return 0, 0.0, 0.0
+    return len(uss), sum(uss) / len(uss), sum(pss) / len(pss)
+
+
 def tree_memory_kb(root_pid: int) -> tuple[int, int]:
     """(RSS, PSS) in KiB summed over a process and all its descendants; PSS splits shared pages fairly."""
     children: dict[int, list[int]] = {}

@@ -32,6 +32,7 @@ from bench.common import (  # noqa: E402
     pct,
     start_process,
     tree_memory_kb,
+    zygote_children_memory_kb,
 )
 from clients.oracle import read_trajectories  # noqa: E402
 from clients.runtime_client import AsyncRuntimeClient  # noqa: E402
@@ -262,6 +263,14 @@ async def run(args: argparse.Namespace) -> None:
                         "",
                     )
                 )
+            count, uss, pss_each = zygote_children_memory_kb()
+            rows.append(
+                (
+                    "resident session processes (+1 spare per jail): count, USS / PSS each MiB",
+                    f"{count}, {uss / 1024:.1f} / {pss_each / 1024:.1f}",
+                    "",
+                )
+            )
             rss_idle, pss_idle = tree_memory_kb(up.pid)
             runtime_idle = tree_memory_kb(runtime_pid(up.pid))[0]
             started = time.perf_counter()
