@@ -145,7 +145,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sandbox.add_argument(
         "--resident-cap",
         type=int,
-        default=32,
+        default=96,
         help="resident sessions per jail (live envs kept between steps; least recently used evicted)",
     )
     sandbox.add_argument(

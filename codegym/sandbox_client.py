@@ -173,6 +173,20 @@ class SandboxDispatcher:
             result = await self._call(with_code)
         return result
 
+    async def release(self, key: str) -> None:
+        """Tell the session's worker to drop its resident process (best effort: a miss costs nothing)."""
+        op = sb.Operation(release=sb.ReleaseOp(session_key=key))
+        try:
+            if self.workers:
+                now = time.monotonic()
+                home = next((a for a in self.order(key) if self.down_until.get(a, 0.0) <= now), None)
+                if home is not None:
+                    await self.workers[home][1].submit(op)
+            else:
+                await self.stub.Execute(sb.ExecuteRequest(operation=op), timeout=DEADLINE_SLACK_S)
+        except grpc.aio.AioRpcError as exc:
+            log.debug("release of %s failed: %s", key, exc.code().name)
+
     async def _pinned(self, op: sb.Operation, source: str, key: str) -> sb.OperationResult | None:
         """The result from the first worker of the session's order that takes the call; None if none did."""
         now = time.monotonic()

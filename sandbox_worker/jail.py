@@ -108,6 +108,8 @@ class Jail:
     async def execute(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
         """Run a request, sending the source text only when this jail has not compiled it yet."""
         sha = request["sha"]
+        if not sha:  # operations without a source (release)
+            return await self._roundtrip(request, wall_ms)
         if sha in self.known:
             self.known.move_to_end(sha)
             result = await self._roundtrip({k: v for k, v in request.items() if k != "source"}, wall_ms)

@@ -32,7 +32,7 @@ class JailPool:
         size: int,
         limits: JailLimits | None = None,
         *,
-        resident_cap: int = 32,
+        resident_cap: int = 96,
         resident_idle_s: float = 300.0,
     ) -> None:
         self.size = size
@@ -87,7 +87,8 @@ class JailPool:
             raise
         self.operations += 1
         if session:
-            self._pin(session, jail.index if result.get("status") == "ok" else None)
+            kept = result.get("status") == "ok" and request.get("op") != "release"
+            self._pin(session, jail.index if kept else None)
             self.resident_steps += bool(result.get("resident"))
         await self._release(jail)
         return result

@@ -111,6 +111,18 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             raise BadOperation(
                 "operation has no kind (create, step, reset, ref_answer, solve, run_script, ...)"
             )
+        if kind == "release":
+            if not op.release.session_key:
+                raise BadOperation("release needs a session_key")
+            limits = self.defaults.capped(self.maximum)
+            req: dict[str, Any] = {"op": "release", "session": op.release.session_key, "sha": ""}
+            req["limits"] = {
+                "wall_ms": limits.wall_ms,
+                "cpu_ms": limits.cpu_ms,
+                "memory_mb": limits.memory_mb,
+                "output_bytes": limits.output_bytes,
+            }
+            return req, limits.wall_ms
         if op.source.code:
             sha = self.cache.put(op.source.code)
             if op.source.sha256 and op.source.sha256 != sha:
@@ -135,7 +147,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             memory_mb=op.limits.memory_mb,
             output_bytes=op.limits.output_bytes,
         )
-        req: dict[str, Any] = {
+        req = {
             "op": kind,
             "sha": sha,
             "source": source,

@@ -59,8 +59,10 @@ MAX_RESULT_BYTES = 32 * 1024 * 1024
 CODE_CACHE_SIZE = 128
 HEADER = struct.Struct(">I")
 # Resident sessions per jail, and how long one may sit idle; the worker may send its own values.
-RESIDENT_CAP = 32
+RESIDENT_CAP = 96
 RESIDENT_IDLE_S = 300.0
+# A resident session idle this long may give its place to a new one when the jail is full.
+ADMIT_IDLE_S = 2.0
 # Highest fd a forked child may have inherited (the jail's RLIMIT_NOFILE is below it).
 MAX_FDS = 1024
 # Bound before any env code runs: a request that monkeypatches json or builtins cannot corrupt
@@ -747,6 +749,9 @@ class Zygote:
     def serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
         """Run one request; return its result and the one-shot child to reap after answering."""
         op = req.get("op")
+        if op == "release":
+            self.evict(str(req.get("session") or ""))
+            return {"status": "ok"}, None
         key = str(req.get("session") or "") if op in ("step", "create") else ""
         if key and op == "create":
             # The new session lives on in the process that built it: its first step is resident.
@@ -762,6 +767,8 @@ class Zygote:
                     return self.serve_resident(key, held, req), None
                 self.evict(key)
             req["resident"] = True
+        if key and not self.admit(int(req.get("resident_cap") or RESIDENT_CAP)):
+            req["resident"] = False
         problem = self.check_source(req)
         if problem is not None:
             return problem, None
@@ -801,6 +808,21 @@ class Zygote:
         result.pop("state_sha", None)
         self.evict(key)
         return result
+
+    def admit(self, cap: int) -> bool:
+        """Room for one more resident session: free, or made by evicting one idle for a while.
+
+        When more sessions step than a jail can hold, evicting the least recently used one for
+        every newcomer would make every step cold and pay a process teardown on top; instead
+        the newcomer runs one-shot until a resident has sat idle for `ADMIT_IDLE_S`.
+        """
+        if len(self.residents) < cap:
+            return True
+        oldest_key, oldest = next(iter(self.residents.items()))
+        if time.monotonic() - oldest.last_used < ADMIT_IDLE_S:
+            return False
+        self.evict(oldest_key)
+        return True
 
     def evict(self, key: str) -> None:
         held = self.residents.pop(key, None)

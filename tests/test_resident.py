@@ -9,6 +9,7 @@ state.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -217,20 +218,50 @@ def test_a_bomb_in_one_resident_session_leaves_the_others_alive_and_correct(
     assert recovered.status == pb.STATUS_OK and recovered.observation == "class 1 module 1 own 3"
 
 
-def test_evicted_sessions_resume_cold_with_identical_observations() -> None:
+def test_a_released_session_is_dropped_and_its_next_step_runs_cold(stub: pb_grpc.SandboxServiceStub) -> None:
+    session = Session(stub, "released", RESIDENT_ENV, resident_create=True)
+    assert session.step(call("Bump")).resident
+    release = pb.Operation(release=pb.ReleaseOp(session_key="released"))
+    assert session.execute(release).status == pb.STATUS_OK
+    after = session.step(call("Bump"))
+    assert not after.resident and after.observation == "class 1 module 1 own 2"
+    unknown = pb.Operation(release=pb.ReleaseOp(session_key="never-seen"))
+    assert session.execute(unknown).status == pb.STATUS_OK
+    with pytest.raises(grpc.RpcError) as info:
+        session.execute(pb.Operation(release=pb.ReleaseOp()))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_full_jail_keeps_its_residents_and_evicts_only_idle_ones() -> None:
     worker = start_worker("--resident-cap", "1")
     try:
         with grpc.insecure_channel(worker.address) as channel:
             stub = pb_grpc.SandboxServiceStub(channel)
             first, second = TRAJECTORIES[0], TRAJECTORIES[10]
-            a = Session(stub, "evict-a", SOURCES[first["env_id"]], json.dumps(first["config"]))
-            b = Session(stub, "evict-b", SOURCES[second["env_id"]], json.dumps(second["config"]))
-            resident = []
-            for (action_a, obs_a), (action_b, obs_b) in zip(first["steps"], second["steps"], strict=False):
+            a = Session(
+                stub, "full-a", SOURCES[first["env_id"]], json.dumps(first["config"]), resident_create=True
+            )
+            b = Session(
+                stub, "full-b", SOURCES[second["env_id"]], json.dumps(second["config"]), resident_create=True
+            )
+            steps_a, steps_b = iter(first["steps"]), iter(second["steps"])
+            resident_a, resident_b = [], []
+            for _ in range(4):
+                (action_a, obs_a), (action_b, obs_b) = next(steps_a), next(steps_b)
                 ra, rb = a.step(action_a), b.step(action_b)
                 assert (ra.observation, rb.observation) == (obs_a, obs_b)
-                resident += [ra.resident, rb.resident]
-            # With room for one session per jail, interleaved sessions evict each other every step.
-            assert not any(resident)
+                resident_a.append(ra.resident)
+                resident_b.append(rb.resident)
+            # Room for one: the first session stays warm; the newcomer runs cold instead of
+            # evicting a session that is still stepping.
+            assert all(resident_a) and not any(resident_b)
+            time.sleep(2.2)  # `a` idle past the admission threshold: `b` may take its place
+            action_b, obs_b = next(steps_b)
+            assert b.step(action_b).observation == obs_b
+            action_b, obs_b = next(steps_b)
+            assert b.step(action_b).resident
+            action_a, obs_a = next(steps_a)
+            evicted = a.step(action_a)
+            assert not evicted.resident and evicted.observation == obs_a
     finally:
         assert worker.stop() == 0

@@ -92,6 +92,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self.dispatcher = dispatcher
         self.config = config or RuntimeConfig()
         self.locks: dict[str, asyncio.Lock] = {}
+        self.releases: set[asyncio.Task[None]] = set()
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -161,7 +162,16 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
 
     async def _forget(self, session_id: str) -> bool:
         self.locks.pop(session_id, None)
-        return await self.store.delete(session_id)
+        existed = await self.store.delete(session_id)
+        if existed:
+            self._release(session_id)
+        return existed
+
+    def _release(self, session_id: str) -> None:
+        """Free the session's resident process on its worker, without making the caller wait."""
+        task = asyncio.get_running_loop().create_task(self.dispatcher.release(session_id))
+        self.releases.add(task)
+        task.add_done_callback(self.releases.discard)
 
     def _lock(self, session_id: str) -> asyncio.Lock:
         lock = self.locks.get(session_id)
@@ -389,6 +399,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def _expire(self) -> None:
         for session_id in await self.store.expire(self.config.session_ttl_s):
             self.locks.pop(session_id, None)
+            self._release(session_id)
 
     async def reaper(self) -> None:
         """Drop idle sessions periodically (and lazily on access, see `_session`)."""

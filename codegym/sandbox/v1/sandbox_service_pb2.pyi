@@ -338,6 +338,30 @@ class CallFunctionOp(_message.Message):
 Global___CallFunctionOp: _TypeAlias = CallFunctionOp  # noqa: Y015
 
 @_typing.final
+class ReleaseOp(_message.Message):
+    """Drop a session's resident process: the session was closed or expired. Releasing a session
+    the worker does not hold is not an error.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_KEY_FIELD_NUMBER: _builtins.int
+    session_key: _builtins.str
+    """The session id given as session_key to its create and steps."""
+    def __init__(
+        self,
+        *,
+        session_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session_key", b"session_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseOp: _TypeAlias = ReleaseOp  # noqa: Y015
+
+@_typing.final
 class Operation(_message.Message):
     """One unit of work."""
 
@@ -353,6 +377,7 @@ class Operation(_message.Message):
     SOLVE_FIELD_NUMBER: _builtins.int
     RUN_SCRIPT_FIELD_NUMBER: _builtins.int
     CALL_FUNCTION_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
     seed: _builtins.int
     """Seed for `random` (and numpy's legacy global generator) in the fork, so a retry is identical."""
     @_builtins.property
@@ -391,6 +416,10 @@ class Operation(_message.Message):
     def call_function(self) -> Global___CallFunctionOp:
         """Call a function."""
 
+    @_builtins.property
+    def release(self) -> Global___ReleaseOp:
+        """Drop a resident session (its process ends); needs no source."""
+
     def __init__(
         self,
         *,
@@ -404,12 +433,13 @@ class Operation(_message.Message):
         solve: Global___SolveOp | None = ...,
         run_script: Global___RunScriptOp | None = ...,
         call_function: Global___CallFunctionOp | None = ...,
+        release: Global___ReleaseOp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["call_function", b"call_function", "create", b"create", "kind", b"kind", "limits", b"limits", "ref_answer", b"ref_answer", "reset", b"reset", "run_script", b"run_script", "solve", b"solve", "source", b"source", "step", b"step"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call_function", b"call_function", "create", b"create", "kind", b"kind", "limits", b"limits", "ref_answer", b"ref_answer", "release", b"release", "reset", b"reset", "run_script", b"run_script", "solve", b"solve", "source", b"source", "step", b"step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_function", b"call_function", "create", b"create", "kind", b"kind", "limits", b"limits", "ref_answer", b"ref_answer", "reset", b"reset", "run_script", b"run_script", "seed", b"seed", "solve", b"solve", "source", b"source", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call_function", b"call_function", "create", b"create", "kind", b"kind", "limits", b"limits", "ref_answer", b"ref_answer", "release", b"release", "reset", b"reset", "run_script", b"run_script", "seed", b"seed", "solve", b"solve", "source", b"source", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["create", "step", "reset", "ref_answer", "solve", "run_script", "call_function"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["create", "step", "reset", "ref_answer", "solve", "run_script", "call_function", "release"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
