@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# gRPC core prints its own lines (e.g. "E1126 ... add_port.cc:83 Failed to add port") next to the
+# one-line errors this command line gives; keep them for those who ask with GRPC_VERBOSITY.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
 import argparse
 import sys
 
@@ -37,11 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sandbox_worker.jail import JailDied
+
     args = build_parser().parse_args(argv)
     try:
         result: int = args.func(args)
-    except OSError as exc:
-        # Ports in use, unreadable files: say what failed, without a traceback.
+    except (OSError, JailDied) as exc:
+        # Ports in use, unreadable files, jails that cannot start: what failed, without a traceback.
         print(f"codegym: {exc}", file=sys.stderr)
         return 1
     return result

@@ -157,9 +157,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             time.sleep(0.2)
         return 0
     except (RuntimeError, TimeoutError) as exc:
-        print(
-            f"codegym up: {exc} (is the port in use? --port 0 picks a free one)", file=sys.stderr, flush=True
-        )
+        # The server printed its own one-line reason (a port in use, a jail that cannot start) above.
+        print(f"codegym up: {exc}; its reason is printed above", file=sys.stderr, flush=True)
         return 1
     finally:
         for child in reversed(children):

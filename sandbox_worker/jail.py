@@ -81,11 +81,16 @@ class Jail:
             raise JailDied(f"jail {self.index} sent {hello!r} instead of ready")
 
     def _log_tail(self) -> str:
+        """nsjail's warnings and errors: the cause is often a warning (a failed mount), not the error."""
         with contextlib.suppress(OSError):
             lines = [
-                x for x in self.log_path.read_text(errors="replace").splitlines() if "[E]" in x or "[F]" in x
+                x.split("] ", 1)[-1]
+                for x in self.log_path.read_text(errors="replace").splitlines()
+                if x.startswith(("[W]", "[E]", "[F]"))
             ]
-            return " | ".join(lines[-3:]) or "no error in the nsjail log"
+            # The first complaint is usually the cause (a mount that failed), the last the outcome.
+            shown = lines if len(lines) <= 4 else [*lines[:2], "…", *lines[-2:]]
+            return " | ".join(shown) or "no warning or error in the nsjail log"
         return "no nsjail log"
 
     async def _read_frame(self) -> dict[str, Any]:

@@ -147,7 +147,10 @@ def build_jail_config(index: int, limits: JailLimits, cgroups: str, log_file: st
         # `envar` anyway; -s drops the user site, -P keeps the script folder off sys.path.
         exec_bin=Exe(path=python_executable(), arg=["-s", "-P", "-B", JAIL_ZYGOTE]),
     )
+    # The scratch tmpfs goes first: mounts are made in order, and a venv or checkout under /tmp
+    # mounted before it would be hidden by it (the jail could not even start its interpreter).
     cfg.mount = [
+        MountPt(dst="/tmp", fstype="tmpfs", rw=True, is_dir=True, options=f"size={limits.tmpfs_mb}m"),
         *_python_mounts(),
         *(
             MountPt(
@@ -161,7 +164,6 @@ def build_jail_config(index: int, limits: JailLimits, cgroups: str, log_file: st
         ),
         MountPt(src="/dev/null", dst="/dev/null", is_bind=True, rw=True, is_dir=False),
         MountPt(src="/dev/urandom", dst="/dev/urandom", is_bind=True, rw=False, is_dir=False),
-        MountPt(dst="/tmp", fstype="tmpfs", rw=True, is_dir=True, options=f"size={limits.tmpfs_mb}m"),
     ]
     if cgroups == "v1":
         cfg.cgroup_mem_max = limits.memory_mb * 1024 * 1024

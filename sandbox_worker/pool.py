@@ -59,7 +59,12 @@ class JailPool:
         if not self.cgroups:
             log.warning("cgroups are not writable here: jails are limited by rlimits only")
         self.jails = [Jail(i, self.limits, self.cgroups, self.workdir) for i in range(self.size)]
-        await asyncio.gather(*(j.start() for j in self.jails))
+        try:
+            await asyncio.gather(*(j.start() for j in self.jails))
+        except BaseException:
+            # A failed start leaves nothing behind: no jail running, no work folder in /tmp.
+            await self.close()
+            raise
         self._ready = set(range(self.size))
         log.info("%d jails ready (%s)", self.size, self.isolation)
 

@@ -492,17 +492,40 @@ ZYGOTE_VM_BYTES = 0
 BUILTINS = dict(builtins.__dict__)
 
 
-def wipe_tmp() -> None:
-    """Empty the jail's tmpfs so no file outlives the request that wrote it."""
+def mounts_under_tmp() -> frozenset[str]:
+    """Mount points below /tmp (a venv or checkout under /tmp) and every folder on the way to them."""
+    keep: set[str] = set()
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+    except OSError:
+        return frozenset()
+    for point in points:
+        if point.startswith("/tmp/"):
+            path = point
+            while path not in ("/tmp", "/"):
+                keep.add(path)
+                path = os.path.dirname(path)
+    return frozenset(keep)
+
+
+TMP_MOUNTS: frozenset[str] = frozenset()
+
+
+def wipe_tmp(folder: str = "/tmp") -> None:
+    """Empty the jail's tmpfs so no file outlives the request that wrote it (mounts stay)."""
     import shutil
 
     try:
-        entries = list(os.scandir("/tmp"))
+        entries = list(os.scandir(folder))
     except OSError:
         return
     for entry in entries:
         try:
-            if entry.is_dir(follow_symlinks=False):
+            if entry.path in TMP_MOUNTS:
+                if entry.is_dir(follow_symlinks=False) and not os.path.ismount(entry.path):
+                    wipe_tmp(entry.path)
+            elif entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
                 os.unlink(entry.path)
@@ -864,7 +887,8 @@ class Zygote:
 
 
 def main() -> None:
-    global ZYGOTE_VM_BYTES
+    global ZYGOTE_VM_BYTES, TMP_MOUNTS
+    TMP_MOUNTS = mounts_under_tmp()
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             __import__(name)

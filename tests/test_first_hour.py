@@ -1,0 +1,120 @@
+"""What a new user meets first: a checkout anywhere works, failures are one true line, no noise.
+
+Each test runs the command line as a user would (a real process) and checks the exit code and
+the line the user sees.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from tests.conftest import ROOT
+from tests.helpers.servers import ServerProcess
+
+
+def tmp_interpreter(parent: Path, traversable: bool = True) -> Path:
+    """A venv under /tmp whose interpreter sees this project's packages (through a .pth file)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    venv = parent / "venv"
+    subprocess.run(
+        [Path(sys.base_prefix) / "bin" / "python3", "-m", "venv", "--without-pip", str(venv)], check=True
+    )
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "project.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    mode = 0o755 if traversable else 0o700
+    parent.chmod(mode)
+    return venv / "bin" / "python"
+
+
+def sandbox_dirs() -> set[str]:
+    return {p.name for p in Path("/tmp").glob("codegym-sandbox-*")}
+
+
+def cli(
+    *args: str, python: str | Path = sys.executable, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(python), "-m", "clients.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+@pytest.fixture
+def tmp_under_tmp() -> Iterator[Path]:
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="cg-checkout-", dir="/tmp"))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_worker_whose_interpreter_lives_under_tmp_serves_and_keeps_scratch_clean(
+    tmp_under_tmp: Path,
+) -> None:
+    python = tmp_interpreter(tmp_under_tmp / "checkout")
+    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"], python=str(python))
+    try:
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+
+            def script(code: str) -> pb.OperationResult:
+                op = pb.Operation(source=pb.SourceRef(code=code), run_script=pb.RunScriptOp())
+                return stub.Execute(pb.ExecuteRequest(operation=op), timeout=30).result
+
+            wrote = script("open('/tmp/scratch.txt', 'w').write('x'); import sys; print(sys.executable)")
+            assert wrote.status == pb.STATUS_OK, wrote.message + wrote.stderr
+            assert wrote.stdout.strip() == str(python.parent / "python3")  # the jail runs the venv's python3
+            after = script(
+                "import os; print(os.path.exists('/tmp/scratch.txt'), os.path.exists(__import__('sys').executable))"
+            )
+            assert after.status == pb.STATUS_OK and after.stdout.split() == ["False", "True"]
+    finally:
+        assert worker.stop() == 0
+
+
+def test_a_jail_that_cannot_start_says_why_in_one_line_and_leaves_nothing(tmp_under_tmp: Path) -> None:
+    python = tmp_interpreter(tmp_under_tmp / "private", traversable=False)
+    script = tmp_under_tmp / "hello.py"
+    script.write_text("print('hello')\n")
+    before = sandbox_dirs()
+    result = cli("sandbox", "run", str(script), "--op", "script", python=python)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert lines[0].startswith("codegym: jail 0 did not start:") and "Permission denied" in lines[0]
+    assert sandbox_dirs() <= before
+
+
+def test_a_port_in_use_is_said_once_without_grpc_core_lines(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = cli("up", "--port", "0", "--library", str(tmp_path / "lib.db"), "--sandbox-port", port)
+    assert result.returncode == 1
+    assert f"codegym: cannot bind 127.0.0.1:{port}: address in use" in result.stderr
+    assert not re.search(r"^[EWI]\d{4} ", result.stderr, re.MULTILINE), result.stderr  # gRPC core's log lines
+    assert "add_port" not in result.stderr and "is the port in use" not in result.stderr
+    assert "sandbox worker 1 did not start" in result.stderr
+
+
+def test_no_asyncio_warning_when_a_local_worker_stops(tmp_path: Path) -> None:
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    result = cli("sandbox", "run", str(script), "--op", "script")
+    assert result.returncode == 0, result.stderr
+    assert "exit status already read" not in result.stderr and "WARNING" not in result.stderr
