@@ -25,17 +25,19 @@ deb-packages:
 jail-paths: venv
 	@for p in $$($(PY) -c 'import sys; print(sys.base_prefix, sys.prefix)'); do \
 	  d=$$(readlink -f $$p); while [ "$$d" != "/" ]; do \
-	    if [ ! -x "$$d" ] || [ "$$(stat -c %A $$d | cut -c10)" != "x" ]; then chmod o+x "$$d" && echo "o+x $$d (jails must reach the interpreter)"; fi; \
+	    case "$$(stat -c %A $$d | cut -c10)" in x|t) ;; *) chmod o+x "$$d" && echo "o+x $$d (jails must reach the interpreter)";; esac; \
 	    d=$$(dirname $$d); done; done
 
 venv:
 	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv install 3.12 or apt python3.12)"; exit 1; }
-	@test -x $(PY) || $(PY312) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	@test -x $(PY) || { echo "creating $(VENV) with $(PY312)"; $(PY312) -m venv $(VENV); }
+	@echo "installing the project and its dev tools into $(VENV) (pip; about 30 s the first time)"
+	@log=$$(mktemp); { $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '.[dev]'; } >$$log 2>&1 \
+	  || { cat $$log; rm -f $$log; exit 1; }; rm -f $$log
 
 node_modules/.bin/buf: package.json
-	npm install --silent --no-audit --no-fund
+	@echo "installing buf (protobuf lint) with npm"
+	@npm install --silent --no-audit --no-fund
 	@touch $@
 
 proto:

@@ -48,6 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         result: int = args.func(args)
+        sys.stdout.flush()  # inside the try: a reader gone early shows up here, not at exit
+    except BrokenPipeError:
+        # The reader went away (`codegym library list | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (OSError, JailDied) as exc:
         # Ports in use, unreadable files, jails that cannot start: what failed, without a traceback.
         print(f"codegym: {exc}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from services.runtime.library import Library, default_library_path
 
@@ -24,10 +25,24 @@ def _import(args: argparse.Namespace) -> int:
         f"{len(report.skipped)} skipped; {report.tasks_added} new task configs "
         f"({report.tasks_present} already present). Library {args.library}: {envs} envs, {tasks} tasks."
     )
+    usable = report.added or report.updated or report.unchanged or report.tasks_added or report.tasks_present
+    if not usable:
+        print("codegym library import: nothing usable was imported", file=sys.stderr)
+        return 1
     return 1 if report.skipped and args.strict else 0
 
 
+def _existing(path: str) -> bool:
+    """Reading commands never create a library: a mistyped path is an error, not an empty library."""
+    if Path(path).is_file():
+        return True
+    print(f"codegym library: no library at {path} (build one with 'codegym library import')", file=sys.stderr)
+    return False
+
+
 def _list(args: argparse.Namespace) -> int:
+    if not _existing(args.library):
+        return 2
     with Library(args.library) as library:
         records = library.load_all()
     rows = [r for r in records.values() if r.env_id.startswith(args.prefix)]
@@ -43,6 +58,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
+    if not _existing(args.library):
+        return 2
     with Library(args.library) as library:
         record = library.get(args.env_id)
     if record is None:
@@ -93,6 +110,8 @@ def _oracle(args: argparse.Namespace) -> int:
     from clients.oracle import record_oracle, write_trajectories
     from services.runtime.library import TaskRecord
 
+    if not _existing(args.library):
+        return 2
     with Library(args.library) as library:
         records = [r for r in library.load_all().values() if r.env_id.startswith(args.prefix)]
         trajectories = asyncio.run(record_oracle(records, args.sandbox))

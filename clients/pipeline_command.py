@@ -21,7 +21,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from urllib.parse import urlparse
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -29,6 +28,7 @@ from rich.table import Table
 
 from clients.pipeline import LLM_STAGES, STAGES, Pipeline, PipelineConfig
 from clients.pipeline_state import PipelineState, StageOutcome
+from clients.synthesize_command import missing_api_key
 from codegym.grpcutil import aio_channel, wait_serving
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
@@ -48,11 +48,6 @@ SHORT = {
     "filters": "filters",
     "library": "library",
 }
-
-
-def is_local(url: str) -> bool:
-    host = urlparse(url).hostname or ""
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
 @contextmanager
@@ -174,11 +169,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not problems:
         err.print("codegym pipeline: no usable problem")
         return 2
-    has_key = bool(args.llm_api_key or os.environ.get("OPENAI_API_KEY"))
-    if not args.synthesis and not is_local(args.llm_base_url) and not has_key:
-        err.print(
-            f"codegym pipeline: {args.llm_base_url} needs an API key: set OPENAI_API_KEY or --llm-api-key"
-        )
+    problem = "" if args.synthesis else missing_api_key(args)
+    if problem:
+        err.print(f"codegym pipeline: {problem}")
         return 2
     work = Path(args.work)
     state = PipelineState(work)

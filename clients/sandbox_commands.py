@@ -7,8 +7,11 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 
 from codegym.grpcutil import aio_channel
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
@@ -48,6 +51,22 @@ async def _run(args: argparse.Namespace, operation: pb.Operation) -> pb.Operatio
         return response.result
 
 
+def numbers_as_numbers(message: Message, data: dict[str, Any]) -> dict[str, Any]:
+    """Proto JSON writes 64-bit integers as strings; a user reading `peak_rss_kb` wants a number."""
+    wide = (FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64)
+    for field in message.DESCRIPTOR.fields:
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if isinstance(value, list):  # repeated fields here hold strings only
+            continue
+        if field.type in wide:
+            data[field.name] = int(value)
+        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+            numbers_as_numbers(getattr(message, field.name), value)
+    return data
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         source = Path(args.file).read_text(encoding="utf-8")
@@ -58,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         source, args.op, args.config, function=args.function, args=args.args, stdin=args.stdin, seed=args.seed
     )
     result = asyncio.run(_run(args, operation))
-    out = json_format.MessageToDict(result, preserving_proto_field_name=True)
+    out = numbers_as_numbers(result, json_format.MessageToDict(result, preserving_proto_field_name=True))
     if not args.show_state:
         out.pop("state", None)
     print(json.dumps(out, indent=2, ensure_ascii=False))

@@ -62,6 +62,17 @@ def settings_from(args: argparse.Namespace) -> LLMSettings:
     )
 
 
+def missing_api_key(args: argparse.Namespace) -> str:
+    """Why the run cannot start ("" when it can): a remote endpoint without an API key."""
+    from urllib.parse import urlparse
+
+    host = urlparse(args.llm_base_url).hostname or ""
+    local = host in ("localhost", "::1") or host.startswith("127.")
+    if local or args.llm_api_key or os.environ.get("OPENAI_API_KEY"):
+        return ""
+    return f"{args.llm_base_url} needs an API key: set OPENAI_API_KEY or pass --llm-api-key"
+
+
 def add_llm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--llm-base-url",
@@ -95,6 +106,10 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         console.print(f"[yellow]refused[/yellow] {error.where}: {error.reason}")
     if not problems:
         console.print("[red]codegym synthesize: no usable problem[/red]")
+        return 2
+    problem = missing_api_key(args)
+    if problem:
+        console.print(f"[red]codegym synthesize: {problem}[/red]")
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,8 +162,12 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             f"{usage.get('prompt_tokens', 0)}/{usage.get('completion_tokens', 0)}",
         )
     Console(width=None if Console().is_terminal else 160).print(table)
-    for qid, error in report["errors"].items():
-        console.print(f"[red]{qid}[/red]: {error}")
+    by_error: dict[str, list[str]] = {}
+    for qid, text in report["errors"].items():
+        by_error.setdefault(text.split(": ", 1)[-1], []).append(qid)
+    for text, qids in by_error.items():
+        who = qids[0] if len(qids) == 1 else f"{len(qids)} problems ({qids[0]}, ...)"
+        console.print(f"[red]{who}[/red]: {text}")
     print(f"results in {out} (summary.json); refused rows: {len(errors)}")
     return 1 if report["errors"] else 0
 

@@ -6,11 +6,13 @@ the line the user sees.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
 import sys
 import sysconfig
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,3 +120,84 @@ def test_no_asyncio_warning_when_a_local_worker_stops(tmp_path: Path) -> None:
     result = cli("sandbox", "run", str(script), "--op", "script")
     assert result.returncode == 0, result.stderr
     assert "exit status already read" not in result.stderr and "WARNING" not in result.stderr
+
+
+def test_library_commands_tell_the_truth_in_their_exit_codes(tmp_path: Path) -> None:
+    library = tmp_path / "lib.db"
+    nothing = cli("library", "import", str(tmp_path / "missing.py"), "--library", str(library))
+    assert nothing.returncode == 1 and "nothing usable was imported" in nothing.stderr
+    broken = tmp_path / "Bad_1_I__BrokenEnv.py"
+    broken.write_text("class BrokenEnv(:\n")
+    assert cli("library", "import", str(broken), "--library", str(library)).returncode == 1
+    typo = tmp_path / "typo.db"
+    for args in (
+        ["list"],
+        ["show", "Sample_0001_I__MaxSubarraySumEnv"],
+        ["oracle", "--out", str(tmp_path / "o.jsonl")],
+    ):
+        result = cli("library", *args, "--library", str(typo))
+        assert result.returncode == 2, args
+        assert (
+            result.stderr.strip()
+            == f"codegym library: no library at {typo} (build one with 'codegym library import')"
+        )
+        assert not typo.exists()
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    library = tmp_path / "lib.db"
+    assert (
+        cli("library", "import", str(ROOT / "examples" / "envs"), "--library", str(library)).returncode == 0
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "clients.cli", "library", "list", "--library", str(library)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # like `| head -0`: the reader is gone before anything is written
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(60) == 0 and stderr == ""
+
+
+def test_an_unreachable_llm_endpoint_fails_in_seconds_with_one_line(tmp_path: Path) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections are refused
+        url = f"http://127.0.0.1:{port}/v1"
+        started = time.monotonic()
+        result = cli(
+            "synthesize",
+            "--problems",
+            str(ROOT / "examples" / "problems.jsonl"),
+            "--out",
+            str(tmp_path / "o"),
+            "--llm-base-url",
+            url,
+        )
+        elapsed = time.monotonic() - started
+    assert result.returncode == 1
+    assert elapsed < 30, elapsed  # was over a minute of back-off for a connection that cannot succeed
+    lines = [line for line in result.stderr.splitlines() if "cannot reach the LLM endpoint" in line]
+    assert len(lines) == 1 and url in result.stderr.replace("\n", "")
+
+
+def test_a_remote_endpoint_without_a_key_is_refused_before_any_work(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    result = subprocess.run(
+        [sys.executable, "-m", "clients.cli", "synthesize", "--problems", str(ROOT / "examples" / "problems.jsonl"),
+         "--out", str(tmp_path / "o"), "--llm-base-url", "https://api.example.com/v1"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2 and "needs an API key" in result.stderr.replace("\n", " ")
+    assert not (tmp_path / "o").exists()
+
+
+def test_sandbox_run_prints_numbers_as_numbers(tmp_path: Path) -> None:
+    import json
+
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    result = cli("sandbox", "run", str(script), "--op", "script")
+    assert result.returncode == 0, result.stderr
+    usage = json.loads(result.stdout)["usage"]
+    assert isinstance(usage["peak_rss_kb"], int) and usage["peak_rss_kb"] > 0

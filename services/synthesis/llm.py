@@ -110,6 +110,7 @@ class LLMGateway:
         )
         self.limit = asyncio.Semaphore(self.settings.max_concurrency)
         self.n_supported = True
+        self.unreachable = ""
 
     async def close(self) -> None:
         await self.client.close()
@@ -171,7 +172,11 @@ class LLMGateway:
         *,
         n: int,
     ) -> list[CachedCompletion]:
+        if self.unreachable:
+            # Another request already found the endpoint unreachable: do not wait to learn it again.
+            raise LLMUnavailable(f"{stage}: {self.unreachable}")
         delay = self.settings.backoff_s
+        connect_failures = 0
         for attempt in range(self.settings.max_retries + 1):
             wait = 0.0
             try:
@@ -214,6 +219,15 @@ class LLMGateway:
                 wait, cause = delay, f"timed out after {self.settings.timeout_s:.0f} s"
             except openai.APIConnectionError as exc:
                 wait, cause = delay, f"connection failed: {exc.__cause__ or exc}"
+                if unreachable(exc):
+                    # Refused or unresolvable: no back-off makes a server appear; say so in seconds.
+                    connect_failures += 1
+                    if connect_failures > CONNECT_RETRIES:
+                        self.unreachable = (
+                            f"cannot reach the LLM endpoint {self.settings.base_url}: {exc.__cause__ or exc}"
+                        )
+                        raise LLMUnavailable(f"{stage}: {self.unreachable}") from exc
+                    wait = CONNECT_RETRY_S
             except openai.APIStatusError as exc:
                 if exc.status_code >= 500:
                     wait, cause = retry_after(exc.response) or delay, f"{exc.status_code}: {exc.message}"
@@ -228,6 +242,19 @@ class LLMGateway:
             await asyncio.sleep(wait * (1 + 0.25 * random.random()))
             delay = min(delay * 2, self.settings.max_backoff_s)
         raise AssertionError("unreachable")
+
+
+# A refused connection or an unknown host is retried this often, this far apart, then reported.
+CONNECT_RETRIES = 2
+CONNECT_RETRY_S = 0.5
+
+
+def unreachable(exc: openai.APIConnectionError) -> bool:
+    """The endpoint cannot be reached at all (connection refused, host unknown), as opposed to a
+    connection that broke or timed out mid-request (which patient retries may outlast)."""
+    # By class name: the HTTP library under `openai` varies (httpx, or a fork of it).
+    names = {c.__name__ for c in type(exc.__cause__).__mro__} if exc.__cause__ is not None else set()
+    return "ConnectError" in names and "TimeoutException" not in names
 
 
 def retry_after(response: Any) -> float:
