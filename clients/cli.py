@@ -23,6 +23,48 @@ from clients import (
     up_command,
 )
 
+# One example per command, shown at the end of its --help.
+EXAMPLES = {
+    "env describe": "codegym env describe examples/envs/Sample_0006_I__ArrayGcdEnv.py --format json",
+    "env check": "codegym env check examples/envs/Sample_0006_I__ArrayGcdEnv.py",
+    "library import": "codegym library import examples/envs examples/tasks.jsonl --library lib.db",
+    "library list": "codegym library list --library lib.db --prefix Sample_",
+    "library show": "codegym library show Sample_0006_I__ArrayGcdEnv --library lib.db",
+    "library oracle": "codegym library oracle --library lib.db --out trajectories.jsonl",
+    "sandbox run": "codegym sandbox run examples/envs/Sample_0006_I__ArrayGcdEnv.py --op solve "
+    "--config '{\"nums\": [12, 18]}'",
+    "serve sandbox": "codegym serve sandbox --port 50061 --jails 2",
+    "serve runtime": "codegym serve runtime --library lib.db --sandbox 127.0.0.1:50061,127.0.0.1:50062",
+    "serve synthesis": "codegym serve synthesis --llm-base-url http://127.0.0.1:8000/v1 --model scripted",
+    "serve verification": "codegym serve verification --sandbox 127.0.0.1:50061,127.0.0.1:50062",
+    "up": "codegym up --port 0 --workers 2",
+    "demo": "codegym demo --target 127.0.0.1:50051",
+    "synthesize": "codegym synthesize --problems examples/problems.jsonl --out synth-out "
+    "--llm-base-url http://127.0.0.1:8000/v1 --model scripted",
+    "pipeline run": "codegym pipeline run --problems examples/problems.jsonl --work run1 "
+    "--llm-base-url http://127.0.0.1:8000/v1 --model scripted",
+    "pipeline status": "codegym pipeline status --work run1 --problems",
+    "export": "codegym export --library run1/library.db --out train.jsonl --split 0.1",
+}
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Descriptions as written (they hold examples and layouts), every option with its default."""
+
+
+def commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser, str]]:
+    """Every runnable command: (its words, its parser, its one-line help)."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                below = commands(sub, (*path, name))
+                found += below or [((*path, name), sub, helps.get(name, ""))]
+    return found
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -39,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     synthesize_command.register(sub)
     pipeline_command.register(sub)
     export_command.register(sub)
+    for words, command, summary in commands(parser):
+        # Every --help says what the command does, every default, and one example.
+        command.formatter_class = HelpFormatter
+        if not command.description:
+            command.description = summary[:1].upper() + summary[1:] + "."
+        example = EXAMPLES.get(" ".join(words))
+        if example and not command.epilog:
+            command.epilog = f"Example:\n  {example}"
     return parser
 
 

@@ -171,7 +171,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser(
         "up",
         help="run sandbox workers and the runtime on loopback until Ctrl-C",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__,
     )
     up.add_argument(
         "--library",

@@ -6,6 +6,7 @@ the line the user sees.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import socket
@@ -201,3 +202,30 @@ def test_sandbox_run_prints_numbers_as_numbers(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     usage = json.loads(result.stdout)["usage"]
     assert isinstance(usage["peak_rss_kb"], int) and usage["peak_rss_kb"] > 0
+
+
+def test_every_command_help_says_what_it_does_its_defaults_and_an_example() -> None:
+    from clients.cli import build_parser, commands
+
+    found = commands(build_parser())
+    assert len(found) >= 17
+    for words, parser, _ in found:
+        text = parser.format_help()
+        name = " ".join(words)
+        assert parser.description and len(parser.description) > 20, name
+        assert "\nExample:\n  codegym " + name in text, name
+        with_defaults = [
+            a
+            for a in parser._actions
+            if a.option_strings and a.help and a.default not in (None, False, argparse.SUPPRESS)
+        ]
+        if with_defaults:
+            assert "(default: " in text, name
+    fake = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.fake_llm", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=ROOT,
+    )
+    assert fake.returncode == 0 and "usage:" in fake.stdout and "--port" in fake.stdout
