@@ -171,5 +171,26 @@ class Jail:
                 self.proc.stdin.close()
 
 
+WORKDIR_PREFIX = "codegym-sandbox-"
+
+
 def make_workdir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="codegym-sandbox-"))
+    """This worker's folder for jail configs and logs, named with its pid; stale ones are swept."""
+    sweep_stale_workdirs()
+    return Path(tempfile.mkdtemp(prefix=f"{WORKDIR_PREFIX}{os.getpid()}-"))
+
+
+def sweep_stale_workdirs() -> None:
+    """Remove the folders of workers that are gone (killed before they could clean up)."""
+    import shutil
+
+    for path in Path(tempfile.gettempdir()).glob(f"{WORKDIR_PREFIX}*-*"):
+        owner = path.name.removeprefix(WORKDIR_PREFIX).split("-", 1)[0]
+        if not owner.isdigit():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            continue

@@ -229,3 +229,22 @@ def test_every_command_help_says_what_it_does_its_defaults_and_an_example() -> N
         cwd=ROOT,
     )
     assert fake.returncode == 0 and "usage:" in fake.stdout and "--port" in fake.stdout
+
+
+def test_a_worker_sweeps_the_folders_of_workers_that_were_killed(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = Path("/tmp") / f"codegym-sandbox-{dead.pid}-abcd1234"
+    stale.mkdir()
+    (stale / "jail-0.log").write_text("old\n")
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    assert cli("sandbox", "run", str(script), "--op", "script").returncode == 0
+    assert not stale.exists()
+    assert not [
+        p
+        for p in Path("/tmp").glob("codegym-sandbox-*")
+        if p.stat().st_mtime > time.time() - 60
+        and p.name.split("-")[2].isdigit()
+        and not Path(f"/proc/{p.name.split('-')[2]}").exists()
+    ]
