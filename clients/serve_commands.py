@@ -158,7 +158,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sandbox.add_argument(
         "--resident-cap",
         type=int,
-        default=96,
+        default=64,
         help="resident sessions per jail (live envs kept between steps; least recently used evicted)",
     )
     sandbox.add_argument(

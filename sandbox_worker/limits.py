@@ -61,9 +61,9 @@ class JailLimits:
     """Whole-jail limits: they bound a jail's zygote plus the request it is serving."""
 
     memory_mb: int = 1536
-    # Resident sessions hold a process each and three fds in the zygote (96 per jail by default);
+    # Resident sessions hold a process each and three fds in the zygote (64 per jail by default);
     # the rest of the pids leave a step room to fork (and a fork bomb room to fail).
-    pids: int = 160
+    pids: int = 128
     open_files: int = 512
     file_size_mb: int = 1
     tmpfs_mb: int = 8

@@ -32,7 +32,7 @@ class JailPool:
         size: int,
         limits: JailLimits | None = None,
         *,
-        resident_cap: int = 96,
+        resident_cap: int = 64,
         resident_idle_s: float = 300.0,
     ) -> None:
         self.size = size

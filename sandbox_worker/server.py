@@ -30,7 +30,7 @@ class SandboxWorker:
         defaults: RequestLimits = DEFAULT_LIMITS,
         maximum: RequestLimits = MAX_LIMITS,
         max_pending: int = 0,
-        resident_cap: int = 96,
+        resident_cap: int = 64,
         resident_idle_s: float = 300.0,
     ) -> None:
         self.pool = JailPool(jails, jail_limits, resident_cap=resident_cap, resident_idle_s=resident_idle_s)

@@ -59,7 +59,7 @@ MAX_RESULT_BYTES = 32 * 1024 * 1024
 CODE_CACHE_SIZE = 128
 HEADER = struct.Struct(">I")
 # Resident sessions per jail, and how long one may sit idle; the worker may send its own values.
-RESIDENT_CAP = 96
+RESIDENT_CAP = 64
 RESIDENT_IDLE_S = 300.0
 # A resident session idle this long may give its place to a new one when the jail is full.
 ADMIT_IDLE_S = 2.0
