@@ -14,6 +14,7 @@ import sys
 from clients import (
     demo_command,
     env_commands,
+    eval_command,
     export_command,
     library_commands,
     pipeline_command,
@@ -45,6 +46,8 @@ EXAMPLES = {
     "--llm-base-url http://127.0.0.1:8000/v1 --model scripted",
     "pipeline status": "codegym pipeline status --work run1 --problems",
     "export": "codegym export --library run1/library.db --out train.jsonl --split 0.1",
+    "eval": "codegym eval --target 127.0.0.1:50051 --library lib.db --llm-base-url http://127.0.0.1:8000/v1 "
+    "--model scripted --samples 4 --out ev1",
 }
 
 
@@ -81,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     synthesize_command.register(sub)
     pipeline_command.register(sub)
     export_command.register(sub)
+    eval_command.register(sub)
     for words, command, summary in commands(parser):
         # Every --help says what the command does, every default, and one example.
         command.formatter_class = HelpFormatter

@@ -21,10 +21,11 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from codegym.contract import format_ability
+from codegym.contract import format_ability, parse_ability
 from services.runtime.library import EnvRecord
 
 DATA_SOURCE = "codegym_gym_v1"
@@ -98,6 +99,33 @@ def instance(
 
 
 @dataclass
+class Difficulty:
+    """Keep configs a model solved in `low`..`high` of its samples (`codegym eval`'s summary.json)."""
+
+    rates: dict[str, float]
+    name: str
+    low: float = 0.0
+    high: float = 1.0
+    by_config: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Abilities are matched by env id and parsed config, however their JSON was spelled.
+        for ability, value in self.rates.items():
+            parsed = parse_ability(ability)
+            self.by_config[(parsed.env_id, json.dumps(parsed.config, sort_keys=True))] = value
+
+    @classmethod
+    def from_summary(cls, path: str, low: float, high: float) -> Difficulty:
+        summary = json.loads(Path(path).read_text(encoding="utf-8"))
+        rates = {ability: float(c["success_rate"]) for ability, c in summary["configs"].items()}
+        return cls(rates, str(summary["score_name"]), low, high)
+
+    def rate(self, ability: str) -> float | None:
+        parsed = parse_ability(ability)
+        return self.by_config.get((parsed.env_id, json.dumps(parsed.config, sort_keys=True)))
+
+
+@dataclass
 class ExportResult:
     train: list[dict[str, Any]]
     validation: list[dict[str, Any]]
@@ -105,6 +133,8 @@ class ExportResult:
     held_out_environments: int
     skipped_unverified: int
     skipped_rounds: int
+    skipped_difficulty: int = 0
+    skipped_unevaluated: int = 0
 
 
 def held_out(env_ids: Iterable[str], fraction: float) -> set[str]:
@@ -123,8 +153,10 @@ def build_instances(
     min_rounds: int = 10,
     max_rounds: int = 256,
     include_unverified: bool = False,
+    difficulty: Difficulty | None = None,
 ) -> ExportResult:
-    """Every task config of every environment, filtered by oracle steps, split by environment."""
+    """Every task config of every environment, filtered by oracle steps (and, given `difficulty`,
+    by a model's success rate), split by environment."""
     records = list(records)
     validation_ids = held_out((r.env_id for r in records if r.tasks), split)
     result = ExportResult([], [], 0, 0, 0, 0)
@@ -142,6 +174,18 @@ def build_instances(
             if task.difficulty:
                 extra["difficulty"] = task.difficulty
             extra["env_id"] = record.env_id
+            extra.update(task.scores)
+            if difficulty is not None:
+                rate = difficulty.rate(
+                    format_ability(record.code_id, record.env_class, json.loads(task.config_json))
+                )
+                if rate is None:
+                    result.skipped_unevaluated += 1
+                    continue
+                if not difficulty.low <= rate <= difficulty.high:
+                    result.skipped_difficulty += 1
+                    continue
+                extra[difficulty.name] = rate
             item = instance(record, task.config_json, index=index, extra=extra, tools=tools)
             index += 1
             kept += 1

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clients.export import TOOL_MODES, build_instances
+from clients.export import TOOL_MODES, Difficulty, build_instances
 from services.runtime.library import Library
 
 
@@ -44,6 +44,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         print("codegym export: --split is a fraction in [0, 1)", file=sys.stderr)
         return 2
     fmt = args.format or ("parquet" if args.out.endswith(".parquet") else "jsonl")
+    difficulty = None
+    if args.difficulty:
+        try:
+            difficulty = Difficulty.from_summary(args.difficulty, args.min_success, args.max_success)
+        except (OSError, ValueError, KeyError) as exc:
+            print(
+                f"codegym export: --difficulty {args.difficulty}: not a codegym eval summary ({exc})",
+                file=sys.stderr,
+            )
+            return 2
     with Library(args.library) as library:
         records = [r for r in library.load_all().values() if r.env_id.startswith(args.prefix)]
     result = build_instances(
@@ -53,6 +63,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         min_rounds=args.min_solve_fc_round,
         max_rounds=args.max_solve_fc_round,
         include_unverified=args.include_unverified,
+        difficulty=difficulty,
     )
     out = Path(args.out)
     write(out, result.train, fmt)
@@ -68,6 +79,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(
             f"skipped {result.skipped_unverified} configs without an oracle step count (unverified) and"
             f" {result.skipped_rounds} outside [{args.min_solve_fc_round}, {args.max_solve_fc_round}] steps",
+            file=sys.stderr,
+        )
+    if difficulty is not None:
+        print(
+            f"difficulty ({difficulty.name}): kept configs solved in {args.min_success:.0%}..{args.max_success:.0%}"
+            f" of samples; dropped {result.skipped_difficulty} outside, {result.skipped_unevaluated} not evaluated",
             file=sys.stderr,
         )
     if not result.train and not result.validation:
@@ -107,5 +124,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--max-solve-fc-round", type=int, default=256, help="most oracle steps (default 256)")
     export.add_argument(
         "--include-unverified", action="store_true", help="also configs without an oracle step count"
+    )
+    export.add_argument(
+        "--difficulty",
+        default="",
+        help="summary.json of a `codegym eval` run: filter configs by its success rates",
+    )
+    export.add_argument(
+        "--max-success",
+        type=float,
+        default=0.25,
+        help="with --difficulty: highest success rate kept (default 0.25)",
+    )
+    export.add_argument(
+        "--min-success",
+        type=float,
+        default=0.0,
+        help="with --difficulty: lowest success rate kept (default 0)",
     )
     export.set_defaults(func=cmd_export)

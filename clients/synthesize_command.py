@@ -73,7 +73,7 @@ def missing_api_key(args: argparse.Namespace) -> str:
     return f"{args.llm_base_url} needs an API key: set OPENAI_API_KEY or pass --llm-api-key"
 
 
-def add_llm_arguments(parser: argparse.ArgumentParser) -> None:
+def add_llm_arguments(parser: argparse.ArgumentParser, *, stages: bool = True) -> None:
     parser.add_argument(
         "--llm-base-url",
         default=os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1"),
@@ -81,6 +81,11 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--llm-api-key", default="", help="API key (default: $OPENAI_API_KEY)")
     parser.add_argument("--model", default="gpt-4o-mini", help="model for every stage (see --stage)")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="deadline of one LLM request")
+    parser.add_argument("--max-retries", type=int, default=6, help="retries on 429, 5xx, timeouts")
+    parser.add_argument("--backoff-s", type=float, default=1.0, help="first retry delay (doubles)")
+    if not stages:
+        return
     parser.add_argument(
         "--stage",
         action="append",
@@ -90,9 +95,6 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> None:
         f"(stages: {', '.join(STAGES)}; keys: {', '.join(PARAM_TYPES)})",
     )
     parser.add_argument("--concurrency", type=int, default=16, help="LLM requests in flight")
-    parser.add_argument("--timeout-s", type=float, default=300.0, help="deadline of one LLM request")
-    parser.add_argument("--max-retries", type=int, default=6, help="retries on 429, 5xx, timeouts")
-    parser.add_argument("--backoff-s", type=float, default=1.0, help="first retry delay (doubles)")
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:

@@ -47,6 +47,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     difficulty      TEXT NOT NULL DEFAULT '',
     solve_fc_round  INTEGER NOT NULL DEFAULT 0,
     origin          TEXT NOT NULL DEFAULT '',
+    scores          TEXT NOT NULL DEFAULT '{}',
     UNIQUE (env_id, config_json)
 );
 CREATE INDEX IF NOT EXISTS tasks_env ON tasks(env_id);
@@ -71,6 +72,8 @@ class TaskRecord:
     config_json: str
     difficulty: str = ""
     solve_fc_round: int = 0
+    # Success rates of evaluated models, e.g. {"gpt-4o-mini_Bo4_score": 0.25} (`codegym eval`).
+    scores: dict[str, float] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -142,6 +145,10 @@ class Library:
         self.db.execute("PRAGMA foreign_keys = ON")
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.executescript(SCHEMA)
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(tasks)")}
+        if "scores" not in columns:  # a library written before evaluation scores existed
+            with self.db:
+                self.db.execute("ALTER TABLE tasks ADD COLUMN scores TEXT NOT NULL DEFAULT '{}'")
 
     def close(self) -> None:
         self.db.close()
@@ -369,10 +376,12 @@ class Library:
     def load_all(self) -> dict[str, EnvRecord]:
         """The whole library in memory (what a runtime serves from)."""
         tasks: dict[str, list[TaskRecord]] = {}
-        for env_id, config_json, difficulty, rounds in self.db.execute(
-            "SELECT env_id, config_json, difficulty, solve_fc_round FROM tasks ORDER BY id"
+        for env_id, config_json, difficulty, rounds, scores in self.db.execute(
+            "SELECT env_id, config_json, difficulty, solve_fc_round, scores FROM tasks ORDER BY id"
         ):
-            tasks.setdefault(env_id, []).append(TaskRecord(env_id, config_json, difficulty, rounds))
+            tasks.setdefault(env_id, []).append(
+                TaskRecord(env_id, config_json, difficulty, rounds, json.loads(scores))
+            )
         rows = self.db.execute(
             "SELECT env_id, code_id, env_class, source, sha256, tools_json, tools_text, task_text, metadata"
             " FROM envs ORDER BY env_id"
@@ -386,10 +395,25 @@ class Library:
 
     def _tasks(self, env_id: str) -> list[TaskRecord]:
         rows = self.db.execute(
-            "SELECT env_id, config_json, difficulty, solve_fc_round FROM tasks WHERE env_id = ? ORDER BY id",
+            "SELECT env_id, config_json, difficulty, solve_fc_round, scores FROM tasks WHERE env_id = ? ORDER BY id",
             (env_id,),
         )
-        return [TaskRecord(*r) for r in rows]
+        return [TaskRecord(e, c, d, r, json.loads(sc)) for e, c, d, r, sc in rows]
+
+    def set_scores(self, scores: Iterable[tuple[str, str, str, float]]) -> int:
+        """Record (env_id, config_json, score name, value) for task configs in the library; returns how many matched."""
+        matched = 0
+        with self.db:
+            for env_id, config_json, name, value in scores:
+                row = self.db.execute(
+                    "SELECT id, scores FROM tasks WHERE env_id = ? AND config_json = ?", (env_id, config_json)
+                ).fetchone()
+                if row is None:
+                    continue
+                merged = {**json.loads(row[1]), name: value}
+                self.db.execute("UPDATE tasks SET scores = ? WHERE id = ?", (json.dumps(merged), row[0]))
+                matched += 1
+        return matched
 
     @staticmethod
     def _record(row: tuple[Any, ...], tasks: list[TaskRecord]) -> EnvRecord:

@@ -30,6 +30,9 @@ CREATE TABLE IF NOT EXISTS responses (
 class CachedCompletion:
     text: str
     finish_reason: str
+    # Native function calls of the reply (`{"id", "type", "function": {"name", "arguments"}}`);
+    # agent turns only, which are never cached.
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
 
 def cache_key(model: str, messages: list[dict[str, str]], params: Any, sample: int) -> str:

@@ -157,6 +157,23 @@ class LLMGateway:
                     results[i] = self._store(keys[i], choices[0])
         return [r for r in results if r is not None]
 
+    async def chat(
+        self,
+        stage: str,
+        messages: list[dict[str, Any]],
+        params: StageParams,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        usage: StageUsage | None = None,
+    ) -> CachedCompletion:
+        """One reply to a conversation (an agent's turn): never cached, since samples must differ."""
+        model = params.model or self.settings.model
+        tally = Tally(self.usage[stage], usage)
+        choices = await self._request(stage, model, messages, params, tally, n=1, tools=tools)
+        if not choices:
+            raise LLMRejected(f"{stage}: the endpoint returned no choice")
+        return choices[0]
+
     def _store(self, key: str, choice: CachedCompletion) -> Completion:
         if self.cache is not None:
             self.cache.put(key, choice)
@@ -171,6 +188,7 @@ class LLMGateway:
         tally: Tally,
         *,
         n: int,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[CachedCompletion]:
         if self.unreachable:
             # Another request already found the endpoint unreachable: do not wait to learn it again.
@@ -185,6 +203,8 @@ class LLMGateway:
                     kwargs: dict[str, Any] = {}
                     if n > 1:
                         kwargs["n"] = n
+                    if tools:
+                        kwargs["tools"] = tools
                     response = await self.client.chat.completions.create(
                         model=model,
                         messages=messages,  # type: ignore[arg-type]
@@ -199,7 +219,11 @@ class LLMGateway:
                         completion_tokens=response.usage.completion_tokens,
                     )
                 return [
-                    CachedCompletion(c.message.content or "", c.finish_reason or "")
+                    CachedCompletion(
+                        c.message.content or "",
+                        c.finish_reason or "",
+                        tuple(function_calls(c.message.tool_calls)),
+                    )
                     for c in sorted(response.choices, key=lambda c: c.index)
                 ]
             except openai.BadRequestError as exc:
@@ -242,6 +266,22 @@ class LLMGateway:
             await asyncio.sleep(wait * (1 + 0.25 * random.random()))
             delay = min(delay * 2, self.settings.max_backoff_s)
         raise AssertionError("unreachable")
+
+
+def function_calls(tool_calls: Any) -> list[dict[str, Any]]:
+    """The function calls of a reply as plain dicts (other kinds of tool call are skipped)."""
+    calls = []
+    for call in tool_calls or []:
+        function = getattr(call, "function", None)
+        if function is not None:
+            calls.append(
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": function.name, "arguments": function.arguments},
+                }
+            )
+    return calls
 
 
 # A refused connection or an unknown host is retried this often, this far apart, then reported.

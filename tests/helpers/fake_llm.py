@@ -60,6 +60,8 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     delay_s: float = 0.0
     error: str = ""
+    # Per choice, native function calls: [{"id", "type": "function", "function": {"name", "arguments"}}].
+    tool_calls: list[list[dict[str, Any]]] = field(default_factory=list)
 
 
 def stage_of(body: dict[str, Any]) -> str:
@@ -207,7 +209,7 @@ class ScriptedLLM:
                         reply.status, {"error": {"message": reply.error or "scripted error"}}, reply.headers
                     )
                     return
-                prompt_tokens = sum(len(m["content"]) for m in body["messages"]) // 4
+                prompt_tokens = sum(len(str(m.get("content") or "")) for m in body["messages"]) // 4
                 completion_tokens = sum(len(c) for c in reply.contents) // 4
                 self._send(
                     200,
@@ -219,8 +221,11 @@ class ScriptedLLM:
                         "choices": [
                             {
                                 "index": i,
-                                "message": {"role": "assistant", "content": c},
-                                "finish_reason": reply.finish_reason,
+                                "message": {"role": "assistant", "content": c}
+                                | ({"tool_calls": reply.tool_calls[i]} if i < len(reply.tool_calls) else {}),
+                                "finish_reason": "tool_calls"
+                                if i < len(reply.tool_calls)
+                                else reply.finish_reason,
                             }
                             for i, c in enumerate(reply.contents)
                         ],
