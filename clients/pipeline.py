@@ -24,6 +24,7 @@ import grpc
 
 from clients.pipeline_state import PipelineState, StageOutcome
 from codegym.common.v1 import common_pb2 as cm
+from codegym.metrics import PIPELINE_OUTCOMES
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym.verification.v1 import verification_service_pb2 as vf
@@ -146,6 +147,7 @@ class Pipeline:
                     outcome = StageOutcome("error", reason=f"internal: {type(exc).__name__}: {exc}")
                 outcome.wall_s = time.monotonic() - started
                 self.state.record(problem.question_id, stage, outcome)
+                PIPELINE_OUTCOMES.labels(stage, outcome.status).inc()
             if self.progress is not None:
                 self.progress(problem.question_id, stage, outcome)
             if outcome.status != "passed":

@@ -23,7 +23,18 @@ def run_server(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     uvloop.run(main())
 
 
+def start_metrics(args: argparse.Namespace) -> None:
+    """`--metrics-port`: Prometheus /metrics on the server's host (-1: off, 0: any free port)."""
+    if args.metrics_port < 0:
+        return
+    from codegym.metrics import serve_metrics
+
+    port = serve_metrics(args.metrics_port, args.host)
+    print(f"metrics on {args.host}:{port}", flush=True)
+
+
 def _serve_sandbox(args: argparse.Namespace) -> int:
+    start_metrics(args)
     from sandbox_worker.server import SandboxWorker, serve
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -48,6 +59,7 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
 
 
 def _serve_runtime(args: argparse.Namespace) -> int:
+    start_metrics(args)
     from services.runtime.server import RuntimeServer, serve
     from services.runtime.service import RuntimeConfig
 
@@ -68,6 +80,7 @@ def _serve_runtime(args: argparse.Namespace) -> int:
 
 
 def _serve_synthesis(args: argparse.Namespace) -> int:
+    start_metrics(args)
     from pathlib import Path
 
     from clients.synthesize_command import settings_from, stage_defaults
@@ -93,6 +106,7 @@ def _serve_synthesis(args: argparse.Namespace) -> int:
 
 
 def _serve_verification(args: argparse.Namespace) -> int:
+    start_metrics(args)
     from services.verification.service import VerificationServer
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -239,3 +253,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     verification.add_argument("--port", type=int, default=50081, help="port (0 = any free port)")
     verification.add_argument("--log-level", default="INFO", help="logging level")
     verification.set_defaults(func=_serve_verification)
+    for server in (sandbox, runtime, synthesis, verification):
+        server.add_argument(
+            "--metrics-port",
+            type=int,
+            default=-1,
+            help="serve Prometheus /metrics on this port (-1 = off, 0 = any)",
+        )

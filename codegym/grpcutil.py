@@ -156,7 +156,9 @@ class ManagedServer:
     """A grpc.aio server with health and reflection that drains on SIGTERM/SIGINT."""
 
     def __init__(self, service_names: Sequence[str], *, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        from codegym.metrics import MetricsInterceptor
+
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[MetricsInterceptor()])
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)

@@ -13,9 +13,17 @@ import contextlib
 import itertools
 import logging
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
+from codegym.metrics import (
+    JAILS_ALIVE,
+    JAILS_RESTARTED,
+    RESIDENT_STEPS,
+    SANDBOX_OPERATION_SECONDS,
+    SANDBOX_OPERATIONS,
+)
 from sandbox_worker.jail import Jail, JailDied, make_workdir
 from sandbox_worker.limits import JailLimits, detect_cgroups, isolation_summary
 
@@ -66,6 +74,7 @@ class JailPool:
             await self.close()
             raise
         self._ready = set(range(self.size))
+        JAILS_ALIVE.set_function(lambda: self.alive)
         log.info("%d jails ready (%s)", self.size, self.isolation)
 
     @property
@@ -80,17 +89,24 @@ class JailPool:
         if session:
             request["resident_cap"] = self.resident_cap
             request["resident_idle_s"] = self.resident_idle_s
+        op = str(request.get("op", ""))
+        started = time.perf_counter()
         try:
             result = await jail.execute(request, wall_ms)
         except JailDied as exc:
             log.warning("%s; replacing it", exc)
             self._replace(jail)
+            SANDBOX_OPERATIONS.labels(op, "crashed").inc()
             return {"status": "crashed", "message": f"the jail serving this request died: {exc}"}
         except BaseException:
             # Cancelled mid-request: the jail's pipe may hold a half-read answer; never reuse it.
             self._replace(jail)
             raise
         self.operations += 1
+        SANDBOX_OPERATIONS.labels(op, str(result.get("status", ""))).inc()
+        SANDBOX_OPERATION_SECONDS.labels(op).observe(time.perf_counter() - started)
+        if result.get("resident"):
+            RESIDENT_STEPS.inc()
         if session:
             kept = result.get("status") == "ok" and request.get("op") != "release"
             self._pin(session, jail.index if kept else None)
@@ -152,6 +168,7 @@ class JailPool:
                 delay = min(delay * 2, 5.0)
                 continue
             self.replaced += 1
+            JAILS_RESTARTED.inc()
             async with self._free:
                 self._ready.add(jail.index)
                 self._free.notify_all()

@@ -21,6 +21,7 @@ from typing import Any
 
 import openai
 
+from codegym.metrics import LLM_CACHE_HITS, LLM_REQUESTS, LLM_RETRIES, LLM_TOKENS
 from services.synthesis.cache import CachedCompletion, ResponseCache, cache_key
 
 log = logging.getLogger(__name__)
@@ -72,12 +73,22 @@ class Tally:
     (the synthesis service does, in every response) passes its own `StageUsage` to be counted too.
     """
 
-    def __init__(self, *targets: StageUsage | None) -> None:
+    def __init__(self, stage: str, *targets: StageUsage | None) -> None:
+        self.stage = stage
         self.targets = [t for t in targets if t is not None]
 
     def add(self, **counts: int) -> None:
         for target in self.targets:
             target.add(**counts)
+        for key, value in counts.items():
+            if key == "requests":
+                LLM_REQUESTS.labels(self.stage).inc(value)
+            elif key == "retries":
+                LLM_RETRIES.labels(self.stage).inc(value)
+            elif key == "cache_hits":
+                LLM_CACHE_HITS.labels(self.stage).inc(value)
+            elif key.endswith("_tokens"):
+                LLM_TOKENS.labels(self.stage, key.removesuffix("_tokens")).inc(value)
 
 
 @dataclass(frozen=True)
@@ -129,7 +140,7 @@ class LLMGateway:
         model = params.model or self.settings.model
         keys = [cache_key(model, messages, params, i) for i in range(params.samples)]
         results: list[Completion | None] = [None] * params.samples
-        tally = Tally(self.usage[stage], usage)
+        tally = Tally(stage, self.usage[stage], usage)
         if self.cache is not None:
             for i, key in enumerate(keys):
                 hit = self.cache.get(key)
@@ -168,7 +179,7 @@ class LLMGateway:
     ) -> CachedCompletion:
         """One reply to a conversation (an agent's turn): never cached, since samples must differ."""
         model = params.model or self.settings.model
-        tally = Tally(self.usage[stage], usage)
+        tally = Tally(stage, self.usage[stage], usage)
         choices = await self._request(stage, model, messages, params, tally, n=1, tools=tools)
         if not choices:
             raise LLMRejected(f"{stage}: the endpoint returned no choice")

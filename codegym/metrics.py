@@ -1,0 +1,128 @@
+"""Prometheus metrics every server exports (`--metrics-port`), defined in one place.
+
+RPCs are counted by a server interceptor (method and status code, with a latency histogram), so
+no servicer has to remember to; the roles add their own figures (sandbox operations by status,
+jails, resident steps; LLM requests, tokens, retries and cache hits; pipeline stage outcomes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
+
+RPCS = Counter("codegym_rpc_total", "RPCs handled, by method and status code", ["method", "code"])
+RPC_SECONDS = Histogram("codegym_rpc_seconds", "RPC handling time", ["method"], buckets=LATENCY_BUCKETS)
+
+SANDBOX_OPERATIONS = Counter(
+    "codegym_sandbox_operations_total", "Sandbox operations run, by kind and status", ["op", "status"]
+)
+SANDBOX_OPERATION_SECONDS = Histogram(
+    "codegym_sandbox_operation_seconds",
+    "Sandbox operation time (jail round trip)",
+    ["op"],
+    buckets=LATENCY_BUCKETS,
+)
+JAILS_RESTARTED = Counter("codegym_sandbox_jails_restarted_total", "Jails replaced after they died")
+JAILS_ALIVE = Gauge("codegym_sandbox_jails_alive", "Jails running")
+RESIDENT_STEPS = Counter(
+    "codegym_sandbox_resident_steps_total", "Steps served by a session's resident process"
+)
+
+LLM_REQUESTS = Counter(
+    "codegym_llm_requests_total", "HTTP requests to the LLM endpoint (retries included)", ["stage"]
+)
+LLM_TOKENS = Counter("codegym_llm_tokens_total", "LLM tokens", ["stage", "kind"])
+LLM_RETRIES = Counter("codegym_llm_retries_total", "LLM requests retried (429, 5xx, timeouts)", ["stage"])
+LLM_CACHE_HITS = Counter(
+    "codegym_llm_cache_hits_total", "LLM answers served from the response cache", ["stage"]
+)
+
+SESSIONS_OPEN = Gauge("codegym_runtime_sessions_open", "Open sessions in this runtime's store")
+SESSIONS_EXPIRED = Counter("codegym_runtime_sessions_expired_total", "Sessions dropped after their idle time")
+STEPS = Counter("codegym_runtime_steps_total", "Steps, by outcome (ok or the step error code)", ["outcome"])
+
+PIPELINE_OUTCOMES = Counter(
+    "codegym_pipeline_stage_outcomes_total",
+    "Pipeline stage outcomes, by stage and status",
+    ["stage", "status"],
+)
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1") -> int:
+    """Expose /metrics over HTTP in a background thread; returns the bound port (0 picks one)."""
+    server, _ = start_http_server(port, addr=host)
+    return int(server.server_address[1])
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    """Counts every RPC by method and final status code and times it."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(method, handler.unary_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(method, handler.unary_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                self._stream(method, handler.stream_stream),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    @staticmethod
+    def _record(method: str, context: Any, started: float, failed: bool) -> None:
+        code = context.code() if hasattr(context, "code") else None
+        if code is None:
+            code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
+        name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+        RPCS.labels(method, name).inc()
+        RPC_SECONDS.labels(method).observe(time.perf_counter() - started)
+
+    def _unary(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        async def wrapped(request: Any, context: Any) -> Any:
+            started = time.perf_counter()
+            failed = True
+            try:
+                result = await behavior(request, context)
+                failed = False
+                return result
+            finally:
+                self._record(method, context, started, failed)
+
+        return wrapped
+
+    def _stream(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        async def wrapped(request: Any, context: Any) -> AsyncIterator[Any]:
+            started = time.perf_counter()
+            failed = True
+            try:
+                async for item in behavior(request, context):
+                    yield item
+                failed = False
+            finally:
+                self._record(method, context, started, failed)
+
+        return wrapped

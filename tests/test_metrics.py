@@ -1,0 +1,99 @@
+"""Every server's `--metrics-port`: Prometheus text that moves with the work done."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+
+import grpc
+
+from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from codegym.synthesis.v1 import synthesis_service_pb2 as sy
+from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
+from tests.helpers.fake_llm import ScriptedLLM
+from tests.helpers.servers import ServerProcess
+
+
+def metrics_address(server: ServerProcess) -> str:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = re.search(r"metrics on (127\.0\.0\.1:\d+)", server.text)
+        if found:
+            return found.group(1)
+        time.sleep(0.05)
+    raise AssertionError("no metrics line: " + server.text)
+
+
+def scrape(address: str) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            values[name] = float(value)
+    return values
+
+
+def test_sandbox_worker_metrics_count_rpcs_and_operations() -> None:
+    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", "--metrics-port", "0"])
+    try:
+        address = metrics_address(worker)
+        before = scrape(address)
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            for code in ("print('ok')", "raise SystemExit(3)"):
+                op = pb.Operation(source=pb.SourceRef(code=code), run_script=pb.RunScriptOp())
+                stub.Execute(pb.ExecuteRequest(operation=op), timeout=30)
+            try:
+                stub.Execute(pb.ExecuteRequest(operation=pb.Operation()), timeout=30)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+        after = scrape(address)
+    finally:
+        assert worker.stop() == 0
+
+    def moved(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert moved('codegym_rpc_total{code="OK",method="Execute"}') == 2
+    assert moved('codegym_rpc_total{code="INVALID_ARGUMENT",method="Execute"}') == 1
+    assert moved('codegym_sandbox_operations_total{op="run_script",status="ok"}') == 1
+    assert moved('codegym_sandbox_operations_total{op="run_script",status="env_error"}') == 1
+    assert after["codegym_sandbox_jails_alive"] == 1
+    assert moved('codegym_rpc_seconds_count{method="Execute"}') == 3
+
+
+def test_synthesis_metrics_count_llm_requests_and_tokens(tmp_path: object) -> None:
+    with ScriptedLLM() as llm:
+        server = ServerProcess(
+            [
+                "serve",
+                "synthesis",
+                "--port",
+                "0",
+                "--llm-base-url",
+                llm.base_url,
+                "--out",
+                str(tmp_path),
+                "--metrics-port",
+                "0",
+            ]
+        )
+        try:
+            address = metrics_address(server)
+            with grpc.insecure_channel(server.address) as channel:
+                stub = sy_grpc.SynthesisServiceStub(channel)
+                problem = sy.Problem(
+                    question_id="M_1", question="Find the gcd of an array.", solution="def f(a): pass"
+                )
+                for _ in range(2):  # the second answer comes from the response cache
+                    stub.GenerateEnvironment(sy.GenerateEnvironmentRequest(problem=problem), timeout=60)
+            values = scrape(address)
+        finally:
+            assert server.stop() == 0
+    assert values['codegym_llm_requests_total{stage="environment"}'] == 1
+    assert values['codegym_llm_cache_hits_total{stage="environment"}'] == 1
+    assert values['codegym_llm_tokens_total{kind="prompt",stage="environment"}'] > 0
+    assert values['codegym_rpc_total{code="OK",method="GenerateEnvironment"}'] == 2
