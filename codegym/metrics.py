@@ -7,6 +7,7 @@ jails, resident steps; LLM requests, tokens, retries and cache hits; pipeline st
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -115,6 +116,11 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
     def _stream(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        if not inspect.isasyncgenfunction(behavior):
+            # A streaming handler may be a coroutine that writes with context.write (grpc's own
+            # health Watch is): time it as a call, and leave its messages alone.
+            return self._unary(method, behavior)
+
         async def wrapped(request: Any, context: Any) -> AsyncIterator[Any]:
             started = time.perf_counter()
             failed = True
