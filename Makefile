@@ -8,7 +8,7 @@ DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server
 LINT_PATHS := codegym sandbox_worker services clients tests bench
 
 
-.PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test bench up demo clean
+.PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test bench up demo clean k8s-validate docker-lint
 
 install: deb-packages venv node_modules/.bin/buf jail-paths
 
@@ -78,6 +78,24 @@ demo:
 	  kill -0 $$pid 2>/dev/null || { cat $$log; exit 1; }; sleep 0.1; done; \
 	addr=$$(sed -n 's/^runtime listening on //p' $$log); test -n "$$addr" || { cat $$log; exit 1; }; \
 	grep -v " INFO " $$log; $(VENV)/bin/codegym demo --target $$addr
+
+# Kubernetes manifests: every kustomization under k8s/ (components aside) rendered with the kubectl
+# that `make install` puts in the venv (pinned; kustomize is built in), then checked against the
+# schemas of Kubernetes $(K8S_VERSION), unknown fields rejected.
+K8S_VERSION := 1.33.0
+
+k8s-validate:
+	@out=$$(mktemp -d); trap 'rm -rf $$out' EXIT; \
+	for k in $$(find k8s -name kustomization.yaml | sort); do \
+	  grep -q '^kind: Component' $$k && continue; dir=$$(dirname $$k); file=$$out/$$(echo $$dir | tr / -).yaml; \
+	  $(VENV)/bin/kubectl kustomize $$dir >$$file || exit 1; \
+	  echo "rendered $$dir: $$(grep -c '^kind:' $$file) objects"; \
+	done; \
+	$(VENV)/bin/kubernetes-validate --strict --quiet --kubernetes-version $(K8S_VERSION) $$out/*.yaml && \
+	echo "every rendered object is valid Kubernetes $(K8S_VERSION) (strict)"
+
+docker-lint:
+	$(VENV)/bin/hadolint Dockerfile
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
