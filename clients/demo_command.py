@@ -20,10 +20,11 @@ from typing import Any
 
 import grpc
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from clients.oracle import read_trajectories
-from clients.runtime_client import DEFAULT_TARGET, AsyncRuntimeClient
+from clients.runtime_client import DEFAULT_TARGET, AsyncRuntimeClient, CodeGymError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -209,13 +210,26 @@ def report(rows: dict[str, EnvRow], wall: float, console: Console) -> int:
     return 1 if problems else 0
 
 
+def failure_line(target: str, exc: BaseException) -> str:
+    """One line on why the runtime could not be used (the connection's cause when it never connected)."""
+    if isinstance(exc, CodeGymError) and exc.method == "wait_ready":
+        return f"codegym demo: {exc.details()}"  # "cannot reach HOST:PORT: connection refused (...)"
+    if isinstance(exc, grpc.RpcError):
+        code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+        reason = f"{code().name}: {details()}" if callable(code) and callable(details) else str(exc)
+    else:
+        reason = str(exc) or type(exc).__name__
+    return f"codegym demo: cannot use the runtime at {target}: {reason}"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     console = Console(width=None if Console().is_terminal else 140)
     try:
         rows, wall = asyncio.run(run_demo(args))
     except (TimeoutError, grpc.RpcError) as exc:
-        console.print(f"[red]codegym demo: cannot use the runtime at {args.target}: {exc}[/red]")
-        console.print("start it with: codegym up")
+        errors = Console(stderr=True, width=console.width)
+        line = escape(failure_line(args.target, exc))
+        errors.print(f"[red]{line}[/red] (start one with: codegym up)", soft_wrap=True)
         return 2
     return report(rows, wall, console)
 
@@ -236,5 +250,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--random-steps", type=int, default=20, help="step cap of a random episode")
     demo.add_argument("--concurrency", type=int, default=16, help="episodes in flight")
     demo.add_argument("--seed", type=int, default=0, help="seed of the random agent")
-    demo.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the runtime")
+    demo.add_argument("--connect-timeout", type=float, default=2.0, help="seconds to wait for the runtime")
     demo.set_defaults(func=cmd_demo)

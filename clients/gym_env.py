@@ -4,6 +4,10 @@
   session, for trainers that drive gymnasium environments.
 - `OnlineGymEnv`: a drop-in for trainers written against CodeGym's online client
   (`from_env_str`, `step(action) -> str`, `finished`, `reward`, `release()`).
+
+Both raise the typed errors of `clients.runtime_client` (`SessionNotFound`, `InvalidRequest`,
+`CapacityExceeded`, `RuntimeUnavailable`...; all `CodeGymError`s); `OnlineGymEnv.step` answers a
+step after the end as observation text, as CodeGym's own client does.
 """
 
 from __future__ import annotations
@@ -12,12 +16,17 @@ import contextlib
 import string
 from typing import Any
 
-import grpc
 import gymnasium
 from gymnasium import spaces
 
 from clients.actions import BEGIN, ActionParseError, parse_function_call
-from clients.runtime_client import DEFAULT_TARGET, ActionLike, RuntimeClient
+from clients.runtime_client import (
+    DEFAULT_TARGET,
+    ActionLike,
+    CodeGymError,
+    RuntimeClient,
+    SessionDone,
+)
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 
 MAX_TEXT = 1 << 20
@@ -105,7 +114,7 @@ class RemoteEnv(gymnasium.Env[str, str]):
 
     def _close_session(self) -> None:
         if self.session_id:
-            with contextlib.suppress(grpc.RpcError):
+            with contextlib.suppress(CodeGymError):
                 self.client.close_session(self.session_id)
             self.session_id = ""
 
@@ -176,11 +185,9 @@ class OnlineGymEnv:
                 return f"Error: {exc}"
         try:
             response = self.client.step(self.session_id, action)
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                self._finished = True
-                return f"Error: {exc.details()}"
-            raise
+        except SessionDone as exc:
+            self._finished = True
+            return f"Error: {exc.details()}"
         self.step_count = response.step_index
         self._reward = response.reward
         self._finished = response.done
@@ -199,7 +206,7 @@ class OnlineGymEnv:
         """Close the session on the server (and the connection if this object opened it)."""
         try:
             self.client.close_session(self.session_id)
-        except grpc.RpcError:
+        except CodeGymError:
             pass
         finally:
             if self._owns_client:

@@ -10,10 +10,9 @@ from pathlib import Path
 
 from codegym.grpcutil import ManagedServer
 from codegym.runtime.v1 import runtime_service_pb2 as rt
-from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym.sandbox_client import SandboxDispatcher
 from services.runtime.library import EnvRecord, load_library
-from services.runtime.service import RuntimeConfig, RuntimeServicer
+from services.runtime.service import RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, SessionStore
 
 log = logging.getLogger(__name__)
@@ -37,7 +36,7 @@ class RuntimeServer:
         self.dispatcher = SandboxDispatcher(sandbox)
         self.servicer = RuntimeServicer(envs, store or InMemorySessionStore(), self.dispatcher, config)
         self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
-        rt_grpc.add_RuntimeServiceServicer_to_server(self.servicer, self.managed.server)
+        add_to_server(self.servicer, self.managed.server)
         self._reaper: asyncio.Task[None] | None = None
 
     @property
@@ -56,6 +55,9 @@ class RuntimeServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
         await self.dispatcher.close()
+        close = getattr(self.servicer.store, "close", None)
+        if close is not None:
+            await close()
 
 
 async def serve(server: RuntimeServer) -> None:

@@ -4,22 +4,30 @@ The trusted side never runs environment code: actions are checked statically aga
 names the contract checker read from the source, then sent with the session's committed state to
 a sandbox worker. The returned state is committed only when the step succeeded (trial then commit),
 so an error, a timeout or a lost worker leaves the session exactly as it was.
+
+Whatever a caller sends, the answer is a typed one: an action the runtime cannot read is a step
+error `STEP_ERROR_CODE_INVALID_ACTION` (session unchanged), any other unreadable request is
+INVALID_ARGUMENT, and a fault of the runtime itself is INTERNAL with a short message (the traceback
+goes to the log), never gRPC's UNKNOWN with a Python exception's text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import logging
+import math
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from codegym.common.v1 import common_pb2
 from codegym.contract import EnvStringError, parse_ability, parse_config, parse_env_str
@@ -28,7 +36,7 @@ from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox_client import SandboxDispatcher, SandboxUnavailable
 from services.runtime.library import EnvRecord
-from services.runtime.sessions import Session, SessionStore
+from services.runtime.sessions import Session, SessionStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +46,12 @@ DIFFICULTY = {
     "hard": common_pb2.DIFFICULTY_HARD,
 }
 LIMIT_STATUSES = (sb.STATUS_MEMORY_LIMIT, sb.STATUS_OUTPUT_LIMIT, sb.STATUS_KILLED, sb.STATUS_CRASHED)
+SERVICE_NAME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
+# Actions and configs deeper than this are refused (CodeGym's are a few levels deep); environment
+# code, which may recurse over what it is given, never sees them.
+MAX_JSON_DEPTH = 100
+# Status details travel in a trailer, and clients drop trailers past 8-16 KB: keep them short.
+MAX_DETAIL_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,70 @@ class Refusal(Exception):
         self.retry_after_ms = retry_after_ms
 
 
+class Undecodable:
+    """A request whose bytes are not its RPC's message (bad UTF-8 in a string, a corrupt wire format)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """`text` quoted for a message: ASCII-escaped and cut (ids and names can be megabytes of anything)."""
+    if len(text) <= limit:
+        return ascii(text)
+    return f"{text[:limit]!a}... ({len(text)} characters)"
+
+
+def clipped(message: str, limit: int = MAX_DETAIL_BYTES) -> str:
+    data = message.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return message
+    return data[:limit].decode("utf-8", "ignore") + f"... ({len(data)} bytes)"
+
+
+def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Why a parsed JSON value is refused (nested too deeply, NaN or Infinity), or None (iterative)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{item} is not a JSON number"
+        if isinstance(item, dict | list | tuple | set | frozenset):
+            if depth > max_depth:
+                return f"nested deeper than {max_depth} levels"
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return None
+
+
+def is_unicode(text: str) -> bool:
+    """False for text holding a lone surrogate (JSON's `"\\ud800"`), which no protobuf string can carry."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+LONE_SURROGATE = "a lone surrogate escape (like \\ud800) is not Unicode text"
+
+
+def not_json_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_json(text: str) -> tuple[Any, str | None]:
+    """Strict JSON (no NaN/Infinity, at most MAX_JSON_DEPTH deep): the value, or why it is refused."""
+    try:
+        value = json.loads(text, parse_constant=not_json_constant)
+    except RecursionError:
+        return None, f"nested deeper than {MAX_JSON_DEPTH} levels"
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, an integer of more than 4300 digits
+        return None, str(exc).split("; use sys.", 1)[0]
+    return value, json_problem(value)
+
+
 def tool_specs(record: EnvRecord) -> list[common_pb2.ToolSpec]:
     return [
         common_pb2.ToolSpec(name=t.name, signature=t.signature, text=t.text, json_schema=json.dumps(t.schema))
@@ -73,6 +151,77 @@ def tool_specs(record: EnvRecord) -> list[common_pb2.ToolSpec]:
 
 def session_seed(session_id: str) -> int:
     return int.from_bytes(hashlib.sha256(session_id.encode()).digest()[:8], "big") >> 1
+
+
+async def refuse(context: grpc.aio.ServicerContext, exc: Refusal) -> NoReturn:
+    if exc.retry_after_ms:
+        context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),))
+    await context.abort(exc.code, clipped(exc.message))
+    raise AssertionError("context.abort returned")
+
+
+async def fail_internally(context: grpc.aio.ServicerContext, rpc: str) -> NoReturn:
+    """The last line of defence: log the traceback, answer INTERNAL with a reference to the log line."""
+    ref = secrets.token_hex(4)
+    log.exception("%s failed (ref %s)", rpc, ref)
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {rpc} (ref {ref}); see the runtime log")
+    raise AssertionError("context.abort returned")
+
+
+def guarded[Servicer: "RuntimeServicer", Request, Response](
+    method: Callable[[Servicer, Request, grpc.aio.ServicerContext], Awaitable[Response]],
+) -> Callable[[Servicer, Request, grpc.aio.ServicerContext], Awaitable[Response]]:
+    """A unary RPC that answers every failure with a status: a `Refusal` with its code, a request
+    that could not be decoded with INVALID_ARGUMENT, anything unexpected with INTERNAL."""
+
+    @functools.wraps(method)
+    async def rpc(self: Servicer, request: Request, context: grpc.aio.ServicerContext) -> Response:
+        try:
+            if isinstance(request, Undecodable):
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+            return await method(self, request, context)
+        except Refusal as exc:
+            await refuse(context, exc)
+        except StoreUnavailable as exc:
+            await refuse(context, Refusal(grpc.StatusCode.UNAVAILABLE, str(exc), self.config.retry_after_ms))
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception:
+            await fail_internally(context, method.__name__)
+
+    return rpc
+
+
+def decoder(message_type: type[Message]) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(f"the request is not a valid {message_type.DESCRIPTOR.name}: {exc}")
+
+    return decode
+
+
+def add_to_server(servicer: RuntimeServicer, server: grpc.aio.Server) -> None:
+    """`add_RuntimeServiceServicer_to_server`, except that a request whose bytes do not decode
+    (invalid UTF-8 in a string, a corrupt message) reaches the servicer as `Undecodable` and is
+    answered INVALID_ARGUMENT; with the generated function gRPC answers it UNKNOWN by itself."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in rt.DESCRIPTOR.services_by_name["RuntimeService"].methods:
+        request_type = getattr(rt, method.input_type.name)
+        response_type = getattr(rt, method.output_type.name)
+        make = (
+            grpc.stream_stream_rpc_method_handler
+            if method.client_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=decoder(request_type),
+            response_serializer=response_type.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
@@ -91,29 +240,21 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self.store = store
         self.dispatcher = dispatcher
         self.config = config or RuntimeConfig()
-        self.locks: dict[str, asyncio.Lock] = {}
         self.releases: set[asyncio.Task[None]] = set()
 
     # ---- helpers ------------------------------------------------------------------------------
-
-    async def _guard(self, context: grpc.aio.ServicerContext, call: Any) -> Any:
-        try:
-            return await call
-        except Refusal as exc:
-            if exc.retry_after_ms:
-                context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),))
-            await context.abort(exc.code, exc.message)
 
     def _env(self, env_id: str) -> EnvRecord:
         record = self.envs.get(env_id)
         if record is None:
             raise Refusal(
                 grpc.StatusCode.NOT_FOUND,
-                f"environment {env_id!r} is not in the library ({len(self.envs)} environments; see ListEnvs)",
+                f"environment {shown(env_id)} is not in the library ({len(self.envs)} environments; see ListEnvs)",
             )
         return record
 
     def _resolve_task(self, request: rt.CreateSessionRequest) -> tuple[EnvRecord, dict[str, Any]]:
+        """The environment and config the request names; INVALID_ARGUMENT for anything unreadable."""
         which = request.WhichOneof("task")
         try:
             if which == "ability":
@@ -127,7 +268,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                         if not task.env_id.endswith("__" + parsed.env_class):
                             raise Refusal(
                                 grpc.StatusCode.INVALID_ARGUMENT,
-                                f"env string names {parsed.env_class}, which is not env {task.env_id}",
+                                f"env string names {parsed.env_class}, which is not env {shown(task.env_id)}",
                             )
                         return self._env(task.env_id), parsed.config
                     return self._env_by_class(parsed.env_class), parsed.config
@@ -136,6 +277,16 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 return self._env(task.env_id), parse_config(task.config_json or "{}")
         except EnvStringError as exc:
             raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"bad task: {exc}") from None
+        except RecursionError:
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"bad task: config is nested deeper than {MAX_JSON_DEPTH} levels",
+            ) from None
+        except (ValueError, TypeError, MemoryError) as exc:  # e.g. an integer of more than 4300 digits
+            reason = str(exc).split("; use sys.", 1)[0]
+            raise Refusal(
+                grpc.StatusCode.INVALID_ARGUMENT, f"bad task: config cannot be read: {reason}"
+            ) from None
         raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "name the task with ability or env_task")
 
     def _env_by_class(self, env_class: str) -> EnvRecord:
@@ -146,7 +297,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 f"{env_class} is ambiguous ({', '.join(ids[:5])}); give env_id as {{code_id}}__{env_class}",
             )
         if not ids:
-            raise Refusal(grpc.StatusCode.NOT_FOUND, f"no environment class {env_class!r} in the library")
+            raise Refusal(
+                grpc.StatusCode.NOT_FOUND, f"no environment class {shown(env_class)} in the library"
+            )
         return self.envs[ids[0]]
 
     async def _session(self, session_id: str) -> Session:
@@ -156,12 +309,11 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             session = None
         if session is None:
             raise Refusal(
-                grpc.StatusCode.NOT_FOUND, f"no session {session_id!r} (closed, expired or unknown)"
+                grpc.StatusCode.NOT_FOUND, f"no session {shown(session_id)} (closed, expired or unknown)"
             )
         return session
 
     async def _forget(self, session_id: str) -> bool:
-        self.locks.pop(session_id, None)
         existed = await self.store.delete(session_id)
         if existed:
             self._release(session_id)
@@ -173,11 +325,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self.releases.add(task)
         task.add_done_callback(self.releases.discard)
 
-    def _lock(self, session_id: str) -> asyncio.Lock:
-        lock = self.locks.get(session_id)
-        if lock is None:
-            lock = self.locks[session_id] = asyncio.Lock()
-        return lock
+    def _lock(self, session_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """Serializes steps of one session: in this process, or across replicas (Redis lease)."""
+        return self.store.lock(session_id)
 
     async def _execute(self, op: sb.Operation, record: EnvRecord, key: str = "") -> sb.OperationResult:
         try:
@@ -206,6 +356,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
 
     async def _create(self, request: rt.CreateSessionRequest) -> rt.CreateSessionResponse:
         record, config = self._resolve_task(request)
+        config_json = self._config_json(config)
         options = request.options
         max_steps = options.max_steps or self.config.default_max_steps
         if max_steps > self.config.max_max_steps:
@@ -228,7 +379,6 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 )
         session_id = secrets.token_hex(16)
         seed = options.seed or session_seed(session_id)
-        config_json = json.dumps(config, ensure_ascii=False)
         op = sb.Operation(
             source=sb.SourceRef(sha256=record.sha256),
             limits=sb.Limits(wall_ms=self.config.create_timeout_ms),
@@ -259,6 +409,21 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             max_steps=max_steps,
         )
 
+    @staticmethod
+    def _config_json(config: dict[str, Any]) -> str:
+        """The config as the JSON the jail gets; a config JSON cannot carry is INVALID_ARGUMENT."""
+        problem = json_problem(config)
+        if problem is None:
+            try:
+                text = json.dumps(config, ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError, RecursionError) as exc:  # a Python literal's set, bytes...
+                problem = str(exc)
+            else:
+                if is_unicode(text):
+                    return text
+                problem = LONE_SURROGATE
+        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"bad task: config is not JSON: {problem}")
+
     def _action(self, request: rt.StepRequest, record: EnvRecord) -> tuple[str, rt.StepError | None]:
         """The action as the canonical CodeGym JSON string, or the typed reason it is refused."""
 
@@ -270,10 +435,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             text = request.action_json
             if len(text.encode()) > self.config.max_action_bytes:
                 return invalid(f"action is {len(text.encode())} bytes (max {self.config.max_action_bytes})")
-            try:
-                action = json.loads(text)
-            except ValueError as exc:
-                return invalid(f"action is not valid JSON: {exc}")
+            action, problem = parse_json(text)
+            if problem is not None:
+                return invalid(f"action is not valid JSON: {problem}")
             if isinstance(action, list):
                 if len(action) != 1:
                     return invalid(f"one function call per step, got a list of {len(action)}")
@@ -284,14 +448,12 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         elif which == "tool_call":
             name = request.tool_call.name
             text = request.tool_call.parameters_json or "{}"
-            if len(text.encode()) > self.config.max_action_bytes:
-                return invalid(
-                    f"parameters are {len(text.encode())} bytes (max {self.config.max_action_bytes})"
-                )
-            try:
-                parameters = json.loads(text)
-            except ValueError as exc:
-                return invalid(f"parameters_json is not valid JSON: {exc}")
+            size = len(name.encode()) + len(text.encode())
+            if size > self.config.max_action_bytes:
+                return invalid(f"tool call is {size} bytes (max {self.config.max_action_bytes})")
+            parameters, problem = parse_json(text)
+            if problem is not None:
+                return invalid(f"parameters_json is not valid JSON: {problem}")
         else:
             return invalid("the step has no action (action_json or tool_call)")
         if parameters is None:
@@ -301,9 +463,12 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         if name not in record.tool_names:
             return "", rt.StepError(
                 code=rt.STEP_ERROR_CODE_UNKNOWN_TOOL,
-                message=f"unknown tool {name!r}; the tools are {', '.join(record.tool_names)}",
+                message=f"unknown tool {shown(name)}; the tools are {', '.join(record.tool_names)}",
             )
-        return json.dumps({"name": name, "parameters": parameters}, ensure_ascii=False), None
+        canonical = json.dumps({"name": name, "parameters": parameters}, ensure_ascii=False, allow_nan=False)
+        if not is_unicode(canonical):
+            return invalid(f"action is not valid: {LONE_SURROGATE}")
+        return canonical, None
 
     async def _step(self, request: rt.StepRequest) -> rt.StepResponse:
         session_id = request.session_id
@@ -311,12 +476,16 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         async with self._lock(session_id):
             # Re-read under the lock: the step before this one may have changed or ended the session.
             session = await self._session(session_id)
-            if session.done:
+            if session.done and not (
+                request.HasField("step_index") and request.step_index < session.step_index
+            ):
                 ended = "truncated at max steps" if session.truncated else "done"
                 raise Refusal(
                     grpc.StatusCode.FAILED_PRECONDITION,
-                    f"session {session_id} is {ended} after {session.step_index} steps; Reset it or open a new one",
+                    f"session {shown(session_id)} is {ended} after {session.step_index} steps; Reset it or open a new one",
                 )
+            if request.HasField("step_index") and request.step_index != session.step_index:
+                return self._retried(session, request.step_index)
             record = self._env(session.env_id)
             action, error = self._action(request, record)
             if error is None:
@@ -331,7 +500,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 if await self.store.get(session_id) is None:
                     # Closed (or expired) while the step ran: do not bring it back.
                     raise Refusal(
-                        grpc.StatusCode.NOT_FOUND, f"session {session_id} was closed during the step"
+                        grpc.StatusCode.NOT_FOUND, f"session {shown(session_id)} was closed during the step"
                     )
             session.touch()
             if error is not None:
@@ -342,20 +511,38 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     step_index=session.step_index,
                     error=error,
                 )
+            started_at = session.step_index
             session.state = result.state
             session.step_index += 1
             session.reward = result.reward
             session.done = result.done
             if not session.done and session.step_index >= session.max_steps:
                 session.done = session.truncated = True
-            await self.store.put(session)
-            return rt.StepResponse(
+            reply = rt.StepResponse(
                 observation=result.observation,
                 reward=session.reward,
                 done=session.done,
                 truncated=session.truncated,
                 step_index=session.step_index,
             )
+            session.last_reply = reply.SerializeToString()
+            if not await self.store.commit(session, started_at):
+                # Another replica applied a step to this session meanwhile (our lease ran out).
+                raise Refusal(
+                    grpc.StatusCode.ABORTED,
+                    f"session {shown(session_id)} moved on while this step ran; the step was not applied",
+                )
+            return reply
+
+    @staticmethod
+    def _retried(session: Session, step_index: int) -> rt.StepResponse:
+        """A step sent again after its reply was lost: answered from the record, never applied twice."""
+        if step_index == session.step_index - 1 and session.last_reply:
+            return rt.StepResponse.FromString(session.last_reply)
+        raise Refusal(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"session {shown(session.session_id)} is at step {session.step_index}, not {step_index}",
+        )
 
     @staticmethod
     def _step_error(result: sb.OperationResult) -> rt.StepError | None:
@@ -386,7 +573,8 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 raise self._refusal_from(result, f"resetting {session.env_id}")
             if await self.store.get(request.session_id) is None:
                 raise Refusal(
-                    grpc.StatusCode.NOT_FOUND, f"session {request.session_id} was closed during the reset"
+                    grpc.StatusCode.NOT_FOUND,
+                    f"session {shown(request.session_id)} was closed during the reset",
                 )
             session.state = result.state
             session.step_index = 0
@@ -398,7 +586,6 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
 
     async def _expire(self) -> None:
         for session_id in await self.store.expire(self.config.session_ttl_s):
-            self.locks.pop(session_id, None)
             self._release(session_id)
 
     async def reaper(self) -> None:
@@ -411,62 +598,80 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
 
     # ---- RPCs ---------------------------------------------------------------------------------
 
+    @guarded
     async def CreateSession(
         self, request: rt.CreateSessionRequest, context: grpc.aio.ServicerContext
     ) -> rt.CreateSessionResponse:
-        response: rt.CreateSessionResponse = await self._guard(context, self._create(request))
-        return response
+        return await self._create(request)
 
+    @guarded
     async def Step(self, request: rt.StepRequest, context: grpc.aio.ServicerContext) -> rt.StepResponse:
-        response: rt.StepResponse = await self._guard(context, self._step(request))
-        return response
+        return await self._step(request)
 
+    async def _entry(self, step: rt.StepRequest) -> tuple[rt.StepResponse | None, int, str]:
+        """One step of a BatchStep or StepStream: the response, or the status code and message."""
+        try:
+            return await self._step(step), 0, ""
+        except Refusal as exc:
+            return None, exc.code.value[0], clipped(exc.message)
+        except StoreUnavailable as exc:
+            return None, grpc.StatusCode.UNAVAILABLE.value[0], clipped(str(exc))
+        except Exception:
+            ref = secrets.token_hex(4)
+            log.exception("a step of session %s failed (ref %s)", shown(step.session_id), ref)
+            message = f"internal error in the step (ref {ref}); see the runtime log"
+            return None, grpc.StatusCode.INTERNAL.value[0], message
+
+    @guarded
     async def BatchStep(
         self, request: rt.BatchStepRequest, context: grpc.aio.ServicerContext
     ) -> rt.BatchStepResponse:
         steps = request.steps
         if len(steps) > self.config.max_batch:
-            await context.abort(
+            raise Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT, f"batch of {len(steps)} steps (max {self.config.max_batch})"
             )
         ids = [s.session_id for s in steps]
         if len(set(ids)) != len(ids):
-            await context.abort(
+            raise Refusal(
                 grpc.StatusCode.INVALID_ARGUMENT, "a batch must name distinct sessions (one step per session)"
             )
 
         async def one(step: rt.StepRequest) -> rt.BatchStepResult:
-            try:
-                return rt.BatchStepResult(session_id=step.session_id, response=await self._step(step))
-            except Refusal as exc:
-                return rt.BatchStepResult(
-                    session_id=step.session_id, code=exc.code.value[0], message=exc.message
-                )
+            response, code, message = await self._entry(step)
+            if response is None:
+                return rt.BatchStepResult(session_id=step.session_id, code=code, message=message)
+            return rt.BatchStepResult(session_id=step.session_id, response=response)
 
         return rt.BatchStepResponse(results=await asyncio.gather(*(one(s) for s in steps)))
 
     async def StepStream(
         self, request_iterator: AsyncIterator[rt.StepStreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rt.StepStreamResponse]:
-        """Run every step sent as it arrives (at most `max_batch` at once) and answer each when done."""
+        """Run every step sent as it arrives (at most `max_batch` at once) and answer each when done.
+
+        A request that cannot be decoded is answered INVALID_ARGUMENT in the stream when the server
+        decodes leniently (`add_to_server`); otherwise it ends the request side, and the call ends
+        INVALID_ARGUMENT once the steps already sent are answered.
+        """
         answers: asyncio.Queue[rt.StepStreamResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self.config.max_batch)
         running: set[asyncio.Task[None]] = set()
         latest: dict[str, asyncio.Task[None]] = {}
+        broken: list[str] = []
 
         async def one(item: rt.StepStreamRequest, before: asyncio.Task[None] | None) -> None:
             if before is not None:
                 await asyncio.wait([before])  # this session's earlier step first
             try:
-                answer = rt.StepStreamResponse(
-                    session_id=item.step.session_id, tag=item.tag, response=await self._step(item.step)
-                )
-            except Refusal as exc:
-                answer = rt.StepStreamResponse(
-                    session_id=item.step.session_id, tag=item.tag, code=exc.code.value[0], message=exc.message
-                )
+                response, code, message = await self._entry(item.step)
             finally:
                 slots.release()
+            answer = rt.StepStreamResponse(session_id=item.step.session_id, tag=item.tag)
+            if response is None:
+                answer.code, answer.message = code, message
+            else:
+                answer.response.CopyFrom(response)
             await answers.put(answer)
 
         def forget(task: asyncio.Task[None]) -> None:
@@ -476,14 +681,21 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
 
         async def read() -> None:
             try:
-                async for item in request_iterator:
-                    await slots.acquire()
-                    sid = item.step.session_id
-                    task = asyncio.get_running_loop().create_task(one(item, latest.get(sid)))
-                    latest[sid] = task
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                    task.add_done_callback(forget)
+                try:
+                    async for item in request_iterator:
+                        if isinstance(item, Undecodable):
+                            code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+                            await answers.put(rt.StepStreamResponse(code=code, message=clipped(item.reason)))
+                            continue
+                        await slots.acquire()
+                        sid = item.step.session_id
+                        task = asyncio.get_running_loop().create_task(one(item, latest.get(sid)))
+                        latest[sid] = task
+                        running.add(task)
+                        task.add_done_callback(running.discard)
+                        task.add_done_callback(forget)
+                except DecodeError as exc:  # gRPC decodes lazily here: the request side ends
+                    broken.append(f"a request is not a valid StepStreamRequest: {exc}")
                 await asyncio.gather(*list(running))
             finally:
                 await answers.put(None)
@@ -493,24 +705,34 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             while (answer := await answers.get()) is not None:
                 yield answer
             await reader
+            if broken:
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, broken[0])
+        except Refusal as exc:
+            await refuse(context, exc)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception:
+            await fail_internally(context, "StepStream")
         finally:
             reader.cancel()
             for task in list(running):
                 task.cancel()
 
+    @guarded
     async def Reset(self, request: rt.ResetRequest, context: grpc.aio.ServicerContext) -> rt.ResetResponse:
-        response: rt.ResetResponse = await self._guard(context, self._reset(request))
-        return response
+        return await self._reset(request)
 
+    @guarded
     async def CloseSession(
         self, request: rt.CloseSessionRequest, context: grpc.aio.ServicerContext
     ) -> rt.CloseSessionResponse:
         return rt.CloseSessionResponse(existed=await self._forget(request.session_id))
 
+    @guarded
     async def GetSession(
         self, request: rt.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> rt.GetSessionResponse:
-        session: Session = await self._guard(context, self._session(request.session_id))
+        session = await self._session(request.session_id)
         if session.truncated:
             status = rt.SESSION_STATUS_TRUNCATED
         elif session.done:
@@ -528,6 +750,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             expires_in_s=max(0, int(self.config.session_ttl_s - idle)),
         )
 
+    @guarded
     async def ListEnvs(
         self, request: rt.ListEnvsRequest, context: grpc.aio.ServicerContext
     ) -> rt.ListEnvsResponse:
@@ -544,8 +767,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             next_page_token=page[-1] if len(ids) > size else "",
         )
 
+    @guarded
     async def GetEnv(self, request: rt.GetEnvRequest, context: grpc.aio.ServicerContext) -> rt.GetEnvResponse:
-        record: EnvRecord = await self._guard(context, self._found(request.env_id))
+        record = self._env(request.env_id)
         return rt.GetEnvResponse(
             env_id=record.env_id,
             tools=tool_specs(record),
@@ -561,6 +785,3 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 for t in record.tasks
             ],
         )
-
-    async def _found(self, env_id: str) -> EnvRecord:
-        return self._env(env_id)
