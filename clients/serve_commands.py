@@ -72,7 +72,14 @@ def _serve_runtime(args: argparse.Namespace) -> int:
     )
 
     async def main() -> None:
-        server = RuntimeServer(args.library, args.sandbox, host=args.host, port=args.port, config=config)
+        store = None
+        if args.sessions:
+            from services.runtime.redis_store import RedisSessionStore
+
+            store = RedisSessionStore(args.sessions, args.session_ttl_s, lease_s=args.step_lease_s)
+        server = RuntimeServer(
+            args.library, args.sandbox, host=args.host, port=args.port, config=config, store=store
+        )
         await serve(server)
 
     run_server(main)
@@ -217,6 +224,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--step-timeout-ms", type=int, default=defaults.step_timeout_ms, help="default deadline of one step"
     )
     runtime.add_argument("--log-level", default="INFO", help="logging level")
+    runtime.add_argument(
+        "--sessions",
+        default="",
+        help="session store: empty keeps sessions in this process; redis://HOST:PORT/N shares them between replicas",
+    )
+    runtime.add_argument(
+        "--step-lease-s",
+        type=float,
+        default=30.0,
+        help="with Redis: how long a dead replica's step can block its session",
+    )
     runtime.set_defaults(func=_serve_runtime)
 
     from clients.synthesize_command import add_llm_arguments

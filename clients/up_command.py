@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from codegym.grpcutil import wait_serving
@@ -70,6 +71,50 @@ class Child:
                 self.proc.wait(5)
 
 
+class PrivateRedis:
+    """A `redis-server` for the runtimes' shared sessions, on loopback, without persistence."""
+
+    def __init__(self, host: str, timeout_s: float = 10.0) -> None:
+        import shutil
+        import socket
+
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError(
+                "several runtimes share sessions in Redis: install redis-server or pass --sessions"
+            )
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+        self.url = f"redis://{host}:{port}/0"
+        self.proc = subprocess.Popen(
+            [binary, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((host, port), timeout=0.5):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"redis-server did not start on {host}:{port}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
 class Supervisor:
     """Restarts dead servers on their own port, with back-off; gives up past a restart budget."""
 
@@ -114,6 +159,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not library.exists():
         build_default_library(library)
     children: list[Child] = []
+    cleanup: list[Callable[[], None]] = []
     stopping = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -136,17 +182,29 @@ def cmd_up(args: argparse.Namespace) -> int:
             ]
             children.append(Child(f"sandbox worker {i + 1}", worker_args))
         workers = [c.address for c in children]
-        runtime_args = [
-            "serve", "runtime", "--host", args.host, "--port", str(args.port),
-            "--library", str(library), "--sandbox", ",".join(workers),
-        ]  # fmt: skip
-        runtime = Child("runtime", runtime_args)
-        children.append(runtime)
+        sessions = args.sessions
+        if args.runtimes > 1 and not sessions:
+            redis = PrivateRedis(args.host)
+            cleanup.append(redis.stop)
+            sessions = redis.url
+            print(f"redis at {redis.url} (sessions shared by the runtimes)", flush=True)
+        runtimes = []
+        for i in range(args.runtimes):
+            runtime_args = [
+                "serve", "runtime", "--host", args.host, "--port", str(args.port if i == 0 else 0),
+                "--library", str(library), "--sandbox", ",".join(workers),
+            ]  # fmt: skip
+            if sessions:
+                runtime_args += ["--sessions", sessions]
+            name = "runtime" if args.runtimes == 1 else f"runtime {i + 1}"
+            runtimes.append(Child(name, runtime_args))
+            children.append(runtimes[-1])
         for child in children:
             wait_serving(child.address)
-        print(f"runtime listening on {runtime.address}", flush=True)
-        for child in children[:-1]:
-            print(f"{child.name} at {child.address} (pid {child.proc.pid})", flush=True)
+        print(f"runtime listening on {','.join(r.address for r in runtimes)}", flush=True)
+        for child in children:
+            if child not in runtimes or len(runtimes) > 1:
+                print(f"{child.name} at {child.address} (pid {child.proc.pid})", flush=True)
         print(f"library {library}; Ctrl-C stops everything", flush=True)
         supervisor = Supervisor(children)
         while not stopping:
@@ -163,6 +221,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     finally:
         for child in reversed(children):
             child.stop()
+        for stop in cleanup:
+            stop()
         if children:
             print("codegym up: stopped", flush=True)
 
@@ -179,6 +239,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="environment library; built from the sample environments when missing",
     )
     up.add_argument("--workers", type=int, default=2, help="sandbox worker processes")
+    up.add_argument(
+        "--runtimes", type=int, default=1, help="runtime replicas (more than one share sessions in Redis)"
+    )
+    up.add_argument(
+        "--sessions",
+        default="",
+        help="redis://HOST:PORT/N for the sessions (default: in memory; a private redis-server for --runtimes > 1)",
+    )
     up.add_argument("--jails", type=int, default=os.cpu_count() or 2, help="jails per worker")
     up.add_argument("--host", default="127.0.0.1", help="address every server binds")
     up.add_argument("--port", type=int, default=50051, help="runtime port (0 = any free port)")

@@ -1,17 +1,26 @@
 """Sessions and where they are kept.
 
 A session is plain data (ids, the task config, the opaque state bytes made by a jail, counters), so
-a store can be a dict here or Redis for several runtime replicas: the `SessionStore` protocol is
-all the service relies on. Locks that serialize steps of one session live in the service, next to
-the event loop that takes them.
+a store can be a dict here or Redis for several runtime replicas (redis_store.py): the
+`SessionStore` protocol is all the service relies on: get, put, delete, count, expire, a per-session
+lock that serializes steps (a lease across replicas in Redis) and a commit that applies a step's
+result only if the session is still at the step index the step started from.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
+
+
+class StoreUnavailable(RuntimeError):
+    """The session store cannot be reached (Redis down): the runtime answers UNAVAILABLE."""
 
 
 @dataclass(slots=True)
@@ -30,6 +39,9 @@ class Session:
     done: bool = False
     truncated: bool = False
     last_used: float = 0.0
+    # The serialized StepResponse of the last committed step: a client that lost that reply and
+    # sends the step again (naming its step index) gets it back instead of a second application.
+    last_reply: bytes = b""
 
     def touch(self, now: float | None = None) -> None:
         self.last_used = time.monotonic() if now is None else now
@@ -44,6 +56,14 @@ class SessionStore(Protocol):
 
     async def delete(self, session_id: str) -> bool: ...
 
+    async def commit(self, session: Session, expected_step_index: int) -> bool:
+        """Store a step's result if the stored session is still at `expected_step_index`."""
+        ...
+
+    def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
+        """Held while a step of the session runs."""
+        ...
+
     async def count(self) -> int: ...
 
     async def expire(self, idle_s: float) -> list[str]:
@@ -56,6 +76,8 @@ class InMemorySessionStore:
 
     def __init__(self) -> None:
         self._sessions: OrderedDict[str, Session] = OrderedDict()
+        self._committed: dict[str, int] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
 
     async def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
@@ -63,8 +85,25 @@ class InMemorySessionStore:
     async def put(self, session: Session) -> None:
         self._sessions[session.session_id] = session
         self._sessions.move_to_end(session.session_id)
+        self._committed[session.session_id] = session.step_index
+
+    async def commit(self, session: Session, expected_step_index: int) -> bool:
+        if self._committed.get(session.session_id) != expected_step_index:
+            return False
+        await self.put(session)
+        return True
+
+    @contextlib.asynccontextmanager
+    async def lock(self, session_id: str) -> AsyncIterator[None]:
+        lock = self._locks.get(session_id)
+        if lock is None:
+            lock = self._locks[session_id] = asyncio.Lock()
+        async with lock:
+            yield
 
     async def delete(self, session_id: str) -> bool:
+        self._committed.pop(session_id, None)
+        self._locks.pop(session_id, None)
         return self._sessions.pop(session_id, None) is not None
 
     async def count(self) -> int:
@@ -78,5 +117,7 @@ class InMemorySessionStore:
             if session.last_used > cutoff:
                 break
             del self._sessions[session_id]
+            self._committed.pop(session_id, None)
+            self._locks.pop(session_id, None)
             expired.append(session_id)
         return expired

@@ -263,10 +263,16 @@ class StepRequest(_message.Message):
     SESSION_ID_FIELD_NUMBER: _builtins.int
     ACTION_JSON_FIELD_NUMBER: _builtins.int
     TOOL_CALL_FIELD_NUMBER: _builtins.int
+    STEP_INDEX_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session."""
     action_json: _builtins.str
     """CodeGym JSON action string `{"name": ..., "parameters": {...}}`."""
+    step_index: _builtins.int
+    """The session's step index this step applies to (its step_index before the step). A client that
+    lost a reply sends the step again with the same index: a step already applied is not applied
+    again; the last step's recorded reply comes back (older ones: FAILED_PRECONDITION).
+    """
     @_builtins.property
     def tool_call(self) -> Global___ToolCall:
         """Structured action."""
@@ -277,13 +283,19 @@ class StepRequest(_message.Message):
         session_id: _builtins.str = ...,
         action_json: _builtins.str = ...,
         tool_call: Global___ToolCall | None = ...,
+        step_index: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "action_json", b"action_json", "tool_call", b"tool_call"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_step_index", b"_step_index", "action", b"action", "action_json", b"action_json", "step_index", b"step_index", "tool_call", b"tool_call"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "action_json", b"action_json", "session_id", b"session_id", "tool_call", b"tool_call"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_step_index", b"_step_index", "action", b"action", "action_json", b"action_json", "session_id", b"session_id", "step_index", b"step_index", "tool_call", b"tool_call"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__step_index: _TypeAlias = _typing.Literal["step_index"]  # noqa: Y015
+    _WhichOneofArgType__step_index: _TypeAlias = _typing.Literal["_step_index", b"_step_index"]  # noqa: Y015
     _WhichOneofReturnType_action: _TypeAlias = _typing.Literal["action_json", "tool_call"]  # noqa: Y015
     _WhichOneofArgType_action: _TypeAlias = _typing.Literal["action", b"action"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__step_index) -> _WhichOneofReturnType__step_index | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType_action) -> _WhichOneofReturnType_action | None: ...
 
 Global___StepRequest: _TypeAlias = StepRequest  # noqa: Y015

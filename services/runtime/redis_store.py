@@ -1,0 +1,170 @@
+"""Sessions in Redis, so several runtime replicas serve any session and one can die without loss.
+
+A session is a Redis hash (`codegym:session:{id}`) with the idle TTL as the key's expiry, renewed
+on every write; a sorted set indexes live sessions by expiry time for counting and for reporting
+expiries. Steps of one session are serialized across replicas by a lease (`SET NX PX` with a
+random token, released only by its holder): a replica that dies mid-step blocks the session for
+at most the lease. A step's result is committed only if the session is still at the step index
+the step started from (a check-and-set in one Lua script), so a step is applied at most once even
+when a lease ran out under a slow replica.
+
+Redis being unreachable is `StoreUnavailable`, which the runtime answers as UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from services.runtime.sessions import Session, StoreUnavailable
+
+FIELDS = (
+    "env_id", "config_json", "state", "max_steps", "step_timeout_ms", "seed", "step_index", "reward", "done",
+    "truncated", "last_reply",
+)  # fmt: skip
+# Replace the hash only if its step_index is still ARGV[1]; then renew the expiry and the index.
+COMMIT = """
+if redis.call('HGET', KEYS[1], 'step_index') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"""
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def _mapping(session: Session) -> dict[Any, Any]:
+    return {
+        "env_id": session.env_id,
+        "config_json": session.config_json,
+        "state": session.state,
+        "max_steps": session.max_steps,
+        "step_timeout_ms": session.step_timeout_ms,
+        "seed": session.seed,
+        "step_index": session.step_index,
+        "reward": repr(session.reward),
+        "done": int(session.done),
+        "truncated": int(session.truncated),
+        "last_reply": session.last_reply,
+    }
+
+
+class RedisSessionStore:
+    """A `SessionStore` on Redis (the `redis` package's asyncio client). Create inside the loop."""
+
+    def __init__(self, url: str, ttl_s: float, *, lease_s: float = 30.0, prefix: str = "codegym:") -> None:
+        self.redis = aioredis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.lease_ms = int(lease_s * 1000)
+        self.prefix = prefix
+        self.index = f"{prefix}sessions"
+        self._commit = self.redis.register_script(COMMIT)
+        self._release = self.redis.register_script(RELEASE)
+
+    def key(self, session_id: str) -> str:
+        return f"{self.prefix}session:{session_id}"
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    @contextlib.asynccontextmanager
+    async def _calls(self) -> AsyncIterator[None]:
+        try:
+            yield
+        except (RedisError, OSError) as exc:
+            raise StoreUnavailable(f"session store (Redis) unavailable: {exc}") from exc
+
+    async def get(self, session_id: str) -> Session | None:
+        async with self._calls():
+            raw: dict[Any, Any] = await self.redis.hgetall(self.key(session_id))
+        if not raw:
+            return None
+        f: dict[str, Any] = {k.decode(): v for k, v in raw.items()}
+        session = Session(
+            session_id=session_id,
+            env_id=f["env_id"].decode(),
+            config_json=f["config_json"].decode(),
+            state=bytes(f["state"]),
+            max_steps=int(f["max_steps"]),
+            step_timeout_ms=int(f["step_timeout_ms"]),
+            seed=int(f["seed"]),
+            step_index=int(f["step_index"]),
+            reward=float(f["reward"]),
+            done=f["done"] == b"1",
+            truncated=f["truncated"] == b"1",
+            last_reply=bytes(f.get("last_reply", b"")),
+        )
+        session.touch()  # Redis holds only live sessions (its expiry is the idle TTL)
+        return session
+
+    async def put(self, session: Session) -> None:
+        key = self.key(session.session_id)
+        async with self._calls(), self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping=_mapping(session))
+            pipe.pexpire(key, self.ttl_ms)
+            pipe.zadd(self.index, {session.session_id: time.time() + self.ttl_ms / 1000})
+            await pipe.execute()
+
+    async def commit(self, session: Session, expected_step_index: int) -> bool:
+        args: list[Any] = [
+            expected_step_index,
+            self.ttl_ms,
+            time.time() + self.ttl_ms / 1000,
+            session.session_id,
+        ]
+        for name, value in _mapping(session).items():
+            args += [name, value]
+        async with self._calls():
+            done = await self._commit(keys=[self.key(session.session_id), self.index], args=args)
+        return bool(done)
+
+    async def delete(self, session_id: str) -> bool:
+        async with self._calls(), self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.key(session_id))
+            pipe.zrem(self.index, session_id)
+            deleted, _ = await pipe.execute()
+        return bool(deleted)
+
+    async def count(self) -> int:
+        async with self._calls():
+            await self.redis.zremrangebyscore(self.index, "-inf", time.time())
+            return int(await self.redis.zcard(self.index))
+
+    async def expire(self, idle_s: float) -> list[str]:
+        """Sessions whose key Redis let expire (the idle TTL is the key's expiry)."""
+        now = time.time()
+        async with self._calls():
+            members: list[Any] = await self.redis.zrangebyscore(self.index, "-inf", now)
+            gone = [x.decode() for x in members]
+            if gone:
+                await self.redis.zrem(self.index, *gone)
+        return gone
+
+    @contextlib.asynccontextmanager
+    async def lock(self, session_id: str, wait_s: float = 60.0) -> AsyncIterator[None]:
+        """The session's step lease, across replicas; waits up to `wait_s` for the holder."""
+        name = f"{self.prefix}lock:{session_id}"
+        token = secrets.token_hex(8)
+        deadline = time.monotonic() + wait_s
+        delay = 0.002
+        async with self._calls():
+            while not await self.redis.set(name, token, nx=True, px=self.lease_ms):
+                if time.monotonic() > deadline:
+                    raise StoreUnavailable(f"session {session_id} is busy (its step lease was not released)")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await self._release(keys=[name], args=[token])
