@@ -65,6 +65,7 @@ bench:
 	$(PY) bench/sandbox_bench.py
 	$(PY) bench/runtime_bench.py
 	$(PY) bench/verification_bench.py
+	$(PY) bench/eval_bench.py
 
 # The main job on the embedded defaults: `codegym up` in the background (library built from the
 # sample environments on first run), `codegym demo` against it, then everything stopped.

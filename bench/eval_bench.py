@@ -1,0 +1,503 @@
+"""Agent-evaluation benchmark: the oracle agent played through `codegym eval`'s loop (1 runtime, 2 workers).
+
+The Evaluator of clients/evaluation.py runs in-process, as `codegym eval` runs it, against a
+zero-latency scripted OpenAI-compatible server (tests/helpers/fake_llm.py, in a thread of this
+process, as the tests run it) that replays the oracle trajectories of examples/trajectories.jsonl.
+Per concurrency level it prints episodes/s, turns/s and wall time, and splits every turn into
+  (a) the runtime Step call (AsyncRuntimeClient.step, from call to return),
+  (b) the LLM call (LLMGateway.chat; includes the scripted server's own cost, reported apart),
+  (c) everything else of the loop: parsing the reply, building messages, bookkeeping
+      (the synchronous stretches between those calls, measured per episode task),
+with (c) as a share of (a): the target is that the loop adds < 10 % to the runtime's time per
+step. The CPU of this process per turn is split the same way (thread CPU time inside each call's
+own coroutine frames; the rest of the event-loop thread, the scripted server's threads and the
+remaining threads are reported apart), beside the CPU `codegym up` spends per turn.
+
+Beside (a), the runtime's step latency at the same concurrency without the agent loop (the
+oracle trajectories replayed straight through AsyncRuntimeClient, the LLM idle) is measured
+too: in the eval run (a) also holds the time a step's answer waits for the busy event loop.
+
+Each concurrency level plays the tasks (in a fixed shuffled order, so a capped run is a fair
+mix) until all are played or --max-seconds have passed; the episodes still in flight are then
+cancelled (their finished turns count in the per-turn figures, not in episodes/s).
+
+    .venv/bin/python bench/eval_bench.py [--tasks 100] [--samples 4] [--concurrency 8 32]
+        [--max-seconds 65]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import cpu_by_role, median, pct, start_process  # noqa: E402
+from clients.evaluation import (  # noqa: E402
+    EvalTask,
+    Evaluator,
+    run_episodes,
+    summarize,
+    tasks_from_library,
+)
+from clients.runtime_client import AsyncRuntimeClient  # noqa: E402
+from services.runtime.library import Library  # noqa: E402
+from services.synthesis.llm import LLMGateway, LLMSettings, StageParams  # noqa: E402
+from tests.helpers.agents import oracle_agent  # noqa: E402
+from tests.helpers.fake_llm import Reply, ScriptedLLM  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3f}"
+
+
+class Timed:
+    """Awaits a coroutine, summing the CPU time of this thread spent inside its own frames.
+
+    Every resumption of the coroutine (one `send`/`throw` into it) is timed with thread_time, so
+    the work other coroutines do on the event loop while this one waits is not counted.
+    """
+
+    __slots__ = ("coro", "cpu")
+
+    def __init__(self, coro: Awaitable[Any]) -> None:
+        self.coro = coro
+        self.cpu = 0.0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        inner = self.coro.__await__()
+        resume: Callable[[Any], Any] = inner.send
+        value: Any = None
+        while True:
+            started = time.thread_time()
+            try:
+                yielded = resume(value)
+            except StopIteration as done:
+                self.cpu += time.thread_time() - started
+                return done.value
+            except BaseException:
+                self.cpu += time.thread_time() - started
+                raise
+            self.cpu += time.thread_time() - started
+            try:
+                value = yield yielded
+                resume = inner.send
+            except GeneratorExit:
+                inner.close()
+                raise
+            except BaseException as exc:  # CancelledError and the like go on into the coroutine
+                value, resume = exc, inner.throw
+
+
+class Meter:
+    """Per-turn figures of one run: wall and CPU inside each call, and the gaps between them.
+
+    A gap is the synchronous stretch of one episode between the return of one instrumented call
+    and the start of the next (no await in between, so nothing else runs on the event loop): the
+    agent loop's own work. A turn's share is the gap after its LLM call (parse the reply, build
+    the assistant message) plus the gap after its step (record it, build the next message, loop);
+    the stretch between the session's creation and the first LLM call joins the first turn.
+    """
+
+    def __init__(self) -> None:
+        self.wall: dict[str, list[float]] = {"chat": [], "step": [], "session": []}
+        self.cpu: dict[str, float] = {"chat": 0.0, "step": 0.0, "session": 0.0, "loop": 0.0}
+        self.loop_wall: list[float] = []  # one entry per turn
+        self.last: dict[int, tuple[str, float, float]] = {}  # episode task -> (call, perf, CPU)
+        self.gap: dict[int, float] = {}  # episode task -> loop time of its current turn so far
+        self.turn: dict[int, int] = {}  # episode task -> number of its current turn
+        self.chat_cpu_by_turn: list[tuple[int, float]] = []
+
+    def enter(self, what: str) -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        key = id(asyncio.current_task())
+        if what == "chat":
+            self.turn[key] = self.turn.get(key, 0) + 1
+        last = self.last.pop(key, None)
+        if what == "create":
+            self.turn.pop(key, None)
+        if what == "create" or last is None:
+            self.gap.pop(key, None)
+            return
+        previous, exit_wall, exit_cpu = last
+        self.cpu["loop"] += cpu - exit_cpu
+        spent = self.gap.pop(key, 0.0) + wall - exit_wall
+        if previous == "step" and what in ("chat", "close"):
+            self.loop_wall.append(spent)  # the turn is complete
+        else:
+            self.gap[key] = spent
+
+    def exit(self, what: str, wall: float, cpu: float) -> None:
+        bucket = "session" if what in ("create", "close") else what
+        self.wall[bucket].append(wall)
+        self.cpu[bucket] += cpu
+        key = id(asyncio.current_task())
+        if what == "chat":
+            self.chat_cpu_by_turn.append((self.turn.get(key, 0), cpu))
+        if what != "close":
+            self.last[key] = (what, time.perf_counter(), time.thread_time())
+
+
+def instrument(evaluator: Evaluator, meter: Meter) -> None:
+    """Wrap the instances' runtime and gateway calls the agent loop makes with timing wrappers."""
+
+    def timed(what: str, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            meter.enter(what)
+            started = time.perf_counter()
+            coro = Timed(call(*args, **kwargs))
+            try:
+                return await coro
+            finally:
+                meter.exit(what, time.perf_counter() - started, coro.cpu)
+
+        return wrapper
+
+    runtime: Any = evaluator.runtime
+    gateway: Any = evaluator.gateway
+    runtime.create_session = timed("create", runtime.create_session)
+    runtime.step = timed("step", runtime.step)
+    runtime.close_session = timed("close", runtime.close_session)
+    gateway.chat = timed("chat", gateway.chat)
+
+
+class ServerMeter:
+    """The scripted LLM server's own cost, measured in its threads (one per connection)."""
+
+    def __init__(self, llm: ScriptedLLM) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+        server: Any = llm.server
+        handle = server.finish_request  # runs the handler of one connection in that thread
+
+        def finish_request(request: Any, client_address: Any) -> None:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                handle(request, client_address)
+            finally:
+                spent_cpu, spent_wall = time.thread_time() - cpu, time.perf_counter() - wall
+                with self.lock:
+                    self.connections += 1
+                    self.cpu += spent_cpu
+                    self.wall += spent_wall
+
+        server.finish_request = finish_request
+        agent = llm.script
+
+        def script(body: dict[str, Any]) -> Reply:
+            cpu = time.thread_time()
+            try:
+                return agent(body)
+            finally:
+                spent = time.thread_time() - cpu
+                with self.lock:
+                    self.requests += 1
+                    self.script_cpu += spent
+
+        llm.script = script
+        # The server keeps every request body; over thousands of growing conversations that heap
+        # would make the collector's full passes (in every thread of this process) the bench.
+        llm.requests = Discard()
+
+    def reset(self) -> None:
+        with self.lock:
+            self.connections = self.requests = 0
+            self.cpu = self.wall = self.script_cpu = 0.0
+
+
+class Discard(list[dict[str, Any]]):
+    def append(self, item: dict[str, Any]) -> None:
+        pass
+
+
+def read_trajectories(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def replay_steps(
+    address: str, trajectories: list[dict[str, Any]], sessions: int, total: int, max_s: float
+) -> tuple[float, list[float]]:
+    """The runtime alone: `sessions` concurrent oracle episodes replayed straight through the client."""
+    latencies: list[float] = []
+    cursor = iter(range(10**9))
+    stop_at = time.monotonic() + max_s
+    async with AsyncRuntimeClient(address, timeout_s=60.0) as client:
+        await client.wait_ready()
+
+        async def session_loop() -> None:
+            while len(latencies) < total and time.monotonic() < stop_at:
+                line = trajectories[next(cursor) % len(trajectories)]
+                created = await client.create_session(env_id=line["env_id"], config=line["config"])
+                try:
+                    for action, _ in line["steps"]:
+                        if len(latencies) >= total or time.monotonic() > stop_at:
+                            break
+                        started = time.perf_counter()
+                        await client.step(created.session_id, action)
+                        latencies.append(time.perf_counter() - started)
+                finally:
+                    await client.close_session(created.session_id)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(session_loop() for _ in range(sessions)))
+        return len(latencies) / (time.perf_counter() - started), latencies
+
+
+async def play(
+    address: str,
+    base_url: str,
+    tasks: list[EvalTask],
+    samples: int,
+    concurrency: int,
+    max_s: float,
+    out: Path,
+    up_pid: int,
+    server: ServerMeter,
+) -> dict[str, Any]:
+    """One `codegym eval` run, in-process and instrumented (capped at `max_s`); its figures."""
+    out.mkdir(parents=True)
+    settings = LLMSettings(
+        base_url=base_url, api_key="x", model="scripted", timeout_s=60.0, max_concurrency=concurrency
+    )
+    params = StageParams(model="scripted", temperature=1.0, top_p=1.0, max_tokens=1024, samples=1)
+    gateway = LLMGateway(settings, cache=None)  # as `codegym eval` builds it
+    meter = Meter()
+    capped = False
+    try:
+        async with AsyncRuntimeClient(address, timeout_s=60.0) as runtime:
+            await runtime.wait_ready()
+            evaluator = Evaluator(runtime, gateway, params, tool_mode="text")
+            instrument(evaluator, meter)
+            server.reset()
+            up_before = cpu_by_role(up_pid)
+            process_before, thread_before = time.process_time(), time.thread_time()
+            started = time.perf_counter()
+            try:
+                await asyncio.wait_for(run_episodes(evaluator, tasks, samples, out, concurrency), max_s)
+            except TimeoutError:
+                capped = True
+            wall = time.perf_counter() - started
+            process_cpu = time.process_time() - process_before
+            loop_thread_cpu = time.thread_time() - thread_before
+            up_after = cpu_by_role(up_pid)
+    finally:
+        await gateway.close()
+    path = out / "episodes.jsonl"
+    episodes = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    started = time.thread_time()
+    record_bytes = sum(len(json.dumps(e, ensure_ascii=False)) + 1 for e in episodes)
+    record_cpu = time.thread_time() - started
+    return {
+        "total": len(tasks) * samples,
+        "capped": capped,
+        "wall": wall,
+        "episodes": episodes,
+        "end_reasons": summarize(path, samples, "scripted")["overall"].get("end_reasons", {})
+        if episodes
+        else {},
+        "meter": meter,
+        "retries": gateway.usage["agent"].retries,
+        "process_cpu": process_cpu,
+        "loop_thread_cpu": loop_thread_cpu,
+        "record_bytes": record_bytes,
+        "record_cpu": record_cpu,
+        "server": {
+            "connections": server.connections,
+            "requests": server.requests,
+            "cpu": server.cpu,
+            "wall": server.wall,
+            "script_cpu": server.script_cpu,
+        },
+        "up": {role: up_after[role] - up_before[role] for role in up_after},
+    }
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def spread(values: list[float]) -> str:
+    """mean / p50 / p99 in ms."""
+    if not values:
+        return "-"
+    return f"{ms(mean(values))} / {ms(median(values))} / {ms(pct(values, 0.99))}"
+
+
+def share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.2f} %" if whole > 0 else "-"
+
+
+def rows_of(run: dict[str, Any], baseline: tuple[float, list[float]]) -> list[tuple[str, str]]:
+    meter: Meter = run["meter"]
+    step, chat, loop = meter.wall["step"], meter.wall["chat"], meter.loop_wall
+    turns = len(step)  # steps made, finished episodes or not
+    per_turn = 1000 / max(1, turns)  # seconds in total -> ms per turn
+    a, c = mean(step), mean(loop)
+    base_rate, base = baseline
+    srv = run["server"]
+    per_request = 1000 / max(1, srv["requests"])
+    cpu = meter.cpu
+    own = cpu["step"] + cpu["chat"] + cpu["loop"] + cpu["session"]
+    up = run["up"]
+    up_total = sum(up.values())
+    episodes = run["episodes"]
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(run["end_reasons"].items())) or "-"
+    finished_turns = sum(e["turns"] for e in episodes)
+
+    def client_cpu(low: int, high: int) -> str:
+        picked = [cpu for turn, cpu in meter.chat_cpu_by_turn if low <= turn <= high]
+        return f"{ms(mean(picked))}" if picked else "-"
+
+    return [
+        (
+            "episodes finished of planned (end reasons)",
+            f"{len(episodes)} of {run['total']}{', capped' if run['capped'] else ''} ({reasons})",
+        ),
+        ("turns made (mean per finished episode)", f"{turns} ({finished_turns / max(1, len(episodes)):.1f})"),
+        ("wall time s", f"{run['wall']:.1f}"),
+        ("episodes/s", f"{len(episodes) / run['wall']:.2f}"),
+        ("turns/s", f"{turns / run['wall']:.0f}"),
+        ("LLM retries (scripted server refusing connections)", f"{run['retries']}"),
+        ("(a) runtime step ms: mean / p50 / p99", spread(step)),
+        ("(a0) same, runtime alone (oracle replay, LLM idle)", spread(base)),
+        ("  (a0) steps measured, steps/s", f"{len(base)}, {base_rate:.0f}"),
+        ("(b) LLM call ms: mean / p50 / p99", spread(chat)),
+        (
+            "  scripted server in (b): handler wall / CPU ms per request",
+            f"{srv['wall'] * per_request:.3f} / {srv['cpu'] * per_request:.3f}",
+        ),
+        (
+            "  of which the oracle script CPU ms; connections per request",
+            f"{srv['script_cpu'] * per_request:.3f}; {srv['connections'] * per_request / 1000:.2f}",
+        ),
+        ("(c) agent loop ms: mean / p50 / p99", spread(loop)),
+        ("(c) / (a), mean  [target < 10 %]", share(c, a)),
+        ("(c) / (a0), mean", share(c, mean(base))),
+        ("(c) / (a), p50", share(median(loop), median(step)) if loop else "-"),
+        ("create + close session ms per episode (mean)", ms(2 * mean(meter.wall["session"]))),
+        (
+            "episode record (episodes.jsonl): KiB each; json.dumps CPU ms/turn",
+            f"{run['record_bytes'] / 1024 / max(1, len(episodes)):.1f}; "
+            f"{run['record_cpu'] * 1000 / max(1, finished_turns):.3f}",
+        ),
+        ("CPU ms per turn, bench process (process_time)", f"{run['process_cpu'] * per_turn:.3f}"),
+        ("  event-loop thread (thread_time)", f"{run['loop_thread_cpu'] * per_turn:.3f}"),
+        ("    (a) inside the step call (gRPC client)", f"{cpu['step'] * per_turn:.3f}"),
+        ("    (b) inside the LLM call (openai client)", f"{cpu['chat'] * per_turn:.3f}"),
+        ("    (c) agent loop", f"{cpu['loop'] * per_turn:.3f}"),
+        ("    create + close session calls", f"{cpu['session'] * per_turn:.3f}"),
+        (
+            "    rest: asyncio, transport callbacks, episodes.jsonl",
+            f"{(run['loop_thread_cpu'] - own) * per_turn:.3f}",
+        ),
+        ("  scripted server threads (b)", f"{srv['cpu'] * per_turn:.3f}"),
+        (
+            "  other threads (gRPC core, HTTP accept)",
+            f"{(run['process_cpu'] - run['loop_thread_cpu'] - srv['cpu']) * per_turn:.3f}",
+        ),
+        (
+            "(b) openai client CPU ms per call: turns 1-10 / 11-40 / 41+",
+            f"{client_cpu(1, 10)} / {client_cpu(11, 40)} / {client_cpu(41, 10**9)}",
+        ),
+        ("(c) CPU / (a) CPU inside the step call", f"{100 * cpu['loop'] / max(1e-9, cpu['step']):.1f} %"),
+        (
+            "codegym up CPU ms per turn: runtime / worker / jail",
+            " / ".join(f"{up[r] * per_turn:.3f}" for r in ("runtime", "worker", "jail")),
+        ),
+        ("(c) CPU / codegym up CPU per turn", f"{100 * cpu['loop'] / max(1e-9, up_total):.1f} %"),
+    ]
+
+
+async def run(args: argparse.Namespace) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="codegym-eval-bench-"))
+    library = workdir / "library.db"
+    columns: list[tuple[int, list[tuple[str, str]]]] = []
+    try:
+        with Library(library) as lib:
+            lib.import_paths([EXAMPLES / "envs", EXAMPLES / "tasks.jsonl"])
+            task_texts = {r.env_id: r.task_text for r in lib.load_all().values()}
+        all_tasks = tasks_from_library(library, "text")
+        tasks = all_tasks[: args.tasks]
+        random.Random(0).shuffle(tasks)  # a run cut by --max-seconds still mixes every environment
+        warm: dict[str, EvalTask] = {}
+        for task in all_tasks:
+            warm.setdefault(task.env_id, task)
+        trajectories = [t for t in read_trajectories(Path(args.trajectories)) if t.get("steps")]
+        up, address = start_process(
+            ["-m", "clients.cli", "up", "--library", str(library), "--port", "0", "--workers", "2"]
+        )
+        try:
+            with ScriptedLLM(oracle_agent(trajectories, task_texts)) as llm:
+                # http.server listens with a backlog of 5: more connects at once get refused and
+                # retried after a 1 s back-off, which would be the scripted server's doing, not the loop's.
+                llm.server.socket.listen(256)
+                server = ServerMeter(llm)
+                # Warm up: every environment's source cached on both workers.
+                warmed = await play(
+                    address, llm.base_url, list(warm.values()), 1, 8, 60, workdir / "warm", up.pid, server
+                )
+                if not warmed["end_reasons"].get("solved"):
+                    failed = next((e for e in warmed["episodes"] if e["end_reason"] != "solved"), {})
+                    raise RuntimeError(
+                        f"warm-up: the oracle solved nothing; first error: {failed.get('error')}"
+                    )
+                for concurrency in args.concurrency:
+                    baseline = await replay_steps(address, trajectories, concurrency, 2000, 5.0)
+                    result = await play(
+                        address,
+                        llm.base_url,
+                        tasks,
+                        args.samples,
+                        concurrency,
+                        args.max_seconds,
+                        workdir / f"c{concurrency}",
+                        up.pid,
+                        server,
+                    )
+                    columns.append((concurrency, rows_of(result, baseline)))
+                    print(f"... concurrency {concurrency} done", file=sys.stderr, flush=True)
+        finally:
+            up.send_signal(signal.SIGTERM)
+            up.wait(30)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    names = [name for name, _ in columns[0][1]]
+    width = max(len(n) for n in names)
+    value_width = max(len(v) for _, rows in columns for _, v in rows)
+    print(
+        f"{len(tasks)} tasks x {args.samples} samples, oracle agent (scripted OpenAI-compatible server in "
+        f"this process), text tool mode, codegym up with 2 sandbox workers, cap {args.max_seconds:.0f} s"
+    )
+    print(f"{'figure':<{width}}  " + "  ".join(f"{f'concurrency {c}':>{value_width}}" for c, _ in columns))
+    for i, name in enumerate(names):
+        print(f"{name:<{width}}  " + "  ".join(f"{rows[i][1]:>{value_width}}" for _, rows in columns))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trajectories", default=str(EXAMPLES / "trajectories.jsonl"))
+    parser.add_argument("--tasks", type=int, default=100, help="task configs of the library played")
+    parser.add_argument("--samples", type=int, default=4, help="episodes per task")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32], help="episodes in flight")
+    parser.add_argument("--max-seconds", type=float, default=65.0, help="time cap per concurrency level")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
