@@ -94,3 +94,22 @@ def from_tool_calls(tool_calls: Any) -> list[Action]:
     if not actions:
         raise ActionParseError("no tool calls")
     return actions
+
+
+def tool_call_action(message: Any) -> Action | None:
+    """The action of an OpenAI assistant message with native `tool_calls` (a dict, an SDK message,
+    or the `tool_calls` list itself); None when `message` is not one. One call per step."""
+    if isinstance(message, list):
+        calls: Any = message
+    elif isinstance(message, dict):
+        if "tool_calls" not in message:
+            return None
+        calls = message["tool_calls"]
+    elif hasattr(message, "tool_calls"):
+        calls = message.tool_calls
+    else:
+        return None
+    actions = from_tool_calls(calls)
+    if len(actions) != 1:
+        raise ActionParseError(f"call one tool per step, got {len(actions)}")
+    return actions[0]

@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
-from clients.actions import BEGIN, ActionParseError, parse_function_call
+from clients.actions import BEGIN, ActionParseError, parse_function_call, tool_call_action
 from clients.runtime_client import (
     DEFAULT_TARGET,
     ActionLike,
@@ -101,10 +101,12 @@ class RemoteEnv(gymnasium.Env[str, str]):
         self.session_id = self.created.session_id
         return self.created.observation, self._info()
 
-    def step(self, action: ActionLike) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: ActionLike | Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """`action`: CodeGym's JSON string, an action dict, or an OpenAI message with `tool_calls`."""
         if not self.session_id:
             raise RuntimeError("call reset() before step()")
-        response = self.client.step(self.session_id, action)
+        native = tool_call_action(action)
+        response = self.client.step(self.session_id, native if native is not None else action)
         info: dict[str, Any] = {"step_index": response.step_index}
         if response.HasField("error"):
             info["error"] = rt.StepErrorCode.Name(response.error.code)
@@ -177,8 +179,18 @@ class OnlineGymEnv:
     def reward(self) -> float:
         return self._reward
 
-    def step(self, action: str) -> str:
-        if BEGIN in action:
+    def step(self, action: str | Any) -> str:
+        """A model turn (with a `<|FunctionCallBegin|>` block), a JSON action, or an OpenAI
+        assistant message with native `tool_calls` (one call per step)."""
+        if not isinstance(action, str):
+            try:
+                native = tool_call_action(action)
+            except ActionParseError as exc:
+                return f"Error: {exc}"
+            if native is None:
+                return "Error: the action is neither text nor a message with tool_calls"
+            action = native.to_json()
+        elif BEGIN in action:
             try:
                 action = parse_function_call(action).to_json()
             except ActionParseError as exc:

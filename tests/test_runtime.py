@@ -251,6 +251,46 @@ def test_step_stream_drives_many_sessions_over_one_call(runtime: ServerProcess) 
     assert by_tag["malformed"].response.error.code == rt.STEP_ERROR_CODE_INVALID_ACTION
 
 
+def test_clients_take_openai_tool_call_messages_as_actions(runtime: ServerProcess) -> None:
+    from types import SimpleNamespace
+
+    env_id, config = next((t["env_id"], t["config"]) for t in sample_tasks() if t["difficulty"] == "medium")
+    (expected,) = in_process([(env_id, config)])
+
+    def message(action: str, n: int, sdk: bool) -> Any:
+        parsed = json.loads(action)
+        arguments = json.dumps(parsed["parameters"])
+        if sdk:  # what the openai package returns: attributes, not keys
+            function = SimpleNamespace(name=parsed["name"], arguments=arguments)
+            return SimpleNamespace(content=None, tool_calls=[SimpleNamespace(id=f"c{n}", function=function)])
+        call = {
+            "id": f"c{n}",
+            "type": "function",
+            "function": {"name": parsed["name"], "arguments": arguments},
+        }
+        return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+    online = OnlineGymEnv.from_env_str(f"codegym_v1@{env_id}@{json.dumps(config)}", target=runtime.address)
+    try:
+        two = message(expected["steps"][0][0], 0, False)
+        two["tool_calls"] = two["tool_calls"] * 2
+        assert online.step(two).startswith("Error: call one tool per step")
+        for i, (action, observation) in enumerate(expected["steps"]):
+            assert online.step(message(action, i, sdk=i % 2 == 1)) == observation
+        assert online.finished and online.reward == 1.0
+    finally:
+        online.release()
+    remote = RemoteEnv(runtime.address, env_id=env_id, config=config)
+    try:
+        remote.reset()
+        for i, (action, observation) in enumerate(expected["steps"]):
+            seen, reward, terminated, _, _ = remote.step(message(action, i, sdk=i % 2 == 0))
+            assert seen == observation
+        assert terminated and reward == 1.0
+    finally:
+        remote.close()
+
+
 def test_training_instance_abilities_through_online_adapter(runtime: ServerProcess) -> None:
     instances = training_instances()
     abilities = [parse_ability(i["ability"]) for i in instances]
