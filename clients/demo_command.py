@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from clients.oracle import read_trajectories
@@ -132,11 +133,27 @@ async def run_demo(args: argparse.Namespace) -> tuple[dict[str, EnvRow], float]:
                 t for t in read_trajectories(args.trajectories) if t["env_id"] in envs and "steps" in t
             ]
         jobs: list[Any] = []
+        # Progress on stderr (episodes done, steps/s), so the table on stdout stays clean.
+        progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        job = progress.add_task("episodes", total=None)
+        done = [0, 0]
+        start = time.perf_counter()
 
         async def bounded(coro: Any) -> Episode:
             async with limit:
                 result: Episode = await coro
-                return result
+            done[0] += 1
+            done[1] += result.steps
+            rate = done[1] / max(1e-9, time.perf_counter() - start)
+            progress.update(job, advance=1, description=f"episodes ({rate:.0f} steps/s)")
+            return result
 
         for line in trajectories:
             jobs.append(bounded(play_oracle(client, line)))
@@ -152,7 +169,9 @@ async def run_demo(args: argparse.Namespace) -> tuple[dict[str, EnvRow], float]:
                     )
                 )
         start = time.perf_counter()
-        episodes = await asyncio.gather(*jobs)
+        progress.update(job, total=len(jobs))
+        with progress:
+            episodes = await asyncio.gather(*jobs)
         wall = time.perf_counter() - start
     for episode in episodes:
         row = rows[episode.env_id]
