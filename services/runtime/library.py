@@ -137,8 +137,18 @@ def task_text_from_prompt(prompt: list[dict[str, Any]]) -> str:
 class Library:
     """A SQLite environment library. Cheap to open; not shared between threads."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = Path(path)
+        if read_only:
+            # Reading only (the runtime): nothing is created or changed. On a read-only volume (a
+            # runtime pod) SQLite cannot even make its lock files: open the file as immutable then.
+            uri = f"file:{self.path.resolve()}?mode=ro"
+            try:
+                self.db = sqlite3.connect(uri, uri=True)
+                self.db.execute("SELECT COUNT(*) FROM envs").fetchone()
+            except sqlite3.OperationalError:
+                self.db = sqlite3.connect(uri + "&immutable=1", uri=True)
+            return
         if self.path.parent and not self.path.parent.exists():
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(self.path)
@@ -436,7 +446,7 @@ def load_library(path: str | Path) -> dict[str, EnvRecord]:
     """Open, read everything, close: the runtime's start-up (and reload) path."""
     if not Path(path).exists():
         raise FileNotFoundError(f"library {path} does not exist: build it with 'codegym library import'")
-    with closing(Library(path)) as library:
+    with closing(Library(path, read_only=True)) as library:
         return library.load_all()
 
 
