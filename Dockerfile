@@ -19,7 +19,8 @@ COPY codegym ./codegym
 COPY sandbox_worker ./sandbox_worker
 COPY services ./services
 COPY clients ./clients
-RUN /opt/codegym/bin/pip install --no-cache-dir . \
+COPY codegym_cli ./codegym_cli
+RUN /opt/codegym/bin/pip install --no-cache-dir ".[server]" \
     && /opt/codegym/bin/codegym --help >/dev/null
 # The synthesis prompts (services/synthesis/prompts.py) and `codegym up`/`demo` read the sample
 # environments from `examples/` beside the installed packages.

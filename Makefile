@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PY312 := $(shell command -v python3.12 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1)
 PROTOS := $(shell find protos -name '*.proto' | sort)
 DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server
-LINT_PATHS := codegym sandbox_worker services clients tests bench
+LINT_PATHS := codegym codegym_cli sandbox_worker services clients tests bench
 
 
 .PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test bench up demo clean k8s-validate docker-lint
@@ -32,7 +32,7 @@ venv:
 	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv install 3.12 or apt python3.12)"; exit 1; }
 	@test -x $(PY) || { echo "creating $(VENV) with $(PY312)"; $(PY312) -m venv $(VENV); }
 	@echo "installing the project and its dev tools into $(VENV) (pip; about 30 s the first time)"
-	@log=$$(mktemp); { $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '.[dev]'; } >$$log 2>&1 \
+	@log=$$(mktemp); { $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '.[server,dev]'; } >$$log 2>&1 \
 	  || { cat $$log; rm -f $$log; exit 1; }; rm -f $$log
 
 node_modules/.bin/buf: package.json
@@ -56,7 +56,7 @@ buf-lint: node_modules/.bin/buf
 lint: buf-lint
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
-	$(VENV)/bin/mypy codegym sandbox_worker services clients
+	$(VENV)/bin/mypy codegym codegym_cli sandbox_worker services clients
 
 test:
 	$(VENV)/bin/pytest -q

@@ -1,6 +1,6 @@
 """Agent-evaluation benchmark: the oracle agent played through `codegym eval`'s loop (1 runtime, 2 workers).
 
-The Evaluator of clients/evaluation.py runs in-process, as `codegym eval` runs it, against a
+The Evaluator of codegym_cli/evaluation.py runs in-process, as `codegym eval` runs it, against a
 zero-latency scripted OpenAI-compatible server (tests/helpers/fake_llm.py, in a thread of this
 process, as the tests run it) that replays the oracle trajectories of examples/trajectories.jsonl.
 Per concurrency level it prints episodes/s, turns/s and wall time, and splits every turn into
@@ -45,14 +45,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_by_role, median, pct, start_process  # noqa: E402
-from clients.evaluation import (  # noqa: E402
+from clients.runtime_client import AsyncRuntimeClient  # noqa: E402
+from codegym_cli.evaluation import (  # noqa: E402
     EvalTask,
     Evaluator,
     run_episodes,
     summarize,
     tasks_from_library,
 )
-from clients.runtime_client import AsyncRuntimeClient  # noqa: E402
 from services.runtime.library import Library  # noqa: E402
 from services.synthesis.llm import LLMGateway, LLMSettings, StageParams  # noqa: E402
 from tests.helpers.agents import oracle_agent  # noqa: E402
@@ -438,7 +438,7 @@ async def run(args: argparse.Namespace) -> None:
             warm.setdefault(task.env_id, task)
         trajectories = [t for t in read_trajectories(Path(args.trajectories)) if t.get("steps")]
         up, address = start_process(
-            ["-m", "clients.cli", "up", "--library", str(library), "--port", "0", "--workers", "2"]
+            ["-m", "codegym_cli.cli", "up", "--library", str(library), "--port", "0", "--workers", "2"]
         )
         try:
             with ScriptedLLM(oracle_agent(trajectories, task_texts)) as llm:

@@ -34,9 +34,9 @@ from bench.common import (  # noqa: E402
     tree_memory_kb,
     zygote_children_memory_kb,
 )
-from clients.oracle import read_trajectories  # noqa: E402
 from clients.runtime_client import AsyncRuntimeClient  # noqa: E402
 from codegym.runtime.v1 import runtime_service_pb2 as rt  # noqa: E402
+from codegym_cli.oracle import read_trajectories  # noqa: E402
 
 
 def ms(seconds: float) -> str:
@@ -181,7 +181,17 @@ def runtime_pid(up_pid: int) -> int:
 async def run(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="codegym-bench-"))
     up, address = start_process(
-        ["-m", "clients.cli", "up", "--library", str(workdir / "library.db"), "--port", "0", "--workers", "2"]
+        [
+            "-m",
+            "codegym_cli.cli",
+            "up",
+            "--library",
+            str(workdir / "library.db"),
+            "--port",
+            "0",
+            "--workers",
+            "2",
+        ]
     )
     echo, echo_address = start_process([str(ROOT / "bench" / "common.py")])
     trajectories = [t for t in read_trajectories(args.trajectories) if t.get("steps")]

@@ -43,7 +43,7 @@ def solve_candidates(source: str, count: int) -> list[str]:
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
     worker, worker_addr = start_process(
-        ["-m", "clients.cli", "serve", "sandbox", "--port", "0", "--jails", "2"]
+        ["-m", "codegym_cli.cli", "serve", "sandbox", "--port", "0", "--jails", "2"]
     )
     echo, echo_addr = start_process([str(ROOT / "bench" / "common.py")])
     source = ENV.read_text()

@@ -214,7 +214,7 @@ async def run(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
             worker, addr = start_process(
                 [
                     "-m",
-                    "clients.cli",
+                    "codegym_cli.cli",
                     "serve",
                     "sandbox",
                     "--host",
@@ -231,7 +231,7 @@ async def run(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
         verification, vaddr = start_process(
             [
                 "-m",
-                "clients.cli",
+                "codegym_cli.cli",
                 "serve",
                 "verification",
                 "--sandbox",

@@ -1,9 +1,10 @@
 """Remote sessions behind familiar interfaces.
 
 - `RemoteEnv`: a `gymnasium.Env` whose observations and actions are strings, over one runtime
-  session, for trainers that drive gymnasium environments.
-- `OnlineGymEnv`: a drop-in for trainers written against CodeGym's online client
-  (`from_env_str`, `step(action) -> str`, `finished`, `reward`, `release()`).
+  session, for trainers that drive gymnasium environments (needs gymnasium).
+- `OnlineGymEnv` (from `clients.online`, re-exported here): a drop-in for trainers written against
+  CodeGym's online client (`from_env_str`, `step(action) -> str`, `finished`, `reward`,
+  `release()`); it needs nothing but the client.
 
 Both raise the typed errors of `clients.runtime_client` (`SessionNotFound`, `InvalidRequest`,
 `CapacityExceeded`, `RuntimeUnavailable`...; all `CodeGymError`s); `OnlineGymEnv.step` answers a
@@ -19,15 +20,17 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
-from clients.actions import BEGIN, ActionParseError, parse_function_call, tool_call_action
+from clients.actions import tool_call_action
+from clients.online import OnlineGymEnv
 from clients.runtime_client import (
     DEFAULT_TARGET,
     ActionLike,
     CodeGymError,
     RuntimeClient,
-    SessionDone,
 )
 from codegym.runtime.v1 import runtime_service_pb2 as rt
+
+__all__ = ["OnlineGymEnv", "RemoteEnv"]
 
 MAX_TEXT = 1 << 20
 TEXT_CHARSET = string.printable
@@ -124,108 +127,3 @@ class RemoteEnv(gymnasium.Env[str, str]):
         self._close_session()
         if self._owns_client:
             self.client.close()
-
-
-class OnlineGymEnv:
-    """Drop-in for CodeGym's online environment client, backed by a runtime session.
-
-    `step()` takes the action as CodeGym's JSON string (or a whole model turn holding a
-    `<|FunctionCallBegin|>` block) and returns the observation string; refusals and typed errors
-    come back as observation text, as a local CodeGym environment would answer them.
-    """
-
-    def __init__(self, client: RuntimeClient, created: rt.CreateSessionResponse, owns_client: bool) -> None:
-        self.client = client
-        self.session_id = created.session_id
-        self.env_id = created.env_id
-        self.observation = created.observation
-        self.tools_text = created.tools_text
-        self.task_text = created.task_text
-        self.max_steps = created.max_steps
-        self.step_count = 0
-        self._reward = 0.0
-        self._finished = False
-        self._owns_client = owns_client
-
-    @classmethod
-    def from_env_str(
-        cls,
-        env_str: str,
-        target: str = DEFAULT_TARGET,
-        *,
-        client: RuntimeClient | None = None,
-        max_steps: int = 0,
-        seed: int = 0,
-    ) -> OnlineGymEnv:
-        """`env_str` is an ability string `codegym_v1@{code_id}__{Env}@{json}` or `Env@{json}`."""
-        owns = client is None
-        client = client or RuntimeClient(target)
-        try:
-            if env_str.startswith("codegym_v1@"):
-                created = client.create_session(ability=env_str, max_steps=max_steps, seed=seed)
-            else:
-                created = client.create_session(env_str=env_str, max_steps=max_steps, seed=seed)
-        except BaseException:
-            if owns:
-                client.close()
-            raise
-        return cls(client, created, owns)
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
-
-    @property
-    def reward(self) -> float:
-        return self._reward
-
-    def step(self, action: str | Any) -> str:
-        """A model turn (with a `<|FunctionCallBegin|>` block), a JSON action, or an OpenAI
-        assistant message with native `tool_calls` (one call per step)."""
-        if not isinstance(action, str):
-            try:
-                native = tool_call_action(action)
-            except ActionParseError as exc:
-                return f"Error: {exc}"
-            if native is None:
-                return "Error: the action is neither text nor a message with tool_calls"
-            action = native.to_json()
-        elif BEGIN in action:
-            try:
-                action = parse_function_call(action).to_json()
-            except ActionParseError as exc:
-                return f"Error: {exc}"
-        try:
-            response = self.client.step(self.session_id, action)
-        except SessionDone as exc:
-            self._finished = True
-            return f"Error: {exc.details()}"
-        self.step_count = response.step_index
-        self._reward = response.reward
-        self._finished = response.done
-        if response.HasField("error"):
-            return f"Error: {response.error.message}"
-        return str(response.observation)
-
-    def reset(self) -> str:
-        self.observation = self.client.reset(self.session_id)
-        self.step_count = 0
-        self._reward = 0.0
-        self._finished = False
-        return self.observation
-
-    def release(self) -> None:
-        """Close the session on the server (and the connection if this object opened it)."""
-        try:
-            self.client.close_session(self.session_id)
-        except CodeGymError:
-            pass
-        finally:
-            if self._owns_client:
-                self.client.close()
-
-    def __enter__(self) -> OnlineGymEnv:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()

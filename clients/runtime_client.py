@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 
 import grpc
-from grpc_health.v1 import health_pb2
 
 from clients.actions import Action
 from codegym.grpcutil import aio_channel, sync_channel
@@ -224,6 +223,9 @@ def target_text(target: str | Sequence[str]) -> str:
     return target if isinstance(target, str) else ",".join(target)
 
 
+# grpc.health.v1's HealthCheckRequest for the whole server is the empty message: sent as raw bytes,
+# so the client needs no health-checking package (a trainer installs grpcio and protobuf only).
+HEALTH_REQUEST = b""
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"  # outside the channel's retry policy: fails at once
 
 
@@ -291,13 +293,9 @@ class RuntimeClient:
             return
         except grpc.FutureTimeoutError:
             pass
-        probe = self.channel.unary_unary(
-            HEALTH_CHECK,
-            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-            response_deserializer=health_pb2.HealthCheckResponse.FromString,
-        )
+        probe = self.channel.unary_unary(HEALTH_CHECK)  # raw bytes: see HEALTH_REQUEST
         try:  # one quick call, for the reason (a connection refused, an unknown host...)
-            probe(health_pb2.HealthCheckRequest(), timeout=PROBE_TIMEOUT_S)
+            probe(HEALTH_REQUEST, timeout=PROBE_TIMEOUT_S)
         except grpc.RpcError as exc:
             error = unreachable(self.target, timeout_s, exc)
             if error is not None:
@@ -386,13 +384,9 @@ class AsyncRuntimeClient:
             return
         except TimeoutError:
             pass
-        probe = self.channel.unary_unary(
-            HEALTH_CHECK,
-            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-            response_deserializer=health_pb2.HealthCheckResponse.FromString,
-        )
+        probe = self.channel.unary_unary(HEALTH_CHECK)  # raw bytes: see HEALTH_REQUEST
         try:  # one quick call, for the reason (a connection refused, an unknown host...)
-            await probe(health_pb2.HealthCheckRequest(), timeout=PROBE_TIMEOUT_S)
+            await probe(HEALTH_REQUEST, timeout=PROBE_TIMEOUT_S)
         except grpc.RpcError as exc:
             error = unreachable(self.target, timeout_s, exc)
             if error is not None:

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
-from grpc_reflection.v1alpha import reflection
+
+# Health checking and reflection are imported where servers (and the health wait) use them: a
+# trainer's client install has grpcio and protobuf only, and channels need nothing more.
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,8 @@ def sync_channel(
 
 def wait_serving(address: str, service: str = "", timeout_s: float = 30.0) -> None:
     """Block until `address` answers SERVING on `grpc.health.v1` (for `service`, "" = the server)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
     deadline = time.monotonic() + timeout_s
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -156,6 +158,10 @@ class ManagedServer:
     """A grpc.aio server with health and reflection that drains on SIGTERM/SIGINT."""
 
     def __init__(self, service_names: Sequence[str], *, host: str = "127.0.0.1", port: int = 0) -> None:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from grpc_health.v1.health import aio as health_aio
+        from grpc_reflection.v1alpha import reflection
+
         from codegym.metrics import MetricsInterceptor
 
         self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[MetricsInterceptor()])
@@ -180,6 +186,8 @@ class ManagedServer:
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
+        from grpc_health.v1 import health_pb2
+
         await self.server.start()
         for name in ["", *self.service_names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -12,7 +12,9 @@ from tests.conftest import FIXTURE_ENVS, PYTHON, sample_env_paths, training_inst
 
 
 def codegym(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "clients.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [PYTHON, "-m", "codegym_cli.cli", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize("instance", training_instances(), ids=lambda d: d["code_id"])

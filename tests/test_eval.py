@@ -63,7 +63,7 @@ def instances(library: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One training instance per environment (CodeGym's format)."""
     out = tmp_path_factory.mktemp("instances") / "all.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "export", "--library", str(library), "--out", str(out),
+        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(library), "--out", str(out),
          "--include-unverified"],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
@@ -88,7 +88,7 @@ def short_instances(instances: Path) -> Path:
 
 def run_eval(runtime: str, llm: ScriptedLLM, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "clients.cli", "eval", "--target", runtime, "--llm-base-url", llm.base_url,
+        [sys.executable, "-m", "codegym_cli.cli", "eval", "--target", runtime, "--llm-base-url", llm.base_url,
          "--model", "scripted-agent", "--out", str(out), "--max-retries", "4", "--backoff-s", "0.05", *args],
         capture_output=True, text=True, timeout=600, cwd=ROOT,
     )  # fmt: skip
@@ -202,7 +202,7 @@ def test_difficulty_scores_go_to_the_library_and_filter_the_export(
     def export(summary: Path) -> tuple[list[dict[str, Any]], str]:
         out = tmp_path / f"{summary.name}.jsonl"
         result = subprocess.run(
-            [sys.executable, "-m", "clients.cli", "export", "--library", str(lib), "--out", str(out),
+            [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(lib), "--out", str(out),
              "--include-unverified", "--difficulty", str(summary / "summary.json"), "--max-success", "0.25"],
             capture_output=True, text=True, timeout=60, cwd=ROOT,
         )  # fmt: skip
@@ -229,7 +229,7 @@ def test_a_killed_run_resumes_without_replaying_finished_episodes(
 
     out = tmp_path / "out"
     with ScriptedLLM(slow) as llm:
-        cmd = [sys.executable, "-m", "clients.cli", "eval", "--target", runtime, "--llm-base-url", llm.base_url,
+        cmd = [sys.executable, "-m", "codegym_cli.cli", "eval", "--target", runtime, "--llm-base-url", llm.base_url,
                "--model", "scripted-agent", "--out", str(out), "--instances", str(instances), "--samples", "2",
                "--concurrency", "2"]  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)

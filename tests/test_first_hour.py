@@ -48,7 +48,11 @@ def cli(
     *args: str, python: str | Path = sys.executable, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(python), "-m", "clients.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+        [str(python), "-m", "codegym_cli.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
     )
 
 
@@ -151,7 +155,7 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
         cli("library", "import", str(ROOT / "examples" / "envs"), "--library", str(library)).returncode == 0
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "clients.cli", "library", "list", "--library", str(library)],
+        [sys.executable, "-m", "codegym_cli.cli", "library", "list", "--library", str(library)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stderr is not None
@@ -185,7 +189,7 @@ def test_an_unreachable_llm_endpoint_fails_in_seconds_with_one_line(tmp_path: Pa
 def test_a_remote_endpoint_without_a_key_is_refused_before_any_work(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     result = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "synthesize", "--problems", str(ROOT / "examples" / "problems.jsonl"),
+        [sys.executable, "-m", "codegym_cli.cli", "synthesize", "--problems", str(ROOT / "examples" / "problems.jsonl"),
          "--out", str(tmp_path / "o"), "--llm-base-url", "https://api.example.com/v1"],
         capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
     )  # fmt: skip
@@ -205,7 +209,7 @@ def test_sandbox_run_prints_numbers_as_numbers(tmp_path: Path) -> None:
 
 
 def test_every_command_help_says_what_it_does_its_defaults_and_an_example() -> None:
-    from clients.cli import build_parser, commands
+    from codegym_cli.cli import build_parser, commands
 
     found = commands(build_parser())
     assert len(found) >= 17

@@ -622,7 +622,7 @@ def test_demo_without_a_runtime_fails_fast_naming_the_cause() -> None:
         target = f"127.0.0.1:{held.getsockname()[1]}"
         start = time.monotonic()
         demo = subprocess.run(
-            [sys.executable, "-m", "clients.cli", "demo", "--target", target],
+            [sys.executable, "-m", "codegym_cli.cli", "demo", "--target", target],
             capture_output=True,
             text=True,
             timeout=60,

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from clients.export import PROTOCOL, user_message
-from clients.oracle import record_oracle
 from clients.runtime_client import RuntimeClient
+from codegym_cli.export import PROTOCOL, user_message
+from codegym_cli.oracle import record_oracle
 from services.runtime.library import Library
 from tests.conftest import EXAMPLES, ROOT
 from tests.helpers.fake_llm import ScriptedLLM
@@ -64,7 +64,7 @@ def stack(llm: ScriptedLLM, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def pipeline_args(problems: Path, work: Path, stack: dict[str, str], *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "clients.cli", "pipeline", "run", "--problems", str(problems), "--work", str(work),
+        sys.executable, "-m", "codegym_cli.cli", "pipeline", "run", "--problems", str(problems), "--work", str(work),
         "--synthesis", stack["synthesis"], "--verification", stack["verification"], "--model", "scripted",
         "--case-time-ms", "2000", *extra,
     ]  # fmt: skip
@@ -171,7 +171,7 @@ def test_library_holds_exactly_the_good_environments(finished_run: dict[str, Any
     assert {t.difficulty for t in record.tasks} >= {"easy", "hard"}
     assert all(10 <= t.solve_fc_round <= 256 for t in record.tasks)
     status = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "pipeline", "status", "--work", str(finished_run["work"]), "--problems"],
+        [sys.executable, "-m", "codegym_cli.cli", "pipeline", "status", "--work", str(finished_run["work"]), "--problems"],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert status.returncode == 0
@@ -183,7 +183,7 @@ async def test_exported_instances_serve_and_the_oracle_reaches_reward_1(
 ) -> None:
     out = tmp_path / "train.jsonl"
     export = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "export", "--library", str(finished_run["library"]), "--out", str(out)],
+        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(finished_run["library"]), "--out", str(out)],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert export.returncode == 0, export.stderr
@@ -235,7 +235,7 @@ async def test_exported_instances_serve_and_the_oracle_reaches_reward_1(
 
 
 def test_export_matches_codegym_instances_field_by_field(tmp_path: Path) -> None:
-    from clients.export import build_instances
+    from codegym_cli.export import build_instances
     from tests.conftest import FIXTURE_ENVS, training_instances
 
     path = tmp_path / "lib.db"

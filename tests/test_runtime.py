@@ -643,7 +643,7 @@ def test_codegym_up_and_demo(tmp_path: Path) -> None:
         import sys
 
         demo = subprocess.run(
-            [sys.executable, "-m", "clients.cli", "demo", "--target", up.address, "--trajectories", str(few),
+            [sys.executable, "-m", "codegym_cli.cli", "demo", "--target", up.address, "--trajectories", str(few),
              "--random-episodes", "1"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -710,7 +710,15 @@ def test_library_command_line(tmp_path: Path) -> None:
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "clients.cli", "library", *args, "--library", str(tmp_path / "lib.db")],
+            [
+                sys.executable,
+                "-m",
+                "codegym_cli.cli",
+                "library",
+                *args,
+                "--library",
+                str(tmp_path / "lib.db"),
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -747,7 +755,7 @@ def test_a_port_in_use_is_a_clear_error(library: Path) -> None:
         taken.listen()
         port = str(taken.getsockname()[1])
         result = subprocess.run(
-            [sys.executable, "-m", "clients.cli", "serve", "runtime", "--port", port, "--library", str(library),
+            [sys.executable, "-m", "codegym_cli.cli", "serve", "runtime", "--port", port, "--library", str(library),
              "--sandbox", "127.0.0.1:1"],
             capture_output=True, text=True, timeout=60, cwd=ROOT,
         )  # fmt: skip

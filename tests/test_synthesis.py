@@ -280,7 +280,11 @@ def synthesize(llm: ScriptedLLM, out: Path, *extra: str) -> subprocess.Completed
         *extra,
     ]
     return subprocess.run(
-        [sys.executable, "-m", "clients.cli", *args], capture_output=True, text=True, timeout=120, cwd=ROOT
+        [sys.executable, "-m", "codegym_cli.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
 
 
@@ -328,7 +332,7 @@ def test_codegym_synthesize_reports_refused_rows_and_bad_overrides(tmp_path: Pat
         rows = tmp_path / "rows.jsonl"
         rows.write_text(json.dumps({"question_id": "X_1", "question": "q"}) + "\n")
         result = subprocess.run(
-            [sys.executable, "-m", "clients.cli", "synthesize", "--problems", str(rows), "--out", str(tmp_path / "o"),
+            [sys.executable, "-m", "codegym_cli.cli", "synthesize", "--problems", str(rows), "--out", str(tmp_path / "o"),
              "--llm-base-url", llm.base_url],
             capture_output=True, text=True, timeout=60, cwd=ROOT,
         )  # fmt: skip

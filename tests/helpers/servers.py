@@ -18,7 +18,7 @@ ADDRESS = re.compile(r"listening on (127\.0\.0\.1:\d+)")
 class ServerProcess:
     def __init__(self, args: list[str], timeout: float = 60.0, python: str = sys.executable) -> None:
         self.proc = subprocess.Popen(
-            [python, "-m", "clients.cli", *args],
+            [python, "-m", "codegym_cli.cli", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -90,7 +90,7 @@ def _serve_synthesis(args: argparse.Namespace) -> int:
     start_metrics(args)
     from pathlib import Path
 
-    from clients.synthesize_command import settings_from, stage_defaults
+    from codegym_cli.synthesize_command import settings_from, stage_defaults
     from services.synthesis.service import SynthesisServer
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -237,7 +237,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     runtime.set_defaults(func=_serve_runtime)
 
-    from clients.synthesize_command import add_llm_arguments
+    from codegym_cli.synthesize_command import add_llm_arguments
 
     synthesis = serve_sub.add_parser(
         "synthesis",

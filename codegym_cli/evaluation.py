@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from clients.actions import ActionParseError, from_tool_calls, parse_function_call
-from clients.export import build_instances
 from clients.runtime_client import AsyncRuntimeClient
 from codegym.contract import parse_ability
 from codegym.runtime.v1 import runtime_service_pb2 as rt
+from codegym_cli.export import build_instances
 from services.runtime.library import Library
 from services.synthesis.llm import LLMGateway, LLMRejected, LLMUnavailable, StageParams, StageUsage
 

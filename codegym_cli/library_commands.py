@@ -107,7 +107,7 @@ def _show(args: argparse.Namespace) -> int:
 def _oracle(args: argparse.Namespace) -> int:
     import asyncio
 
-    from clients.oracle import record_oracle, write_trajectories
+    from codegym_cli.oracle import record_oracle, write_trajectories
     from services.runtime.library import TaskRecord
 
     if not _existing(args.library):

@@ -26,12 +26,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clients.pipeline import LLM_STAGES, STAGES, Pipeline, PipelineConfig
-from clients.pipeline_state import PipelineState, StageOutcome
-from clients.synthesize_command import missing_api_key
 from codegym.grpcutil import aio_channel, wait_serving
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
+from codegym_cli.pipeline import LLM_STAGES, STAGES, Pipeline, PipelineConfig
+from codegym_cli.pipeline_state import PipelineState, StageOutcome
+from codegym_cli.synthesize_command import missing_api_key
 from services.runtime.library import Library
 from services.synthesis.problems import load_problems
 
@@ -53,7 +53,7 @@ SHORT = {
 @contextmanager
 def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, str]]:
     """(synthesis, verification) addresses: the ones given, or servers started here until exit."""
-    from clients.up_command import Child
+    from codegym_cli.up_command import Child
 
     with ExitStack() as stack:
         started: list[Child] = []
@@ -280,7 +280,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from clients.synthesize_command import add_llm_arguments
+    from codegym_cli.synthesize_command import add_llm_arguments
 
     pipeline = sub.add_parser(
         "pipeline",

@@ -44,7 +44,7 @@ class Child:
         self.name = name
         self.args = args
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "clients.cli", *args],
+            [sys.executable, "-m", "codegym_cli.cli", *args],
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,

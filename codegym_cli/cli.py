@@ -11,7 +11,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 import argparse
 import sys
 
-from clients import (
+from codegym_cli import (
     demo_command,
     env_commands,
     eval_command,

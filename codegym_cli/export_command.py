@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clients.export import TOOL_MODES, Difficulty, build_instances
+from codegym_cli.export import TOOL_MODES, Difficulty, build_instances
 from services.runtime.library import Library
 
 

@@ -23,7 +23,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clients.evaluation import (
+from clients.runtime_client import AsyncRuntimeClient
+from codegym.contract import parse_ability
+from codegym_cli.evaluation import (
     END_REASONS,
     EvalTask,
     Evaluator,
@@ -32,9 +34,7 @@ from clients.evaluation import (
     tasks_from_instances,
     tasks_from_library,
 )
-from clients.runtime_client import AsyncRuntimeClient
-from clients.synthesize_command import add_llm_arguments, missing_api_key, settings_from
-from codegym.contract import parse_ability
+from codegym_cli.synthesize_command import add_llm_arguments, missing_api_key, settings_from
 from services.runtime.library import Library, canonical_config
 from services.synthesis.llm import LLMGateway, StageParams
 
@@ -126,7 +126,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=err, transient=False,
                 ) as bar:  # fmt: skip
-                    from clients.evaluation import done_keys
+                    from codegym_cli.evaluation import done_keys
 
                     already = len(
                         done_keys(out / "episodes.jsonl")

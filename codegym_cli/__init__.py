@@ -1,0 +1,1 @@
+"""The `codegym` operator command line: servers, pipeline, export, evaluation (needs `codegym[server]`)."""
