@@ -93,14 +93,24 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             )
         return handler
 
-    @staticmethod
-    def _record(method: str, context: Any, started: float, failed: bool) -> None:
+    def __init__(self) -> None:
+        # Label children resolved once: `labels()` takes a lock and builds a key on every call.
+        self._counts: dict[tuple[str, str], Any] = {}
+        self._seconds: dict[str, Any] = {}
+
+    def _record(self, method: str, context: Any, started: float, failed: bool) -> None:
         code = context.code() if hasattr(context, "code") else None
         if code is None:
             code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
         name = code.name if isinstance(code, grpc.StatusCode) else str(code)
-        RPCS.labels(method, name).inc()
-        RPC_SECONDS.labels(method).observe(time.perf_counter() - started)
+        counter = self._counts.get((method, name))
+        if counter is None:
+            counter = self._counts[(method, name)] = RPCS.labels(method, name)
+        counter.inc()
+        seconds = self._seconds.get(method)
+        if seconds is None:
+            seconds = self._seconds[method] = RPC_SECONDS.labels(method)
+        seconds.observe(time.perf_counter() - started)
 
     def _unary(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def wrapped(request: Any, context: Any) -> Any:
