@@ -1,19 +1,23 @@
 """Prometheus metrics every server exports (`--metrics-port`), defined in one place.
 
 RPCs are counted by a server interceptor (method and status code, with a latency histogram), so
-no servicer has to remember to; the roles add their own figures (sandbox operations by status,
-jails, resident steps; LLM requests, tokens, retries and cache hits; pipeline stage outcomes).
+no servicer has to remember to; it also gives each call a request id for the logs
+(codegym/logs.py). The roles add their own figures (sandbox operations by status, jails,
+resident steps; LLM requests, tokens, retries and cache hits; pipeline stage outcomes).
 """
 
 from __future__ import annotations
 
 import inspect
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from codegym.logs import REQUEST_ID
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 
@@ -114,6 +118,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
 
     def _unary(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
         async def wrapped(request: Any, context: Any) -> Any:
+            REQUEST_ID.set(secrets.token_hex(6))
             started = time.perf_counter()
             failed = True
             try:
@@ -132,6 +137,7 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             return self._unary(method, behavior)
 
         async def wrapped(request: Any, context: Any) -> AsyncIterator[Any]:
+            REQUEST_ID.set(secrets.token_hex(6))
             started = time.perf_counter()
             failed = True
             try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -23,6 +22,12 @@ def run_server(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     uvloop.run(main())
 
 
+def configure_logs(level: str, fmt: str) -> None:
+    from codegym.logs import configure
+
+    configure(level, fmt)
+
+
 def start_metrics(args: argparse.Namespace) -> None:
     """`--metrics-port`: Prometheus /metrics on the server's host (-1: off, 0: any free port)."""
     if args.metrics_port < 0:
@@ -37,7 +42,7 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
     start_metrics(args)
     from sandbox_worker.server import SandboxWorker, serve
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logs(args.log_level, args.log_format)
 
     async def main() -> None:
         # grpc.aio objects bind to the running loop: build the worker inside it.
@@ -63,7 +68,7 @@ def _serve_runtime(args: argparse.Namespace) -> int:
     from services.runtime.server import RuntimeServer, serve
     from services.runtime.service import RuntimeConfig
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logs(args.log_level, args.log_format)
     config = RuntimeConfig(
         max_sessions=args.max_sessions,
         session_ttl_s=args.session_ttl_s,
@@ -93,7 +98,7 @@ def _serve_synthesis(args: argparse.Namespace) -> int:
     from codegym_cli.synthesize_command import settings_from, stage_defaults
     from services.synthesis.service import SynthesisServer
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logs(args.log_level, args.log_format)
     defaults = stage_defaults(args.stage)
 
     async def main() -> None:
@@ -116,7 +121,7 @@ def _serve_verification(args: argparse.Namespace) -> int:
     start_metrics(args)
     from services.verification.service import VerificationServer
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logs(args.log_level, args.log_format)
 
     async def main() -> None:
         server = VerificationServer(args.sandbox, host=args.host, port=args.port)
@@ -272,6 +277,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     verification.add_argument("--log-level", default="INFO", help="logging level")
     verification.set_defaults(func=_serve_verification)
     for server in (sandbox, runtime, synthesis, verification):
+        server.add_argument(
+            "--log-format",
+            choices=("text", "json"),
+            default="text",
+            help="log lines for people or one JSON object each",
+        )
         server.add_argument(
             "--metrics-port",
             type=int,

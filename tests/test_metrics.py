@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import urllib.request
+from pathlib import Path
 
 import grpc
 
+from clients.runtime_client import RuntimeClient
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
+from services.runtime.library import Library
+from tests.conftest import ENV_DIR
 from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.servers import ServerProcess
+from tests.test_runtime import start_workers
 
 
 def metrics_address(server: ServerProcess) -> str:
@@ -97,3 +103,27 @@ def test_synthesis_metrics_count_llm_requests_and_tokens(tmp_path: object) -> No
     assert values['codegym_llm_cache_hits_total{stage="environment"}'] == 1
     assert values['codegym_llm_tokens_total{kind="prompt",stage="environment"}'] > 0
     assert values['codegym_rpc_total{code="OK",method="GenerateEnvironment"}'] == 2
+
+
+def test_json_logs_carry_request_and_session_ids(tmp_path: Path) -> None:
+    workers = start_workers(1)
+    library = tmp_path / "lib.db"
+    with Library(library) as lib:
+        lib.import_paths([ENV_DIR])
+    runtime = ServerProcess(
+        ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", workers[0].address,
+         "--log-format", "json", "--log-level", "DEBUG"]
+    )  # fmt: skip
+    try:
+        with RuntimeClient(runtime.address) as client:
+            created = client.create_session(env_id="Sample_0006_I__ArrayGcdEnv", config={"nums": [4, 6]})
+            client.step(created.session_id, '{"name": "Observe", "parameters": {}}')
+    finally:
+        runtime.stop()
+        for worker in workers:
+            worker.stop()
+    entries = [json.loads(line) for line in runtime.text.splitlines() if line.startswith("{")]
+    assert entries and all({"time", "level", "logger", "message"} <= set(e) for e in entries)
+    assert any(e.get("session_id") == created.session_id and e.get("request_id") for e in entries), entries[
+        -5:
+    ]

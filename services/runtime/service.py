@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError, Message
 
 from codegym.common.v1 import common_pb2
 from codegym.contract import EnvStringError, parse_ability, parse_config, parse_env_str
+from codegym.logs import SESSION_ID
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
@@ -472,6 +473,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
 
     async def _step(self, request: rt.StepRequest) -> rt.StepResponse:
         session_id = request.session_id
+        SESSION_ID.set(session_id[:64])
         await self._session(session_id)
         async with self._lock(session_id):
             # Re-read under the lock: the step before this one may have changed or ended the session.
