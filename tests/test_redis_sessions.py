@@ -161,6 +161,44 @@ def test_a_replica_killed_mid_run_loses_no_episode_and_applies_no_step_twice(
         b.stop()
 
 
+def test_a_worker_killed_and_restarted_under_load_loses_no_session(library: Path, redis: Redis) -> None:
+    procs = [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"]) for _ in range(2)]
+    sandbox = ",".join(p.address for p in procs)
+    a, b = replica(library, sandbox, redis), replica(library, sandbox, redis)
+    episodes = [t for t in TRAJECTORIES if len(t["steps"]) >= 12][:32]
+    steps_taken = [0]
+    lock = threading.Lock()
+    port = procs[0].address.rsplit(":", 1)[1]
+
+    def restart() -> None:
+        time.sleep(1.0)
+        procs[0] = ServerProcess(["serve", "sandbox", "--port", port, "--jails", "1"])
+
+    restarter = threading.Thread(target=restart)
+
+    def on_step(index: int) -> None:
+        with lock:
+            steps_taken[0] += 1
+            if steps_taken[0] == 150:
+                procs[0].proc.send_signal(signal.SIGKILL)
+                restarter.start()
+
+    try:
+        with sync_channel([a.address, b.address], [RUNTIME], no_retry=[(RUNTIME, "Step")]) as channel:
+            stub = rt_grpc.RuntimeServiceStub(channel)
+            with ThreadPoolExecutor(16) as pool:
+                results = list(pool.map(lambda t: play(stub, t, on_step), episodes, timeout=300))
+        restarter.join(60)
+        for trajectory, seen in zip(episodes, results, strict=True):
+            assert seen == [trajectory["first"], *(o for _, o in trajectory["steps"])]
+        assert procs[0].proc.poll() is None  # the restarted worker is serving again
+    finally:
+        a.stop()
+        b.stop()
+        for proc in procs:
+            proc.stop()
+
+
 def test_redis_going_away_is_unavailable_and_the_stack_recovers(
     library: Path, workers: str, redis: Redis, tmp_path: Path
 ) -> None:
