@@ -66,6 +66,7 @@ bench:
 	$(PY) bench/runtime_bench.py
 	$(PY) bench/verification_bench.py
 	$(PY) bench/eval_bench.py
+	$(PY) bench/scale_bench.py
 
 # The main job on the embedded defaults: `codegym up` in the background (library built from the
 # sample environments on first run), `codegym demo` against it, then everything stopped.
