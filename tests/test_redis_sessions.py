@@ -199,6 +199,57 @@ def test_a_worker_killed_and_restarted_under_load_loses_no_session(library: Path
             proc.stop()
 
 
+def test_sigterm_under_load_drains_without_losing_a_step(library: Path, workers: str, redis: Redis) -> None:
+    """Every step a client was told succeeded is committed, and every step it was told failed
+    (UNAVAILABLE, or CANCELLED for a call that met the server's GOAWAY) was not applied: another
+    replica on the same Redis reads exactly the acknowledged step counts."""
+    runtime = replica(library, workers, redis)
+    episodes = [t for t in TRAJECTORIES if len(t["steps"]) >= 30][:12]
+    lock = threading.Lock()
+    sent = [0]
+    acknowledged: dict[str, int] = {}
+    failures: list[str] = []
+
+    def play(trajectory: dict[str, Any]) -> None:
+        with grpc.insecure_channel(runtime.address) as channel:
+            stub = rt_grpc.RuntimeServiceStub(channel)
+            created = stub.CreateSession(
+                create_request(env_id=trajectory["env_id"], config=trajectory["config"]), timeout=60
+            )
+            acknowledged[created.session_id] = 0
+            for action, observation in trajectory["steps"]:
+                with lock:
+                    sent[0] += 1
+                    if sent[0] == 120:
+                        runtime.proc.send_signal(signal.SIGTERM)
+                try:
+                    response = stub.Step(
+                        rt.StepRequest(session_id=created.session_id, action_json=action), timeout=30
+                    )
+                except grpc.RpcError as exc:
+                    failures.append(exc.code().name)
+                    return
+                assert response.observation == observation
+                acknowledged[created.session_id] += 1
+
+    try:
+        with ThreadPoolExecutor(len(episodes)) as pool:
+            list(pool.map(play, episodes, timeout=120))
+        assert runtime.proc.wait(30) == 0
+    finally:
+        runtime.stop()
+    assert failures and set(failures) <= {"UNAVAILABLE", "CANCELLED"}, failures
+    reader = replica(library, workers, redis)
+    try:
+        with grpc.insecure_channel(reader.address) as channel:
+            stub = rt_grpc.RuntimeServiceStub(channel)
+            for session_id, count in acknowledged.items():
+                stored = stub.GetSession(rt.GetSessionRequest(session_id=session_id), timeout=30)
+                assert stored.step_index == count, (session_id, stored.step_index, count)
+    finally:
+        reader.stop()
+
+
 def test_redis_going_away_is_unavailable_and_the_stack_recovers(
     library: Path, workers: str, redis: Redis, tmp_path: Path
 ) -> None:
