@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import signal
 import sys
 import tempfile
@@ -310,6 +311,7 @@ async def run(args: argparse.Namespace) -> None:
         echo.kill()
         up.wait(30)
         echo.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
     width = max(len(r[0]) for r in rows)
     print(f"{'figure':<{width}}  {'runtime':>26}  {'bare gRPC echo':>22}")
     for name, value, base in rows:

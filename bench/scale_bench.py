@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import signal
 import sys
 import tempfile
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace) -> None:
             if redis is not None:
                 redis.stop()
             time.sleep(0.5)
+    shutil.rmtree(workdir, ignore_errors=True)
     base = rows[0][1]
     memory = next(r for r in rows if r[0].startswith("2 workers, 1 runtime, in-memory"))
     width = max(len(r[0]) for r in rows)
