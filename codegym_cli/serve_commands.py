@@ -131,6 +131,14 @@ def _serve_verification(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_sandbox_target(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sandbox",
+        required=True,
+        help="sandbox workers: HOST:PORT[,HOST:PORT...] (IP literals) or one dns:///NAME:PORT",
+    )
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="run a server in the foreground")
     serve_sub = serve.add_subparsers(dest="serve_command", required=True, metavar="SERVER")
@@ -208,11 +216,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     runtime.add_argument(
         "--library", default=str(default_library_path()), help="environment library (SQLite)"
     )
-    runtime.add_argument(
-        "--sandbox",
-        required=True,
-        help="sandbox workers: HOST:PORT[,HOST:PORT...] (IP literals) or one dns:///NAME:PORT",
-    )
+    add_sandbox_target(runtime)
     runtime.add_argument("--host", default="127.0.0.1", help="address to bind")
     runtime.add_argument("--port", type=int, default=50051, help="port (0 = any free port)")
     runtime.add_argument(
@@ -267,11 +271,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "fields. Example: codegym serve verification --sandbox 127.0.0.1:50061,127.0.0.1:50062",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    verification.add_argument(
-        "--sandbox",
-        required=True,
-        help="sandbox workers: HOST:PORT[,HOST:PORT...] (IP literals) or one dns:///NAME:PORT",
-    )
+    add_sandbox_target(verification)
     verification.add_argument("--host", default="127.0.0.1", help="address to bind")
     verification.add_argument("--port", type=int, default=50081, help="port (0 = any free port)")
     verification.add_argument("--log-level", default="INFO", help="logging level")
