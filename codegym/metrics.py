@@ -28,6 +28,11 @@ RPC_SECONDS = Histogram("codegym_rpc_seconds", "RPC handling time", ["method"], 
 SANDBOX_OPERATIONS = Counter(
     "codegym_sandbox_operations_total", "Sandbox operations run, by kind and status", ["op", "status"]
 )
+SANDBOX_RETRIES = Counter(
+    "codegym_sandbox_retries_total",
+    "Operations run again cold after a failure their own code may not have caused, by kind and first status",
+    ["op", "status"],
+)
 SANDBOX_OPERATION_SECONDS = Histogram(
     "codegym_sandbox_operation_seconds",
     "Sandbox operation time (jail round trip)",

@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 SANDBOX_SERVICE = sb.DESCRIPTOR.services_by_name["SandboxService"].full_name
 # Time a call may take beyond the operation's own wall limit (queueing, transport, jail restart).
 DEADLINE_SLACK_S = 5.0
+# A worker runs an operation once more, cold, after a failure its own code may not have caused
+# (sandbox_worker/pool.py): a call's deadline allows for both runs.
+RUNS_PER_OPERATION = 2
 T = TypeVar("T")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 # How long a worker that answered UNAVAILABLE is skipped by pinned sessions.
@@ -88,7 +91,8 @@ class WorkerQueue:
         try:
             if len(ops) == 1:
                 response = await self.stub.Execute(
-                    sb.ExecuteRequest(operation=ops[0]), timeout=wall_s + DEADLINE_SLACK_S
+                    sb.ExecuteRequest(operation=ops[0]),
+                    timeout=wall_s * RUNS_PER_OPERATION + DEADLINE_SLACK_S,
                 )
                 results = [response.result]
             else:
@@ -261,7 +265,9 @@ class SandboxDispatcher:
         wall_s = (op.limits.wall_ms or 5000) / 1000
         request = sb.ExecuteRequest(operation=op)
         response = await self._retrying(
-            lambda: self.stub.Execute(request, timeout=wall_s + DEADLINE_SLACK_S, wait_for_ready=True)
+            lambda: self.stub.Execute(
+                request, timeout=wall_s * RUNS_PER_OPERATION + DEADLINE_SLACK_S, wait_for_ready=True
+            )
         )
         return response.result
 

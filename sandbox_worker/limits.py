@@ -21,9 +21,16 @@ ZYGOTE_PATH = Path(__file__).with_name("zygote.py")
 JAIL_ZYGOTE = "/sandbox/zygote.py"
 # The in-jail modules: the zygote and what it imports from beside it (standard library only).
 JAIL_MODULES = ("zygote.py", "resident.py")
-# Outside uid/gid of jail i is BASE_ID + i: unprivileged ids that own no file, one per jail, so
-# per-uid limits (RLIMIT_NPROC) and signals cannot cross jails.
+# Jail i maps inside ids 0..ID_SPAN-1 to outside BASE_ID + i * ID_SPAN...: unprivileged ids that
+# own no file. Inside, the zygote is id 0 and every process it forks gets an id of its own
+# (1..ID_SPAN-1), so sessions sharing a jail are strangers: a process cannot signal another
+# session's, and with hidepid it cannot even see it in /proc (see zygote.become()).
 BASE_ID = 200_000
+ID_SPAN = 4096
+# What the zygote keeps of root's powers inside its user namespace: give each child its own id
+# (SETUID/SETGID), kill whatever a request left behind whoever owns it (KILL), and wipe /tmp
+# whatever a request made there (DAC_OVERRIDE, FOWNER). Its children drop them all with setresuid.
+ZYGOTE_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_DAC_OVERRIDE", "CAP_FOWNER")
 # System calls CPython never needs and a jail must not make.
 SECCOMP_POLICY = (
     "ERRNO(1) { ptrace, process_vm_readv, process_vm_writev, kexec_load, mount, umount, "
@@ -114,7 +121,7 @@ def python_executable() -> str:
 
 def build_jail_config(index: int, limits: JailLimits, cgroups: str, log_file: str) -> NsJailConfig:
     """The nsjail configuration of jail `index`. All isolation decisions are made here."""
-    outside = str(BASE_ID + index)
+    outside = str(BASE_ID + index * ID_SPAN)
     cfg = NsJailConfig(
         name=f"codegym-jail-{index}",
         mode=Mode.ONCE,
@@ -131,9 +138,11 @@ def build_jail_config(index: int, limits: JailLimits, cgroups: str, log_file: st
         clone_newipc=True,
         clone_newuts=True,
         clone_newcgroup=True,
-        uidmap=[IdMap(inside_id="65534", outside_id=outside, count=1)],
-        gidmap=[IdMap(inside_id="65534", outside_id=outside, count=1)],
-        mount_proc=True,
+        uidmap=[IdMap(inside_id="0", outside_id=outside, count=ID_SPAN)],
+        gidmap=[IdMap(inside_id="0", outside_id=outside, count=ID_SPAN)],
+        cap=list(ZYGOTE_CAPS),
+        # /proc is mounted below with hidepid instead of nsjail's plain one.
+        mount_proc=False,
         rlimit_as_type=RLimitType.INF,
         rlimit_cpu_type=RLimitType.INF,
         rlimit_fsize=limits.file_size_mb,
@@ -162,6 +171,9 @@ def build_jail_config(index: int, limits: JailLimits, cgroups: str, log_file: st
             )
             for name in JAIL_MODULES
         ),
+        # hidepid=2: a process sees in /proc only the processes of its own id; gid=0 exempts
+        # the zygote (its children drop group 0), which must find and kill leftovers.
+        MountPt(dst="/proc", fstype="proc", rw=False, is_dir=True, options="hidepid=2,gid=0"),
         MountPt(src="/dev/null", dst="/dev/null", is_bind=True, rw=True, is_dir=False),
         MountPt(src="/dev/urandom", dst="/dev/urandom", is_bind=True, rw=False, is_dir=False),
     ]

@@ -23,11 +23,26 @@ from codegym.metrics import (
     RESIDENT_STEPS,
     SANDBOX_OPERATION_SECONDS,
     SANDBOX_OPERATIONS,
+    SANDBOX_RETRIES,
 )
 from sandbox_worker.jail import Jail, JailDied, make_workdir
 from sandbox_worker.limits import JailLimits, detect_cgroups, isolation_summary
 
 log = logging.getLogger(__name__)
+
+
+def maybe_outside_fault(result: dict[str, Any]) -> bool:
+    """A failure the request's own code may not have caused: worth one cold retry.
+
+    Killed by a signal (SIGKILL from the OOM killer, any signal from outside the session) or a
+    jail that died mid-request. Exceptions, limits the process hit itself (MemoryError, CPU,
+    output) and wall-clock timeouts are the environment's answer: a timeout retried would double
+    the wait the caller agreed to.
+    """
+    status = result.get("status")
+    if status == "killed" or result.get("jail_died"):
+        return True
+    return status == "crashed" and int(result.get("exit_code") or 0) > 128
 
 
 # Sessions remembered per worker (a hint each; the oldest are forgotten first).
@@ -82,7 +97,28 @@ class JailPool:
         return sum(1 for j in self.jails if j.alive)
 
     async def execute(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
-        """Run a request on a jail (the session's, for its steps). A dying jail yields a CRASHED result."""
+        """Run a request on a jail (the session's, for its steps), once more when it failed in a way
+        its own code may not have caused.
+
+        A process killed by a signal (the jail's cgroup OOM killer picks the largest process, which
+        may be a neighbour's victim), a jail that died under it: the request runs again, cold from
+        the state it carries (the resident copy is gone after any failure), on whatever jail is
+        free. Only the same failure twice is the environment's own; one that kills itself every
+        time still gets its error, once.
+        """
+        result = await self._execute_once(request, wall_ms)
+        if request.get("op") != "release" and maybe_outside_fault(result):
+            log.info(
+                "retrying %s cold after %s: %s",
+                request.get("op"),
+                result.get("status"),
+                result.get("message"),
+            )
+            SANDBOX_RETRIES.labels(str(request.get("op", "")), str(result.get("status", ""))).inc()
+            result = await self._execute_once(request, wall_ms)
+        return result
+
+    async def _execute_once(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
         session = str(request.get("session") or "")
         jail = await self._acquire(self.affinity.get(session) if session else None)
         request = {**request, "id": next(self._ids)}
@@ -97,7 +133,11 @@ class JailPool:
             log.warning("%s; replacing it", exc)
             self._replace(jail)
             SANDBOX_OPERATIONS.labels(op, "crashed").inc()
-            return {"status": "crashed", "message": f"the jail serving this request died: {exc}"}
+            return {
+                "status": "crashed",
+                "message": f"the jail serving this request died: {exc}",
+                "jail_died": True,
+            }
         except BaseException:
             # Cancelled mid-request: the jail's pipe may hold a half-read answer; never reuse it.
             self._replace(jail)

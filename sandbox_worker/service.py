@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from codegym.common.v1 import common_pb2
+from codegym.errors import Reason, Refusal, guarded
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from sandbox_worker.cache import SourceCache
@@ -206,42 +207,41 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         raw = await self.pool.execute(req, wall_ms)
         return to_result(raw, req["sha"])
 
-    async def _admit(self, context: grpc.aio.ServicerContext, count: int) -> None:
+    def _admit(self, count: int) -> None:
         if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "worker is draining; retry on another worker")
+            raise Refusal(Reason.UNAVAILABLE, "worker is draining; retry on another worker")
         if self.pending + count > self.max_pending:
-            context.set_trailing_metadata((("retry-after-ms", "50"),))
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise Refusal(
+                Reason.CAPACITY,
                 f"worker overloaded: {self.pending} operations pending (max {self.max_pending}); retry later",
+                retry_after_ms=50,
             )
 
+    @guarded
     async def Execute(
         self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExecuteResponse:
-        await self._admit(context, 1)
+        self._admit(1)
         self.pending += 1
         try:
             return pb.ExecuteResponse(result=await self.run(self._request(request.operation)))
         except BadOperation as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            raise
+            raise Refusal(Reason.INVALID_REQUEST, str(exc)) from None
         finally:
             self.pending -= 1
 
+    @guarded
     async def ExecuteBatch(
         self, request: pb.ExecuteBatchRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExecuteBatchResponse:
         count = len(request.operations)
         if count > MAX_BATCH:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"batch of {count} operations (max {MAX_BATCH})"
-            )
-        await self._admit(context, count)
+            raise Refusal(Reason.INVALID_REQUEST, f"batch of {count} operations (max {MAX_BATCH})")
+        self._admit(count)
         try:
             prepared = [self._request(op) for op in request.operations]
         except BadOperation as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"operation rejected: {exc}")
+            raise Refusal(Reason.INVALID_REQUEST, f"operation rejected: {exc}") from None
         limit = asyncio.Semaphore(request.max_parallel or self.pool.size)
 
         async def one(item: tuple[dict[str, Any], int] | pb.OperationResult) -> pb.OperationResult:
@@ -255,6 +255,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             self.pending -= count
         return pb.ExecuteBatchResponse(results=results)
 
+    @guarded
     async def GetWorkerInfo(
         self, request: pb.GetWorkerInfoRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetWorkerInfoResponse:

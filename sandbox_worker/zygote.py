@@ -564,6 +564,35 @@ def kill_leftovers(keep: set[int]) -> None:
         time.sleep(0.0005)
 
 
+def id_span() -> int:
+    """How many ids the jail maps from 0 (1 when it maps one id: no room to give each process its own)."""
+    try:
+        with open("/proc/self/uid_map") as f:
+            first, _, count = f.readline().split()
+        return int(count) if first == "0" else 1
+    except (OSError, ValueError):
+        return 1
+
+
+# Set in main(): the jail maps ids 0..ID_SPAN-1 and the zygote is 0 with the powers to hand them out.
+ID_SPAN = 1
+ISOLATED = False
+
+
+def become(uid: int) -> None:
+    """Make this freshly forked process a stranger to every other session's: its own uid and gid,
+    no supplementary group (group 0 is the one /proc's hidepid exempts), no capability left (the
+    kernel clears them when every uid of a process leaves 0) and, since its uids changed, not
+    dumpable: no other id can signal it, see it in /proc, or read its memory or environment.
+    Files it makes are its own (umask 077)."""
+    if not ISOLATED:
+        return
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    os.umask(0o077)
+
+
 def last_pid() -> int:
     """The last pid the jail's pid namespace handed out (-1 when unreadable).
 
@@ -588,10 +617,11 @@ FULL_SCAN_EVERY = 16
 class Resident:
     """A resident session's process, as the zygote sees it."""
 
-    __slots__ = ("last_used", "pid", "pidfd", "req_w", "res_r", "version")
+    __slots__ = ("last_used", "pid", "pidfd", "req_w", "res_r", "uid", "version")
 
-    def __init__(self, pid: int, req_w: int, res_r: int, version: str) -> None:
+    def __init__(self, pid: int, req_w: int, res_r: int, version: str, uid: int) -> None:
         self.pid = pid
+        self.uid = uid
         self.req_w = req_w
         self.res_r = res_r
         self.version = version
@@ -709,12 +739,27 @@ class Zygote:
         self.residents: collections.OrderedDict[str, Resident] = collections.OrderedDict()
         self.seen_last_pid = -2
         self.since_scan = 0
+        self.last_uid = 0
+        self.spare_uid = 0
+
+    def allocate_uid(self) -> int:
+        """An id for the next process: none a live resident session or the spare holds."""
+        held = {r.uid for r in self.residents.values()}
+        if self.spare is not None:
+            held.add(self.spare_uid)
+        for _ in range(ID_SPAN):
+            self.last_uid = self.last_uid % (ID_SPAN - 1) + 1
+            if self.last_uid not in held:
+                return self.last_uid
+        raise RuntimeError("no free id for a new process")
 
     def prefork(self) -> None:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
+        uid = self.allocate_uid() if ISOLATED else 0
         pid = os.fork()
         if pid == 0:
+            become(uid)
             os.close(req_w)
             os.close(res_r)
             # Other sessions' pipes must not reach code of this one: close every inherited fd but
@@ -730,6 +775,7 @@ class Zygote:
         os.close(req_r)
         os.close(res_w)
         self.spare = (pid, req_w, res_r)
+        self.spare_uid = uid
 
     def touch(self, sha: str) -> None:
         """Mark a cached source as recently used, so LRU eviction matches the worker's bookkeeping."""
@@ -799,12 +845,13 @@ class Zygote:
         assert self.spare is not None
         pid, req_w, res_r = self.spare
         self.spare = None
+        # spare_uid stays until the next prefork: the resident made from this child keeps it.
         started = time.monotonic()
         with contextlib.suppress(OSError):
             write_all(req_w, encode_frame(req))
         result = collect(pid, res_r, started, req["limits"])
         if key and not result.get("reaped") and result.get("status") == "ok" and result.get("state_sha"):
-            self.residents[key] = Resident(pid, req_w, res_r, str(result.pop("state_sha")))
+            self.residents[key] = Resident(pid, req_w, res_r, str(result.pop("state_sha")), self.spare_uid)
             result["resident"] = False
             return result, None
         result.pop("state_sha", None)
@@ -886,8 +933,10 @@ class Zygote:
 
 
 def main() -> None:
-    global ZYGOTE_VM_BYTES, TMP_MOUNTS
+    global ZYGOTE_VM_BYTES, TMP_MOUNTS, ID_SPAN, ISOLATED
     TMP_MOUNTS = mounts_under_tmp()
+    ID_SPAN = id_span()
+    ISOLATED = ID_SPAN > 1 and os.getuid() == 0
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             __import__(name)
@@ -898,7 +947,10 @@ def main() -> None:
     gc.freeze()
     zygote.prefork()
     in_fd, out_fd = 0, 1
-    send_frame(out_fd, {"ready": True, "pid": os.getpid(), "python": sys.version.split()[0]})
+    send_frame(
+        out_fd,
+        {"ready": True, "pid": os.getpid(), "python": sys.version.split()[0], "isolated": ISOLATED},
+    )
     while True:
         try:
             (length,) = HEADER.unpack(read_exact(in_fd, HEADER.size))

@@ -15,29 +15,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import json
 import logging
-import math
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError, Message
 
 from codegym.common.v1 import common_pb2
 from codegym.contract import EnvStringError, parse_ability, parse_config, parse_env_str
+from codegym.errors import (
+    Reason,
+    Refusal,
+    Undecodable,
+    clipped,
+    entry_status,
+    fail_internally,
+    guarded,
+    refuse,
+)
 from codegym.logs import SESSION_ID
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox_client import SandboxDispatcher, SandboxUnavailable
 from services.runtime.library import EnvRecord
-from services.runtime.sessions import Session, SessionStore, StoreUnavailable
+from services.runtime.requests import MAX_JSON_DEPTH, action_text, config_json, shown
+from services.runtime.sessions import Session, SessionStore
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +57,6 @@ DIFFICULTY = {
 }
 LIMIT_STATUSES = (sb.STATUS_MEMORY_LIMIT, sb.STATUS_OUTPUT_LIMIT, sb.STATUS_KILLED, sb.STATUS_CRASHED)
 SERVICE_NAME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
-# Actions and configs deeper than this are refused (CodeGym's are a few levels deep); environment
-# code, which may recurse over what it is given, never sees them.
-MAX_JSON_DEPTH = 100
-# Status details travel in a trailer, and clients drop trailers past 8-16 KB: keep them short.
-MAX_DETAIL_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -69,80 +73,6 @@ class RuntimeConfig:
     retry_after_ms: int = 1_000
 
 
-class Refusal(Exception):
-    """A request the runtime answers with a gRPC status instead of a result."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, retry_after_ms: int = 0) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.retry_after_ms = retry_after_ms
-
-
-class Undecodable:
-    """A request whose bytes are not its RPC's message (bad UTF-8 in a string, a corrupt wire format)."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-
-
-def shown(text: str, limit: int = 80) -> str:
-    """`text` quoted for a message: ASCII-escaped and cut (ids and names can be megabytes of anything)."""
-    if len(text) <= limit:
-        return ascii(text)
-    return f"{text[:limit]!a}... ({len(text)} characters)"
-
-
-def clipped(message: str, limit: int = MAX_DETAIL_BYTES) -> str:
-    data = message.encode("utf-8", "replace")
-    if len(data) <= limit:
-        return message
-    return data[:limit].decode("utf-8", "ignore") + f"... ({len(data)} bytes)"
-
-
-def json_problem(value: Any, max_depth: int = MAX_JSON_DEPTH) -> str | None:
-    """Why a parsed JSON value is refused (nested too deeply, NaN or Infinity), or None (iterative)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
-            return f"{item} is not a JSON number"
-        if isinstance(item, dict | list | tuple | set | frozenset):
-            if depth > max_depth:
-                return f"nested deeper than {max_depth} levels"
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return None
-
-
-def is_unicode(text: str) -> bool:
-    """False for text holding a lone surrogate (JSON's `"\\ud800"`), which no protobuf string can carry."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-LONE_SURROGATE = "a lone surrogate escape (like \\ud800) is not Unicode text"
-
-
-def not_json_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def parse_json(text: str) -> tuple[Any, str | None]:
-    """Strict JSON (no NaN/Infinity, at most MAX_JSON_DEPTH deep): the value, or why it is refused."""
-    try:
-        value = json.loads(text, parse_constant=not_json_constant)
-    except RecursionError:
-        return None, f"nested deeper than {MAX_JSON_DEPTH} levels"
-    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, an integer of more than 4300 digits
-        return None, str(exc).split("; use sys.", 1)[0]
-    return value, json_problem(value)
-
-
 def tool_specs(record: EnvRecord) -> list[common_pb2.ToolSpec]:
     return [
         common_pb2.ToolSpec(name=t.name, signature=t.signature, text=t.text, json_schema=json.dumps(t.schema))
@@ -152,45 +82,6 @@ def tool_specs(record: EnvRecord) -> list[common_pb2.ToolSpec]:
 
 def session_seed(session_id: str) -> int:
     return int.from_bytes(hashlib.sha256(session_id.encode()).digest()[:8], "big") >> 1
-
-
-async def refuse(context: grpc.aio.ServicerContext, exc: Refusal) -> NoReturn:
-    if exc.retry_after_ms:
-        context.set_trailing_metadata((("retry-after-ms", str(exc.retry_after_ms)),))
-    await context.abort(exc.code, clipped(exc.message))
-    raise AssertionError("context.abort returned")
-
-
-async def fail_internally(context: grpc.aio.ServicerContext, rpc: str) -> NoReturn:
-    """The last line of defence: log the traceback, answer INTERNAL with a reference to the log line."""
-    ref = secrets.token_hex(4)
-    log.exception("%s failed (ref %s)", rpc, ref)
-    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {rpc} (ref {ref}); see the runtime log")
-    raise AssertionError("context.abort returned")
-
-
-def guarded[Servicer: "RuntimeServicer", Request, Response](
-    method: Callable[[Servicer, Request, grpc.aio.ServicerContext], Awaitable[Response]],
-) -> Callable[[Servicer, Request, grpc.aio.ServicerContext], Awaitable[Response]]:
-    """A unary RPC that answers every failure with a status: a `Refusal` with its code, a request
-    that could not be decoded with INVALID_ARGUMENT, anything unexpected with INTERNAL."""
-
-    @functools.wraps(method)
-    async def rpc(self: Servicer, request: Request, context: grpc.aio.ServicerContext) -> Response:
-        try:
-            if isinstance(request, Undecodable):
-                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
-            return await method(self, request, context)
-        except Refusal as exc:
-            await refuse(context, exc)
-        except StoreUnavailable as exc:
-            await refuse(context, Refusal(grpc.StatusCode.UNAVAILABLE, str(exc), self.config.retry_after_ms))
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise
-        except Exception:
-            await fail_internally(context, method.__name__)
-
-    return rpc
 
 
 def decoder(message_type: type[Message]) -> Callable[[bytes], Any]:
@@ -249,7 +140,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         record = self.envs.get(env_id)
         if record is None:
             raise Refusal(
-                grpc.StatusCode.NOT_FOUND,
+                Reason.ENV_NOT_FOUND,
                 f"environment {shown(env_id)} is not in the library ({len(self.envs)} environments; see ListEnvs)",
             )
         return record
@@ -268,39 +159,35 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     if task.env_id and task.env_id not in (parsed.env_class,):
                         if not task.env_id.endswith("__" + parsed.env_class):
                             raise Refusal(
-                                grpc.StatusCode.INVALID_ARGUMENT,
+                                Reason.INVALID_REQUEST,
                                 f"env string names {parsed.env_class}, which is not env {shown(task.env_id)}",
                             )
                         return self._env(task.env_id), parsed.config
                     return self._env_by_class(parsed.env_class), parsed.config
                 if not task.env_id:
-                    raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "env_task needs env_id (or env_str)")
+                    raise Refusal(Reason.INVALID_REQUEST, "env_task needs env_id (or env_str)")
                 return self._env(task.env_id), parse_config(task.config_json or "{}")
         except EnvStringError as exc:
-            raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"bad task: {exc}") from None
+            raise Refusal(Reason.INVALID_REQUEST, f"bad task: {exc}") from None
         except RecursionError:
             raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
+                Reason.INVALID_REQUEST,
                 f"bad task: config is nested deeper than {MAX_JSON_DEPTH} levels",
             ) from None
         except (ValueError, TypeError, MemoryError) as exc:  # e.g. an integer of more than 4300 digits
             reason = str(exc).split("; use sys.", 1)[0]
-            raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT, f"bad task: config cannot be read: {reason}"
-            ) from None
-        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, "name the task with ability or env_task")
+            raise Refusal(Reason.INVALID_REQUEST, f"bad task: config cannot be read: {reason}") from None
+        raise Refusal(Reason.INVALID_REQUEST, "name the task with ability or env_task")
 
     def _env_by_class(self, env_class: str) -> EnvRecord:
         ids = self.by_class.get(env_class, [])
         if len(ids) > 1:
             raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
+                Reason.INVALID_REQUEST,
                 f"{env_class} is ambiguous ({', '.join(ids[:5])}); give env_id as {{code_id}}__{env_class}",
             )
         if not ids:
-            raise Refusal(
-                grpc.StatusCode.NOT_FOUND, f"no environment class {shown(env_class)} in the library"
-            )
+            raise Refusal(Reason.ENV_NOT_FOUND, f"no environment class {shown(env_class)} in the library")
         return self.envs[ids[0]]
 
     async def _session(self, session_id: str) -> Session:
@@ -310,7 +197,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             session = None
         if session is None:
             raise Refusal(
-                grpc.StatusCode.NOT_FOUND, f"no session {shown(session_id)} (closed, expired or unknown)"
+                Reason.SESSION_NOT_FOUND, f"no session {shown(session_id)} (closed, expired or unknown)"
             )
         return session
 
@@ -331,27 +218,29 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         return self.store.lock(session_id)
 
     async def _execute(self, op: sb.Operation, record: EnvRecord, key: str = "") -> sb.OperationResult:
+        """Run an operation on a worker. A worker that cannot be reached or does not answer in time
+        is an infrastructure fault (UNAVAILABLE: nothing was committed, the caller may resend), never
+        the environment's answer."""
         try:
             return await self.dispatcher.execute(op, record.source, key)
         except SandboxUnavailable as exc:
-            raise Refusal(grpc.StatusCode.UNAVAILABLE, str(exc), self.config.retry_after_ms) from None
+            raise Refusal(Reason.UNAVAILABLE, str(exc), self.config.retry_after_ms) from None
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                result = sb.OperationResult(
-                    status=sb.STATUS_TIMEOUT, message="no sandbox worker answered in time"
-                )
-                return result
-            log.error("sandbox call failed: %s %s", exc.code().name, exc.details())
-            raise Refusal(grpc.StatusCode.INTERNAL, f"sandbox call failed: {exc.details()}") from None
+                message = "no sandbox worker answered in time; nothing was applied"
+            else:
+                log.error("sandbox call failed: %s %s", exc.code().name, exc.details())
+                message = f"sandbox call failed ({exc.code().name}): {exc.details()}"
+            raise Refusal(Reason.UNAVAILABLE, message, self.config.retry_after_ms) from None
 
     @staticmethod
     def _refusal_from(result: sb.OperationResult, what: str) -> Refusal:
+        """The environment's own failure at create or reset (the worker already retried anything that
+        may have come from outside): it fails the same way every time, so ENV_FAILED, never a
+        capacity or availability status a trainer would retry for ever."""
         detail = result.message or sb.Status.Name(result.status)
-        if result.status in (sb.STATUS_ENV_ERROR, sb.STATUS_BAD_REQUEST):
-            return Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: the environment failed: {detail}")
-        if result.status == sb.STATUS_TIMEOUT:
-            return Refusal(grpc.StatusCode.DEADLINE_EXCEEDED, f"{what}: timed out in the sandbox: {detail}")
-        return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{what}: sandbox limit: {detail}")
+        kind = sb.Status.Name(result.status).removeprefix("STATUS_").lower()
+        return Refusal(Reason.ENV_FAILED, f"{what}: the environment failed ({kind}): {detail}")
 
     # ---- sessions -----------------------------------------------------------------------------
 
@@ -362,19 +251,19 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         max_steps = options.max_steps or self.config.default_max_steps
         if max_steps > self.config.max_max_steps:
             raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT, f"max_steps {max_steps} exceeds {self.config.max_max_steps}"
+                Reason.INVALID_REQUEST, f"max_steps {max_steps} exceeds {self.config.max_max_steps}"
             )
         timeout_ms = options.step_timeout_ms or self.config.step_timeout_ms
         if timeout_ms > self.config.max_step_timeout_ms:
             raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT,
+                Reason.INVALID_REQUEST,
                 f"step_timeout_ms {timeout_ms} exceeds {self.config.max_step_timeout_ms}",
             )
         if await self.store.count() >= self.config.max_sessions:
             await self._expire()
             if await self.store.count() >= self.config.max_sessions:
                 raise Refusal(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    Reason.CAPACITY,
                     f"session limit reached ({self.config.max_sessions} open); close finished sessions or retry",
                     self.config.retry_after_ms,
                 )
@@ -413,63 +302,13 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     @staticmethod
     def _config_json(config: dict[str, Any]) -> str:
         """The config as the JSON the jail gets; a config JSON cannot carry is INVALID_ARGUMENT."""
-        problem = json_problem(config)
-        if problem is None:
-            try:
-                text = json.dumps(config, ensure_ascii=False, allow_nan=False)
-            except (TypeError, ValueError, RecursionError) as exc:  # a Python literal's set, bytes...
-                problem = str(exc)
-            else:
-                if is_unicode(text):
-                    return text
-                problem = LONE_SURROGATE
-        raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, f"bad task: config is not JSON: {problem}")
+        text, problem = config_json(config)
+        if problem is not None:
+            raise Refusal(Reason.INVALID_REQUEST, f"bad task: config is not JSON: {problem}")
+        return text
 
     def _action(self, request: rt.StepRequest, record: EnvRecord) -> tuple[str, rt.StepError | None]:
-        """The action as the canonical CodeGym JSON string, or the typed reason it is refused."""
-
-        def invalid(message: str) -> tuple[str, rt.StepError]:
-            return "", rt.StepError(code=rt.STEP_ERROR_CODE_INVALID_ACTION, message=message)
-
-        which = request.WhichOneof("action")
-        if which == "action_json":
-            text = request.action_json
-            if len(text.encode()) > self.config.max_action_bytes:
-                return invalid(f"action is {len(text.encode())} bytes (max {self.config.max_action_bytes})")
-            action, problem = parse_json(text)
-            if problem is not None:
-                return invalid(f"action is not valid JSON: {problem}")
-            if isinstance(action, list):
-                if len(action) != 1:
-                    return invalid(f"one function call per step, got a list of {len(action)}")
-                action = action[0]
-            if not isinstance(action, dict) or not isinstance(action.get("name"), str):
-                return invalid('action must be a JSON object {"name": ..., "parameters": {...}}')
-            name, parameters = action["name"], action.get("parameters", {})
-        elif which == "tool_call":
-            name = request.tool_call.name
-            text = request.tool_call.parameters_json or "{}"
-            size = len(name.encode()) + len(text.encode())
-            if size > self.config.max_action_bytes:
-                return invalid(f"tool call is {size} bytes (max {self.config.max_action_bytes})")
-            parameters, problem = parse_json(text)
-            if problem is not None:
-                return invalid(f"parameters_json is not valid JSON: {problem}")
-        else:
-            return invalid("the step has no action (action_json or tool_call)")
-        if parameters is None:
-            parameters = {}
-        if not isinstance(parameters, dict):
-            return invalid(f"parameters must be a JSON object, got {type(parameters).__name__}")
-        if name not in record.tool_names:
-            return "", rt.StepError(
-                code=rt.STEP_ERROR_CODE_UNKNOWN_TOOL,
-                message=f"unknown tool {shown(name)}; the tools are {', '.join(record.tool_names)}",
-            )
-        canonical = json.dumps({"name": name, "parameters": parameters}, ensure_ascii=False, allow_nan=False)
-        if not is_unicode(canonical):
-            return invalid(f"action is not valid: {LONE_SURROGATE}")
-        return canonical, None
+        return action_text(request, record.tool_names, self.config.max_action_bytes)
 
     async def _step(self, request: rt.StepRequest) -> rt.StepResponse:
         session_id = request.session_id
@@ -483,7 +322,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             ):
                 ended = "truncated at max steps" if session.truncated else "done"
                 raise Refusal(
-                    grpc.StatusCode.FAILED_PRECONDITION,
+                    Reason.SESSION_DONE,
                     f"session {shown(session_id)} is {ended} after {session.step_index} steps; Reset it or open a new one",
                 )
             if request.HasField("step_index") and request.step_index != session.step_index:
@@ -502,11 +341,11 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 if await self.store.get(session_id) is None:
                     # Closed (or expired) while the step ran: do not bring it back.
                     raise Refusal(
-                        grpc.StatusCode.NOT_FOUND, f"session {shown(session_id)} was closed during the step"
+                        Reason.SESSION_NOT_FOUND, f"session {shown(session_id)} was closed during the step"
                     )
             session.touch()
             if error is not None:
-                await self.store.put(session)
+                await self.store.touch(session, session.step_index)
                 return rt.StepResponse(
                     observation=error.message,
                     reward=session.reward,
@@ -531,7 +370,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             if not await self.store.commit(session, started_at):
                 # Another replica applied a step to this session meanwhile (our lease ran out).
                 raise Refusal(
-                    grpc.StatusCode.ABORTED,
+                    Reason.STEP_CONFLICT,
                     f"session {shown(session_id)} moved on while this step ran; the step was not applied",
                 )
             return reply
@@ -542,7 +381,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         if step_index == session.step_index - 1 and session.last_reply:
             return rt.StepResponse.FromString(session.last_reply)
         raise Refusal(
-            grpc.StatusCode.FAILED_PRECONDITION,
+            Reason.STEP_CONFLICT,
             f"session {shown(session.session_id)} is at step {session.step_index}, not {step_index}",
         )
 
@@ -575,7 +414,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 raise self._refusal_from(result, f"resetting {session.env_id}")
             if await self.store.get(request.session_id) is None:
                 raise Refusal(
-                    grpc.StatusCode.NOT_FOUND,
+                    Reason.SESSION_NOT_FOUND,
                     f"session {shown(request.session_id)} was closed during the reset",
                 )
             session.state = result.state
@@ -614,15 +453,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         """One step of a BatchStep or StepStream: the response, or the status code and message."""
         try:
             return await self._step(step), 0, ""
-        except Refusal as exc:
-            return None, exc.code.value[0], clipped(exc.message)
-        except StoreUnavailable as exc:
-            return None, grpc.StatusCode.UNAVAILABLE.value[0], clipped(str(exc))
-        except Exception:
-            ref = secrets.token_hex(4)
-            log.exception("a step of session %s failed (ref %s)", shown(step.session_id), ref)
-            message = f"internal error in the step (ref {ref}); see the runtime log"
-            return None, grpc.StatusCode.INTERNAL.value[0], message
+        except Exception as exc:
+            code, message, _ = entry_status(exc, f"a step of session {shown(step.session_id)}")
+            return None, code, message
 
     @guarded
     async def BatchStep(
@@ -631,12 +464,12 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         steps = request.steps
         if len(steps) > self.config.max_batch:
             raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT, f"batch of {len(steps)} steps (max {self.config.max_batch})"
+                Reason.INVALID_REQUEST, f"batch of {len(steps)} steps (max {self.config.max_batch})"
             )
         ids = [s.session_id for s in steps]
         if len(set(ids)) != len(ids):
             raise Refusal(
-                grpc.StatusCode.INVALID_ARGUMENT, "a batch must name distinct sessions (one step per session)"
+                Reason.INVALID_REQUEST, "a batch must name distinct sessions (one step per session)"
             )
 
         async def one(step: rt.StepRequest) -> rt.BatchStepResult:
@@ -708,7 +541,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 yield answer
             await reader
             if broken:
-                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT, broken[0])
+                raise Refusal(Reason.INVALID_REQUEST, broken[0])
         except Refusal as exc:
             await refuse(context, exc)
         except (grpc.aio.AbortError, asyncio.CancelledError):

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from codegym.errors import Reason, Refusal, guarded, guarded_stream
 from codegym.grpcutil import ManagedServer
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
@@ -81,17 +82,17 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
         try:
             return await call
         except LLMUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            raise Refusal(Reason.UNAVAILABLE, str(exc)) from None
         except LLMRejected as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        raise AssertionError("unreachable")
+            raise Refusal(Reason.UPSTREAM_REJECTED, str(exc)) from None
 
+    @guarded
     async def GenerateEnvironment(
         self, request: sy.GenerateEnvironmentRequest, context: grpc.aio.ServicerContext
     ) -> sy.GenerateEnvironmentResponse:
         problem = problem_from(request.problem)
         if not problem.question.strip() or not problem.solution.strip():
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "problem needs question and solution")
+            raise Refusal(Reason.INVALID_REQUEST, "problem needs question and solution")
         usage = StageUsage()
         envs = await self._llm(context, self.synth.environment(problem, params_from(request.params), usage))
         return sy.GenerateEnvironmentResponse(
@@ -108,11 +109,12 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
             usage=self._usage(usage),
         )
 
+    @guarded
     async def GenerateUnitTests(
         self, request: sy.GenerateUnitTestsRequest, context: grpc.aio.ServicerContext
     ) -> sy.GenerateUnitTestsResponse:
         if not request.env_source.strip():
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_source is empty")
+            raise Refusal(Reason.INVALID_REQUEST, "env_source is empty")
         usage = StageUsage()
         tests = await self._llm(
             context,
@@ -139,11 +141,12 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
             usage=self._usage(usage),
         )
 
+    @guarded
     async def GenerateSolveFunctions(
         self, request: sy.GenerateSolveFunctionsRequest, context: grpc.aio.ServicerContext
     ) -> sy.GenerateSolveFunctionsResponse:
         if not request.env_source.strip():
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_source is empty")
+            raise Refusal(Reason.INVALID_REQUEST, "env_source is empty")
         usage = StageUsage()
         solves = await self._llm(
             context,
@@ -168,15 +171,14 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
             usage=self._usage(usage),
         )
 
+    @guarded_stream
     async def SynthesizeStream(
         self, request: sy.SynthesizeStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[sy.SynthesizeStreamResponse]:
         problems = [problem_from(p) for p in request.problems]
         ids = [p.question_id for p in problems]
         if not problems or len(set(ids)) != len(ids) or not all(ids):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "give problems with distinct, non-empty question_ids"
-            )
+            raise Refusal(Reason.INVALID_REQUEST, "give problems with distinct, non-empty question_ids")
         out = self.out_dir / time.strftime("run-%Y%m%d-%H%M%S")
         queue: asyncio.Queue[sy.SynthesizeStreamResponse | None] = asyncio.Queue()
         finished: set[str] = set()
@@ -213,7 +215,7 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if report["errors"] and len(report["errors"]) == len(problems):
-            await context.abort(grpc.StatusCode.UNAVAILABLE, next(iter(report["errors"].values())))
+            raise Refusal(Reason.UNAVAILABLE, next(iter(report["errors"].values())))
         yield sy.SynthesizeStreamResponse(
             stage="summary",
             accepted=report["environments"],

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import grpc
 
+from codegym.errors import Reason, Refusal, guarded
 from codegym.grpcutil import ManagedServer
 from codegym.sandbox_client import SandboxDispatcher, SandboxUnavailable
 from codegym.verification.v1 import verification_service_pb2 as vf
@@ -35,20 +36,19 @@ class VerificationServicer(vf_grpc.VerificationServiceServicer):
         self, context: grpc.aio.ServicerContext, source: str, check: Callable[[], Awaitable[Response]]
     ) -> Response:
         if not source.strip():
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "env_source is empty")
+            raise Refusal(Reason.INVALID_REQUEST, "env_source is empty")
         try:
             return await check()
         except SandboxUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            raise Refusal(Reason.UNAVAILABLE, str(exc)) from None
         except grpc.aio.AioRpcError as exc:
             # A worker that never answered (no worker reachable before the deadline) or refused
             # the batch: the check did not happen, which the caller must not take for a verdict.
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE,
-                f"sandbox workers failed the request: {exc.code().name}: {exc.details()}",
-            )
-        raise AssertionError("unreachable")
+            raise Refusal(
+                Reason.UNAVAILABLE, f"sandbox workers failed the request: {exc.code().name}: {exc.details()}"
+            ) from None
 
+    @guarded
     async def CheckEnvironment(
         self, request: vf.CheckEnvironmentRequest, context: grpc.aio.ServicerContext
     ) -> vf.CheckEnvironmentResponse:
@@ -56,23 +56,25 @@ class VerificationServicer(vf_grpc.VerificationServiceServicer):
             context, request.env_source, lambda: self.verifier.check_environment(request)
         )
 
+    @guarded
     async def ValidateUnitTests(
         self, request: vf.ValidateUnitTestsRequest, context: grpc.aio.ServicerContext
     ) -> vf.ValidateUnitTestsResponse:
         ratio = request.thresholds.min_valid_ratio
         if not 0 <= ratio <= 1:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"min_valid_ratio {ratio} is not in [0, 1]")
+            raise Refusal(Reason.INVALID_REQUEST, f"min_valid_ratio {ratio} is not in [0, 1]")
         return await self._checked(
             context, request.env_source, lambda: self.verifier.validate_unit_tests(request)
         )
 
+    @guarded
     async def CheckSolvability(
         self, request: vf.CheckSolvabilityRequest, context: grpc.aio.ServicerContext
     ) -> vf.CheckSolvabilityResponse:
         cases = len(request.tasks) * len(request.solve_sources)
         if cases > MAX_CASES:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+            raise Refusal(
+                Reason.INVALID_REQUEST,
                 f"{len(request.solve_sources)} candidates × {len(request.tasks)} tests is more than"
                 f" {MAX_CASES} runs: split the request",
             )
@@ -80,13 +82,12 @@ class VerificationServicer(vf_grpc.VerificationServiceServicer):
             context, request.env_source, lambda: self.verifier.check_solvability(request)
         )
 
+    @guarded
     async def CheckShortcuts(
         self, request: vf.CheckShortcutsRequest, context: grpc.aio.ServicerContext
     ) -> vf.CheckShortcutsResponse:
         if not 0 <= request.max_fraction <= 1:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"max_fraction {request.max_fraction} is not in [0, 1]"
-            )
+            raise Refusal(Reason.INVALID_REQUEST, f"max_fraction {request.max_fraction} is not in [0, 1]")
         return await self._checked(
             context, request.env_source, lambda: self.verifier.check_shortcuts(request)
         )

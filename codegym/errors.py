@@ -1,0 +1,236 @@
+"""The one table from an outcome to a gRPC status, and the guard every server's RPCs go through.
+
+A trainer must tell three answers apart: "retry" (the infrastructure failed: another replica or a
+moment later will do), "back off" (a capacity limit) and "this will never work" (the request, or
+the environment itself, is at fault). Every refusal of every server is a `Refusal` naming a
+`Reason`; the reason fixes the gRPC status and travels as the `codegym-reason` trailer, so a client
+picks its exception from the reason (two reasons share FAILED_PRECONDITION, two share NOT_FOUND)
+and falls back on the status code when talking to something else.
+
+An environment's own failure is never a capacity or availability status: a config whose `reset()`
+eats all memory fails the same way on every retry, so it is ENV_FAILED, not RESOURCE_EXHAUSTED.
+And an infrastructure fault (a worker lost, a process killed from outside its session) is never
+the environment's answer: it is retried where it happened and, when it persists, UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import functools
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+REASON_TRAILER = "codegym-reason"
+RETRY_AFTER_TRAILER = "retry-after-ms"
+# Status details travel in a trailer, and clients drop trailers past 8-16 KB: keep them short.
+MAX_DETAIL_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class Row:
+    code: grpc.StatusCode
+    client_error: str
+    retry: str
+    meaning: str
+
+
+class Reason(enum.Enum):
+    """Why a call was refused. The value is the row of the table (README: "Errors")."""
+
+    INVALID_REQUEST = Row(
+        grpc.StatusCode.INVALID_ARGUMENT, "InvalidRequest", "never", "the request cannot be served as sent"
+    )
+    ENV_NOT_FOUND = Row(grpc.StatusCode.NOT_FOUND, "EnvNotFound", "never", "no such environment")
+    SESSION_NOT_FOUND = Row(
+        grpc.StatusCode.NOT_FOUND, "SessionNotFound", "never", "the session is closed, expired or unknown"
+    )
+    SESSION_DONE = Row(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "SessionDone",
+        "never",
+        "the episode has ended (done or truncated): Reset or open another session",
+    )
+    ENV_FAILED = Row(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "EnvFailed",
+        "never",
+        "the environment itself failed to start or reset with this config (raised, looped, ran out "
+        "of memory): the same call fails again",
+    )
+    STEP_CONFLICT = Row(
+        grpc.StatusCode.ABORTED,
+        "StepConflict",
+        "after resync",
+        "the step's index is not the session's (another caller or replica moved it): read the "
+        "session and decide",
+    )
+    CAPACITY = Row(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        "CapacityExceeded",
+        "after retry-after-ms",
+        "a capacity limit (sessions, pending operations) is reached",
+    )
+    UNAVAILABLE = Row(
+        grpc.StatusCode.UNAVAILABLE,
+        "RuntimeUnavailable",
+        "yes, at once, any replica",
+        "an infrastructure fault (no worker answered, a store or replica down, draining); nothing "
+        "was applied",
+    )
+    UPSTREAM_REJECTED = Row(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "CodeGymError",
+        "never",
+        "the LLM endpoint refused the request (authentication, model name, quota): fix the setting",
+    )
+    INTERNAL = Row(
+        grpc.StatusCode.INTERNAL, "CodeGymError", "never", "a bug in the server; the log has the traceback"
+    )
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return self.value.code
+
+
+class Refusal(Exception):
+    """A request a server answers with a gRPC status instead of a result."""
+
+    def __init__(self, reason: Reason, message: str, retry_after_ms: int = 0) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.retry_after_ms = retry_after_ms
+
+    @property
+    def code(self) -> grpc.StatusCode:
+        return self.reason.code
+
+
+class Unavailable(Exception):
+    """An infrastructure fault that outlived its retries (a store or every worker down)."""
+
+
+def clipped(message: str, limit: int = MAX_DETAIL_BYTES) -> str:
+    data = message.encode("utf-8", "replace")
+    if len(data) <= limit:
+        return message
+    return data[:limit].decode("utf-8", "ignore") + f"... ({len(data)} bytes)"
+
+
+def trailers(exc: Refusal) -> tuple[tuple[str, str], ...]:
+    items = [(REASON_TRAILER, exc.reason.name)]
+    if exc.retry_after_ms:
+        items.append((RETRY_AFTER_TRAILER, str(exc.retry_after_ms)))
+    return tuple(items)
+
+
+async def refuse(context: grpc.aio.ServicerContext, exc: Refusal) -> NoReturn:
+    context.set_trailing_metadata(trailers(exc))
+    await context.abort(exc.code, clipped(exc.message))
+    raise AssertionError("context.abort returned")
+
+
+async def fail_internally(context: grpc.aio.ServicerContext, rpc: str) -> NoReturn:
+    """The last line of defence: log the traceback, answer INTERNAL with a reference to the log line."""
+    ref = secrets.token_hex(4)
+    log.exception("%s failed (ref %s)", rpc, ref)
+    context.set_trailing_metadata(((REASON_TRAILER, Reason.INTERNAL.name),))
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {rpc} (ref {ref}); see the server log")
+    raise AssertionError("context.abort returned")
+
+
+def entry_status(exc: BaseException, what: str) -> tuple[int, str, Reason]:
+    """The status code, message and reason of one entry of a batch or stream that failed."""
+    if isinstance(exc, Refusal):
+        return exc.code.value[0], clipped(exc.message), exc.reason
+    if isinstance(exc, Unavailable):
+        return grpc.StatusCode.UNAVAILABLE.value[0], clipped(str(exc)), Reason.UNAVAILABLE
+    ref = secrets.token_hex(4)
+    log.error("%s failed (ref %s)", what, ref, exc_info=exc)
+    return (
+        grpc.StatusCode.INTERNAL.value[0],
+        f"internal error in {what} (ref {ref}); see the server log",
+        (Reason.INTERNAL),
+    )
+
+
+def guarded[R](
+    method: Callable[..., Awaitable[R]],
+) -> Callable[..., Awaitable[R]]:
+    """A unary RPC that answers every failure with a status from the table: a `Refusal` with its
+    reason, an `Unavailable` as UNAVAILABLE, anything unexpected as INTERNAL (never UNKNOWN with
+    Python's text). `request.reason` of an undecodable request (see `decoder`) is INVALID_ARGUMENT."""
+
+    @functools.wraps(method)
+    async def rpc(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            if isinstance(request, Undecodable):
+                raise Refusal(Reason.INVALID_REQUEST, request.reason)
+            return await method(self, request, context)
+        except Refusal as exc:
+            await refuse(context, exc)
+        except Unavailable as exc:
+            retry = int(getattr(getattr(self, "config", None), "retry_after_ms", 0) or 0)
+            await refuse(context, Refusal(Reason.UNAVAILABLE, str(exc), retry))
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception:
+            await fail_internally(context, method.__name__)
+
+    return rpc
+
+
+def guarded_stream[R](
+    method: Callable[..., AsyncIterator[R]],
+) -> Callable[..., AsyncIterator[R]]:
+    """`guarded` for a server-streaming RPC: what was yielded stays sent, the failure ends the call
+    with its status from the table."""
+
+    @functools.wraps(method)
+    async def rpc(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[R]:
+        try:
+            if isinstance(request, Undecodable):
+                raise Refusal(Reason.INVALID_REQUEST, request.reason)
+            async for item in method(self, request, context):
+                yield item
+        except Refusal as exc:
+            await refuse(context, exc)
+        except Unavailable as exc:
+            await refuse(context, Refusal(Reason.UNAVAILABLE, str(exc)))
+        except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception:
+            await fail_internally(context, method.__name__)
+
+    return rpc
+
+
+class Undecodable:
+    """A request whose bytes are not its RPC's message (bad UTF-8 in a string, a corrupt wire format)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def table_markdown() -> str:
+    """The table as the README shows it (a test keeps the two equal)."""
+    lines = [
+        "| reason (`codegym-reason`) | gRPC status | client exception | retry | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for reason in Reason:
+        row = reason.value
+        lines.append(
+            f"| `{reason.name}` | `{row.code.name}` | `{row.client_error}` | {row.retry} | {row.meaning} |"
+        )
+    return "\n".join(lines)
