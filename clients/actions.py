@@ -4,6 +4,24 @@ Models trained on CodeGym answer with `<|FunctionCallBegin|>[{"name": ..., "para
 <|FunctionCallEnd|>`; OpenAI-style models answer with `tool_calls`. Both become the CodeGym JSON
 action string the runtime takes. Parsing failures raise `ActionParseError` with a message that can
 be shown to the agent as its observation.
+
+The action rule, the same here and in the runtime (which applies it to every action it is sent,
+the dicts and JSON strings a trainer passes to a client included), so that an action means the same
+thing whichever side reads it:
+
+- An action is a JSON object with `"name"` (a string) and its parameters under exactly one of two
+  keys: `"parameters"` (CodeGym's word), an object, or `"arguments"` (OpenAI's word), an object or
+  the JSON text of one, as OpenAI's `tool_calls` carry it. Naming both keys is an error, never a
+  silent choice between them: the runtime used to drop `arguments` and run the tool with `{}`.
+- Neither key, `null`, or `arguments` holding empty or blank text means no parameters: `{}`.
+  Anything else that is not an object (a list, a number, a string under `parameters`) is an error.
+- Other keys of the object (an OpenAI call's `id` or `type`) are ignored.
+- JSON is read as Python's `json.loads` reads it (`Infinity`, `-Infinity` and `NaN` included), as
+  the environment itself reads it.
+- The environment always receives the canonical `{"name": ..., "parameters": {...}}`.
+
+Framing is separate from the rule: a `<|FunctionCallBegin|>` block holds one object or a list of
+them, and one step takes exactly one call.
 """
 
 from __future__ import annotations
@@ -29,20 +47,32 @@ class Action:
         return json.dumps({"name": self.name, "parameters": self.parameters}, ensure_ascii=False)
 
 
-def _action(item: Any) -> Action:
+def _parameters(name: str, item: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of an action object under the module's rule."""
+    if "parameters" in item and "arguments" in item:
+        raise ActionParseError(
+            f'{name} names its parameters twice: use "parameters" or "arguments", not both'
+        )
+    key = "arguments" if "arguments" in item else "parameters"
+    value = item.get(key)
+    if key == "arguments" and isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else None
+        except ValueError as exc:
+            raise ActionParseError(f"arguments of {name} are not valid JSON: {exc}") from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ActionParseError(f"{key} of {name} must be an object, got {type(value).__name__}")
+    return value
+
+
+def action_from_object(item: Any) -> Action:
+    """The action an object stands for (a dict parsed from JSON, or one a trainer built), checked
+    against the module's rule."""
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise ActionParseError('each function call must be an object {"name": ..., "parameters": {...}}')
-    parameters = item.get("parameters", item.get("arguments", {}))
-    if isinstance(parameters, str):
-        try:
-            parameters = json.loads(parameters or "{}")
-        except ValueError as exc:
-            raise ActionParseError(f"parameters of {item['name']} are not valid JSON: {exc}") from None
-    if parameters is None:
-        parameters = {}
-    if not isinstance(parameters, dict):
-        raise ActionParseError(f"parameters of {item['name']} must be an object")
-    return Action(item["name"], parameters)
+    return Action(item["name"], _parameters(item["name"], item))
 
 
 def parse_function_calls(text: str) -> list[Action]:
@@ -68,7 +98,7 @@ def parse_function_calls(text: str) -> list[Action]:
     items = value if isinstance(value, list) else [value]
     if not items:
         raise ActionParseError("function call list is empty")
-    return [_action(item) for item in items]
+    return [action_from_object(item) for item in items]
 
 
 def parse_function_call(text: str) -> Action:
@@ -80,17 +110,18 @@ def parse_function_call(text: str) -> Action:
 
 
 def from_tool_calls(tool_calls: Any) -> list[Action]:
-    """Actions from OpenAI `tool_calls` (SDK objects or plain dicts), arguments parsed from JSON."""
+    """Actions from OpenAI `tool_calls` (SDK objects or plain dicts): each call's `function` is read
+    as an action object with `arguments`, so its JSON text or an object both work."""
     actions: list[Action] = []
     for call in tool_calls or []:
         function = call.get("function") if isinstance(call, dict) else getattr(call, "function", None)
         if function is None:
             raise ActionParseError("tool call has no function")
         if isinstance(function, dict):
-            name, arguments = function.get("name"), function.get("arguments", "{}")
+            name, arguments = function.get("name"), function.get("arguments")
         else:
-            name, arguments = getattr(function, "name", None), getattr(function, "arguments", "{}")
-        actions.append(_action({"name": name, "parameters": arguments}))
+            name, arguments = getattr(function, "name", None), getattr(function, "arguments", None)
+        actions.append(action_from_object({"name": name, "arguments": arguments}))
     if not actions:
         raise ActionParseError("no tool calls")
     return actions

@@ -25,6 +25,23 @@ def test_describe_text_prints_the_system_message(instance: dict) -> None:
     assert result.stdout == instance["prompt"][0]["content"]
 
 
+def test_describe_keeps_whitespace_only_docstring_lines(tmp_path: Path, good_source: str) -> None:
+    # CodeGym's prompts keep such a line's whitespace, one indentation level less (issue 16).
+    blank = "        Get the number of elements in the hidden array.\n\n        Args:"
+    assert blank in good_source
+    env = tmp_path / "X_1__MaxSubarraySumEnv.py"
+    env.write_text(good_source.replace(blank, blank.replace("\n\n", "\n        \n"), 1))
+    result = codegym("env", "describe", str(env))
+    assert result.returncode == 0, result.stderr
+    assert "    Get the number of elements in the hidden array.\n    \n    Args:\n" in result.stdout
+    plain = tmp_path / "X_2__MaxSubarraySumEnv.py"
+    plain.write_text(good_source)
+    expected = codegym("env", "describe", str(plain)).stdout.replace(
+        "array.\n\n    Args:", "array.\n    \n    Args:", 1
+    )
+    assert result.stdout == expected
+
+
 def test_describe_json_prints_tool_definitions() -> None:
     result = codegym("env", "describe", "--format", "json", str(sample_env_paths()[0]))
     assert result.returncode == 0

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from codegym.contract.docstring import ArgDoc
+from codegym.contract.docstring import ArgDoc, shown_lines
 from codegym.contract.source import EnvSpec, ToolDef
 
 _SIMPLE_TYPES = {
@@ -34,13 +34,11 @@ _SIMPLE_TYPES = {
 
 
 def tool_text(tool: ToolDef) -> str:
-    """One `Function:` block: signature without `self` (return annotation kept when present),
-    docstring without `Example Output`."""
-    body = "\n".join(
-        f"    {line}" if line.strip() else "" for line in tool.docstring.without_section("Example Output")
-    )
-    returns = f" -> {tool.returns}" if tool.returns else ""
-    return f'Function:\n\ndef {tool.name}({tool.signature}){returns}:\n    r"""\n\n{body}\n\n    """\n'
+    """One `Function:` block as CodeGym prints it: the `def` line as written without `self`, the
+    opening quotes, the docstring's own lines (whitespace-only lines kept, one indentation level
+    less, `Example Output` cut: see `shown_lines`), the closing quotes."""
+    body = "\n".join(shown_lines(tool.raw_docstring, tool.indent))
+    return f'Function:\n\n{tool.header}\n    r"""{body}\n    """\n'
 
 
 def tools_text(spec: EnvSpec) -> str:

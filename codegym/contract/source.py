@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
+import re
 import textwrap
+import tokenize
 from dataclasses import dataclass, field
 
 from codegym.contract.docstring import Docstring, parse_docstring
@@ -17,6 +20,8 @@ from codegym.contract.errors import ContractError, Violation
 REQUIRED_METHODS = ("reset", "step", "get_ref_answer")
 REQUIRED_TOOLS = ("Done",)
 RECOMMENDED_TOOLS = ("Observe",)
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+"""Line breaks as the parser counts lines (`str.splitlines` also splits at form feeds and others)."""
 
 
 @dataclass
@@ -31,6 +36,12 @@ class ToolDef:
     line: int
     returns: str = ""
     """Return annotation as written (`ast.unparse`), or "" when the method has none."""
+    header: str = ""
+    """The `def` line the agent sees, without `self` (see `_shown_header`)."""
+    raw_docstring: str = ""
+    """The docstring as written, whitespace included (`ast.get_docstring(clean=False)`)."""
+    indent: str = "    "
+    """Indentation of the method's `def` line, which the agent's view of the docstring drops."""
 
 
 @dataclass
@@ -112,6 +123,36 @@ def _signature(fn: ast.FunctionDef) -> tuple[list[ast.arg], dict[str, ast.expr],
     return positional + list(args.kwonlyargs), default_map, ast.unparse(shown)
 
 
+def _ends_with_colon(text: str) -> bool:
+    """Whether one line of code ends its statement with `:` (a trailing comment allowed)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    ignored = (tokenize.COMMENT, tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER)
+    code = [t for t in tokens if t.type not in ignored]
+    return bool(code) and code[-1].type == tokenize.OP and code[-1].string == ":"
+
+
+def _shown_header(fn: ast.FunctionDef, line: str, signature: str, returns: str) -> str:
+    """The `def` line of a tool as CodeGym shows it: the source line itself without `self`.
+
+    CodeGym copies the method's `def` line from the source (spacing, default values and a trailing
+    comment as written), stripped, with `(self, ` made `(` and `(self)` made `()`, so a tool
+    declared `value: int = 0` is shown that way, not as `ast.unparse` would spell it. A header that
+    CodeGym could not have published (spread over several lines, `self` written another way, the
+    body on the same line) is rebuilt from the syntax tree instead.
+    """
+    rebuilt = f"def {fn.name}({signature}){f' -> {returns}' if returns else ''}:"
+    text = line.strip()
+    if fn.body[0].lineno == fn.lineno or not _ends_with_colon(text):
+        return rebuilt
+    for written, shown in (("(self, ", "("), ("(self)", "()")):
+        if text.startswith(f"def {fn.name}{written}"):
+            return f"def {fn.name}{shown}{text[len(f'def {fn.name}{written}') :]}"
+    return rebuilt
+
+
 def analyze_source(source: str) -> EnvSpec:
     """Read a source and report every contract violation found (an empty list means it complies)."""
     digest = sha256_text(source)
@@ -135,6 +176,7 @@ def analyze_source(source: str) -> EnvSpec:
             [Violation("several_env_classes", f"several env classes: {names}", classes[1].lineno)],
         )
     cls = classes[0]
+    source_lines = _LINE_BREAK.split(source)
     methods = {n.name: n for n in cls.body if isinstance(n, ast.FunctionDef)}
     spec = EnvSpec(cls.name, [], {name: fn.lineno for name, fn in methods.items()}, digest)
     for name in REQUIRED_METHODS:
@@ -161,7 +203,7 @@ def analyze_source(source: str) -> EnvSpec:
                 Violation("func_mapping_key", "func_mapping keys must be string literals (tool names)", line)
             )
             continue
-        _add_tool(spec, key.value, methods.get(key.value), line)
+        _add_tool(spec, source_lines, key.value, methods.get(key.value), line)
     tool_names = [t.name for t in spec.tools]
     for name in REQUIRED_TOOLS:
         if name not in tool_names:
@@ -176,7 +218,9 @@ def analyze_source(source: str) -> EnvSpec:
     return spec
 
 
-def _add_tool(spec: EnvSpec, name: str, fn: ast.FunctionDef | None, mapping_line: int | None) -> None:
+def _add_tool(
+    spec: EnvSpec, lines: list[str], name: str, fn: ast.FunctionDef | None, mapping_line: int | None
+) -> None:
     if fn is None:
         spec.violations.append(
             Violation(
@@ -204,7 +248,21 @@ def _add_tool(spec: EnvSpec, name: str, fn: ast.FunctionDef | None, mapping_line
         )
     params, defaults, signature = _signature(fn)
     returns = ast.unparse(fn.returns) if fn.returns is not None else ""
-    spec.tools.append(ToolDef(name, params, defaults, signature, doc, fn.lineno, returns))
+    line = lines[fn.lineno - 1]
+    spec.tools.append(
+        ToolDef(
+            name,
+            params,
+            defaults,
+            signature,
+            doc,
+            fn.lineno,
+            returns,
+            header=_shown_header(fn, line, signature, returns),
+            raw_docstring=ast.get_docstring(fn, clean=False) or "",
+            indent=line[: len(line) - len(line.lstrip())],
+        )
+    )
 
 
 def find_method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
