@@ -777,6 +777,21 @@ class Zygote:
         self.spare = (pid, req_w, res_r)
         self.spare_uid = uid
 
+    def spare_died(self) -> bool:
+        """Reap the spare child if something killed it while it waited (an OOM kill, an operator):
+        a request handed to it would fail for no fault of its own."""
+        assert self.spare is not None
+        pid, req_w, res_r = self.spare
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if not done:
+            return False
+        os.close(req_w)
+        os.close(res_r)
+        return True
+
     def touch(self, sha: str) -> None:
         """Mark a cached source as recently used, so LRU eviction matches the worker's bookkeeping."""
         if sha in self.codes:
@@ -840,6 +855,8 @@ class Zygote:
         problem = self.check_source(req)
         if problem is not None:
             return problem, None
+        if self.spare is not None and self.spare_died():
+            self.spare = None
         if self.spare is None:
             self.prefork()
         assert self.spare is not None

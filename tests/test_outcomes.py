@@ -1,0 +1,129 @@
+"""What a caller is told, and what it is not: the outcome table from the wire.
+
+An environment that cannot start with a config fails the same way on every try, so it must get a
+status a trainer does not retry (ENV_FAILED), never a capacity or outage one; a process killed
+from outside its session is not the environment's answer: the step runs again, cold, from the
+committed state, and the agent sees exactly the observation it would have seen.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from clients.runtime_client import EnvFailed, RuntimeClient
+from codegym.errors import REASON_TRAILER, table_markdown
+from services.runtime.library import Library
+from tests.conftest import ROOT
+from tests.helpers.servers import ServerProcess
+
+COUNTER = "Test_0001_I__CounterEnv"
+COUNTER_PATH = ROOT / "tests" / "fixtures" / "runtime_envs" / f"{COUNTER}.py"
+CLOCK_NANOSLEEP = 230  # x86_64 syscall number: what a process in time.sleep() is blocked in
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    library = tmp_path_factory.mktemp("library") / "library.db"
+    with Library(library) as lib:
+        assert lib.import_paths([COUNTER_PATH]).skipped == []
+    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    try:
+        args = ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", worker.address]
+        runtime = ServerProcess(args)
+        try:
+            yield worker, runtime
+        finally:
+            assert runtime.stop() == 0
+    finally:
+        assert worker.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(servers: tuple[ServerProcess, ServerProcess]) -> Iterator[RuntimeClient]:
+    with RuntimeClient(servers[1].address, timeout_s=60) as c:
+        yield c
+
+
+def reason_of(exc: grpc.RpcError) -> str:
+    return dict(exc.trailing_metadata() or ()).get(REASON_TRAILER, "")
+
+
+@pytest.mark.parametrize("fail", ["raise", "loop", "memory"])
+def test_an_environment_that_cannot_start_is_env_failed_and_a_sane_config_still_works(
+    client: RuntimeClient, fail: str
+) -> None:
+    with pytest.raises(EnvFailed) as caught:
+        client.create_session(env_id=COUNTER, config={"target": 3, "fail": fail})
+    error = caught.value
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert reason_of(error) == "ENV_FAILED" and not error.retryable
+    assert "the environment failed" in error.details()
+    created = client.create_session(env_id=COUNTER, config={"target": 3})
+    assert created.observation == "Counter at 0; reach 3."
+    assert client.step(created.session_id, '{"name": "Add", "parameters": {"amount": 3}}').observation == "3"
+    client.close_session(created.session_id)
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def syscall(pid: int) -> int:
+    try:
+        return int((Path("/proc") / str(pid) / "syscall").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def test_a_step_whose_process_is_killed_from_outside_runs_again_cold_with_the_same_answer(
+    servers: tuple[ServerProcess, ServerProcess], client: RuntimeClient
+) -> None:
+    worker, _ = servers
+    (nsjail,) = children(worker.pid)
+    (zygote,) = children(nsjail)
+    created = client.create_session(env_id=COUNTER, config={"target": 9})
+    assert client.step(created.session_id, '{"name": "Add", "parameters": {"amount": 5}}').observation == "5"
+    replies = []
+    stepping = threading.Thread(
+        target=lambda: replies.append(
+            client.step(created.session_id, '{"name": "Slow", "parameters": {"ms": 1500}}')
+        )
+    )
+    stepping.start()
+    deadline = time.monotonic() + 20
+    sleeping: list[int] = []
+    while not sleeping and time.monotonic() < deadline:
+        sleeping = [pid for pid in children(zygote) if syscall(pid) == CLOCK_NANOSLEEP]
+    assert sleeping, "the step never started sleeping"
+    # Everything the zygote runs dies, as an OOM kill or an operator would do it: nothing of it is
+    # the environment's doing. The spare first: killed after the session's process, it could be
+    # killed while running the retry, which is a second fault.
+    for pid in [p for p in children(zygote) if p not in sleeping] + sleeping:
+        os.kill(pid, signal.SIGKILL)
+    stepping.join(30)
+    (reply,) = replies
+    assert not reply.HasField("error"), reply.error
+    assert reply.observation == "6" and reply.step_index == 2
+    # Applied once: the count went from 5 to 6, not to 7.
+    assert client.step(created.session_id, '{"name": "Observe", "parameters": {}}').observation == "6"
+    assert client.close_session(created.session_id)
+
+
+def test_the_readme_shows_the_outcome_table() -> None:
+    assert table_markdown() in (ROOT / "README.md").read_text()
