@@ -127,3 +127,15 @@ def test_a_step_whose_process_is_killed_from_outside_runs_again_cold_with_the_sa
 
 def test_the_readme_shows_the_outcome_table() -> None:
     assert table_markdown() in (ROOT / "README.md").read_text()
+
+
+def test_an_action_reaches_the_environment_as_its_own_json_loads_reads_it(client: RuntimeClient) -> None:
+    """CodeGym's own solve() sends float('inf') through json.dumps: `Infinity` is an action the
+    environment accepts, so the runtime passes it on; `arguments` (OpenAI's word) is `parameters`."""
+    session = client.create_session(env_id=COUNTER, config={"target": 3}).session_id
+    assert client.step(session, '{"name": "Add", "arguments": "{\\"amount\\": 2}"}').observation == "2"
+    assert client.step(session, '{"name": "Add", "parameters": {"amount": Infinity}}').observation == "inf"
+    assert client.step(session, '[{"name": "Add", "arguments": {"amount": -Infinity}}]').observation == "nan"
+    both = client.step(session, '{"name": "Add", "parameters": {"amount": 1}, "arguments": {"amount": 1}}')
+    assert both.HasField("error") and "not both" in both.error.message and both.step_index == 3
+    client.close_session(session)

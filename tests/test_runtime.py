@@ -370,7 +370,7 @@ def test_create_session_refusals(client: RuntimeClient) -> None:
     err = rpc_error(lambda: client.create_session(env_id=f"{COUNTER}", config="{target: 3"))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "neither JSON" in err.details()
     err = rpc_error(lambda: client.create_session(env_id=COUNTER, config={"wrong": 1}))
-    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "config needs 'target'" in err.details()
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION and "config needs 'target'" in err.details()
     err = rpc_error(lambda: client.create_session(ability="codegym_v2@X__YEnv@{}"))
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "prefix" in err.details()
     err = rpc_error(
