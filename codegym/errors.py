@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 log = logging.getLogger(__name__)
 
@@ -234,3 +235,40 @@ def table_markdown() -> str:
             f"| `{reason.name}` | `{row.code.name}` | `{row.client_error}` | {row.retry} | {row.meaning} |"
         )
     return "\n".join(lines)
+
+
+def add_lenient(servicer: Any, server: grpc.aio.Server, service: Any, messages: Any) -> None:
+    """Register `servicer` for `service` (a ServiceDescriptor) like the generated
+    `add_*Servicer_to_server`, except that a request whose bytes do not decode (invalid UTF-8 in a
+    string, a corrupt message) reaches the servicer as `Undecodable`, which `guarded` answers
+    INVALID_ARGUMENT; with the generated function gRPC answers it UNKNOWN by itself.
+    `messages` is the generated `*_pb2` module holding the request and response types."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in service.methods:
+        request_type = getattr(messages, method.input_type.name)
+        response_type = getattr(messages, method.output_type.name)
+        if method.client_streaming and method.server_streaming:
+            make = grpc.stream_stream_rpc_method_handler
+        elif method.server_streaming:
+            make = grpc.unary_stream_rpc_method_handler
+        elif method.client_streaming:
+            make = grpc.stream_unary_rpc_method_handler
+        else:
+            make = grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=decoder(request_type),
+            response_serializer=response_type.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
+
+
+def decoder(message_type: type[Message]) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(f"the request is not a valid {message_type.DESCRIPTOR.name}: {exc}")
+
+    return decode

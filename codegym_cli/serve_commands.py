@@ -40,7 +40,8 @@ def start_metrics(args: argparse.Namespace) -> None:
 
 def _serve_sandbox(args: argparse.Namespace) -> int:
     start_metrics(args)
-    from sandbox_worker.server import SandboxWorker, serve
+    from codegym.serving import serve
+    from sandbox_worker.server import SandboxWorker
 
     configure_logs(args.log_level, args.log_format)
 
@@ -65,7 +66,8 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
 
 def _serve_runtime(args: argparse.Namespace) -> int:
     start_metrics(args)
-    from services.runtime.server import RuntimeServer, serve
+    from codegym.serving import serve
+    from services.runtime.server import RuntimeServer
     from services.runtime.service import RuntimeConfig
 
     configure_logs(args.log_level, args.log_format)
@@ -95,6 +97,7 @@ def _serve_synthesis(args: argparse.Namespace) -> int:
     start_metrics(args)
     from pathlib import Path
 
+    from codegym.serving import serve
     from codegym_cli.synthesize_command import settings_from, stage_defaults
     from services.synthesis.service import SynthesisServer
 
@@ -111,7 +114,7 @@ def _serve_synthesis(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
         )
-        await server.serve()
+        await serve(server)
 
     run_server(main)
     return 0
@@ -119,13 +122,14 @@ def _serve_synthesis(args: argparse.Namespace) -> int:
 
 def _serve_verification(args: argparse.Namespace) -> int:
     start_metrics(args)
+    from codegym.serving import serve
     from services.verification.service import VerificationServer
 
     configure_logs(args.log_level, args.log_format)
 
     async def main() -> None:
         server = VerificationServer(args.sandbox, host=args.host, port=args.port)
-        await server.serve()
+        await serve(server)
 
     run_server(main)
     return 0

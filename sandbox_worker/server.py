@@ -6,9 +6,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
+from codegym.errors import add_lenient
 from codegym.grpcutil import ManagedServer
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
-from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits
 from sandbox_worker.pool import JailPool
 from sandbox_worker.service import SandboxServicer
@@ -38,7 +38,7 @@ class SandboxWorker:
             self.pool, defaults=defaults, maximum=maximum, max_pending=max_pending
         )
         self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
-        pb_grpc.add_SandboxServiceServicer_to_server(self.servicer, self.managed.server)
+        add_lenient(self.servicer, self.managed.server, pb.DESCRIPTOR.services_by_name["SandboxService"], pb)
 
     @property
     def address(self) -> str:
@@ -48,6 +48,9 @@ class SandboxWorker:
         await self.pool.start()
         await self.managed.start()
         log.info("sandbox worker on %s with %d jails (%s)", self.address, self.pool.size, self.pool.isolation)
+
+    def banner(self) -> str:
+        return f"sandbox worker listening on {self.address} ({self.pool.size} jails, {self.pool.isolation})"
 
     async def stop(self, grace_s: float = 5.0) -> None:
         self.servicer.draining = True
@@ -67,15 +70,3 @@ async def worker_target(target: str, jails: int = 2) -> AsyncIterator[str]:
         yield worker.address
     finally:
         await worker.stop(grace_s=0)
-
-
-async def serve(worker: SandboxWorker, ready_message: bool = True) -> None:
-    """Run until SIGTERM/SIGINT, then drain: refuse new work, finish running work, stop jails."""
-    await worker.start()
-    if ready_message:
-        print(
-            f"sandbox worker listening on {worker.address} ({worker.pool.size} jails, {worker.pool.isolation})",
-            flush=True,
-        )
-    await worker.managed.wait_for_signal()
-    await worker.stop()

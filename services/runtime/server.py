@@ -48,6 +48,9 @@ class RuntimeServer:
         self._reaper = asyncio.get_running_loop().create_task(self.servicer.reaper())
         log.info("runtime on %s serving %d environments", self.address, len(self.servicer.envs))
 
+    def banner(self) -> str:
+        return f"runtime listening on {self.address} ({len(self.servicer.envs)} environments)"
+
     async def stop(self, grace_s: float = 5.0) -> None:
         await self.managed.drain(grace_s)
         if self._reaper is not None:
@@ -58,14 +61,3 @@ class RuntimeServer:
         close = getattr(self.servicer.store, "close", None)
         if close is not None:
             await close()
-
-
-async def serve(server: RuntimeServer) -> None:
-    """Run until SIGTERM/SIGINT, then drain: finish running steps, refuse new ones."""
-    await server.start()
-    print(
-        f"runtime listening on {server.address} ({len(server.servicer.envs)} environments)",
-        flush=True,
-    )
-    await server.managed.wait_for_signal()
-    await server.stop()

@@ -16,45 +16,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError, Message
 
-from codegym.common.v1 import common_pb2
-from codegym.contract import EnvStringError, parse_ability, parse_config, parse_env_str
 from codegym.errors import (
     Reason,
     Refusal,
-    Undecodable,
-    clipped,
+    add_lenient,
     entry_status,
-    fail_internally,
     guarded,
-    refuse,
 )
 from codegym.logs import SESSION_ID
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox_client import SandboxDispatcher, SandboxUnavailable
+from services.runtime.catalog import Catalog, tool_specs
 from services.runtime.library import EnvRecord
-from services.runtime.requests import MAX_JSON_DEPTH, action_text, config_json, shown
+from services.runtime.requests import action_text, config_json, shown
 from services.runtime.sessions import Session, SessionStore
+from services.runtime.streaming import batch_step, step_stream
 
 log = logging.getLogger(__name__)
 
-DIFFICULTY = {
-    "easy": common_pb2.DIFFICULTY_EASY,
-    "medium": common_pb2.DIFFICULTY_MEDIUM,
-    "hard": common_pb2.DIFFICULTY_HARD,
-}
 LIMIT_STATUSES = (sb.STATUS_MEMORY_LIMIT, sb.STATUS_OUTPUT_LIMIT, sb.STATUS_KILLED, sb.STATUS_CRASHED)
 SERVICE_NAME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
 
@@ -73,47 +63,14 @@ class RuntimeConfig:
     retry_after_ms: int = 1_000
 
 
-def tool_specs(record: EnvRecord) -> list[common_pb2.ToolSpec]:
-    return [
-        common_pb2.ToolSpec(name=t.name, signature=t.signature, text=t.text, json_schema=json.dumps(t.schema))
-        for t in record.tools
-    ]
-
-
 def session_seed(session_id: str) -> int:
     return int.from_bytes(hashlib.sha256(session_id.encode()).digest()[:8], "big") >> 1
 
 
-def decoder(message_type: type[Message]) -> Callable[[bytes], Any]:
-    def decode(data: bytes) -> Any:
-        try:
-            return message_type.FromString(data)
-        except DecodeError as exc:
-            return Undecodable(f"the request is not a valid {message_type.DESCRIPTOR.name}: {exc}")
-
-    return decode
-
-
 def add_to_server(servicer: RuntimeServicer, server: grpc.aio.Server) -> None:
-    """`add_RuntimeServiceServicer_to_server`, except that a request whose bytes do not decode
-    (invalid UTF-8 in a string, a corrupt message) reaches the servicer as `Undecodable` and is
-    answered INVALID_ARGUMENT; with the generated function gRPC answers it UNKNOWN by itself."""
-    handlers: dict[str, grpc.RpcMethodHandler] = {}
-    for method in rt.DESCRIPTOR.services_by_name["RuntimeService"].methods:
-        request_type = getattr(rt, method.input_type.name)
-        response_type = getattr(rt, method.output_type.name)
-        make = (
-            grpc.stream_stream_rpc_method_handler
-            if method.client_streaming
-            else grpc.unary_unary_rpc_method_handler
-        )
-        handlers[method.name] = make(
-            getattr(servicer, method.name),
-            request_deserializer=decoder(request_type),
-            response_serializer=response_type.SerializeToString,
-        )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+    """`add_RuntimeServiceServicer_to_server`, except that a request whose bytes do not decode is
+    answered INVALID_ARGUMENT (see `codegym.errors.add_lenient`)."""
+    add_lenient(servicer, server, rt.DESCRIPTOR.services_by_name["RuntimeService"], rt)
 
 
 class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
@@ -125,70 +82,13 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         config: RuntimeConfig | None = None,
     ) -> None:
         self.envs = envs
-        self.by_class: dict[str, list[str]] = {}
-        for env_id, record in envs.items():
-            self.by_class.setdefault(record.env_class, []).append(env_id)
-        self.sorted_ids = sorted(envs)
+        self.catalog = Catalog(envs)
         self.store = store
         self.dispatcher = dispatcher
         self.config = config or RuntimeConfig()
         self.releases: set[asyncio.Task[None]] = set()
 
     # ---- helpers ------------------------------------------------------------------------------
-
-    def _env(self, env_id: str) -> EnvRecord:
-        record = self.envs.get(env_id)
-        if record is None:
-            raise Refusal(
-                Reason.ENV_NOT_FOUND,
-                f"environment {shown(env_id)} is not in the library ({len(self.envs)} environments; see ListEnvs)",
-            )
-        return record
-
-    def _resolve_task(self, request: rt.CreateSessionRequest) -> tuple[EnvRecord, dict[str, Any]]:
-        """The environment and config the request names; INVALID_ARGUMENT for anything unreadable."""
-        which = request.WhichOneof("task")
-        try:
-            if which == "ability":
-                ability = parse_ability(request.ability)
-                return self._env(ability.env_id), ability.config
-            if which == "env_task":
-                task = request.env_task
-                if task.env_str:
-                    parsed = parse_env_str(task.env_str)
-                    if task.env_id and task.env_id not in (parsed.env_class,):
-                        if not task.env_id.endswith("__" + parsed.env_class):
-                            raise Refusal(
-                                Reason.INVALID_REQUEST,
-                                f"env string names {parsed.env_class}, which is not env {shown(task.env_id)}",
-                            )
-                        return self._env(task.env_id), parsed.config
-                    return self._env_by_class(parsed.env_class), parsed.config
-                if not task.env_id:
-                    raise Refusal(Reason.INVALID_REQUEST, "env_task needs env_id (or env_str)")
-                return self._env(task.env_id), parse_config(task.config_json or "{}")
-        except EnvStringError as exc:
-            raise Refusal(Reason.INVALID_REQUEST, f"bad task: {exc}") from None
-        except RecursionError:
-            raise Refusal(
-                Reason.INVALID_REQUEST,
-                f"bad task: config is nested deeper than {MAX_JSON_DEPTH} levels",
-            ) from None
-        except (ValueError, TypeError, MemoryError) as exc:  # e.g. an integer of more than 4300 digits
-            reason = str(exc).split("; use sys.", 1)[0]
-            raise Refusal(Reason.INVALID_REQUEST, f"bad task: config cannot be read: {reason}") from None
-        raise Refusal(Reason.INVALID_REQUEST, "name the task with ability or env_task")
-
-    def _env_by_class(self, env_class: str) -> EnvRecord:
-        ids = self.by_class.get(env_class, [])
-        if len(ids) > 1:
-            raise Refusal(
-                Reason.INVALID_REQUEST,
-                f"{env_class} is ambiguous ({', '.join(ids[:5])}); give env_id as {{code_id}}__{env_class}",
-            )
-        if not ids:
-            raise Refusal(Reason.ENV_NOT_FOUND, f"no environment class {shown(env_class)} in the library")
-        return self.envs[ids[0]]
 
     async def _session(self, session_id: str) -> Session:
         session = await self.store.get(session_id)
@@ -245,7 +145,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     # ---- sessions -----------------------------------------------------------------------------
 
     async def _create(self, request: rt.CreateSessionRequest) -> rt.CreateSessionResponse:
-        record, config = self._resolve_task(request)
+        record, config = self.catalog.resolve(request)
         config_json = self._config_json(config)
         options = request.options
         max_steps = options.max_steps or self.config.default_max_steps
@@ -327,7 +227,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 )
             if request.HasField("step_index") and request.step_index != session.step_index:
                 return self._retried(session, request.step_index)
-            record = self._env(session.env_id)
+            record = self.catalog.env(session.env_id)
             action, error = self._action(request, record)
             if error is None:
                 op = sb.Operation(
@@ -402,7 +302,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         await self._session(request.session_id)
         async with self._lock(request.session_id):
             session = await self._session(request.session_id)
-            record = self._env(session.env_id)
+            record = self.catalog.env(session.env_id)
             op = sb.Operation(
                 source=sb.SourceRef(sha256=record.sha256),
                 limits=sb.Limits(wall_ms=self.config.create_timeout_ms),
@@ -461,97 +361,12 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def BatchStep(
         self, request: rt.BatchStepRequest, context: grpc.aio.ServicerContext
     ) -> rt.BatchStepResponse:
-        steps = request.steps
-        if len(steps) > self.config.max_batch:
-            raise Refusal(
-                Reason.INVALID_REQUEST, f"batch of {len(steps)} steps (max {self.config.max_batch})"
-            )
-        ids = [s.session_id for s in steps]
-        if len(set(ids)) != len(ids):
-            raise Refusal(
-                Reason.INVALID_REQUEST, "a batch must name distinct sessions (one step per session)"
-            )
+        return await batch_step(request, self._entry, self.config.max_batch)
 
-        async def one(step: rt.StepRequest) -> rt.BatchStepResult:
-            response, code, message = await self._entry(step)
-            if response is None:
-                return rt.BatchStepResult(session_id=step.session_id, code=code, message=message)
-            return rt.BatchStepResult(session_id=step.session_id, response=response)
-
-        return rt.BatchStepResponse(results=await asyncio.gather(*(one(s) for s in steps)))
-
-    async def StepStream(
+    def StepStream(
         self, request_iterator: AsyncIterator[rt.StepStreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rt.StepStreamResponse]:
-        """Run every step sent as it arrives (at most `max_batch` at once) and answer each when done.
-
-        A request that cannot be decoded is answered INVALID_ARGUMENT in the stream when the server
-        decodes leniently (`add_to_server`); otherwise it ends the request side, and the call ends
-        INVALID_ARGUMENT once the steps already sent are answered.
-        """
-        answers: asyncio.Queue[rt.StepStreamResponse | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(self.config.max_batch)
-        running: set[asyncio.Task[None]] = set()
-        latest: dict[str, asyncio.Task[None]] = {}
-        broken: list[str] = []
-
-        async def one(item: rt.StepStreamRequest, before: asyncio.Task[None] | None) -> None:
-            if before is not None:
-                await asyncio.wait([before])  # this session's earlier step first
-            try:
-                response, code, message = await self._entry(item.step)
-            finally:
-                slots.release()
-            answer = rt.StepStreamResponse(session_id=item.step.session_id, tag=item.tag)
-            if response is None:
-                answer.code, answer.message = code, message
-            else:
-                answer.response.CopyFrom(response)
-            await answers.put(answer)
-
-        def forget(task: asyncio.Task[None]) -> None:
-            for sid, last in list(latest.items()):
-                if last is task:
-                    del latest[sid]
-
-        async def read() -> None:
-            try:
-                try:
-                    async for item in request_iterator:
-                        if isinstance(item, Undecodable):
-                            code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-                            await answers.put(rt.StepStreamResponse(code=code, message=clipped(item.reason)))
-                            continue
-                        await slots.acquire()
-                        sid = item.step.session_id
-                        task = asyncio.get_running_loop().create_task(one(item, latest.get(sid)))
-                        latest[sid] = task
-                        running.add(task)
-                        task.add_done_callback(running.discard)
-                        task.add_done_callback(forget)
-                except DecodeError as exc:  # gRPC decodes lazily here: the request side ends
-                    broken.append(f"a request is not a valid StepStreamRequest: {exc}")
-                await asyncio.gather(*list(running))
-            finally:
-                await answers.put(None)
-
-        reader = asyncio.get_running_loop().create_task(read())
-        try:
-            while (answer := await answers.get()) is not None:
-                yield answer
-            await reader
-            if broken:
-                raise Refusal(Reason.INVALID_REQUEST, broken[0])
-        except Refusal as exc:
-            await refuse(context, exc)
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise
-        except Exception:
-            await fail_internally(context, "StepStream")
-        finally:
-            reader.cancel()
-            for task in list(running):
-                task.cancel()
+        return step_stream(request_iterator, context, self._entry, self.config.max_batch)
 
     @guarded
     async def Reset(self, request: rt.ResetRequest, context: grpc.aio.ServicerContext) -> rt.ResetResponse:
@@ -589,34 +404,8 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def ListEnvs(
         self, request: rt.ListEnvsRequest, context: grpc.aio.ServicerContext
     ) -> rt.ListEnvsResponse:
-        size = min(request.page_size or 100, 1000)
-        ids = [i for i in self.sorted_ids if i.startswith(request.prefix) and i > request.page_token]
-        page = ids[:size]
-        return rt.ListEnvsResponse(
-            envs=[
-                rt.EnvSummary(
-                    env_id=i, tool_names=self.envs[i].tool_names, task_count=len(self.envs[i].tasks)
-                )
-                for i in page
-            ],
-            next_page_token=page[-1] if len(ids) > size else "",
-        )
+        return self.catalog.list_envs(request)
 
     @guarded
     async def GetEnv(self, request: rt.GetEnvRequest, context: grpc.aio.ServicerContext) -> rt.GetEnvResponse:
-        record = self._env(request.env_id)
-        return rt.GetEnvResponse(
-            env_id=record.env_id,
-            tools=tool_specs(record),
-            tools_text=record.tools_text,
-            task_text=record.task_text,
-            tasks=[
-                common_pb2.TaskConfig(
-                    env_id=t.env_id,
-                    config_json=t.config_json,
-                    difficulty=DIFFICULTY.get(t.difficulty, common_pb2.DIFFICULTY_UNSPECIFIED),
-                    solve_fc_round=t.solve_fc_round,
-                )
-                for t in record.tasks
-            ],
-        )
+        return self.catalog.get_env(request.env_id)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from codegym.errors import Reason, Refusal, guarded, guarded_stream
+from codegym.errors import Reason, Refusal, add_lenient, guarded, guarded_stream
 from codegym.grpcutil import ManagedServer
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
@@ -243,16 +243,21 @@ class SynthesisServer:
         self.gateway = LLMGateway(settings, self.cache)
         self.servicer = SynthesisServicer(self.gateway, out_dir, defaults)
         self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
-        sy_grpc.add_SynthesisServiceServicer_to_server(self.servicer, self.managed.server)
+        add_lenient(
+            self.servicer, self.managed.server, sy.DESCRIPTOR.services_by_name["SynthesisService"], sy
+        )
 
     @property
     def address(self) -> str:
         return self.managed.address
 
-    async def serve(self) -> None:
+    async def start(self) -> None:
         await self.managed.start()
-        print(f"synthesis listening on {self.address} (LLM {self.gateway.settings.base_url})", flush=True)
-        await self.managed.wait_for_signal()
-        await self.managed.drain(5.0)
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        await self.managed.drain(grace_s)
         await self.gateway.close()
         self.cache.close()
+
+    def banner(self) -> str:
+        return f"synthesis listening on {self.address} (LLM {self.gateway.settings.base_url})"

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import grpc
 
-from codegym.errors import Reason, Refusal, guarded
+from codegym.errors import Reason, Refusal, add_lenient, guarded
 from codegym.grpcutil import ManagedServer
 from codegym.sandbox_client import SandboxDispatcher, SandboxUnavailable
 from codegym.verification.v1 import verification_service_pb2 as vf
@@ -100,7 +100,9 @@ class VerificationServer:
         self.dispatcher = SandboxDispatcher(sandbox)
         self.servicer = VerificationServicer(Verifier(self.dispatcher))
         self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
-        vf_grpc.add_VerificationServiceServicer_to_server(self.servicer, self.managed.server)
+        add_lenient(
+            self.servicer, self.managed.server, vf.DESCRIPTOR.services_by_name["VerificationService"], vf
+        )
 
     @property
     def address(self) -> str:
@@ -113,8 +115,5 @@ class VerificationServer:
         await self.managed.drain(grace_s)
         await self.dispatcher.close()
 
-    async def serve(self) -> None:
-        await self.start()
-        print(f"verification listening on {self.address}", flush=True)
-        await self.managed.wait_for_signal()
-        await self.stop()
+    def banner(self) -> str:
+        return f"verification listening on {self.address}"
