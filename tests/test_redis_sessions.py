@@ -4,68 +4,52 @@ Two runtime replicas over two sandbox workers share sessions in Redis; a trainer
 round_robin. Killing one replica mid-run loses no episode and applies no step twice (a client that
 lost a reply sends the step again with its step index); Redis going away gives a clear
 UNAVAILABLE, and the stack serves again when it is back.
+
+The step lease: a step longer than the lease keeps it (renewed), so the other replica's step of
+that session waits for it; a replica frozen past its lease loses the session to the other one,
+and what its step does when it wakes up (fail or succeed) changes nothing; a killed replica's
+lease expires. Replicas there get one sandbox worker each, so a step the other replica serves runs
+in another worker (what made a late write-back a rollback), never queued behind the first step.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import logging
+import os
 import re
 import shutil
 import signal
-import socket
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+from redis import Redis as RedisClient
 
 from clients.runtime_client import create_request
 from codegym.grpcutil import sync_channel
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from services.runtime.library import Library
-from tests.conftest import ENV_DIR, EXAMPLES
-from tests.helpers.servers import ServerProcess
+from services.runtime.redis_store import RedisSessionStore
+from services.runtime.sessions import InMemorySessionStore, Session
+from tests.conftest import ENV_DIR, EXAMPLES, ROOT
+from tests.helpers.servers import Redis, ServerProcess
 
 TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
 RUNTIME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
+# CounterEnv: Add/Observe/Done, and Slow(ms), a tool that sleeps (a step as long as we want).
+COUNTER = "Test_0001_I__CounterEnv"
+COUNTER_PATH = ROOT / "tests" / "fixtures" / "runtime_envs" / f"{COUNTER}.py"
 
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
-
-
-class Redis:
-    """A redis-server on a free loopback port with an append-only file (so a restart keeps sessions)."""
-
-    def __init__(self, folder: Path, port: int = 0) -> None:
-        if not port:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                port = probe.getsockname()[1]
-        self.port, self.folder = port, folder
-        self.url = f"redis://127.0.0.1:{port}/0"
-        self.proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", str(folder), "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +57,8 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("redis") / "library.db"
     with Library(path) as lib:
         lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+        report = lib.import_paths([COUNTER_PATH])
+    assert report.skipped == []
     return path
 
 
@@ -95,10 +81,10 @@ def workers() -> Iterator[str]:
             proc.stop()
 
 
-def replica(library: Path, workers: str, redis: Redis) -> ServerProcess:
+def replica(library: Path, workers: str, redis: Redis, lease_s: float = 2.0) -> ServerProcess:
     return ServerProcess(
         ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", workers,
-         "--sessions", redis.url, "--step-lease-s", "2"]
+         "--sessions", redis.url, "--step-lease-s", str(lease_s)]
     )  # fmt: skip
 
 
@@ -323,3 +309,288 @@ def test_codegym_up_with_two_runtimes_shares_sessions(tmp_path: Path) -> None:
                 c.close()
     finally:
         assert up.stop() == 0
+
+
+# --- The step lease and what a step writes -------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)
+
+
+def call(stub: rt_grpc.RuntimeServiceStub, session_id: str, name: str, index: int | None = None,
+         **parameters: Any) -> rt.StepResponse:  # fmt: skip
+    action = json.dumps({"name": name, "parameters": parameters})
+    request = rt.StepRequest(session_id=session_id, action_json=action)
+    if index is not None:
+        request.step_index = index
+    response: rt.StepResponse = stub.Step(request, timeout=60)
+    return response
+
+
+class Watch:
+    """Redis MONITOR in a thread: `seen` is set once commands starting with `prefixes` were run,
+    in that order (by anyone). How a test knows where a replica is inside a step without sleeping."""
+
+    def __init__(self, url: str, *prefixes: str) -> None:
+        self.client = RedisClient.from_url(url)
+        self.seen, self.ready = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._watch, args=(list(prefixes),), daemon=True)
+        self.thread.start()
+        assert self.ready.wait(10), "MONITOR did not start"
+
+    def _watch(self, prefixes: list[str]) -> None:
+        try:
+            with self.client.monitor() as monitor:
+                self.ready.set()
+                while prefixes:
+                    if str(monitor.next_command()["command"]).startswith(prefixes[0]):
+                        prefixes.pop(0)
+                self.seen.set()
+        except Exception:  # redis-server stopped under a failed test: nothing left to watch
+            self.ready.set()
+        finally:
+            self.client.close()
+
+
+class Pair:
+    """Two replicas on one Redis, each with its own sandbox worker, and a stub for each."""
+
+    def __init__(self, library: Path, workers: str, redis: Redis, lease_s: float) -> None:
+        first, second = workers.split(",")
+        self.a = replica(library, first, redis, lease_s)
+        try:
+            self.b = replica(library, second, redis, lease_s)
+        except BaseException:
+            self.a.stop()
+            raise
+        self.channels = [grpc.insecure_channel(self.a.address), grpc.insecure_channel(self.b.address)]
+        self.stub_a, self.stub_b = (rt_grpc.RuntimeServiceStub(c) for c in self.channels)
+        self.url = redis.url
+        self.redis = RedisClient.from_url(redis.url)
+
+    def counter(self, target: int, step_timeout_ms: int = 0) -> str:
+        created = self.stub_b.CreateSession(
+            create_request(env_id=COUNTER, config={"target": target}, step_timeout_ms=step_timeout_ms),
+            timeout=60,
+        )
+        return str(created.session_id)
+
+    def leased(self, session_id: str) -> bool:
+        """Whether some replica holds the session's step lease right now."""
+        return bool(self.redis.exists(f"codegym:lock:{session_id}"))
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+        self.redis.close()
+        for proc in (self.a, self.b):
+            if proc.proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)  # a test that failed with a frozen replica
+            proc.stop()
+
+
+@pytest.fixture
+def pair(library: Path, workers: str, redis: Redis) -> Iterator[Pair]:
+    replicas = Pair(library, workers, redis, lease_s=1.0)
+    try:
+        yield replicas
+    finally:
+        replicas.close()
+
+
+def test_a_step_longer_than_the_lease_keeps_it_and_the_other_replica_waits(pair: Pair) -> None:
+    """Lease 1 s, a 3 s step on replica A: the lease is renewed, so B's step of the same session
+    starts only after A's step is committed and sees its result. (Unrenewed, the lease would run
+    out after 1 s and B would step from the state before A's step, in its own worker.)"""
+    session = pair.counter(target=3)
+    assert call(pair.stub_b, session, "Add", 0, amount=1).step_index == 1
+    with ThreadPoolExecutor(1) as pool:
+        started = time.monotonic()
+        slow = pool.submit(call, pair.stub_a, session, "Slow", ms=3000)
+        wait_until(lambda: pair.leased(session), 10, "replica A to take the step lease")
+        second = call(pair.stub_b, session, "Observe")
+        waited = time.monotonic() - started
+        first = slow.result(60)
+    assert not first.HasField("error") and (first.step_index, first.observation) == (2, "2")
+    assert not second.HasField("error")
+    assert (second.step_index, second.observation) == (3, "2")  # after A's step, with its state
+    assert waited >= 2.5  # B was held for the whole step, well past the 1 s lease
+    stored = pair.stub_a.GetSession(rt.GetSessionRequest(session_id=session), timeout=30)
+    assert stored.step_index == 3
+
+
+def test_a_killed_replicas_lease_expires_after_at_most_the_lease(pair: Pair) -> None:
+    """SIGKILL of A under a long step: B takes the session once the 1 s lease ran out, and A's
+    step, never committed, is not part of the session."""
+    session = pair.counter(target=3)
+    assert call(pair.stub_b, session, "Add", 0, amount=1).step_index == 1
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(call, pair.stub_a, session, "Slow", ms=5000)
+        wait_until(lambda: pair.leased(session), 10, "replica A to take the step lease")
+        pair.a.proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        after = call(pair.stub_b, session, "Observe", 1)
+        waited = time.monotonic() - killed
+        with pytest.raises(grpc.RpcError) as lost:
+            slow.result(60)
+    assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert (after.step_index, after.observation) == (2, "1")
+    assert waited < 1.0 + 1.5, waited  # the lease, plus a cold step in B's worker
+
+
+@pytest.mark.parametrize(
+    ("late_tool", "late_parameters"),
+    [("Slow", {"ms": 6000}), ("Slow", {"ms": 800})],
+    ids=["late-failure", "late-success"],
+)
+def test_a_replica_frozen_past_its_lease_changes_nothing_when_it_wakes(
+    pair: Pair, late_tool: str, late_parameters: dict[str, int]
+) -> None:
+    """A takes the lease for a step and freezes (SIGSTOP) past the lease; B steps the session on
+    and commits; A wakes up and its step ends, failed (timed out) or succeeded. Neither touches
+    the session: its step index, state and reward are B's commit's."""
+    session = pair.counter(target=3, step_timeout_ms=3000)
+    assert call(pair.stub_b, session, "Add", 0, amount=1).observation == "1"
+    # A's step has started once Redis served the session to A under A's lease: freeze A then, so it
+    # steps from step 1 whatever happens meanwhile.
+    reread = Watch(pair.url, f"SET codegym:lock:{session}", f"HGETALL codegym:session:{session}")
+    with ThreadPoolExecutor(1) as pool:
+        late: Future[rt.StepResponse] = pool.submit(
+            call, pair.stub_a, session, late_tool, 1, **late_parameters
+        )
+        assert reread.seen.wait(10), "replica A did not read the session under its lease"
+        os.kill(pair.a.pid, signal.SIGSTOP)
+        try:
+            frozen = time.monotonic()
+            committed = call(pair.stub_b, session, "Add", 1, amount=2)  # waits for A's lease to run out
+            waited = time.monotonic() - frozen
+            assert not late.done()
+        finally:
+            os.kill(pair.a.pid, signal.SIGCONT)
+        if late_parameters["ms"] > 3000:
+            answer = late.result(60)  # the step's own failure, answered to A's caller, not applied
+            assert answer.error.code == rt.STEP_ERROR_CODE_STEP_TIMEOUT and answer.step_index == 1
+        else:
+            with pytest.raises(grpc.RpcError) as refused:
+                late.result(60)
+            assert refused.value.code() == grpc.StatusCode.ABORTED
+    assert not committed.HasField("error") and (committed.step_index, committed.observation) == (2, "3")
+    assert waited < 1.0 + 1.5, waited
+    for stub in (pair.stub_a, pair.stub_b):
+        stored = stub.GetSession(rt.GetSessionRequest(session_id=session), timeout=30)
+        assert (stored.step_index, stored.reward, stored.status) == (2, 0.0, rt.SESSION_STATUS_ACTIVE)
+    observed = call(pair.stub_a, session, "Observe", 2)
+    assert (observed.step_index, observed.observation) == (3, "3")  # B's state, on A too
+    done = call(pair.stub_a, session, "Done", 3, answer=3)
+    assert (done.step_index, done.reward, done.done) == (4, 1.0, True)
+
+
+# --- The same properties at the store: what touch, commit and the lease write ------------------
+
+
+def stored_session(session_id: str, step_index: int, state: bytes) -> Session:
+    return Session(
+        session_id=session_id, env_id=COUNTER, config_json='{"target": 3}', state=state, max_steps=256,
+        step_timeout_ms=5000, seed=7, step_index=step_index, reward=0.25 * step_index,
+        last_reply=b"reply %d" % step_index,
+    )  # fmt: skip
+
+
+async def test_a_stale_touch_changes_nothing_in_redis(redis: Redis) -> None:
+    """A failed step's touch from step index 1, after another replica committed step 2, is
+    refused and leaves the stored session as committed (its TTL too); the current one renews only
+    the TTL; a session gone stays gone."""
+    store = RedisSessionStore(redis.url, ttl_s=60)
+    try:
+        await store.put(stored_session("s", 1, b"one"))
+        stale = await store.get("s")
+        assert stale is not None
+        assert await store.commit(stored_session("s", 2, b"two"), 1)
+        key = store.key("s")
+        await store.redis.pexpire(key, 5000)
+        before = await store.redis.hgetall(key)
+
+        assert not await store.touch(stale, 1)
+        assert await store.redis.hgetall(key) == before
+        assert await store.redis.pttl(key) <= 5000
+        now = await store.get("s")
+        assert now is not None
+        assert (now.step_index, now.state, now.reward, now.last_reply) == (2, b"two", 0.5, b"reply 2")
+
+        assert await store.touch(dataclasses.replace(stale, step_index=2), 2)  # carries stale state
+        assert await store.redis.hgetall(key) == before  # ... which is not written
+        assert await store.redis.pttl(key) > 5000
+
+        assert await store.delete("s")
+        assert not await store.touch(now, 2)
+        assert not await store.redis.exists(key)
+    finally:
+        await store.close()
+
+
+async def test_a_stale_touch_changes_nothing_in_memory() -> None:
+    store = InMemorySessionStore()
+    await store.put(stored_session("s", 1, b"one"))
+    assert await store.commit(stored_session("s", 2, b"two"), 1)
+    await store.put(stored_session("t", 0, b"other"))  # now the most recently used
+    stale = stored_session("s", 1, b"one")
+    stale.touch(time.monotonic() + 1000)
+    assert not await store.touch(stale, 1)
+    now = await store.get("s")
+    assert now is not None and (now.step_index, now.state) == (2, b"two") and now.last_used < stale.last_used
+    assert await store.expire(0) == ["s", "t"]  # oldest used first: the refused touch renewed nothing
+    assert not await store.touch(stale, 2)  # gone
+
+
+async def test_a_lease_is_renewed_and_a_lost_one_refuses_the_commit(
+    redis: Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Lease 0.3 s: held for 1.2 s it is still ours and another store (replica) waits for it; taken
+    over by another holder, the commit is refused even at the right step index, and neither our
+    renewal nor our release touches the new holder's lease."""
+    caplog.set_level(logging.WARNING, logger="services.runtime.redis_store")
+    mine = RedisSessionStore(redis.url, ttl_s=60, lease_s=0.3)
+    other = RedisSessionStore(redis.url, ttl_s=60, lease_s=0.3)
+    try:
+        await mine.put(stored_session("s", 1, b"one"))
+        entered = asyncio.Event()
+        order: list[str] = []
+
+        async def second() -> None:
+            await entered.wait()
+            async with other.lock("s"):
+                order.append("other")
+
+        waiting = asyncio.create_task(second())
+        async with mine.lock("s"):
+            entered.set()
+            ends = time.monotonic() + 1.2  # a step four times the lease
+            while time.monotonic() < ends:
+                assert not waiting.done()
+                await asyncio.sleep(0.05)
+            assert await mine.commit(stored_session("s", 2, b"two"), 1)
+            order.append("mine")
+        await asyncio.wait_for(waiting, 10)
+        assert order == ["mine", "other"]
+
+        lock = mine.lock_key("s")
+        async with mine.lock("s"):
+            await mine.redis.set(lock, "taken-over", px=60_000)  # as if ours expired and B took it
+            assert not await mine.commit(stored_session("s", 3, b"three"), 2)  # the token check
+            deadline = time.monotonic() + 5
+            while "lease codegym:lock:s lost" not in caplog.text:  # the next renewal tick finds out
+                assert time.monotonic() < deadline, "renewal did not notice the lost lease"
+                await asyncio.sleep(0.01)
+            assert not await mine.commit(stored_session("s", 3, b"three"), 2)  # refused before Redis
+            assert await mine.redis.pttl(lock) > 58_000  # renewal did not shorten the new holder's
+        assert await mine.redis.get(lock) == b"taken-over"  # our release left it alone
+        stored = await mine.get("s")
+        assert stored is not None and (stored.step_index, stored.state) == (2, b"two")
+    finally:
+        await mine.close()
+        await other.close()

@@ -3,10 +3,17 @@
 A session is a Redis hash (`codegym:session:{id}`) with the idle TTL as the key's expiry, renewed
 on every write; a sorted set indexes live sessions by expiry time for counting and for reporting
 expiries. Steps of one session are serialized across replicas by a lease (`SET NX PX` with a
-random token, released only by its holder): a replica that dies mid-step blocks the session for
-at most the lease. A step's result is committed only if the session is still at the step index
-the step started from (a check-and-set in one Lua script), so a step is applied at most once even
-when a lease ran out under a slow replica.
+random token, released only by its holder). The holder renews its lease every third of its length
+while the step runs, so a step longer than the lease (steps may run 60 s, the lease is 30 s by
+default) keeps it; a replica that dies stops renewing, so its session is free again after at most
+the lease.
+
+A replica can still lose its lease while it lives (frozen, or cut off from Redis, for longer than
+the lease), and another replica may then step the session. So nothing a step writes is
+unconditional: its result is committed only if the session is still at the step index the step
+started from *and* the step's lease is still held (one Lua script; a renewal that found the lease
+gone refuses the commit at once), and a failed step only renews the session's TTL, again only at
+the step index it started from, never writing the state back over a newer one.
 
 Redis being unreachable is `StoreUnavailable`, which the runtime answers as UNAVAILABLE.
 """
@@ -15,9 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -25,14 +35,26 @@ from redis.exceptions import RedisError
 
 from services.runtime.sessions import Session, StoreUnavailable
 
+log = logging.getLogger(__name__)
+
 FIELDS = (
     "env_id", "config_json", "state", "max_steps", "step_timeout_ms", "seed", "step_index", "reward", "done",
     "truncated", "last_reply",
 )  # fmt: skip
-# Replace the hash only if its step_index is still ARGV[1]; then renew the expiry and the index.
+# Replace the hash only if its step_index is still ARGV[1] and, when a lease token is given
+# (ARGV[5]), the step lease KEYS[3] still holds it; then renew the expiry and the index.
 COMMIT = """
 if redis.call('HGET', KEYS[1], 'step_index') ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 5))
+if ARGV[5] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[5] then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+return 1
+"""
+# Renew only the expiry (the idle TTL) and the index, if the step_index is still ARGV[1]: what a
+# failed step writes. The hash itself (state, step_index, reward, done...) is never touched.
+TOUCH = """
+if redis.call('HGET', KEYS[1], 'step_index') ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 return 1
@@ -41,6 +63,26 @@ RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# Extend the lease only while it is still ours (same token); 0 means it was lost.
+EXTEND = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+
+
+@dataclass(slots=True)
+class _Lease:
+    """A step lease this task holds: the lock key, its token, and whether renewal found it gone."""
+
+    name: str
+    token: str
+    lost: bool = False
+
+
+# The lease held by the running task, set by `lock()` for the length of its block: `commit` reads
+# it, so the protocol's `commit(session, step_index)` needs no lease argument, and two steps of one
+# session in one replica (which wait for each other in Redis) never see each other's lease.
+_LEASE: contextvars.ContextVar[_Lease | None] = contextvars.ContextVar("codegym_step_lease", default=None)
 
 
 def _mapping(session: Session) -> dict[Any, Any]:
@@ -69,12 +111,20 @@ class RedisSessionStore:
         self.prefix = prefix
         self.index = f"{prefix}sessions"
         self._commit = self.redis.register_script(COMMIT)
+        self._touch = self.redis.register_script(TOUCH)
         self._release = self.redis.register_script(RELEASE)
+        self._extend = self.redis.register_script(EXTEND)
+        self._renewals: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps weak ones)
 
     def key(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}"
 
+    def lock_key(self, session_id: str) -> str:
+        return f"{self.prefix}lock:{session_id}"
+
     async def close(self) -> None:
+        for renewal in list(self._renewals):
+            renewal.cancel()
         await self.redis.aclose()
 
     @contextlib.asynccontextmanager
@@ -116,16 +166,36 @@ class RedisSessionStore:
             await pipe.execute()
 
     async def commit(self, session: Session, expected_step_index: int) -> bool:
+        """The step's result, if the session is still at `expected_step_index` and, inside `lock()`,
+        the lease is still this step's: a step whose lease ran out is not applied even when nobody
+        stepped meanwhile, because the replica that holds the lease now may be stepping from the
+        same index."""
+        token = ""
+        lease = _LEASE.get()
+        if lease is not None and lease.name == self.lock_key(session.session_id):
+            if lease.lost:
+                return False
+            token = lease.token
         args: list[Any] = [
             expected_step_index,
             self.ttl_ms,
             time.time() + self.ttl_ms / 1000,
             session.session_id,
+            token,
         ]
         for name, value in _mapping(session).items():
             args += [name, value]
+        keys = [self.key(session.session_id), self.index, self.lock_key(session.session_id)]
         async with self._calls():
-            done = await self._commit(keys=[self.key(session.session_id), self.index], args=args)
+            done = await self._commit(keys=keys, args=args)
+        return bool(done)
+
+    async def touch(self, session: Session, step_index: int) -> bool:
+        """Renew the session's TTL if it is still at `step_index`; nothing else is written (see
+        `SessionStore.touch`). A session gone from Redis stays gone."""
+        args: list[Any] = [step_index, self.ttl_ms, time.time() + self.ttl_ms / 1000, session.session_id]
+        async with self._calls():
+            done = await self._touch(keys=[self.key(session.session_id), self.index], args=args)
         return bool(done)
 
     async def delete(self, session_id: str) -> bool:
@@ -152,8 +222,12 @@ class RedisSessionStore:
 
     @contextlib.asynccontextmanager
     async def lock(self, session_id: str, wait_s: float = 60.0) -> AsyncIterator[None]:
-        """The session's step lease, across replicas; waits up to `wait_s` for the holder."""
-        name = f"{self.prefix}lock:{session_id}"
+        """The session's step lease, across replicas; waits up to `wait_s` for the holder.
+
+        Renewed in the background while the block runs, so it outlives any step of a live replica
+        and no longer than `lease_s` a dead one. Losing it anyway (see the module's docstring)
+        makes `commit` refuse the step's result."""
+        name = self.lock_key(session_id)
         token = secrets.token_hex(8)
         deadline = time.monotonic() + wait_s
         delay = 0.002
@@ -163,8 +237,37 @@ class RedisSessionStore:
                     raise StoreUnavailable(f"session {session_id} is busy (its step lease was not released)")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.05)
+        lease = _Lease(name, token)
+        renewal = asyncio.get_running_loop().create_task(self._renew(lease))
+        self._renewals.add(renewal)
+        renewal.add_done_callback(self._renewals.discard)
+        held = _LEASE.set(lease)
         try:
             yield
         finally:
-            with contextlib.suppress(RedisError, OSError):
-                await self._release(keys=[name], args=[token])
+            # Not awaited: a step being cancelled must still reach the release below.
+            renewal.cancel()
+            try:
+                with contextlib.suppress(RedisError, OSError):
+                    await self._release(keys=[name], args=[token])
+            finally:
+                _LEASE.reset(held)
+
+    async def _renew(self, lease: _Lease) -> None:
+        """Extend `lease` every third of its length until cancelled or found lost.
+
+        An unreachable Redis is tried again at the next tick: if the lease expired meanwhile, the
+        first answer after that says so (and the commit checks the token itself anyway)."""
+        interval = self.lease_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                extended = await self._extend(keys=[lease.name], args=[lease.token, self.lease_ms])
+            except (RedisError, OSError):
+                continue
+            if not extended:
+                lease.lost = True
+                log.warning(
+                    "step lease %s lost while its step ran; the step will not be committed", lease.name
+                )
+                return

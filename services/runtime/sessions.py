@@ -3,8 +3,13 @@
 A session is plain data (ids, the task config, the opaque state bytes made by a jail, counters), so
 a store can be a dict here or Redis for several runtime replicas (redis_store.py): the
 `SessionStore` protocol is all the service relies on: get, put, delete, count, expire, a per-session
-lock that serializes steps (a lease across replicas in Redis) and a commit that applies a step's
-result only if the session is still at the step index the step started from.
+lock that serializes steps (a lease across replicas in Redis), a commit that applies a step's
+result only if the session is still at the step index the step started from, and a touch that
+renews only the session's idle time under the same condition.
+
+Only `put` writes unconditionally, and only what creates or resets a session uses it: anything a
+step writes is conditional, because with several replicas the step that wrote last is not
+necessarily the one that started last (a replica can stall past its lease while another steps on).
 """
 
 from __future__ import annotations
@@ -18,8 +23,10 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from codegym.errors import Unavailable
 
-class StoreUnavailable(RuntimeError):
+
+class StoreUnavailable(Unavailable):
     """The session store cannot be reached (Redis down): the runtime answers UNAVAILABLE."""
 
 
@@ -60,6 +67,15 @@ class SessionStore(Protocol):
         """Store a step's result if the stored session is still at `expected_step_index`."""
         ...
 
+    async def touch(self, session: Session, step_index: int) -> bool:
+        """Renew the session's idle time (its `last_used`, in Redis its TTL) and nothing else, if the
+        stored session is still at `step_index`; False (nothing written) otherwise.
+
+        What a failed step, or anything else that does not advance the session, writes: writing the
+        whole session back instead would roll back a step another replica committed meanwhile.
+        """
+        ...
+
     def lock(self, session_id: str) -> AbstractAsyncContextManager[None]:
         """Held while a step of the session runs."""
         ...
@@ -91,6 +107,14 @@ class InMemorySessionStore:
         if self._committed.get(session.session_id) != expected_step_index:
             return False
         await self.put(session)
+        return True
+
+    async def touch(self, session: Session, step_index: int) -> bool:
+        stored = self._sessions.get(session.session_id)
+        if stored is None or self._committed.get(session.session_id) != step_index:
+            return False
+        stored.last_used = max(stored.last_used, session.last_used)
+        self._sessions.move_to_end(session.session_id)  # expiry reads the dict oldest-used first
         return True
 
     @contextlib.asynccontextmanager
