@@ -363,10 +363,12 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     ) -> rt.BatchStepResponse:
         return await batch_step(request, self._entry, self.config.max_batch)
 
-    def StepStream(
+    async def StepStream(
         self, request_iterator: AsyncIterator[rt.StepStreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rt.StepStreamResponse]:
-        return step_stream(request_iterator, context, self._entry, self.config.max_batch)
+        # An async generator function itself: gRPC tells streaming handlers apart by that.
+        async for answer in step_stream(request_iterator, context, self._entry, self.config.max_batch):
+            yield answer
 
     @guarded
     async def Reset(self, request: rt.ResetRequest, context: grpc.aio.ServicerContext) -> rt.ResetResponse:
