@@ -71,6 +71,10 @@ return 0
 
 
 @dataclass(slots=True)
+# Longer than a live holder can keep a session's lease: a step of at most 60 s, which a worker may
+# run twice (once more cold after a failure from outside, see sandbox_worker/pool.py), plus slack.
+LOCK_WAIT_S = 2 * 60.0 + 15.0
+
 class _Lease:
     """A step lease this task holds: the lock key, its token, and whether renewal found it gone."""
 
@@ -221,7 +225,7 @@ class RedisSessionStore:
         return gone
 
     @contextlib.asynccontextmanager
-    async def lock(self, session_id: str, wait_s: float = 60.0) -> AsyncIterator[None]:
+    async def lock(self, session_id: str, wait_s: float = LOCK_WAIT_S) -> AsyncIterator[None]:
         """The session's step lease, across replicas; waits up to `wait_s` for the holder.
 
         Renewed in the background while the block runs, so it outlives any step of a live replica
