@@ -70,11 +70,12 @@ return 0
 """
 
 
-@dataclass(slots=True)
 # Longer than a live holder can keep a session's lease: a step of at most 60 s, which a worker may
 # run twice (once more cold after a failure from outside, see sandbox_worker/pool.py), plus slack.
 LOCK_WAIT_S = 2 * 60.0 + 15.0
 
+
+@dataclass(slots=True)
 class _Lease:
     """A step lease this task holds: the lock key, its token, and whether renewal found it gone."""
 
