@@ -7,13 +7,13 @@ strings with Python literals), and must be an object.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from codegym.contract.errors import EnvStringError
+from sandbox_worker.inside import values
 
 ABILITY_PREFIX = "codegym_v1"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -47,23 +47,12 @@ class Ability:
 
 
 def parse_config(text: str) -> dict[str, Any]:
-    """A task config: a JSON object, or a Python dict literal."""
-    if not text.strip():
-        raise EnvStringError("config is empty (expected a JSON object)")
+    """A task config: a JSON object, or a Python dict literal, with string keys. The rule lives with
+    the jail's code (`sandbox_worker.inside.values`), which builds environments from the same text."""
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as json_exc:
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            raise EnvStringError(
-                f"config is neither JSON nor a Python literal: {json_exc.msg} at position {json_exc.pos}"
-            ) from None
-    if not isinstance(value, dict):
-        raise EnvStringError(f"config must be an object, got {type(value).__name__}")
-    if not all(isinstance(k, str) for k in value):
-        raise EnvStringError("config keys must be strings")
-    return value
+        return values.parse_config(text)
+    except values.ConfigError as exc:
+        raise EnvStringError(str(exc)) from None
 
 
 def split_env_id(env_id: str) -> tuple[str, str]:

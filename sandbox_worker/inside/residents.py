@@ -1,0 +1,114 @@
+"""A forked child's life, and resident sessions: a child that keeps one session's live environment
+between steps.
+
+Every child is forked before its request arrives (the spare), waits for one request and serves it
+(`operations`). When the request asks for residency (a session's create or cold step) and it
+succeeded, the child stays: it keeps the env object and serves the session's next steps from its
+request pipe, with no fork and no unpickling. One session per process, never two, so sessions
+never share an interpreter.
+
+The zygote decides whether a step may go to the resident child: only when the state the worker
+sent (the runtime's committed state) is the one the child holds, compared by sha256. Anything else
+(first step, eviction, a step that failed, another worker) runs cold. A step that fails in a
+resident child ends the child, so a later step restarts from the committed state: trial then
+commit holds because the child's own copy is never trusted after a failure.
+"""
+
+import contextlib
+import json
+import os
+import resource
+import select
+import time
+import types
+from collections.abc import Mapping
+
+from . import frames
+from .operations import cpu_seconds, encode_result, run_request, warm_up
+
+
+class Resident:
+    """A resident session's process, as the zygote sees it."""
+
+    __slots__ = ("last_used", "pid", "pidfd", "req_w", "res_r", "uid", "version")
+
+    def __init__(self, pid: int, req_w: int, res_r: int, version: str, uid: int) -> None:
+        self.pid = pid
+        self.uid = uid
+        self.req_w = req_w
+        self.res_r = res_r
+        self.version = version
+        self.last_used = time.monotonic()
+        # Kept open for the session's life: readable once the process has exited.
+        self.pidfd = os.pidfd_open(pid)
+
+    def exited(self) -> bool:
+        ready, _, _ = select.select([self.pidfd], [], [], 0)
+        return bool(ready)
+
+
+def limit_cpu(step_cpu_ms: int) -> None:
+    """This step's CPU allowance on top of what the process used so far (RLIMIT_CPU is cumulative).
+
+    The hard limit stays unlimited for a resident child so the soft one can move up every step;
+    passing the soft limit raises SIGXCPU, which ends the child (a CPU timeout). The zygote's
+    wall-clock watchdog bounds the step whatever the child does with its limits.
+    """
+    allowance = max(1, -(-step_cpu_ms // 1000))
+    soft = int(cpu_seconds()) + allowance + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+
+
+def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType], base_vm_bytes: int) -> None:
+    """A spare child: wait for one request, serve it, report; exit, or stay as a resident session.
+
+    `base_vm_bytes`: the zygote's address space, which the child inherits and its memory limit
+    comes on top of."""
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    with contextlib.suppress(Exception):
+        warm_up()
+    try:
+        body = frames.read_body(req_fd)
+        req = json.loads(body) if body is not None else None
+    except ValueError:
+        req = None
+    if not isinstance(req, dict):
+        os._exit(0)
+    limits = req["limits"]
+    if req.get("resident"):
+        limit_cpu(limits["cpu_ms"])
+    else:
+        cpu_s = max(1, -(-limits["cpu_ms"] // 1000))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
+    memory = base_vm_bytes + limits["memory_mb"] * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    result, child = run_request(req, codes, None)
+    frames.write_all(result_fd, frames.frame(encode_result(result)))
+    if not (
+        req.get("resident") and result.get("status") == "ok" and child is not None and child.env is not None
+    ):
+        os._exit(0)
+    # Resident: serve the session's steps until the zygote closes the pipe (eviction) or a step
+    # fails. Idle eviction is the zygote's decision, never the child's: a child that left on its
+    # own would fail the next step sent to it.
+    while True:
+        try:
+            body = frames.read_body(req_fd)
+        except ValueError:
+            body = None
+        if body is None:
+            break
+        try:
+            step_req = json.loads(body)
+            limit_cpu(step_req["limits"]["cpu_ms"])
+        except (ValueError, KeyError, TypeError) as exc:
+            bad = {"status": "bad_request", "message": f"bad resident request: {exc}"}
+            frames.write_all(result_fd, frames.frame(encode_result(bad)))
+            break
+        out, _ = run_request(step_req, codes, child)
+        frames.write_all(result_fd, frames.frame(encode_result(out)))
+        if out.get("status") != "ok":
+            break
+    os._exit(0)

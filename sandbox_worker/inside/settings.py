@@ -1,0 +1,32 @@
+"""What a jail is told once, when it starts: the settings every request in it obeys.
+
+The worker builds these from its flags (`codegym serve sandbox --help`) and passes them as the
+zygote's one argument (JSON), so a resident cap or idle time above the defaults holds for every
+operation, not only for those that happen to carry it.
+"""
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class JailSettings:
+    # Resident sessions per jail, and how long one may sit idle before its process is ended.
+    resident_cap: int = 64
+    resident_idle_s: float = 300.0
+    # A resident session idle this long may give its place to a new one when the jail is full.
+    admit_idle_s: float = 2.0
+    # Compiled sources the zygote keeps (least recently used out first); the worker mirrors it.
+    code_cache_size: int = 128
+    # Largest result a child may report.
+    max_result_bytes: int = 32 * 1024 * 1024
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "JailSettings":
+        given: dict[str, Any] = json.loads(text) if text else {}
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in given.items() if k in known})

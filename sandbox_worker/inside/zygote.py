@@ -1,0 +1,316 @@
+"""The zygote: the long-lived process inside a jail that forks one child per request.
+
+Runs as `python -m inside.zygote SETTINGS_JSON` with `/sandbox` on the path (the package is
+mounted there; see `sandbox_worker/limits.py`). It talks to the trusted worker over its
+stdin/stdout with length-prefixed JSON frames (`frames`) and answers one request at a time; after
+each, every process of the jail that is not the zygote, the spare or a resident session is killed
+and /tmp is wiped (`hygiene`), so nothing a request starts outlives it.
+"""
+
+import collections
+import contextlib
+import gc
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+import types
+from typing import Any
+
+from . import frames
+from .hygiene import FULL_SCAN_EVERY, Jail, become, kill_leftovers, last_pid, vm_bytes, wipe_tmp
+from .residents import Resident, child_main
+from .settings import JailSettings
+from .watchdog import collect
+
+PRELOAD = (
+    "gymnasium",
+    "numpy",
+    "ast",
+    "bisect",
+    "collections",
+    "copy",
+    "dataclasses",
+    "fractions",
+    "functools",
+    "heapq",
+    "itertools",
+    "math",
+    "operator",
+    "random",
+    "re",
+    "statistics",
+    "string",
+    "typing",
+)
+# Highest fd a forked child may have inherited (the jail's RLIMIT_NOFILE is below it).
+MAX_FDS = 1024
+
+
+class Zygote:
+    """Serves requests one at a time: one-shot operations in a child forked *before* the request
+    arrived, steps of resident sessions in that session's own child.
+
+    Forking a process that has numpy and gymnasium loaded costs over a millisecond; doing it (and
+    reaping the previous child) after answering keeps it off the request's latency. A session's
+    steps after its first skip the fork altogether (resident.py).
+    """
+
+    def __init__(self, settings: JailSettings, base_vm_bytes: int) -> None:
+        self.settings = settings
+        self.base_vm_bytes = base_vm_bytes
+        self.codes: collections.OrderedDict[str, types.CodeType] = collections.OrderedDict()
+        self.spare: tuple[int, int, int] | None = None
+        self.residents: collections.OrderedDict[str, Resident] = collections.OrderedDict()
+        self.seen_last_pid = -2
+        self.since_scan = 0
+        self.last_uid = 0
+        self.spare_uid = 0
+
+    def allocate_uid(self) -> int:
+        """An id for the next process: none a live resident session or the spare holds."""
+        held = {r.uid for r in self.residents.values()}
+        if self.spare is not None:
+            held.add(self.spare_uid)
+        for _ in range(Jail.id_span):
+            self.last_uid = self.last_uid % (Jail.id_span - 1) + 1
+            if self.last_uid not in held:
+                return self.last_uid
+        raise RuntimeError("no free id for a new process")
+
+    def prefork(self) -> None:
+        req_r, req_w = os.pipe()
+        res_r, res_w = os.pipe()
+        uid = self.allocate_uid() if Jail.isolated else 0
+        pid = os.fork()
+        if pid == 0:
+            become(uid)
+            os.close(req_w)
+            os.close(res_r)
+            # Other sessions' pipes must not reach code of this one: close every inherited fd but
+            # stdio and our own two.
+            low, high = sorted((req_r, res_w))
+            os.closerange(3, low)
+            os.closerange(low + 1, high)
+            os.closerange(high + 1, MAX_FDS)
+            try:
+                child_main(req_r, res_w, self.codes, self.base_vm_bytes)
+            finally:
+                os._exit(70)
+        os.close(req_r)
+        os.close(res_w)
+        self.spare = (pid, req_w, res_r)
+        self.spare_uid = uid
+
+    def spare_died(self) -> bool:
+        """Reap the spare child if something killed it while it waited (an OOM kill, an operator):
+        a request handed to it would fail for no fault of its own."""
+        assert self.spare is not None
+        pid, req_w, res_r = self.spare
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if not done:
+            return False
+        os.close(req_w)
+        os.close(res_r)
+        return True
+
+    def touch(self, sha: str) -> None:
+        """Mark a cached source as recently used, so LRU eviction matches the worker's bookkeeping."""
+        if sha in self.codes:
+            self.codes.move_to_end(sha)
+
+    def check_source(self, req: dict[str, Any]) -> dict[str, Any] | None:
+        """Compile a source new to this jail into the cache (once), or say why it cannot be served."""
+        sha = req.get("sha", "")
+        source = req.get("source")
+        if sha in self.codes:
+            return None
+        if source is None:
+            return {"status": "source_needed", "message": "source not cached in the jail"}
+        if hashlib.sha256(source.encode()).hexdigest() != sha:
+            return {
+                "status": "bad_request",
+                "message": "source does not match its sha256",
+                "source_rejected": True,
+            }
+        try:
+            code = compile(source, "<env>", "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:
+            return {
+                "status": "bad_request",
+                "message": f"source does not compile: {exc}",
+                "source_rejected": True,
+            }
+        except (MemoryError, RecursionError) as exc:
+            return {
+                "status": "bad_request",
+                "message": f"source too complex to compile: {type(exc).__name__}",
+                "source_rejected": True,
+            }
+        self.codes[sha] = code
+        if len(self.codes) > self.settings.code_cache_size:
+            self.codes.popitem(last=False)
+        return None
+
+    def serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        """Run one request; return its result and the one-shot child to reap after answering."""
+        op = req.get("op")
+        if op == "release":
+            self.evict(str(req.get("session") or ""))
+            return {"status": "ok"}, None
+        key = str(req.get("session") or "") if op in ("step", "create") else ""
+        if key and op == "create":
+            # The new session lives on in the process that built it: its first step is resident.
+            self.evict(key)
+            req["resident"] = True
+        elif key:
+            # The worker sends the state's sha256 with every session step; none never matches.
+            version = str(req.get("state_sha") or "")
+            held = self.residents.get(key)
+            if held is not None:
+                if held.version == version and not held.exited():
+                    return self.serve_resident(key, held, req), None
+                self.evict(key)
+            req["resident"] = True
+        if key and not self.admit():
+            req["resident"] = False
+        problem = self.check_source(req)
+        if problem is not None:
+            return problem, None
+        if self.spare is not None and self.spare_died():
+            self.spare = None
+        if self.spare is None:
+            self.prefork()
+        assert self.spare is not None
+        pid, req_w, res_r = self.spare
+        self.spare = None
+        # spare_uid stays until the next prefork: the resident made from this child keeps it.
+        started = time.monotonic()
+        with contextlib.suppress(OSError):
+            frames.write_all(req_w, frames.encode(req))
+        result = collect(pid, res_r, started, req["limits"], self.settings.max_result_bytes)
+        if key and not result.get("reaped") and result.get("status") == "ok" and result.get("state_sha"):
+            self.residents[key] = Resident(pid, req_w, res_r, str(result.pop("state_sha")), self.spare_uid)
+            result["resident"] = False
+            return result, None
+        result.pop("state_sha", None)
+        os.close(req_w)
+        os.close(res_r)
+        return result, (None if result.pop("reaped", False) else pid)
+
+    def serve_resident(self, key: str, held: Resident, req: dict[str, Any]) -> dict[str, Any]:
+        """A step in the session's own process: no fork, no unpickling."""
+        self.residents.move_to_end(key)
+        started = time.monotonic()
+        light = {k: v for k, v in req.items() if k not in ("state", "source")}
+        light["resident"] = True
+        with contextlib.suppress(OSError):
+            frames.write_all(held.req_w, frames.encode(light))
+        result = collect(
+            held.pid, held.res_r, started, req["limits"], self.settings.max_result_bytes, held.pidfd
+        )
+        if not result.pop("reaped", False) and result.get("status") == "ok" and result.get("state_sha"):
+            held.version = str(result.pop("state_sha"))
+            held.last_used = time.monotonic()
+            result["resident"] = True
+            return result
+        # Failed: the child's copy is not the committed state any more; the next step runs cold.
+        result.pop("state_sha", None)
+        self.evict(key)
+        return result
+
+    def admit(self) -> bool:
+        """Room for one more resident session: free, or made by evicting one idle for a while.
+
+        When more sessions step than a jail can hold, evicting the least recently used one for
+        every newcomer would make every step cold and pay a process teardown on top; instead
+        the newcomer runs one-shot until a resident has sat idle for `settings.admit_idle_s`.
+        """
+        if len(self.residents) < self.settings.resident_cap:
+            return True
+        oldest_key, oldest = next(iter(self.residents.items()))
+        if time.monotonic() - oldest.last_used < self.settings.admit_idle_s:
+            return False
+        self.evict(oldest_key)
+        return True
+
+    def evict(self, key: str) -> None:
+        held = self.residents.pop(key, None)
+        if held is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(held.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(held.pid, 0)
+        for fd in (held.req_w, held.res_r, held.pidfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def cleanup(self, req: dict[str, Any], pid: int | None) -> None:
+        """After answering: reap the child, kill whatever else ran, evict idle sessions, fork the next spare."""
+        if pid is not None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        cap = self.settings.resident_cap
+        idle_s = self.settings.resident_idle_s
+        now = time.monotonic()
+        for key, held in list(self.residents.items()):
+            if now - held.last_used > idle_s:
+                self.evict(key)
+        while len(self.residents) > cap:
+            self.evict(next(iter(self.residents)))
+        self.since_scan += 1
+        if last_pid() != self.seen_last_pid or self.since_scan >= FULL_SCAN_EVERY:
+            keep = {held.pid for held in self.residents.values()}
+            if self.spare is not None:
+                keep.add(self.spare[0])
+            kill_leftovers(keep)
+            self.since_scan = 0
+        wipe_tmp()
+        self.touch(str(req.get("sha", "")))
+        if self.spare is None:
+            self.prefork()
+        self.seen_last_pid = last_pid()
+
+
+def main() -> None:
+    settings = JailSettings.from_json(sys.argv[1] if len(sys.argv) > 1 else "")
+    Jail.read()
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            __import__(name)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    zygote = Zygote(settings, vm_bytes())
+    gc.collect()
+    gc.freeze()
+    zygote.prefork()
+    in_fd, out_fd = 0, 1
+    frames.send(
+        out_fd,
+        {"ready": True, "pid": os.getpid(), "python": sys.version.split()[0], "isolated": Jail.isolated},
+    )
+    while True:
+        try:
+            body = frames.read_body(in_fd)
+        except ValueError:
+            return
+        if body is None:
+            return
+        req = json.loads(body)
+        pid = None
+        try:
+            result, pid = zygote.serve(req)
+        except Exception as exc:
+            result = {"status": "crashed", "message": f"zygote error: {type(exc).__name__}: {exc}"}
+        result["id"] = req.get("id")
+        frames.send(out_fd, result)
+        zygote.cleanup(req, pid)
+
+
+if __name__ == "__main__":
+    main()
