@@ -8,13 +8,16 @@
 
 Both raise the typed errors of `clients.runtime_client` (`SessionNotFound`, `InvalidRequest`,
 `CapacityExceeded`, `RuntimeUnavailable`...; all `CodeGymError`s); `OnlineGymEnv.step` answers a
-step after the end as observation text, as CodeGym's own client does.
+step after the end as observation text, as CodeGym's own client does. Both send each step with the
+session's step index, so a step whose reply was lost is sent again (to another replica when several
+are given) without being applied twice.
 """
 
 from __future__ import annotations
 
 import contextlib
 import string
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
@@ -48,7 +51,7 @@ class RemoteEnv(gymnasium.Env[str, str]):
 
     def __init__(
         self,
-        client: RuntimeClient | str = DEFAULT_TARGET,
+        client: RuntimeClient | str | Sequence[str] = DEFAULT_TARGET,
         *,
         ability: str = "",
         env_id: str = "",
@@ -57,8 +60,8 @@ class RemoteEnv(gymnasium.Env[str, str]):
         max_steps: int = 0,
         step_timeout_ms: int = 0,
     ) -> None:
-        self._owns_client = isinstance(client, str)
-        self.client = RuntimeClient(client) if isinstance(client, str) else client
+        self._owns_client = not isinstance(client, RuntimeClient)
+        self.client = client if isinstance(client, RuntimeClient) else RuntimeClient(client)
         self.task: dict[str, Any] = {
             "ability": ability,
             "env_id": env_id,
@@ -70,6 +73,8 @@ class RemoteEnv(gymnasium.Env[str, str]):
         self.action_space = spaces.Text(MAX_TEXT, charset=TEXT_CHARSET)
         self.session_id = ""
         self.created: rt.CreateSessionResponse | None = None
+        # The session's index from the runtime's last answer, sent with each step (see step()).
+        self._step_index = 0
 
     def _info(self) -> dict[str, Any]:
         created = self.created
@@ -98,18 +103,27 @@ class RemoteEnv(gymnasium.Env[str, str]):
             }
         if self.session_id and not new_task and seed is None:
             observation = self.client.reset(self.session_id)
+            self._step_index = 0
             return observation, self._info()
         self._close_session()
         self.created = self.client.create_session(**self.task, **self.options, seed=seed or 0)
         self.session_id = self.created.session_id
+        self._step_index = 0
         return self.created.observation, self._info()
 
     def step(self, action: ActionLike | Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """`action`: CodeGym's JSON string, an action dict, or an OpenAI message with `tool_calls`."""
+        """`action`: CodeGym's JSON string, an action dict, or an OpenAI message with `tool_calls`.
+
+        Sent with the session's step index: a step whose reply was lost is sent again by the client
+        and answered from the runtime's record if it had been applied, so a replica's death never
+        applies an action twice nor ends the episode."""
         if not self.session_id:
             raise RuntimeError("call reset() before step()")
         native = tool_call_action(action)
-        response = self.client.step(self.session_id, native if native is not None else action)
+        response = self.client.step(
+            self.session_id, native if native is not None else action, step_index=self._step_index
+        )
+        self._step_index = response.step_index
         info: dict[str, Any] = {"step_index": response.step_index}
         if response.HasField("error"):
             info["error"] = rt.StepErrorCode.Name(response.error.code)

@@ -2,10 +2,15 @@
 
 Only the runtime client is needed (grpcio and protobuf): a trainer installs `codegym` without the
 server extra and plays sessions with this class.
+
+Given several runtime addresses (`target="host:a,host:b"` or a list), an episode survives a
+replica's death: each step goes with the session's step index and is sent again (to a replica that
+is up) when its reply is lost, and the runtime never applies it twice (see `clients.runtime_client`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from clients.actions import BEGIN, ActionParseError, parse_function_call, tool_call_action
@@ -18,7 +23,9 @@ class OnlineGymEnv:
 
     `step()` takes the action as CodeGym's JSON string (or a whole model turn holding a
     `<|FunctionCallBegin|>` block) and returns the observation string; refusals and typed errors
-    come back as observation text, as a local CodeGym environment would answer them.
+    come back as observation text, as a local CodeGym environment would answer them. Failures of
+    the infrastructure do not: a step whose reply was lost is resent with its step index, and one
+    that still fails raises (`RuntimeUnavailable`...), so it never becomes training text.
     """
 
     def __init__(self, client: RuntimeClient, created: rt.CreateSessionResponse, owns_client: bool) -> None:
@@ -30,6 +37,9 @@ class OnlineGymEnv:
         self.task_text = created.task_text
         self.max_steps = created.max_steps
         self.step_count = 0
+        # The session's step index as the runtime last answered it: sent with every step, so that
+        # a step resent after a lost reply is recognised (kept apart from the public step_count).
+        self._step_index = 0
         self._reward = 0.0
         self._finished = False
         self._owns_client = owns_client
@@ -38,13 +48,15 @@ class OnlineGymEnv:
     def from_env_str(
         cls,
         env_str: str,
-        target: str = DEFAULT_TARGET,
+        target: str | Sequence[str] = DEFAULT_TARGET,
         *,
         client: RuntimeClient | None = None,
         max_steps: int = 0,
         seed: int = 0,
     ) -> OnlineGymEnv:
-        """`env_str` is an ability string `codegym_v1@{code_id}__{Env}@{json}` or `Env@{json}`."""
+        """`env_str` is an ability string `codegym_v1@{code_id}__{Env}@{json}` or `Env@{json}`;
+        `target` one runtime address or several (comma-separated or a list: round_robin, and a
+        lost step goes to another)."""
         owns = client is None
         client = client or RuntimeClient(target)
         try:
@@ -83,11 +95,11 @@ class OnlineGymEnv:
             except ActionParseError as exc:
                 return f"Error: {exc}"
         try:
-            response = self.client.step(self.session_id, action)
+            response = self.client.step(self.session_id, action, step_index=self._step_index)
         except SessionDone as exc:
             self._finished = True
             return f"Error: {exc.details()}"
-        self.step_count = response.step_index
+        self.step_count = self._step_index = response.step_index
         self._reward = response.reward
         self._finished = response.done
         if response.HasField("error"):
@@ -96,7 +108,7 @@ class OnlineGymEnv:
 
     def reset(self) -> str:
         self.observation = self.client.reset(self.session_id)
-        self.step_count = 0
+        self.step_count = self._step_index = 0
         self._reward = 0.0
         self._finished = False
         return self.observation

@@ -2,22 +2,65 @@
 
 Deadlines and retries are set once, on the channel: every call gets `timeout_s`, and the channel
 retries UNAVAILABLE (a replica restarting, a connection reset) except for Step and BatchStep, which
-change a session and must not be applied twice.
+change a session and must not be applied twice by a blind retry.
 
-A call the runtime refuses raises a `CodeGymError` subclass (`EnvNotFound`, `SessionNotFound`,
-`SessionDone`, `CapacityExceeded`, `InvalidRequest`, `RuntimeUnavailable`); each is also a
+Steps are resent here instead, safely. The client tracks each session's step index from the
+replies (0 after create and reset, then each reply's `step_index`); a step whose reply was lost (the
+connection dropped, a replica died, a draining replica cancelled it, or the call's own deadline
+passed while the runtime may have been waiting out a dead replica's step lease) is sent again with
+that index, up to `attempts` sends with a short back-off, and the channel's `round_robin` sends
+each to a replica that is up. The runtime applies a step sent with the session's index, and answers
+one sent with the index before it from its record, so nothing is applied twice: a replica's death
+costs a trainer latency, not an episode. Create and reset are sent again the same way (a reset
+twice is one reset; a create whose reply was lost may leave an unanswered session behind, which
+expires).
+
+The first send of a step carries no index unless the caller gives one (`step(...,
+step_index=N)`): a session stepped by someone else too (another client object, a raw stub, a
+stream) has a stale index here, and a stale index one behind is answered with the other caller's
+recorded reply, silently. Sent on resends only, an index can be stale only when a reply was lost
+as well. Steps of one session are sent one at a time by one client (so that the index it resends
+is the one the step was meant for); a session this client never saw has no index to resend with,
+and its step is sent again only when the runtime answered that nothing was applied (UNAVAILABLE
+with its reason). The drop-in environments (`OnlineGymEnv`, `RemoteEnv`) own their sessions and
+send every step with its index.
+
+A call the runtime refuses raises a `CodeGymError` subclass chosen by the `codegym-reason` trailer
+the runtime sends with every refusal, or by the status code when there is none (an older server,
+or a failure on the way):
+
+| reason              | status              | exception           | retry                     |
+|---------------------|---------------------|---------------------|---------------------------|
+| `INVALID_REQUEST`   | INVALID_ARGUMENT    | `InvalidRequest`    | never                     |
+| `ENV_NOT_FOUND`     | NOT_FOUND           | `EnvNotFound`       | never                     |
+| `SESSION_NOT_FOUND` | NOT_FOUND           | `SessionNotFound`   | never                     |
+| `SESSION_DONE`      | FAILED_PRECONDITION | `SessionDone`       | never (Reset first)       |
+| `ENV_FAILED`        | FAILED_PRECONDITION | `EnvFailed`         | never                     |
+| `STEP_CONFLICT`     | ABORTED             | `StepConflict`      | after reading the session |
+| `CAPACITY`          | RESOURCE_EXHAUSTED  | `CapacityExceeded`  | after `retry_after_s`     |
+| `UNAVAILABLE`       | UNAVAILABLE         | `RuntimeUnavailable`| yes, any replica          |
+| `UPSTREAM_REJECTED` | FAILED_PRECONDITION | `CodeGymError`      | never (synthesis only)    |
+| `INTERNAL`          | INTERNAL            | `CodeGymError`      | never                     |
+
+Each error has `reason` (the row's name), `retryable` and `retry_after_s`, and is also a
 `grpc.RpcError` with `code()`, `details()` and `trailing_metadata()`, so code written against raw
 gRPC errors keeps working. Per-entry codes of `BatchStep` and `StepStream` answers stay in the
-answers (`code`, `message`).
+answers (`code`, `message`); see `batch_step` and `StepStream` for what is resent there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, cast
 
 import grpc
@@ -32,7 +75,27 @@ NOT_RETRIED = [(SERVICE, "Step"), (SERVICE, "BatchStep")]
 DEFAULT_TARGET = "127.0.0.1:50051"
 # RPCs that name an environment: NOT_FOUND there means the env, anywhere else the session.
 ENV_METHODS = frozenset({"CreateSession", "GetEnv"})
+# RPCs that run the environment's reset: FAILED_PRECONDITION there is the environment failing.
+ENV_RESET_METHODS = frozenset({"CreateSession", "Reset"})
 PROBE_TIMEOUT_S = 1.0
+
+# The trailers the runtime sends with a refusal (codegym/errors.py on the server side; the client
+# install does not ship the servers, so the names are repeated here and a test keeps them equal).
+REASON_TRAILER = "codegym-reason"
+RETRY_AFTER_TRAILER = "retry-after-ms"
+
+# How often a step, create or reset is sent at most when its reply is lost, and the back-off
+# between sends: short, because the next attempt goes to another replica; the sends span about
+# 1.5-3 s, long enough for the channel to find a replica that restarted on its address.
+DEFAULT_ATTEMPTS = 6
+FIRST_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 1.0
+# Of those, sends after the call's own deadline passed: one, so that a step that was waiting out a
+# dead replica's step lease gets its answer, while a hung runtime costs at most twice `timeout_s`.
+LATE_RESENDS = 1
+# Sessions whose step index a client remembers (least recently used forgotten first): a forgotten
+# session's next step goes without an index, as a session this client never saw.
+TRACKED_SESSIONS = 1 << 17
 
 ActionLike = str | dict[str, Any] | Action | rt.ToolCall
 
@@ -42,12 +105,14 @@ __all__ = [
     "AsyncRuntimeClient",
     "CapacityExceeded",
     "CodeGymError",
+    "EnvFailed",
     "EnvNotFound",
     "InvalidRequest",
     "RuntimeClient",
     "RuntimeUnavailable",
     "SessionDone",
     "SessionNotFound",
+    "StepConflict",
     "StepStream",
     "create_request",
     "step_request",
@@ -57,10 +122,25 @@ __all__ = [
 # ---- errors ---------------------------------------------------------------------------------------
 
 
+def reason_sent(trailers: Iterable[tuple[str, str | bytes]]) -> str:
+    """The `codegym-reason` trailer's value, or "" when the server sent none."""
+    for key, value in trailers:
+        if key.lower() == REASON_TRAILER:
+            return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+    return ""
+
+
 class CodeGymError(grpc.RpcError):
-    """A runtime call that failed: the gRPC status (`code()`, `details()`), the RPC (`method`) and,
-    when the runtime sent a `retry-after-ms` trailer, how long to wait before retrying (`retry_after_s`).
+    """A runtime call that failed: the gRPC status (`code()`, `details()`), the RPC (`method`), the
+    `reason` from the error table (see the module docstring), whether the same call can succeed
+    later as it is (`retryable`) and, when the runtime sent a `retry-after-ms` trailer, how long to
+    wait before retrying (`retry_after_s`).
+
+    `reason` is the runtime's `codegym-reason` trailer when it sent one whose status agrees, else
+    the reason the status code stands for ("" for a status outside the table, e.g. UNKNOWN).
     """
+
+    default_reason = ""
 
     def __init__(
         self,
@@ -74,6 +154,16 @@ class CodeGymError(grpc.RpcError):
         self.method = method
         self._trailers = tuple((str(k), v) for k, v in trailers)
         self.retry_after_s = retry_after_s(self._trailers)
+        sent = reason_sent(self._trailers)
+        if sent in REASONS and REASONS[sent][0] == code:
+            self.reason = sent
+        elif type(self).default_reason:
+            self.reason = type(self).default_reason
+        else:
+            self.reason = "INTERNAL" if code == grpc.StatusCode.INTERNAL else ""
+        # Only infrastructure and capacity refusals clear up by themselves; every other reason
+        # fails the same way again until the request or the session changes.
+        self.retryable = self.reason in RETRYABLE_REASONS
         super().__init__(f"{code.name}: {details}" if details else code.name)
 
     def code(self) -> grpc.StatusCode:
@@ -90,33 +180,88 @@ class CodeGymError(grpc.RpcError):
         return (type(self), (self._code, self._details, self.method, self._trailers))
 
 
+class InvalidRequest(CodeGymError):
+    """INVALID_ARGUMENT (`INVALID_REQUEST`): the request cannot be served as sent (bad task, config
+    or options)."""
+
+    default_reason = "INVALID_REQUEST"
+
+
 class EnvNotFound(CodeGymError):
-    """NOT_FOUND from CreateSession or GetEnv: no such environment (or env class) in the library."""
+    """NOT_FOUND (`ENV_NOT_FOUND`) from CreateSession or GetEnv: no such environment (or env class)
+    in the library."""
+
+    default_reason = "ENV_NOT_FOUND"
 
 
 class SessionNotFound(CodeGymError):
-    """NOT_FOUND from a session RPC: the session is closed, expired or was never opened."""
+    """NOT_FOUND (`SESSION_NOT_FOUND`) from a session RPC: the session is closed, expired or was
+    never opened."""
+
+    default_reason = "SESSION_NOT_FOUND"
 
 
 class SessionDone(CodeGymError):
-    """FAILED_PRECONDITION: the session's episode has ended (done or truncated); Reset it or open another."""
+    """FAILED_PRECONDITION (`SESSION_DONE`): the session's episode has ended (done or truncated);
+    Reset it or open another."""
+
+    default_reason = "SESSION_DONE"
+
+
+class EnvFailed(InvalidRequest):
+    """FAILED_PRECONDITION (`ENV_FAILED`) from CreateSession or Reset: the environment itself failed
+    to start or reset with this config (it raised, looped or ran out of memory). The same call fails
+    again: skip the config. It is an `InvalidRequest` too, because code written before this error
+    existed caught an environment raising at create as one."""
+
+    default_reason = "ENV_FAILED"
+
+
+class StepConflict(CodeGymError):
+    """ABORTED (`STEP_CONFLICT`): the step's index is not the session's (another client, or a
+    replica whose lease ran out, moved the session). Nothing was applied by this call: read the
+    session (`get_session`) and decide, e.g. `step(..., step_index=view.step_index)`."""
+
+    default_reason = "STEP_CONFLICT"
 
 
 class CapacityExceeded(CodeGymError):
-    """RESOURCE_EXHAUSTED: the runtime is at its session limit (or a size or sandbox limit was hit);
-    `retry_after_s` carries the runtime's hint when it sent one."""
+    """RESOURCE_EXHAUSTED (`CAPACITY`): the runtime is at its session limit (or a size or sandbox
+    limit was hit); `retry_after_s` carries the runtime's hint when it sent one."""
 
-
-class InvalidRequest(CodeGymError):
-    """INVALID_ARGUMENT: the request cannot be served as sent (bad task, config or options)."""
+    default_reason = "CAPACITY"
 
 
 class RuntimeUnavailable(CodeGymError):
-    """UNAVAILABLE or DEADLINE_EXCEEDED: the runtime (or its sandbox workers) did not answer in time."""
+    """UNAVAILABLE (`UNAVAILABLE`), or DEADLINE_EXCEEDED: no runtime replica (or none of its sandbox
+    workers) answered in time. Steps, creates and resets were already resent before this is raised;
+    a step sent again later with `step()` keeps its index, so it is still not applied twice."""
+
+    default_reason = "UNAVAILABLE"
 
 
+# reason → (status, exception). The server's codegym/errors.py holds the same table; a test keeps
+# the two equal.
+REASONS: dict[str, tuple[grpc.StatusCode, type[CodeGymError]]] = {
+    "INVALID_REQUEST": (grpc.StatusCode.INVALID_ARGUMENT, InvalidRequest),
+    "ENV_NOT_FOUND": (grpc.StatusCode.NOT_FOUND, EnvNotFound),
+    "SESSION_NOT_FOUND": (grpc.StatusCode.NOT_FOUND, SessionNotFound),
+    "SESSION_DONE": (grpc.StatusCode.FAILED_PRECONDITION, SessionDone),
+    "ENV_FAILED": (grpc.StatusCode.FAILED_PRECONDITION, EnvFailed),
+    "STEP_CONFLICT": (grpc.StatusCode.ABORTED, StepConflict),
+    "CAPACITY": (grpc.StatusCode.RESOURCE_EXHAUSTED, CapacityExceeded),
+    "UNAVAILABLE": (grpc.StatusCode.UNAVAILABLE, RuntimeUnavailable),
+    # The synthesis server's (an LLM endpoint refusing the request); no runtime call answers it.
+    "UPSTREAM_REJECTED": (grpc.StatusCode.FAILED_PRECONDITION, CodeGymError),
+    "INTERNAL": (grpc.StatusCode.INTERNAL, CodeGymError),
+}
+RETRYABLE_REASONS = frozenset({"UNAVAILABLE", "CAPACITY"})
+
+# The fallback for a status that came without a reason (NOT_FOUND and FAILED_PRECONDITION depend
+# on the RPC, see `error_class`).
 BY_CODE: dict[grpc.StatusCode, type[CodeGymError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: SessionDone,
+    grpc.StatusCode.ABORTED: StepConflict,
     grpc.StatusCode.RESOURCE_EXHAUSTED: CapacityExceeded,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
     grpc.StatusCode.UNAVAILABLE: RuntimeUnavailable,
@@ -124,9 +269,22 @@ BY_CODE: dict[grpc.StatusCode, type[CodeGymError]] = {
 }
 
 
+def error_class(code: grpc.StatusCode, reason: str, method: str) -> type[CodeGymError]:
+    """The exception for a status: the reason's row when the reason agrees with the status (a
+    reason under another status was not this status's cause, e.g. a proxy's), else by status."""
+    row = REASONS.get(reason)
+    if row is not None and row[0] == code:
+        return row[1]
+    if code == grpc.StatusCode.NOT_FOUND:
+        return EnvNotFound if method in ENV_METHODS else SessionNotFound
+    if code == grpc.StatusCode.FAILED_PRECONDITION and method in ENV_RESET_METHODS:
+        return EnvFailed  # create and reset have no finished episode to refuse
+    return BY_CODE.get(code, CodeGymError)
+
+
 def retry_after_s(trailers: Iterable[tuple[str, str | bytes]]) -> float | None:
     for key, value in trailers:
-        if key.lower() == "retry-after-ms":
+        if key.lower() == RETRY_AFTER_TRAILER:
             try:
                 return max(0.0, int(value) / 1000)
             except ValueError:
@@ -145,11 +303,8 @@ def typed_error(exc: grpc.RpcError, method: str) -> CodeGymError:
     details_of = getattr(exc, "details", None)
     details = (details_of() if callable(details_of) else None) or ""
     trailers_of = getattr(exc, "trailing_metadata", None)
-    trailers = (trailers_of() if callable(trailers_of) else None) or ()
-    if code == grpc.StatusCode.NOT_FOUND:
-        kind: type[CodeGymError] = EnvNotFound if method in ENV_METHODS else SessionNotFound
-    else:
-        kind = BY_CODE.get(code, CodeGymError)
+    trailers = tuple((trailers_of() if callable(trailers_of) else None) or ())
+    kind = error_class(code, reason_sent(trailers), method)
     return kind(code, str(details), method, trailers)
 
 
@@ -199,6 +354,150 @@ def raises_typed(method: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
         return run
 
     return wrap
+
+
+# ---- resending ------------------------------------------------------------------------------------
+
+# Statuses a call can end with on the way, without the runtime having decided anything we know of:
+# the connection dropped or the replica died (UNAVAILABLE), our own deadline passed
+# (DEADLINE_EXCEEDED), or a draining replica cancelled the call (CANCELLED). The call may or may not
+# have been applied.
+LOST_REPLY = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
+
+
+def resend_kind(error: CodeGymError, repeatable: bool) -> str:
+    """Whether a failed call is sent again: "" (no), "now" or "late" (its own deadline passed).
+
+    `repeatable`: sending the call twice does what sending it once does (a step with its index,
+    a reset, a create whose orphan may expire). Such a call is resent whenever its reply may have
+    been lost. Any call, even a step without an index, is resent when the runtime itself answered
+    UNAVAILABLE: by the error table, nothing was applied then.
+    """
+    sent = reason_sent(error.trailing_metadata())
+    if sent:  # the runtime (not the way to it) answered: only its UNAVAILABLE clears up by itself
+        return "now" if sent == "UNAVAILABLE" and error.code() == grpc.StatusCode.UNAVAILABLE else ""
+    if not repeatable or error.code() not in LOST_REPLY:
+        return ""
+    return "late" if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "now"
+
+
+@dataclass
+class Attempts:
+    """The resend budget of one call: `attempts` sends at most, of which `LATE_RESENDS` after a
+    deadline, with a jittered exponential back-off between sends (jitter: trainers that lost the
+    same replica do not all come back at the same instant)."""
+
+    attempts: int
+    sent: int = 0
+    late: int = 0
+
+    def again(self, kind: str) -> float | None:
+        """The delay before the next send after a failure of `kind`, or None: give up."""
+        self.sent += 1
+        if not kind or self.sent >= self.attempts:
+            return None
+        if kind == "late":
+            if self.late >= LATE_RESENDS:
+                return None
+            self.late += 1
+        backoff = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (self.sent - 1))
+        return backoff * random.uniform(0.5, 1.0)
+
+
+class StepIndexes:
+    """The step index of each session this client has seen (thread-safe, least recently used
+    forgotten past `limit`), and a lock per session so that one session's steps are sent one at
+    a time: a step resent with the index it started from must not race another step of the same
+    session, or the runtime would take one for the other's resend."""
+
+    def __init__(self, limit: int = TRACKED_SESSIONS) -> None:
+        self.limit = limit
+        self._index: OrderedDict[str, int] = OrderedDict()
+        self._mutex = threading.Lock()
+        self._locks: dict[str, list[Any]] = {}  # session → [lock, holders]
+
+    def get(self, session_id: str) -> int | None:
+        with self._mutex:
+            index = self._index.get(session_id)
+            if index is not None:
+                self._index.move_to_end(session_id)
+            return index
+
+    def set(self, session_id: str, index: int) -> None:
+        with self._mutex:
+            self._index[session_id] = index
+            self._index.move_to_end(session_id)
+            while len(self._index) > self.limit:
+                self._index.popitem(last=False)
+
+    def forget(self, session_id: str) -> None:
+        with self._mutex:
+            self._index.pop(session_id, None)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def _enter(self, session_id: str, make: Callable[[], Any]) -> Any:
+        with self._mutex:
+            entry = self._locks.get(session_id)
+            if entry is None:
+                entry = self._locks[session_id] = [make(), 0]
+            entry[1] += 1
+            return entry[0]
+
+    def _leave(self, session_id: str) -> None:
+        with self._mutex:
+            entry = self._locks[session_id]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._locks[session_id]
+
+    @contextlib.contextmanager
+    def holding(self, session_ids: Iterable[str]) -> Iterator[None]:
+        """The sessions' locks, taken in one order (no deadlock between two batches)."""
+        held: list[str] = []
+        locked: list[threading.Lock] = []
+        try:
+            for session_id in sorted(set(session_ids)):
+                lock = self._enter(session_id, threading.Lock)
+                held.append(session_id)
+                lock.acquire()
+                locked.append(lock)
+            yield
+        finally:
+            for lock in reversed(locked):
+                lock.release()
+            for session_id in reversed(held):
+                self._leave(session_id)
+
+    @contextlib.asynccontextmanager
+    async def holding_async(self, session_ids: Iterable[str]) -> AsyncIterator[None]:
+        """`holding` for one event loop's tasks (asyncio locks)."""
+        held: list[str] = []
+        locked: list[asyncio.Lock] = []
+        try:
+            for session_id in sorted(set(session_ids)):
+                lock = self._enter(session_id, asyncio.Lock)
+                held.append(session_id)
+                await lock.acquire()
+                locked.append(lock)
+            yield
+        finally:
+            for lock in reversed(locked):
+                lock.release()
+            for session_id in reversed(held):
+                self._leave(session_id)
+
+    def learn(self, session_id: str, response: rt.StepResponse) -> None:
+        """A step's reply: its `step_index` is the session's index now (unchanged by a step error)."""
+        self.set(session_id, response.step_index)
+
+
+def batch_entry_lost(result: rt.BatchStepResult) -> bool:
+    """An entry the runtime answered UNAVAILABLE: by the error table, nothing of it was applied."""
+    return result.code == grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 def connect_cause(details: str) -> str:
@@ -258,26 +557,115 @@ def create_request(
     return rt.CreateSessionRequest(env_task=task, options=options)
 
 
-def step_request(session_id: str, action: ActionLike) -> rt.StepRequest:
+def step_request(session_id: str, action: ActionLike, step_index: int | None = None) -> rt.StepRequest:
+    """A StepRequest; with `step_index` (the session's index before this step) it can be resent."""
     if isinstance(action, rt.ToolCall):
-        return rt.StepRequest(session_id=session_id, tool_call=action)
-    if isinstance(action, Action):
-        action = action.to_json()
-    elif isinstance(action, dict):
-        action = json.dumps(action, ensure_ascii=False)
-    return rt.StepRequest(session_id=session_id, action_json=action)
+        request = rt.StepRequest(session_id=session_id, tool_call=action)
+    else:
+        if isinstance(action, Action):
+            action = action.to_json()
+        elif isinstance(action, dict):
+            action = json.dumps(action, ensure_ascii=False)
+        request = rt.StepRequest(session_id=session_id, action_json=action)
+    if step_index is not None:
+        request.step_index = step_index
+    return request
+
+
+def step_requests(
+    session_id: str, action: ActionLike, step_index: int | None, indexes: StepIndexes
+) -> tuple[rt.StepRequest, rt.StepRequest]:
+    """A step's first send and its resends: the first carries only an index the caller gave, the
+    resends the index this client knows, when it knows one (see the module docstring for why)."""
+    request = step_request(session_id, action, step_index)
+    if step_index is not None:
+        return request, request
+    known = indexes.get(session_id)
+    return request, request if known is None else step_request(session_id, action, known)
+
+
+class PendingBatch:
+    """A BatchStep being played, over possibly several calls: the entries the runtime answered
+    UNAVAILABLE (nothing of them applied) are sent again, in a smaller batch, until none is left or
+    the budget runs out; every other entry keeps its first answer."""
+
+    def __init__(self, steps: Sequence[tuple[str, ActionLike]], indexes: StepIndexes) -> None:
+        # The first send goes as the caller gave it; sends after it carry each known index.
+        self.requests = [step_request(s, a) for s, a in steps]
+        self.numbered = [
+            self.requests[k] if (index := indexes.get(s)) is None else step_request(s, a, index)
+            for k, (s, a) in enumerate(steps)
+        ]
+        self.results: list[rt.BatchStepResult | None] = [None] * len(self.requests)
+        self.pending = list(range(len(self.requests)))
+        self.sent = 0
+
+    def request(self) -> rt.BatchStepRequest:
+        steps = self.requests if self.sent == 0 else self.numbered
+        self.sent += 1
+        return rt.BatchStepRequest(steps=[steps[k] for k in self.pending])
+
+    def repeatable(self) -> bool:
+        """Whether this round can be sent again after its reply was lost: every step has its index."""
+        return all(self.numbered[k].HasField("step_index") for k in self.pending)
+
+    def take(self, results: Sequence[rt.BatchStepResult]) -> None:
+        for k, result in zip(self.pending, results, strict=True):
+            self.results[k] = result
+        self.pending = [
+            k for k in self.pending if batch_entry_lost(cast(rt.BatchStepResult, self.results[k]))
+        ]
+
+    def answered(self) -> bool:
+        """Some round got its reply (so the batch returns entries instead of raising)."""
+        return any(result is not None for result in self.results)
+
+    def give_up(self, error: CodeGymError | None) -> list[rt.BatchStepResult]:
+        """The entries; those still pending carry the error of the round that failed, if one did
+        (they may or may not have been applied, unlike an entry the runtime answered UNAVAILABLE)."""
+        if error is not None:
+            for k in self.pending:
+                self.results[k] = rt.BatchStepResult(
+                    session_id=self.requests[k].session_id,
+                    code=error.code().value[0],
+                    message=f"sent again after UNAVAILABLE, then: {error.details()}",
+                )
+        return [cast(rt.BatchStepResult, result) for result in self.results]
+
+    def learn(self, indexes: StepIndexes) -> None:
+        for result in self.results:
+            if result is None:
+                continue
+            if result.code == 0 and result.HasField("response"):
+                indexes.learn(result.session_id, result.response)
+            elif result.code == grpc.StatusCode.NOT_FOUND.value[0]:
+                indexes.forget(result.session_id)
 
 
 class RuntimeClient:
-    """Blocking client; thread-safe (one channel, many threads). Failed calls raise `CodeGymError`s."""
+    """Blocking client; thread-safe (one channel, many threads). Failed calls raise `CodeGymError`s.
 
-    def __init__(self, target: str | Sequence[str] = DEFAULT_TARGET, *, timeout_s: float = 30.0) -> None:
+    `timeout_s` is each send's deadline; `attempts` how many times a step, create or reset is sent
+    at most when its reply is lost (1: never resent). See the module docstring.
+    """
+
+    def __init__(
+        self,
+        target: str | Sequence[str] = DEFAULT_TARGET,
+        *,
+        timeout_s: float = 30.0,
+        attempts: int = DEFAULT_ATTEMPTS,
+    ) -> None:
         self.target = target_text(target)
         self.channel = sync_channel(target, [SERVICE], no_retry=NOT_RETRIED)
         self.stub = rt_grpc.RuntimeServiceStub(self.channel)
         self.timeout_s = timeout_s
+        self.attempts = max(1, attempts)
+        self.indexes = StepIndexes()
+        self._closed = False
 
     def close(self) -> None:
+        self._closed = True
         self.channel.close()
 
     def __enter__(self) -> RuntimeClient:
@@ -301,34 +689,105 @@ class RuntimeClient:
             if error is not None:
                 raise error from None
 
+    def _send(self, method: str, call: Callable[[bool], R], *, repeatable: bool) -> R:
+        """`call(first)`, sent again while its reply may have been lost and the budget lasts."""
+        budget = Attempts(self.attempts)
+        while True:
+            try:
+                return call(budget.sent == 0)
+            except grpc.RpcError as exc:
+                error = typed_error(exc, method)
+                delay = None if self._closed else budget.again(resend_kind(error, repeatable))
+                if delay is None:
+                    raise error from exc
+            time.sleep(delay)
+
     @raises_typed("CreateSession")
     def create_session(self, **kwargs: Any) -> rt.CreateSessionResponse:
         """See `create_request` for the arguments (ability, or env_id + config, or env_str)."""
-        response: rt.CreateSessionResponse = self.stub.CreateSession(
-            create_request(**kwargs), timeout=self.timeout_s
+        request = create_request(**kwargs)
+        response: rt.CreateSessionResponse = self._send(
+            "CreateSession",
+            lambda _: self.stub.CreateSession(request, timeout=self.timeout_s),
+            repeatable=True,
         )
+        self.indexes.set(response.session_id, 0)
         return response
 
     @raises_typed("Step")
-    def step(self, session_id: str, action: ActionLike) -> rt.StepResponse:
-        response: rt.StepResponse = self.stub.Step(step_request(session_id, action), timeout=self.timeout_s)
-        return response
+    def step(self, session_id: str, action: ActionLike, *, step_index: int | None = None) -> rt.StepResponse:
+        """One step. A step whose reply is lost is sent again with the session's index, as this
+        client tracks it; `step_index` (the session's index before this step) makes every send
+        carry it, and the runtime then refuses the step with `StepConflict` when the session is
+        elsewhere (see the module docstring)."""
+        with self.indexes.holding((session_id,)):
+            request, numbered = step_requests(session_id, action, step_index, self.indexes)
+            try:
+                response: rt.StepResponse = self._send(
+                    "Step",
+                    lambda first: self.stub.Step(request if first else numbered, timeout=self.timeout_s),
+                    repeatable=numbered.HasField("step_index"),
+                )
+            except SessionNotFound:
+                self.indexes.forget(session_id)
+                raise
+            self.indexes.learn(session_id, response)
+            return response
 
     @raises_typed("BatchStep")
     def batch_step(self, steps: Sequence[tuple[str, ActionLike]]) -> list[rt.BatchStepResult]:
-        request = rt.BatchStepRequest(steps=[step_request(s, a) for s, a in steps])
-        return list(self.stub.BatchStep(request, timeout=self.timeout_s).results)
+        """One step for each of several distinct sessions, in one call; each entry is answered
+        with a response or a status (`code`, `message`, e.g. NOT_FOUND for an unknown session).
+
+        An entry the runtime answers UNAVAILABLE applied nothing: it is sent again (with its
+        session's index) in a smaller batch, while the budget lasts. The whole call is sent again
+        when its reply is lost and this client knows every entry's session index; otherwise it
+        raises, as a lost Step of an unknown session does. Entries still failing when the budget
+        runs out are returned with their last code."""
+        ids = [session_id for session_id, _ in steps]
+        with self.indexes.holding(ids):
+            batch = PendingBatch(steps, self.indexes)
+            budget = Attempts(self.attempts)
+            failed: CodeGymError | None = None
+            while True:
+                try:
+                    answer = self.stub.BatchStep(batch.request(), timeout=self.timeout_s)
+                except grpc.RpcError as exc:
+                    failed = typed_error(exc, "BatchStep")
+                    delay = None if self._closed else budget.again(resend_kind(failed, batch.repeatable()))
+                    if delay is None:
+                        if not batch.answered():
+                            raise failed from exc
+                        break
+                else:
+                    failed = None
+                    batch.take(answer.results)
+                    if not batch.pending:
+                        break
+                    delay = None if self._closed else budget.again("now")
+                    if delay is None:
+                        break
+                time.sleep(delay)
+            batch.learn(self.indexes)
+            return batch.give_up(failed)
 
     @raises_typed("Reset")
     def reset(self, session_id: str) -> str:
-        response = self.stub.Reset(rt.ResetRequest(session_id=session_id), timeout=self.timeout_s)
-        return str(response.observation)
+        """Reset to the session's own task (sent again when its reply is lost: a reset twice is one)."""
+        with self.indexes.holding((session_id,)):
+            request = rt.ResetRequest(session_id=session_id)
+            response = self._send(
+                "Reset", lambda _: self.stub.Reset(request, timeout=self.timeout_s), repeatable=True
+            )
+            self.indexes.set(session_id, 0)
+            return str(response.observation)
 
     @raises_typed("CloseSession")
     def close_session(self, session_id: str) -> bool:
         response = self.stub.CloseSession(
             rt.CloseSessionRequest(session_id=session_id), timeout=self.timeout_s
         )
+        self.indexes.forget(session_id)
         return bool(response.existed)
 
     @raises_typed("GetSession")
@@ -360,15 +819,28 @@ class RuntimeClient:
 
 
 class AsyncRuntimeClient:
-    """asyncio client; create it inside the running event loop. Failed calls raise `CodeGymError`s."""
+    """asyncio client; create it inside the running event loop. Failed calls raise `CodeGymError`s.
 
-    def __init__(self, target: str | Sequence[str] = DEFAULT_TARGET, *, timeout_s: float = 30.0) -> None:
+    Same resending as `RuntimeClient` (`timeout_s` per send, `attempts` sends at most).
+    """
+
+    def __init__(
+        self,
+        target: str | Sequence[str] = DEFAULT_TARGET,
+        *,
+        timeout_s: float = 30.0,
+        attempts: int = DEFAULT_ATTEMPTS,
+    ) -> None:
         self.target = target_text(target)
         self.channel = aio_channel(target, [SERVICE], no_retry=NOT_RETRIED)
         self.stub = rt_grpc.RuntimeServiceStub(self.channel)
         self.timeout_s = timeout_s
+        self.attempts = max(1, attempts)
+        self.indexes = StepIndexes()
+        self._closed = False
 
     async def close(self) -> None:
+        self._closed = True
         await self.channel.close()
 
     async def __aenter__(self) -> AsyncRuntimeClient:
@@ -392,40 +864,101 @@ class AsyncRuntimeClient:
             if error is not None:
                 raise error from None
 
+    async def _send(self, method: str, call: Callable[[bool], Awaitable[R]], *, repeatable: bool) -> R:
+        """`await call(first)`, sent again while its reply may have been lost and the budget lasts."""
+        budget = Attempts(self.attempts)
+        while True:
+            try:
+                return await call(budget.sent == 0)
+            except grpc.RpcError as exc:
+                error = typed_error(exc, method)
+                delay = None if self._closed else budget.again(resend_kind(error, repeatable))
+                if delay is None:
+                    raise error from exc
+            await asyncio.sleep(delay)
+
     @raises_typed("CreateSession")
     async def create_session(self, **kwargs: Any) -> rt.CreateSessionResponse:
-        response: rt.CreateSessionResponse = await self.stub.CreateSession(
-            create_request(**kwargs), timeout=self.timeout_s
+        """See `create_request` for the arguments (ability, or env_id + config, or env_str)."""
+        request = create_request(**kwargs)
+        response: rt.CreateSessionResponse = await self._send(
+            "CreateSession",
+            lambda _: self.stub.CreateSession(request, timeout=self.timeout_s),
+            repeatable=True,
         )
+        self.indexes.set(response.session_id, 0)
         return response
 
     @raises_typed("Step")
-    async def step(self, session_id: str, action: ActionLike) -> rt.StepResponse:
-        response: rt.StepResponse = await self.stub.Step(
-            step_request(session_id, action), timeout=self.timeout_s
-        )
-        return response
+    async def step(
+        self, session_id: str, action: ActionLike, *, step_index: int | None = None
+    ) -> rt.StepResponse:
+        """One step; see `RuntimeClient.step`."""
+        async with self.indexes.holding_async((session_id,)):
+            request, numbered = step_requests(session_id, action, step_index, self.indexes)
+            try:
+                response: rt.StepResponse = await self._send(
+                    "Step",
+                    lambda first: self.stub.Step(request if first else numbered, timeout=self.timeout_s),
+                    repeatable=numbered.HasField("step_index"),
+                )
+            except SessionNotFound:
+                self.indexes.forget(session_id)
+                raise
+            self.indexes.learn(session_id, response)
+            return response
 
     @raises_typed("BatchStep")
     async def batch_step(self, steps: Sequence[tuple[str, ActionLike]]) -> list[rt.BatchStepResult]:
-        request = rt.BatchStepRequest(steps=[step_request(s, a) for s, a in steps])
-        response = await self.stub.BatchStep(request, timeout=self.timeout_s)
-        return list(response.results)
+        """See `RuntimeClient.batch_step`."""
+        ids = [session_id for session_id, _ in steps]
+        async with self.indexes.holding_async(ids):
+            batch = PendingBatch(steps, self.indexes)
+            budget = Attempts(self.attempts)
+            failed: CodeGymError | None = None
+            while True:
+                try:
+                    answer = await self.stub.BatchStep(batch.request(), timeout=self.timeout_s)
+                except grpc.RpcError as exc:
+                    failed = typed_error(exc, "BatchStep")
+                    delay = None if self._closed else budget.again(resend_kind(failed, batch.repeatable()))
+                    if delay is None:
+                        if not batch.answered():
+                            raise failed from exc
+                        break
+                else:
+                    failed = None
+                    batch.take(answer.results)
+                    if not batch.pending:
+                        break
+                    delay = None if self._closed else budget.again("now")
+                    if delay is None:
+                        break
+                await asyncio.sleep(delay)
+            batch.learn(self.indexes)
+            return batch.give_up(failed)
 
     def step_stream(self) -> StepStream:
         """One StepStream call: `send` steps of any sessions, `recv` answers as they complete."""
-        return StepStream(self.stub.StepStream(timeout=None))
+        return StepStream(self.stub.StepStream(timeout=None), self.indexes)
 
     @raises_typed("Reset")
     async def reset(self, session_id: str) -> str:
-        response = await self.stub.Reset(rt.ResetRequest(session_id=session_id), timeout=self.timeout_s)
-        return str(response.observation)
+        """See `RuntimeClient.reset`."""
+        async with self.indexes.holding_async((session_id,)):
+            request = rt.ResetRequest(session_id=session_id)
+            response = await self._send(
+                "Reset", lambda _: self.stub.Reset(request, timeout=self.timeout_s), repeatable=True
+            )
+            self.indexes.set(session_id, 0)
+            return str(response.observation)
 
     @raises_typed("CloseSession")
     async def close_session(self, session_id: str) -> bool:
         response = await self.stub.CloseSession(
             rt.CloseSessionRequest(session_id=session_id), timeout=self.timeout_s
         )
+        self.indexes.forget(session_id)
         return bool(response.existed)
 
     @raises_typed("GetSession")
@@ -465,24 +998,41 @@ class StepStream:
     gRPC status `code` and `message`, not an exception; only the call itself failing raises a
     `CodeGymError`. `done_sending()` ends the request side; `recv()` returns None once every
     answer has arrived.
+
+    Nothing is resent here: a stream may hold several steps of one session at once, and an
+    errored step leaves the index where it was, so the client cannot number them in advance.
+    Steps go without an index unless `send` is given one. An answer with code UNAVAILABLE applied
+    nothing: send that step again. When the call itself fails (`RuntimeUnavailable`), the steps not
+    answered yet may or may not have been applied. The client learns each session's index from
+    every answer, so a session's first unanswered step can be sent again safely with
+    `client.step(session_id, action, step_index=client.indexes.get(session_id))` (answered from the
+    runtime's record if it had been applied), then its later steps in order; this needs an index
+    the client knew before the stream (a session it created, reset or stepped).
     """
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any, indexes: StepIndexes | None = None) -> None:
         self.call = call
+        self.indexes = indexes
         # gRPC takes one write at a time on a call; concurrent senders queue here.
         self.writing = asyncio.Lock()
 
     @raises_typed("StepStream")
-    async def send(self, session_id: str, action: ActionLike, tag: str = "") -> None:
+    async def send(
+        self, session_id: str, action: ActionLike, tag: str = "", *, step_index: int | None = None
+    ) -> None:
+        request = rt.StepStreamRequest(step=step_request(session_id, action, step_index), tag=tag)
         async with self.writing:
-            await self.call.write(rt.StepStreamRequest(step=step_request(session_id, action), tag=tag))
+            await self.call.write(request)
 
     @raises_typed("StepStream")
     async def recv(self) -> rt.StepStreamResponse | None:
         answer = await self.call.read()
         if answer is grpc.aio.EOF:
             return None
-        return cast(rt.StepStreamResponse, answer)
+        answer = cast(rt.StepStreamResponse, answer)
+        if self.indexes is not None and answer.code == 0 and answer.HasField("response"):
+            self.indexes.learn(answer.session_id, answer.response)
+        return answer
 
     @raises_typed("StepStream")
     async def done_sending(self) -> None:
