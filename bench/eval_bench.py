@@ -298,6 +298,11 @@ async def play(
         await gateway.close()
     path = out / "episodes.jsonl"
     episodes = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    # Attempts that failed outside the agent (runtime, endpoint) are kept apart from episodes.
+    failed_path = out / "failures.jsonl"
+    failures = (
+        [json.loads(line) for line in failed_path.read_text().splitlines()] if failed_path.exists() else []
+    )
     started = time.thread_time()
     record_bytes = sum(len(json.dumps(e, ensure_ascii=False)) + 1 for e in episodes)
     record_cpu = time.thread_time() - started
@@ -306,6 +311,7 @@ async def play(
         "capped": capped,
         "wall": wall,
         "episodes": episodes,
+        "failures": failures,
         "end_reasons": summarize(path, samples, "scripted")["overall"].get("end_reasons", {})
         if episodes
         else {},
@@ -451,7 +457,13 @@ async def run(args: argparse.Namespace) -> None:
                     address, llm.base_url, list(warm.values()), 1, 8, 60, workdir / "warm", up.pid, server
                 )
                 if not warmed["end_reasons"].get("solved"):
-                    failed = next((e for e in warmed["episodes"] if e["end_reason"] != "solved"), {})
+                    failed: dict[str, Any] = next(
+                        iter(
+                            warmed["failures"]
+                            + [e for e in warmed["episodes"] if e["end_reason"] != "solved"]
+                        ),
+                        {},
+                    )
                     raise RuntimeError(
                         f"warm-up: the oracle solved nothing; first error: {failed.get('error')}"
                     )

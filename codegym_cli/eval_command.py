@@ -2,12 +2,16 @@
 
     codegym eval --target 127.0.0.1:50051 --library lib.db --llm-base-url URL --model M --samples 4 --out ev1
 
-Writes OUT/episodes.jsonl (one line per finished episode: messages, actions, observations, reward,
-turns, tokens, end reason) and OUT/summary.json (success rate, pass@1, pass@k, mean turns, tokens,
-end reasons; per environment, overall and per task config), and prints the table. Run the same
-command again after an interruption: finished episodes are kept, the rest are played. With
---library, each config's success rate is stored in the library as `{model}_Bo{k}_score`, which
-`codegym export` writes into extra_info (and `--difficulty` filters on).
+Writes OUT/episodes.jsonl (one line per counted episode: messages, actions, observations, reward,
+turns, tokens, end reason), OUT/failures.jsonl (attempts that failed outside the agent: the
+runtime or the LLM endpoint, with their error) and OUT/summary.json (success rate, pass@1, pass@k,
+mean turns, tokens, end reasons; per environment, overall and per task config; how many episodes
+were not counted and why), and prints the table. Run the same command again after an
+interruption or a failure: counted episodes are kept, the rest (failed attempts included) are
+played. With --library, each config's success rate over its counted episodes is stored in the
+library as `{model}_Bo{k}_score`, which `codegym export` writes into extra_info (and
+`--difficulty` filters on); a config with no counted episode gets no score. Exit code 1 when
+some episode of this run was not counted.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clients.runtime_client import AsyncRuntimeClient
+from clients.runtime_client import AsyncRuntimeClient, RuntimeUnavailable
 from codegym.contract import parse_ability
 from codegym_cli.evaluation import (
-    END_REASONS,
+    COUNTED_REASONS,
+    FAILURE_REASONS,
     EvalTask,
     Evaluator,
+    RunCounts,
+    done_keys,
     run_episodes,
     summarize,
     tasks_from_instances,
@@ -63,15 +70,20 @@ def summary_table(summary: dict[str, Any]) -> Table:
         "mean turns",
         "tokens in/out",
         "end reasons",
+        "not counted",
     )
     for column in columns:
         table.add_column(column, justify="left" if column in ("environment", "end reasons") else "right")
 
     def row(name: str, f: dict[str, Any]) -> None:
-        reasons = ", ".join(f"{r} {f['end_reasons'][r]}" for r in END_REASONS if r in f["end_reasons"])
+        if not f.get("episodes"):  # only failed attempts: no figure to show
+            table.add_row(name, "0", "0", *["-"] * 6, str(f.get("not_counted", 0)))
+            return
+        reasons = ", ".join(f"{r} {f['end_reasons'][r]}" for r in COUNTED_REASONS if r in f["end_reasons"])
         table.add_row(
             name, str(f["tasks"]), str(f["episodes"]), f"{f['success_rate']:.1%}", f"{f['pass@1']:.3f}",
-            f"{f[f'pass@{k}']:.3f}", f"{f['mean_turns']:.1f}", f"{f['prompt_tokens']}/{f['completion_tokens']}", reasons,
+            f"{f[f'pass@{k}']:.3f}", f"{f['mean_turns']:.1f}", f"{f['prompt_tokens']}/{f['completion_tokens']}",
+            reasons, str(f.get("not_counted", 0)),
         )  # fmt: skip
 
     for env, figures in summary["environments"].items():
@@ -82,15 +94,45 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 
 def store_scores(library_path: str, summary: dict[str, Any]) -> int:
-    """Each evaluated config's success rate, into the library (matched by env id and config)."""
+    """Each config's success rate over its counted episodes, into the library (matched by env id
+    and config). `summary["configs"]` holds only configs with a counted episode: a config whose
+    every attempt failed outside the agent gets no score, rather than a 0 that would make it
+    "hard" for `codegym export --difficulty`."""
     scores = []
     for ability, figures in summary["configs"].items():
+        if not figures["samples"]:
+            continue
         parsed = parse_ability(ability)
         scores.append(
             (parsed.env_id, canonical_config(parsed.config), summary["score_name"], figures["success_rate"])
         )
     with Library(library_path) as library:
         return library.set_scores(scores)
+
+
+def report(summary: dict[str, Any], counts: RunCounts, out: Path, give_up_after: int) -> list[str]:
+    """The lines after the table: what this run played, and what was not counted and why."""
+    counted = summary["overall"].get("episodes", 0)
+    lines = [
+        f"{counts.played} episodes played now ({counts.counted} counted, {counts.failed} not counted); "
+        f"{counted} counted episodes in {out}/episodes.jsonl"
+    ]
+    missing = summary["not_counted"]
+    if missing["episodes"]:
+        reasons = ", ".join(
+            f"{r} {missing['reasons'][r]}" for r in FAILURE_REASONS if r in missing["reasons"]
+        )
+        lines.append(
+            f"{missing['episodes']} episodes not counted ({reasons}): they failed outside the agent, "
+            f"are kept in {out}/failures.jsonl and are played again by the same command; errors:"
+        )
+        lines += [f"  {e['episodes']} × {e['error']}" for e in missing["errors"]]
+    if counts.skipped:
+        lines.append(
+            f"stopped after {give_up_after} failed attempts in a row: {counts.skipped} episodes not "
+            "played; run the same command again once the runtime and the endpoint answer"
+        )
+    return lines
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -114,11 +156,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     total = len(tasks) * args.samples
     started = time.monotonic()
+    # An outage fails every attempt, each after its own retries: stop starting new ones soon.
+    give_up_after = max(16, 2 * args.concurrency) if args.give_up_after == "auto" else int(args.give_up_after)
 
-    async def main() -> int:
+    async def main() -> RunCounts:
         gateway = LLMGateway(settings_from(args), cache=None)  # samples must differ: no response cache
         try:
             async with AsyncRuntimeClient(args.target, timeout_s=args.step_timeout_s) as runtime:
+                # A runtime still starting (`codegym up &` just before) is waited for; one that
+                # never answers plays nothing, rather than a failed attempt per episode.
+                await runtime.wait_ready(args.wait_s)
                 evaluator = Evaluator(
                     runtime, gateway, params, tool_mode=args.tool_mode, max_turns=args.max_turns
                 )
@@ -126,29 +173,42 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=err, transient=False,
                 ) as bar:  # fmt: skip
-                    from codegym_cli.evaluation import done_keys
-
                     already = len(
                         done_keys(out / "episodes.jsonl")
                         & {f"{t.ability}#{s}" for t in tasks for s in range(args.samples)}
                     )
                     job = bar.add_task("episodes", total=total, completed=already)
-                    solved = [0, 0]
+                    seen = {"solved": 0, "failed": 0, "turns": 0}
 
                     def progress(result: dict[str, Any]) -> None:
-                        solved[0] += result["end_reason"] == "solved"
-                        solved[1] += result["turns"]
-                        rate = solved[1] / max(1e-9, time.monotonic() - started)
+                        seen["solved"] += result["end_reason"] == "solved"
+                        seen["failed"] += not result["counted"]
+                        seen["turns"] += result["turns"]
+                        rate = seen["turns"] / max(1e-9, time.monotonic() - started)
                         bar.update(
-                            job, advance=1, description=f"episodes ({solved[0]} solved, {rate:.0f} turns/s)"
+                            job,
+                            advance=1,
+                            description=f"episodes ({seen['solved']} solved, {seen['failed']} not counted, "
+                            f"{rate:.0f} turns/s)",
                         )
 
-                    return await run_episodes(evaluator, tasks, args.samples, out, args.concurrency, progress)
+                    return await run_episodes(
+                        evaluator,
+                        tasks,
+                        args.samples,
+                        out,
+                        args.concurrency,
+                        progress,
+                        give_up_after=give_up_after,
+                    )
         finally:
             await gateway.close()
 
     try:
-        played = asyncio.run(main())
+        counts = asyncio.run(main())
+    except RuntimeUnavailable as exc:
+        err.print(f"codegym eval: {exc}; nothing played")
+        return 1
     except KeyboardInterrupt:
         err.print("codegym eval: interrupted; run the same command again to continue")
         return 130
@@ -156,12 +216,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     summary["wall_s_last_run"] = round(time.monotonic() - started, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     Console(width=None if Console().is_terminal else 180).print(summary_table(summary))
-    note = f"{played} episodes played now, {summary['overall'].get('episodes', 0)} in {out}/episodes.jsonl"
+    lines = report(summary, counts, out, give_up_after)
     if args.library and not args.instances:
-        note += f"; {store_scores(args.library, summary)} configs scored in {args.library} as {summary['score_name']}"
-    print(note)
-    errors = summary["overall"].get("end_reasons", {})
-    return 1 if errors.get("llm_error") or errors.get("runtime_error") else 0
+        stored = store_scores(args.library, summary)
+        unscored = len({t.ability for t in tasks} - set(summary["configs"]))
+        lines.append(
+            f"{stored} configs scored in {args.library} as {summary['score_name']}"
+            + (f"; {unscored} configs without a counted episode not scored" if unscored else "")
+        )
+    print("\n".join(lines))
+    return 1 if counts.failed or counts.skipped else 0
+
+
+def count_or_auto(text: str) -> str:
+    """`--give-up-after`: a count ≥ 0, or "auto" (the default depends on --concurrency)."""
+    if text != "auto" and not (text.isdigit() and int(text) >= 0):
+        raise argparse.ArgumentTypeError(f"a count >= 0 or auto, not {text!r}")
+    return text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -195,5 +266,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--prefix", default="", help="only env ids starting with this")
     ev.add_argument("--limit", type=int, default=0, help="only the first N tasks (0 = all)")
     ev.add_argument("--step-timeout-s", type=float, default=60.0, help="deadline of one runtime call")
+    ev.add_argument(
+        "--wait-s", type=float, default=60.0, help="how long to wait for the runtime to answer at start"
+    )
+    ev.add_argument(
+        "--give-up-after",
+        type=count_or_auto,
+        default="auto",
+        help="start no new episode after this many failed attempts in a row (an outage); "
+        "0 = never, auto = max(16, 2 × --concurrency)",
+    )
     add_llm_arguments(ev, stages=False)
     ev.set_defaults(func=cmd_eval)

@@ -8,10 +8,19 @@ mode the action is the call between `<|FunctionCallBegin|>` markers (a reply wit
 call is sent as is, and the runtime's error text is what the model sees next, as in training);
 in json mode the model gets OpenAI tool schemas and its first `tool_calls` entry is the action.
 
-Every finished episode is one line of `OUT/episodes.jsonl`, written as it ends, so an
-interrupted run continues without redoing finished episodes. The summary (success rate, pass@1,
-pass@k with the unbiased estimator, turns, tokens, end reasons; per environment and overall, and
-per task config for difficulty filtering) is computed from that file.
+Only the agent's own outcomes are episodes: the reward reached, a wrong answer, the turn limit,
+replies without a valid tool call answered by the environment. An attempt that ended because
+something else failed (the runtime unreachable, a session lost, an internal error, the LLM
+endpoint failing past its retries) says nothing about the model: counting it as unsolved would
+make the figures measure the infrastructure, and a config's stored score would mark it "hard"
+for ever. Such an attempt is written to `OUT/failures.jsonl` with its error text and is played
+again by the next run of the same command; it never enters a figure or a score.
+
+Every counted episode is one line of `OUT/episodes.jsonl`, written as it ends, so an interrupted
+run continues without redoing finished episodes. The summary (success rate, pass@1, pass@k with
+the unbiased estimator, turns, tokens, end reasons; per environment and overall, and per task
+config for difficulty filtering) is computed from the counted episodes, and says how many were
+not counted and why.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from clients.actions import ActionParseError, from_tool_calls, parse_function_call
 from clients.runtime_client import AsyncRuntimeClient
 from codegym.contract import parse_ability
@@ -36,7 +47,15 @@ from codegym_cli.export import build_instances
 from services.runtime.library import Library
 from services.synthesis.llm import LLMGateway, LLMRejected, LLMUnavailable, StageParams, StageUsage
 
-END_REASONS = ("solved", "wrong_answer", "truncated", "format_errors", "llm_error", "runtime_error")
+# The agent's own outcomes: the only end reasons that make an episode (figures, scores).
+COUNTED_REASONS = ("solved", "wrong_answer", "truncated", "format_errors")
+# Failures outside the agent: the attempt is recorded with its error and played again next run.
+# runtime_error: a runtime call failed (unreachable, session lost, refused, internal error);
+# llm_error: the endpoint failed past its retries or refused the request;
+# internal_error: anything else (a bug of the evaluation loop itself).
+FAILURE_REASONS = ("runtime_error", "llm_error", "internal_error")
+END_REASONS = COUNTED_REASONS + FAILURE_REASONS
+MAX_ERROR_CHARS = 2000
 FORMAT_ERRORS = (rt.STEP_ERROR_CODE_INVALID_ACTION, rt.STEP_ERROR_CODE_UNKNOWN_TOOL)
 STAGE = "agent"
 
@@ -110,6 +129,26 @@ def score_name(model: str, samples: int) -> str:
     return f"{re.sub(r'[^A-Za-z0-9.-]+', '-', model).strip('-') or 'model'}_Bo{samples}_score"
 
 
+def error_text(exc: BaseException) -> str:
+    """What went wrong, never empty: the exception's type and message (and its cause when the
+    message says nothing), so a failed attempt can be diagnosed from `failures.jsonl` alone."""
+    message = str(exc).strip()
+    text = f"{type(exc).__name__}: {message}" if message else f"{type(exc).__name__} (no message): {exc!r}"
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and not message:
+        text += f" (caused by {type(cause).__name__}: {str(cause).strip() or repr(cause)})"
+    return text[:MAX_ERROR_CHARS]
+
+
+def failure_of(exc: BaseException) -> str:
+    """The failure reason of an exception that ended an attempt (see FAILURE_REASONS)."""
+    if isinstance(exc, LLMUnavailable | LLMRejected):
+        return "llm_error"
+    if isinstance(exc, grpc.RpcError):  # every CodeGymError of the runtime client is one
+        return "runtime_error"
+    return "internal_error"
+
+
 class Evaluator:
     """Plays episodes; create inside the running loop."""
 
@@ -139,6 +178,13 @@ class Evaluator:
         return self.tool_schemas[task.env_id]
 
     async def episode(self, task: EvalTask, sample: int) -> dict[str, Any]:
+        """One attempt at (task, sample): an episode (`counted`) or a failure with its error text.
+
+        Any exception ends the attempt as a failure, whatever call raised it: the model's
+        replies and the environment's answers (step errors included) arrive as values, so an
+        exception is always something outside the agent's control, and the partial
+        conversation is kept only to diagnose it.
+        """
         started = time.monotonic()
         usage = StageUsage()
         messages: list[dict[str, Any]] = [dict(m) for m in task.prompt]
@@ -147,26 +193,18 @@ class Evaluator:
         actions: list[str] = []
         observations: list[str] = []
         format_errors = 0
-        reward, done, truncated, reason = 0.0, False, False, ""
+        reward, done, truncated = 0.0, False, False
         limit = min(task.max_rounds, self.max_turns) if self.max_turns else task.max_rounds
+        session_id = ""
         try:
             tools = await self.schemas(task) if self.tool_mode == "json" else None
             session = await self.runtime.create_session(ability=task.ability)
-        except Exception as exc:  # the runtime refused the task: record it, go on with the others
-            return self.record(
-                task, sample, messages, actions, observations, "runtime_error", str(exc), usage, started
-            )
-        try:
+            session_id = session.session_id
             for _ in range(limit):
-                try:
-                    reply = await self.gateway.chat(STAGE, messages, self.params, tools=tools, usage=usage)
-                except (LLMUnavailable, LLMRejected) as exc:
-                    reason = "llm_error"
-                    observations.append(f"LLM error: {exc}")
-                    break
+                reply = await self.gateway.chat(STAGE, messages, self.params, tools=tools, usage=usage)
                 action, message, call_id = self.action_of(reply.text, list(reply.tool_calls))
                 messages.append(message)
-                step = await self.runtime.step(session.session_id, action)
+                step = await self.runtime.step(session_id, action)
                 actions.append(action)
                 observations.append(step.observation)
                 if step.error.code in FORMAT_ERRORS:
@@ -179,18 +217,27 @@ class Evaluator:
                 if done:
                     break
         except Exception as exc:
-            reason = "runtime_error"
-            observations.append(f"runtime error: {exc}")
+            return self.record(
+                task,
+                sample,
+                messages,
+                actions,
+                observations,
+                failure_of(exc),
+                error_text(exc),
+                usage,
+                started,
+            )
         finally:
-            with contextlib.suppress(Exception):
-                await self.runtime.close_session(session.session_id)
-        if not reason:
-            if done and not truncated:
-                reason = "solved" if reward >= 1.0 else "wrong_answer"
-            elif actions and format_errors == len(actions):
-                reason = "format_errors"
-            else:
-                reason = "truncated"
+            if session_id:
+                with contextlib.suppress(Exception):
+                    await self.runtime.close_session(session_id)
+        if done and not truncated:
+            reason = "solved" if reward >= 1.0 else "wrong_answer"
+        elif actions and format_errors == len(actions):
+            reason = "format_errors"
+        else:
+            reason = "truncated"
         result = self.record(task, sample, messages, actions, observations, reason, "", usage, started)
         result.update(reward=reward, format_errors=format_errors)
         return result
@@ -228,6 +275,7 @@ class Evaluator:
             "env_id": task.env_id,
             "sample": sample,
             "end_reason": reason,
+            "counted": reason in COUNTED_REASONS,
             "error": error,
             "reward": 0.0,
             "turns": len(actions),
@@ -241,16 +289,47 @@ class Evaluator:
         }
 
 
-def done_keys(path: Path) -> set[str]:
-    """Episodes already finished (a line cut by an interruption is not one)."""
-    keys = set()
+def is_counted(item: dict[str, Any]) -> bool:
+    """An episode that counts: the agent's own outcome. Lines written before failures were kept
+    apart (a `runtime_error` or `llm_error` in episodes.jsonl) are failures too."""
+    return item.get("end_reason") in COUNTED_REASONS
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file that have a key (a line cut by an interruption is skipped)."""
+    items: list[dict[str, Any]] = []
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                keys.add(json.loads(line)["key"])
+                item = json.loads(line)
+                str(item["key"])
             except (ValueError, KeyError, TypeError):
                 continue
-    return keys
+            items.append(item)
+    return items
+
+
+def done_keys(path: Path) -> set[str]:
+    """Episodes already counted: a rerun plays everything else, failed attempts included."""
+    return {item["key"] for item in read_lines(path) if is_counted(item)}
+
+
+def failures_path(episodes: Path) -> Path:
+    """Failed attempts live beside the episodes, never among them: whoever reads episodes.jsonl
+    (as training data, or for figures) gets only the agent's own outcomes."""
+    return episodes.with_name("failures.jsonl")
+
+
+@dataclass
+class RunCounts:
+    """What one run did. `failed` attempts are in failures.jsonl; `skipped` ones never started
+    because the run gave up after consecutive failures (an outage: every further attempt would
+    fail the same way, each after its own retries)."""
+
+    played: int = 0
+    counted: int = 0
+    failed: int = 0
+    skipped: int = 0
 
 
 async def run_episodes(
@@ -260,43 +339,84 @@ async def run_episodes(
     out: Path,
     concurrency: int,
     progress: Callable[[dict[str, Any]], None] | None = None,
-) -> int:
-    """Play every (task, sample) not yet in OUT/episodes.jsonl; returns how many were played now."""
+    *,
+    give_up_after: int = 0,
+) -> RunCounts:
+    """Play every (task, sample) not yet counted in OUT/episodes.jsonl.
+
+    Counted episodes go to OUT/episodes.jsonl, failed attempts to OUT/failures.jsonl. With
+    `give_up_after` > 0, no new attempt starts once that many attempts in a row have failed
+    (those left are `skipped`, and played by the next run like the failed ones).
+    """
     path = out / "episodes.jsonl"
     finished = done_keys(path)
     todo = [(t, s) for t in tasks for s in range(samples) if f"{t.ability}#{s}" not in finished]
     limit = asyncio.Semaphore(concurrency)
-    with open(path, "a", encoding="utf-8") as sink:
+    counts = RunCounts()
+    in_a_row = 0
+    with (
+        open(path, "a", encoding="utf-8") as sink,
+        open(failures_path(path), "a", encoding="utf-8") as failed,
+    ):
 
         async def one(task: EvalTask, sample: int) -> None:
+            nonlocal in_a_row
             async with limit:
+                if give_up_after and in_a_row >= give_up_after:
+                    counts.skipped += 1
+                    return
                 result = await evaluator.episode(task, sample)
-            sink.write(json.dumps(result, ensure_ascii=False) + "\n")
-            sink.flush()
+            counts.played += 1
+            if result["counted"]:
+                counts.counted += 1
+                in_a_row = 0
+                target = sink
+            else:
+                counts.failed += 1
+                in_a_row += 1
+                target = failed
+            target.write(json.dumps(result, ensure_ascii=False) + "\n")
+            target.flush()
             if progress is not None:
                 progress(result)
 
         await asyncio.gather(*(one(t, s) for t, s in todo))
-    return len(todo)
+    return counts
 
 
 def summarize(path: Path, samples: int, model: str) -> dict[str, Any]:
-    """Figures per environment and overall, and the success rate of every task config."""
+    """Figures per environment and overall, and the success rate of every task config.
+
+    Only counted episodes enter a figure. Failed attempts not since played to an end are
+    reported apart (`not_counted`: how many, why, the most frequent errors); a config with no
+    counted episode has no success rate at all (it is absent from `configs`).
+    """
     episodes: dict[str, dict[str, Any]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            item = json.loads(line)
-            episodes[item["key"]] = item
-        except (ValueError, KeyError, TypeError):
-            continue
+    failures: dict[str, dict[str, Any]] = {}
+    for item in read_lines(path) + read_lines(failures_path(path)):
+        (episodes if is_counted(item) else failures)[item["key"]] = item
+    outstanding = {key: item for key, item in failures.items() if key not in episodes}
     by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for item in episodes.values():
         by_task[item["ability"]].append(item)
+    failed_by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for item in outstanding.values():
+        failed_by_task[item["ability"]].append(item)
 
-    def figures(tasks: list[str]) -> dict[str, Any]:
+    def not_counted(items: list[dict[str, Any]]) -> dict[str, Any]:
+        errors = Counter(str(e.get("error") or e["end_reason"]).splitlines()[0][:300] for e in items)
+        return {
+            "episodes": len(items),
+            "reasons": dict(Counter(e["end_reason"] for e in items)),
+            "errors": [{"error": text, "episodes": n} for text, n in errors.most_common(5)],
+        }
+
+    def figures(abilities: list[str]) -> dict[str, Any]:
+        tasks = [t for t in abilities if by_task.get(t)]
         items = [e for t in tasks for e in by_task[t]]
+        failed = [e for t in abilities for e in failed_by_task.get(t, [])]
         if not items:
-            return {}
+            return {"tasks": 0, "episodes": 0, "not_counted": len(failed)} if failed else {}
         solved = [sum(e["end_reason"] == "solved" for e in by_task[t]) for t in tasks]
         counts = [len(by_task[t]) for t in tasks]
         return {
@@ -315,17 +435,20 @@ def summarize(path: Path, samples: int, model: str) -> dict[str, Any]:
             "prompt_tokens": sum(e["prompt_tokens"] for e in items),
             "completion_tokens": sum(e["completion_tokens"] for e in items),
             "end_reasons": dict(Counter(e["end_reason"] for e in items)),
+            "not_counted": len(failed),
         }
 
     envs: dict[str, list[str]] = defaultdict(list)
-    for ability, items in by_task.items():
+    for ability in sorted(set(by_task) | set(failed_by_task)):
+        items = by_task.get(ability) or failed_by_task[ability]
         envs[items[0]["env_id"]].append(ability)
     name = score_name(model, samples)
     return {
         "model": model,
         "samples": samples,
         "score_name": name,
-        "overall": figures(list(by_task)),
+        "overall": figures([a for abilities in envs.values() for a in abilities]),
+        "not_counted": not_counted(list(outstanding.values())),
         "environments": {env: figures(abilities) for env, abilities in sorted(envs.items())},
         "configs": {
             ability: {
@@ -333,6 +456,7 @@ def summarize(path: Path, samples: int, model: str) -> dict[str, Any]:
                 "samples": len(items),
                 "solved": sum(e["end_reason"] == "solved" for e in items),
                 "success_rate": round(sum(e["end_reason"] == "solved" for e in items) / len(items), 4),
+                "not_counted": len(failed_by_task.get(ability, [])),
             }
             for ability, items in sorted(by_task.items())
         },

@@ -4,26 +4,35 @@ Every figure of the summary is checked against what the script implies: an oracl
 everything, a wrong one ends every episode at once, a malformed one only makes format errors, one
 that never calls Done is truncated at the round limit; native tool calls, an endpoint that fails
 with 429 and 500 first, difficulty filtering on export, and resuming after a kill.
+
+Only the agent's own outcomes count: a runtime that goes away mid-run and an endpoint that fails
+past its retries leave failed attempts with their error, outside every figure and score, and
+the same command played again plays exactly those. The scripted server as the README starts it
+(`python -m tests.helpers.fake_llm`) plays every sample environment as its oracle would.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from codegym_cli.evaluation import done_keys, summarize
 from services.runtime.library import Library
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
 from tests.helpers.agents import flaky, malformed_agent, never_done_agent, oracle_agent, wrong_agent
-from tests.helpers.fake_llm import ScriptedLLM
+from tests.helpers.fake_llm import Reply, ScriptedLLM
+from tests.helpers.sample_configs import SAMPLE_CLASSES, sample_configs
 from tests.helpers.servers import ServerProcess
 
 TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
@@ -44,18 +53,29 @@ def task_texts(library: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def runtime(library: Path) -> Iterator[str]:
+def sandbox() -> Iterator[str]:
+    """Two sandbox workers (their addresses, comma-separated), shared by every runtime here."""
     workers = [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"]) for _ in range(2)]
-    sandbox = ",".join(w.address for w in workers)
-    server = ServerProcess(
-        ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", sandbox]
+    try:
+        yield ",".join(w.address for w in workers)
+    finally:
+        for worker in workers:
+            worker.stop()
+
+
+def start_runtime(library: Path, sandbox: str, port: int = 0) -> ServerProcess:
+    return ServerProcess(
+        ["serve", "runtime", "--port", str(port), "--library", str(library), "--sandbox", sandbox]
     )
+
+
+@pytest.fixture(scope="module")
+def runtime(library: Path, sandbox: str) -> Iterator[str]:
+    server = start_runtime(library, sandbox)
     try:
         yield server.address
     finally:
         server.stop()
-        for worker in workers:
-            worker.stop()
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +106,37 @@ def short_instances(instances: Path) -> Path:
     return short
 
 
+def eval_command(runtime: str, llm: ScriptedLLM, out: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "codegym_cli.cli", "eval", "--target", runtime, "--llm-base-url", llm.base_url,
+            "--model", "scripted-agent", "--out", str(out), "--max-retries", "4", "--backoff-s", "0.05", *args]  # fmt: skip
+
+
 def run_eval(runtime: str, llm: ScriptedLLM, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "eval", "--target", runtime, "--llm-base-url", llm.base_url,
-         "--model", "scripted-agent", "--out", str(out), "--max-retries", "4", "--backoff-s", "0.05", *args],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
+        eval_command(runtime, llm, out, *args), capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def scores_of(library: Path, prefix: str) -> dict[str, dict[str, float]]:
+    """config JSON → its scores, for the task configs of environments starting with `prefix`."""
+    with Library(library) as lib:
+        return {
+            t.config_json: dict(t.scores)
+            for env_id, record in lib.load_all().items()
+            if env_id.startswith(prefix)
+            for t in record.tasks
+        }
 
 
 def summary_of(out: Path) -> dict[str, Any]:
@@ -252,3 +297,203 @@ def test_a_killed_run_resumes_without_replaying_finished_episodes(
     replayed = lines[len(finished) :]
     assert after - before == sum(x["turns"] for x in replayed)
     assert summary_of(out)["overall"]["end_reasons"] == {"solved": 24}
+
+
+def test_a_runtime_lost_mid_run_costs_a_rerun_not_a_figure(
+    library: Path, sandbox: str, instances: Path, task_texts: dict[str, str], tmp_path: Path
+) -> None:
+    agent = oracle_agent(TRAJECTORIES, task_texts)
+    # Once armed, a request from an episode past its second step waits for `release`: the runtime
+    # goes away while episodes are mid-way (sessions with steps made), not between episodes.
+    armed, reached, release = threading.Event(), threading.Event(), threading.Event()
+
+    def gated(body: dict[str, Any]) -> Reply:
+        if armed.is_set() and len(body["messages"]) >= 6:
+            reached.set()
+            release.wait(120)
+        return agent(body)
+
+    out = tmp_path / "out"
+    args = ("--instances", str(instances), "--samples", "2", "--concurrency", "2", "--give-up-after", "6")
+    first = start_runtime(library, sandbox)
+    port = int(first.address.rsplit(":", 1)[1])
+    try:
+        with ScriptedLLM(gated) as llm:
+            command = eval_command(first.address, llm, out, *args)
+            with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+                proc = subprocess.Popen(command, stdout=stdout, stderr=stderr, cwd=ROOT)
+                try:
+                    wait_until(
+                        lambda: len(jsonl(out / "episodes.jsonl")) >= 4 or proc.poll() is not None,
+                        180,
+                        "4 counted episodes",
+                    )
+                    armed.set()
+                    wait_until(lambda: reached.is_set() or proc.poll() is not None, 60, "an episode mid-way")
+                    assert proc.poll() is None, "the run ended before the runtime went away"
+                    first.stop(signal.SIGKILL)
+                    release.set()
+                    code = proc.wait(300)
+                finally:
+                    release.set()
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait(10)
+            text = (tmp_path / "stdout").read_text()
+            finished = jsonl(out / "episodes.jsonl")
+            failed = jsonl(out / "failures.jsonl")
+            summary = summary_of(out)
+            assert code == 1, text + (tmp_path / "stderr").read_text()[-2000:]
+            assert 4 <= len(finished) < 24 and failed
+            # Every failure is the runtime's, with a diagnosable error, and outside the figures.
+            assert {f["end_reason"] for f in failed} == {"runtime_error"}
+            assert all(re.match(r"^[A-Z]\w+: \S", f["error"]) for f in failed)
+            assert any("UNAVAILABLE" in f["error"] for f in failed)
+            assert any(f["turns"] >= 2 for f in failed)  # lost mid-episode, after steps were made
+            assert not {f["key"] for f in failed} & {e["key"] for e in finished}
+            overall = summary["overall"]
+            assert overall["episodes"] == len(finished) and overall["end_reasons"] == {
+                "solved": len(finished)
+            }
+            assert overall["success_rate"] == overall["pass@1"] == 1.0
+            assert summary["not_counted"]["episodes"] == len(failed)
+            assert summary["not_counted"]["reasons"] == {"runtime_error": len(failed)}
+            assert f"{len(failed)} episodes not counted (runtime_error {len(failed)})" in text
+            skipped = re.search(r"(\d+) episodes not played", text)
+            assert len(finished) + len(failed) + (int(skipped.group(1)) if skipped else 0) == 24
+
+            # The same command against a runtime on the same address plays exactly what was lost.
+            second = start_runtime(library, sandbox, port)
+            try:
+                before = llm.count()
+                rerun = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+                requests = llm.count() - before
+            finally:
+                second.stop()
+    finally:
+        first.stop()
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr[-2000:]
+    lines = jsonl(out / "episodes.jsonl")
+    assert lines[: len(finished)] == finished  # the counted episodes are kept as they were
+    replayed = lines[len(finished) :]
+    assert len(lines) == len({x["key"] for x in lines}) == 24
+    assert {x["key"] for x in replayed} >= {f["key"] for f in failed}
+    assert requests == sum(x["turns"] for x in replayed)  # nothing finished was played again
+    summary = summary_of(out)
+    assert summary["overall"]["end_reasons"] == {"solved": 24} and summary["overall"]["success_rate"] == 1.0
+    assert summary["not_counted"]["episodes"] == 0
+    assert f"{len(replayed)} episodes played now ({len(replayed)} counted, 0 not counted)" in rerun.stdout
+
+
+def test_a_failing_endpoint_scores_nothing_and_is_played_again(
+    runtime: str, library: Path, task_texts: dict[str, str], tmp_path: Path
+) -> None:
+    lib = tmp_path / "lib.db"
+    shutil.copy(library, lib)
+    out = tmp_path / "out"
+    args = ("--library", str(lib), "--prefix", "Sample_0003", "--samples", "2")
+    with ScriptedLLM(lambda body: Reply(status=500, error="scripted outage")) as llm:
+        result = run_eval(runtime, llm, out, *args, "--give-up-after", "0")
+        requests = llm.count()
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert requests == 18 * 5  # each episode's first request, tried 1 + --max-retries times
+    failed = jsonl(out / "failures.jsonl")
+    assert len(failed) == 18 and jsonl(out / "episodes.jsonl") == []
+    assert all(f["end_reason"] == "llm_error" and f["turns"] == 0 for f in failed)
+    assert all(
+        f["error"].startswith("LLMUnavailable: agent: LLM endpoint unavailable after 5 attempts: 500")
+        and "scripted outage" in f["error"]
+        for f in failed
+    )
+    summary = summary_of(out)
+    assert summary["overall"] == {"tasks": 0, "episodes": 0, "not_counted": 18}
+    assert summary["configs"] == {}
+    assert "18 episodes not counted (llm_error 18)" in result.stdout
+    assert "18 × LLMUnavailable: agent: LLM endpoint unavailable" in result.stdout
+    assert (
+        "0 configs scored" in result.stdout
+        and "9 configs without a counted episode not scored" in result.stdout
+    )
+    name = summary["score_name"]
+    assert all(name not in scores for scores in scores_of(lib, "Sample_0003").values())
+
+    # Nothing was measured, so nothing is "hard": the export keeps no config.
+    hard = tmp_path / "hard.jsonl"
+    export = subprocess.run(
+        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(lib), "--out", str(hard),
+         "--include-unverified", "--difficulty", str(out / "summary.json"), "--max-success", "0.25"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert jsonl(hard) == [] and "dropped 0 outside, 108 not evaluated" in export.stderr
+
+    with ScriptedLLM(oracle_agent(TRAJECTORIES, task_texts)) as llm:
+        rerun = run_eval(runtime, llm, out, *args)
+        requests = llm.count()
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    played = jsonl(out / "episodes.jsonl")
+    assert sorted(x["key"] for x in played) == sorted(f["key"] for f in failed)
+    assert requests == sum(x["turns"] for x in played)
+    summary = summary_of(out)
+    assert summary["overall"]["end_reasons"] == {"solved": 18} and summary["not_counted"]["episodes"] == 0
+    assert [scores[name] for scores in scores_of(lib, "Sample_0003").values()] == [1.0] * 9
+
+
+def test_the_scripted_server_plays_the_sample_envs_as_their_oracle(sandbox: str, tmp_path: Path) -> None:
+    """The default script (what `python -m tests.helpers.fake_llm` serves, as the README starts it)
+    plays as an agent, on configs no trajectory was recorded for."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        "".join(
+            json.dumps({"env_id": path.stem, "difficulty": "medium", "config": config}) + "\n"
+            for path in sorted(ENV_DIR.glob("*__*Env.py"))
+            for config in sample_configs(path.stem.split("__", 1)[1], 1, seed=2024)
+        )
+    )
+    recorded = {json.dumps(t["config"], sort_keys=True) for t in TRAJECTORIES}
+    assert not any(
+        json.dumps(json.loads(x)["config"], sort_keys=True) in recorded
+        for x in tasks.read_text().splitlines()
+    )
+    lib = tmp_path / "lib.db"
+    with Library(lib) as library:
+        library.import_paths([ENV_DIR, tasks])
+    server = start_runtime(lib, sandbox)
+    try:
+        with ScriptedLLM() as llm:
+            text = run_eval(server.address, llm, tmp_path / "text", "--library", str(lib))
+            native = run_eval(
+                server.address, llm, tmp_path / "json", "--library", str(lib), "--tool-mode", "json",
+                "--prefix", "Sample_000",
+            )  # fmt: skip
+    finally:
+        server.stop()
+    assert text.returncode == 0, text.stderr[-2000:]
+    summary = summary_of(tmp_path / "text")
+    assert summary["overall"]["end_reasons"] == {"solved": len(SAMPLE_CLASSES)} == {"solved": 12}
+    assert summary["overall"]["success_rate"] == 1.0
+    assert set(summary["environments"]) == {p.stem for p in ENV_DIR.glob("*__*Env.py")}
+    assert "12 configs scored" in text.stdout
+    assert all(s == {"scripted-agent_Bo1_score": 1.0} for s in scores_of(lib, "").values())
+    assert native.returncode == 0, native.stderr[-2000:]
+    assert summary_of(tmp_path / "json")["overall"]["end_reasons"] == {"solved": 9}
+    episode = jsonl(tmp_path / "json" / "episodes.jsonl")[0]
+    assert episode["messages"][-1]["role"] == "tool" and episode["messages"][-2]["tool_calls"]
+
+
+def test_failures_an_older_version_wrote_as_episodes_are_played_again(tmp_path: Path) -> None:
+    """Before failures were kept apart, `runtime_error`/`llm_error` lines sat in episodes.jsonl."""
+    ability = 'codegym_v1@Sample_0006_I__ArrayGcdEnv@{"nums": [12, 18]}'
+    base = {"ability": ability, "env_id": "Sample_0006_I__ArrayGcdEnv", "turns": 3, "prompt_tokens": 1,
+            "completion_tokens": 1, "error": ""}  # fmt: skip
+    lines = [
+        {**base, "key": f"{ability}#0", "sample": 0, "end_reason": "solved"},
+        {**base, "key": f"{ability}#1", "sample": 1, "end_reason": "runtime_error"},
+        {**base, "key": f"{ability}#2", "sample": 2, "end_reason": "llm_error"},
+    ]
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"key": "cut by a kil')
+    assert done_keys(path) == {f"{ability}#0"}
+    summary = summarize(path, 3, "m")
+    assert summary["overall"]["episodes"] == 1 and summary["overall"]["success_rate"] == 1.0
+    assert summary["not_counted"]["reasons"] == {"runtime_error": 1, "llm_error": 1}
+    assert summary["configs"][ability]["samples"] == 1

@@ -7,6 +7,12 @@ problems of examples/problems.jsonl it answers with their real sample environmen
 configs (tests/helpers/sample_configs.py) and each env's own solve() among wrong candidates, so a
 pipeline run over those problems ends with a verified library; any other problem gets the
 ArrayGcd sample environment renamed per problem.
+
+It also plays as an agent (`codegym eval`): a chat completion whose first user message is
+CodeGym's protocol and a sample environment's task (or ArrayGcd's, which the renamed fallback
+environments share) is answered with the next tool call of that environment's own solve()
+(tests/helpers/solve_agent.py), as function-call text, or as a native tool call when the request
+carries `tools`. Any config of those environments is solved that way, a pipeline's as well.
 """
 
 from __future__ import annotations
@@ -19,11 +25,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from codegym.contract.source import method_source
 from tests.conftest import ENV_DIR
+from tests.helpers import solve_agent
 from tests.helpers.sample_configs import SAMPLE_CLASSES, sample_configs
+from tests.helpers.solve_agent import (
+    QUESTION_MARK,
+    first_user_text,
+    is_agent_request,
+    next_action,
+    observations_of,
+    tool_call,
+)
 
 SAMPLE = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py").read_text()
 SAMPLE_TASK = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.task.md").read_text().strip()
@@ -34,6 +50,7 @@ class SampleEnv:
     env_class: str
     source: str
     task: str
+    path: Path
 
 
 def _sample_envs() -> dict[str, SampleEnv]:
@@ -44,7 +61,7 @@ def _sample_envs() -> dict[str, SampleEnv]:
         for path in ENV_DIR.glob(f"{problem['question_id']}__*Env.py"):
             env_class = path.stem.split("__", 1)[1]
             task = path.with_suffix(".task.md").read_text().strip()
-            by_question[problem["question"]] = SampleEnv(env_class, path.read_text(), task)
+            by_question[problem["question"]] = SampleEnv(env_class, path.read_text(), task, path)
     return by_question
 
 
@@ -65,7 +82,9 @@ class Reply:
 
 
 def stage_of(body: dict[str, Any]) -> str:
-    text = body["messages"][-1]["content"]
+    if is_agent_request(body):
+        return "agent"
+    text = str(body["messages"][-1].get("content") or "")
     if text.startswith("Turn a coding problem"):
         return "environment"
     if text.startswith("Write 5 HARD"):
@@ -148,9 +167,34 @@ def sample_script(body: dict[str, Any], sample: SampleEnv) -> Reply:
     return Reply([variants[i % len(variants)] for i in range(n)])
 
 
+def sample_by_task(user_text: str) -> SampleEnv | None:
+    """The sample environment whose task statement is the agent's question (the longest wins)."""
+    question = user_text.split(QUESTION_MARK, 1)[-1]
+    matches = [s for s in SAMPLES_BY_CLASS.values() if s.task and s.task in question]
+    return max(matches, key=lambda s: len(s.task), default=None)
+
+
+def agent_script(body: dict[str, Any]) -> Reply:
+    """An agent's turn: the oracle's next tool call (a reply without one when it has none)."""
+    n = int(body.get("n") or 1)
+    messages = body["messages"]
+    sample = sample_by_task(first_user_text(messages))
+    if sample is None:
+        return Reply(["I do not know this task, so I call no tool."] * n)
+    seen = observations_of(messages)
+    action = next_action(sample.path, sample.env_class, seen)
+    if action is None:
+        return Reply(["I have no tool left to call."] * n)
+    if body.get("tools"):
+        return Reply([""] * n, tool_calls=[[tool_call(action, len(seen))]] * n)
+    return Reply([f"<|FunctionCallBegin|>[{action}]<|FunctionCallEnd|>"] * n)
+
+
 def default_script(body: dict[str, Any]) -> Reply:
     n = int(body.get("n") or 1)
     stage = stage_of(body)
+    if stage == "agent":
+        return agent_script(body)
     sample = sample_for(body)
     if sample is not None:
         return sample_script(body, sample)
@@ -268,6 +312,7 @@ class ScriptedLLM:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+        solve_agent.stop()  # the agent's child interpreter, if it played (restarted on demand)
 
     def count(self, stage: str | None = None) -> int:
         with self.lock:
@@ -279,8 +324,9 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(
         prog="python -m tests.helpers.fake_llm",
-        description="A scripted OpenAI-compatible server on 127.0.0.1, to try `codegym synthesize` and "
-        "`codegym pipeline run` without a model; it prints the base URL to pass as --llm-base-url. "
+        description="A scripted OpenAI-compatible server on 127.0.0.1, to try `codegym synthesize`, "
+        "`codegym pipeline run` and `codegym eval` (it plays the sample environments as their oracle "
+        "would) without a model; it prints the base URL to pass as --llm-base-url. "
         "Example: python -m tests.helpers.fake_llm --port 8000",
     )
     parser.add_argument("--port", type=int, default=0, help="port (default 0: any free port)")
