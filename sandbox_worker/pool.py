@@ -25,6 +25,7 @@ from codegym.metrics import (
     SANDBOX_OPERATIONS,
     SANDBOX_RETRIES,
 )
+from sandbox_worker.inside.settings import JailSettings
 from sandbox_worker.jail import Jail, JailDied, make_workdir
 from sandbox_worker.limits import JailLimits, detect_cgroups, isolation_summary
 
@@ -55,13 +56,13 @@ class JailPool:
         size: int,
         limits: JailLimits | None = None,
         *,
-        resident_cap: int = 64,
-        resident_idle_s: float = 300.0,
+        resident_cap: int = JailSettings.resident_cap,
+        resident_idle_s: float = JailSettings.resident_idle_s,
     ) -> None:
         self.size = size
         self.limits = limits or JailLimits()
-        self.resident_cap = resident_cap
-        self.resident_idle_s = resident_idle_s
+        # Told to every jail once, at its start: they hold for every operation.
+        self.settings = JailSettings(resident_cap=resident_cap, resident_idle_s=resident_idle_s)
         self.cgroups = detect_cgroups()
         self.isolation = isolation_summary(self.cgroups)
         self.workdir: Path = make_workdir()
@@ -81,7 +82,9 @@ class JailPool:
     async def start(self) -> None:
         if not self.cgroups:
             log.warning("cgroups are not writable here: jails are limited by rlimits only")
-        self.jails = [Jail(i, self.limits, self.cgroups, self.workdir) for i in range(self.size)]
+        self.jails = [
+            Jail(i, self.limits, self.cgroups, self.workdir, self.settings) for i in range(self.size)
+        ]
         try:
             await asyncio.gather(*(j.start() for j in self.jails))
         except BaseException:
@@ -122,9 +125,6 @@ class JailPool:
         session = str(request.get("session") or "")
         jail = await self._acquire(self.affinity.get(session) if session else None)
         request = {**request, "id": next(self._ids)}
-        if session:
-            request["resident_cap"] = self.resident_cap
-            request["resident_idle_s"] = self.resident_idle_s
         op = str(request.get("op", ""))
         started = time.perf_counter()
         try:

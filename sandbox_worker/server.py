@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from codegym.errors import add_lenient
 from codegym.grpcutil import ManagedServer
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+from sandbox_worker.inside.settings import JailSettings
 from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits
 from sandbox_worker.pool import JailPool
 from sandbox_worker.service import SandboxServicer
@@ -30,8 +31,8 @@ class SandboxWorker:
         defaults: RequestLimits = DEFAULT_LIMITS,
         maximum: RequestLimits = MAX_LIMITS,
         max_pending: int = 0,
-        resident_cap: int = 64,
-        resident_idle_s: float = 300.0,
+        resident_cap: int = JailSettings.resident_cap,
+        resident_idle_s: float = JailSettings.resident_idle_s,
     ) -> None:
         self.pool = JailPool(jails, jail_limits, resident_cap=resident_cap, resident_idle_s=resident_idle_s)
         self.servicer = SandboxServicer(

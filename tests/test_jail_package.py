@@ -46,6 +46,7 @@ def test_every_module_inside_imports_the_standard_library_only() -> None:
         for name, level, in_function in imports(str(path))
         if level == 0
         and name.split(".")[0] not in sys.stdlib_module_names
+        and name.split(".")[0] != "inside"  # the package itself, as the jail names it
         and not (in_function and name.split(".")[0] in ENVIRONMENT_LIBRARIES)
     }
     assert outside == set()
