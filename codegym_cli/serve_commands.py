@@ -246,8 +246,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     runtime.add_argument(
         "--step-lease-s",
         type=float,
-        default=30.0,
-        help="with Redis: how long a dead replica's step can block its session",
+        default=5.0,
+        help="with Redis: how long a dead replica's step can block its session (a live replica renews "
+        "the lease every third of it while its step runs, however long the step)",
     )
     runtime.set_defaults(func=_serve_runtime)
 

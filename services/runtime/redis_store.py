@@ -4,7 +4,7 @@ A session is a Redis hash (`codegym:session:{id}`) with the idle TTL as the key'
 on every write; a sorted set indexes live sessions by expiry time for counting and for reporting
 expiries. Steps of one session are serialized across replicas by a lease (`SET NX PX` with a
 random token, released only by its holder). The holder renews its lease every third of its length
-while the step runs, so a step longer than the lease (steps may run 60 s, the lease is 30 s by
+while the step runs, so a step longer than the lease (steps may run 60 s, the lease is 5 s by
 default) keeps it; a replica that dies stops renewing, so its session is free again after at most
 the lease.
 
@@ -109,7 +109,7 @@ def _mapping(session: Session) -> dict[Any, Any]:
 class RedisSessionStore:
     """A `SessionStore` on Redis (the `redis` package's asyncio client). Create inside the loop."""
 
-    def __init__(self, url: str, ttl_s: float, *, lease_s: float = 30.0, prefix: str = "codegym:") -> None:
+    def __init__(self, url: str, ttl_s: float, *, lease_s: float = 5.0, prefix: str = "codegym:") -> None:
         self.redis = aioredis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.lease_ms = int(lease_s * 1000)
