@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients.runtime_client import EnvFailed, RuntimeClient
+from clients.runtime_client import EnvFailed, RuntimeClient, StepConflict
 from codegym.errors import REASON_TRAILER, table_markdown
 from services.runtime.library import Library
 from tests.conftest import ROOT
@@ -138,4 +138,22 @@ def test_an_action_reaches_the_environment_as_its_own_json_loads_reads_it(client
     assert client.step(session, '[{"name": "Add", "arguments": {"amount": -Infinity}}]').observation == "nan"
     both = client.step(session, '{"name": "Add", "parameters": {"amount": 1}, "arguments": {"amount": 1}}')
     assert both.HasField("error") and "not both" in both.error.message and both.step_index == 3
+    client.close_session(session)
+
+
+def test_a_resent_step_gets_its_recorded_reply_and_another_action_with_that_index_a_conflict(
+    client: RuntimeClient,
+) -> None:
+    session = client.create_session(env_id=COUNTER, config={"target": 3}).session_id
+    add_two = '{"name": "Add", "parameters": {"amount": 2}}'
+    first = client.step(session, add_two, step_index=0)
+    assert (first.observation, first.step_index) == ("2", 1)
+    # The same step again (its reply lost): the recorded reply, not a second application.
+    again = client.step(session, add_two, step_index=0)
+    assert again == first
+    # A different action with the same index: a caller that missed this step, told so.
+    with pytest.raises(StepConflict) as caught:
+        client.step(session, '{"name": "Add", "parameters": {"amount": 5}}', step_index=0)
+    assert caught.value.code() == grpc.StatusCode.ABORTED and "another action" in caught.value.details()
+    assert client.step(session, '{"name": "Observe", "parameters": {}}').observation == "2"
     client.close_session(session)

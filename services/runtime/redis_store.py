@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 FIELDS = (
     "env_id", "config_json", "state", "max_steps", "step_timeout_ms", "seed", "step_index", "reward", "done",
-    "truncated", "last_reply",
+    "truncated", "last_reply", "last_action",
 )  # fmt: skip
 # Replace the hash only if its step_index is still ARGV[1] and, when a lease token is given
 # (ARGV[5]), the step lease KEYS[3] still holds it; then renew the expiry and the index.
@@ -103,6 +103,7 @@ def _mapping(session: Session) -> dict[Any, Any]:
         "done": int(session.done),
         "truncated": int(session.truncated),
         "last_reply": session.last_reply,
+        "last_action": session.last_action,
     }
 
 
@@ -158,6 +159,7 @@ class RedisSessionStore:
             done=f["done"] == b"1",
             truncated=f["truncated"] == b"1",
             last_reply=bytes(f.get("last_reply", b"")),
+            last_action=bytes(f.get("last_action", b"")).decode(),
         )
         session.touch()  # Redis holds only live sessions (its expiry is the idle TTL)
         return session

@@ -63,6 +63,10 @@ class RuntimeConfig:
     retry_after_ms: int = 1_000
 
 
+def action_digest(action: str) -> str:
+    return hashlib.sha256(action.encode()).hexdigest()
+
+
 def session_seed(session_id: str) -> int:
     return int.from_bytes(hashlib.sha256(session_id.encode()).digest()[:8], "big") >> 1
 
@@ -225,10 +229,10 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     Reason.SESSION_DONE,
                     f"session {shown(session_id)} is {ended} after {session.step_index} steps; Reset it or open a new one",
                 )
-            if request.HasField("step_index") and request.step_index != session.step_index:
-                return self._retried(session, request.step_index)
             record = self.catalog.env(session.env_id)
             action, error = self._action(request, record)
+            if request.HasField("step_index") and request.step_index != session.step_index:
+                return self._retried(session, request.step_index, action)
             if error is None:
                 op = sb.Operation(
                     source=sb.SourceRef(sha256=record.sha256),
@@ -267,6 +271,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 step_index=session.step_index,
             )
             session.last_reply = reply.SerializeToString()
+            session.last_action = action_digest(action)
             if not await self.store.commit(session, started_at):
                 # Another replica applied a step to this session meanwhile (our lease ran out).
                 raise Refusal(
@@ -276,10 +281,19 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             return reply
 
     @staticmethod
-    def _retried(session: Session, step_index: int) -> rt.StepResponse:
-        """A step sent again after its reply was lost: answered from the record, never applied twice."""
+    def _retried(session: Session, step_index: int, action: str) -> rt.StepResponse:
+        """A step sent again after its reply was lost: answered from the record, never applied twice.
+
+        Only the same action gets the record: another action with that index is a caller that
+        missed a step someone else applied, which must hear so rather than get another's reply."""
         if step_index == session.step_index - 1 and session.last_reply:
-            return rt.StepResponse.FromString(session.last_reply)
+            if not session.last_action or session.last_action == action_digest(action):
+                return rt.StepResponse.FromString(session.last_reply)
+            raise Refusal(
+                Reason.STEP_CONFLICT,
+                f"step {step_index} of session {shown(session.session_id)} was applied with another action; "
+                f"the session is at step {session.step_index}",
+            )
         raise Refusal(
             Reason.STEP_CONFLICT,
             f"session {shown(session.session_id)} is at step {session.step_index}, not {step_index}",

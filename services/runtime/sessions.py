@@ -49,6 +49,9 @@ class Session:
     # The serialized StepResponse of the last committed step: a client that lost that reply and
     # sends the step again (naming its step index) gets it back instead of a second application.
     last_reply: bytes = b""
+    # sha256 of the canonical action that step applied: a resend must carry the same action, or
+    # it is a different step sent with a stale index (STEP_CONFLICT), never silently dropped.
+    last_action: str = ""
 
     def touch(self, now: float | None = None) -> None:
         self.last_used = time.monotonic() if now is None else now
