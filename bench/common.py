@@ -34,19 +34,18 @@ async def serve_echo() -> None:
 
 
 def start_process(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    """`python ARGS...` once it prints `listening on HOST:PORT`: (its process, that address).
+
+    The shared server lifecycle (`codegym.procs`): the process dies with the benchmark however the
+    benchmark ends, and its output keeps being drained so it never blocks on a full pipe. Imported
+    here, not at the top: this file also runs as the bare echo server, whose footprint is the floor.
+    """
+    from codegym.procs import ServerProcess
+
+    server = ServerProcess(
+        [sys.executable, *args], name=" ".join(args[:4]), stderr=subprocess.DEVNULL, keep=50
     )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if "listening on" in line:
-            return proc, line.split("listening on ")[1].split()[0]
-        if not line:
-            break
-    proc.kill()
-    raise RuntimeError(f"{args} did not start")
+    return server.proc, server.address
 
 
 def echo_callable(channel: grpc.aio.Channel) -> Callable[[bytes], Awaitable[bytes]]:

@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from codegym.grpcutil import aio_channel, wait_serving
+from codegym.procs import ServerProcess, codegym_command
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym_cli.pipeline import LLM_STAGES, STAGES, Pipeline, PipelineConfig
@@ -52,14 +53,17 @@ SHORT = {
 
 @contextmanager
 def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, str]]:
-    """(synthesis, verification) addresses: the ones given, or servers started here until exit."""
-    from codegym_cli.up_command import Child
+    """(synthesis, verification) addresses: the ones given, or servers started here until exit.
 
+    Started ones are stopped on the way out, and die with this process however it ends (they are
+    forked from the main thread with `PR_SET_PDEATHSIG`, see `codegym.procs`).
+    """
     with ExitStack() as stack:
-        started: list[Child] = []
+        started: list[ServerProcess] = []
 
         def start(name: str, argv: list[str]) -> str:
-            child = Child(name, [*argv, "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"])
+            args = [*argv, "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
+            child = ServerProcess(codegym_command(args), name=name, stderr=None, keep=200)
             started.append(child)
             stack.callback(child.stop)
             return child.address

@@ -3,26 +3,26 @@
 Each server runs as its own process (as it would in a cluster) under a small supervisor: a server
 that dies is started again on the same port, after a back-off, while the others keep serving
 (the runtime's channel finds a restarted worker by itself, and re-runs a lost step on another
-worker). The set stops on Ctrl-C/SIGTERM, or when a server dies too often to be kept up.
+worker). The set stops on Ctrl-C/SIGTERM, or when a server dies too often to be kept up. However
+this command ends (SIGKILL and OOM kills included), every process it started ends with it: each
+child has `PR_SET_PDEATHSIG`, and a worker's jails die with the worker (see `codegym.procs`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from codegym.grpcutil import wait_serving
+from codegym.procs import RedisServer, ServerProcess, codegym_command
 from services.runtime.library import Library, default_library_path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-LISTENING = re.compile(r"listening on (\S+:\d+)")
 
 
 def build_default_library(path: Path) -> None:
@@ -37,82 +37,22 @@ def build_default_library(path: Path) -> None:
         print(f"  skipped {where}: {reason}", flush=True)
 
 
-class Child:
-    """One server process; its first stdout line names its address."""
+class Child(ServerProcess):
+    """One server process (`codegym ARGS...`), started again by the supervisor with the same args.
+
+    Its stderr is this command's (the servers' logs and their one-line reasons for not starting
+    reach the operator as they are); its stdout after the ready line is copied to ours.
+    """
 
     def __init__(self, name: str, args: list[str], timeout_s: float = 60.0) -> None:
-        self.name = name
         self.args = args
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "codegym_cli.cli", *args],
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
+        super().__init__(
+            codegym_command(args), name=name, timeout_s=timeout_s, stderr=None, echo=sys.stdout, keep=200
         )
-        self.address = ""
-        deadline = time.monotonic() + timeout_s
-        assert self.proc.stdout is not None
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            line = self.proc.stdout.readline()
-            match = LISTENING.search(line)
-            if match:
-                self.address = match.group(1)
-                return
-        self.stop()
-        raise RuntimeError(f"{name} did not start (exit code {self.proc.returncode})")
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
 
 
-class PrivateRedis:
-    """A `redis-server` for the runtimes' shared sessions, on loopback, without persistence."""
-
-    def __init__(self, host: str, timeout_s: float = 10.0) -> None:
-        import shutil
-        import socket
-
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError(
-                "several runtimes share sessions in Redis: install redis-server or pass --sessions"
-            )
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
-        self.url = f"redis://{host}:{port}/0"
-        self.proc = subprocess.Popen(
-            [binary, "--bind", host, "--port", str(port), "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection((host, port), timeout=0.5):
-                    return
-            except OSError:
-                if self.proc.poll() is not None:
-                    break
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"redis-server did not start on {host}:{port}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+# The one redis-server starter (the tests use it too); `bench/scale_bench.py` imports this name.
+PrivateRedis = RedisServer
 
 
 class Supervisor:
@@ -159,7 +99,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not library.exists():
         build_default_library(library)
     children: list[Child] = []
-    cleanup: list[Callable[[], None]] = []
+    cleanup: list[Callable[[], object]] = []
     stopping = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -184,7 +124,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         workers = [c.address for c in children]
         sessions = args.sessions
         if args.runtimes > 1 and not sessions:
-            redis = PrivateRedis(args.host)
+            redis = RedisServer(args.host)
             cleanup.append(redis.stop)
             sessions = redis.url
             print(f"redis at {redis.url} (sessions shared by the runtimes)", flush=True)
