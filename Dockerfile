@@ -14,13 +14,15 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/codegym
 WORKDIR /src
 COPY pyproject.toml README.md ./
-# The generated protobuf code is committed under codegym/*/v1 and installed with the package.
+# The generated protobuf code is committed under codegym/*/v1 (and the client's copy under
+# clients/codegym_client/api) and installed with the packages. The server distribution depends on
+# the client distribution (clients/), installed from its path in the same command.
+COPY clients ./clients
 COPY codegym ./codegym
 COPY sandbox_worker ./sandbox_worker
 COPY services ./services
-COPY clients ./clients
 COPY codegym_cli ./codegym_cli
-RUN /opt/codegym/bin/pip install --no-cache-dir ".[server]" \
+RUN /opt/codegym/bin/pip install --no-cache-dir ./clients ".[server]" \
     && /opt/codegym/bin/codegym --help >/dev/null
 # The synthesis prompts (services/synthesis/prompts.py) and `codegym up`/`demo` read the sample
 # environments from `examples/` beside the installed packages.

@@ -31,8 +31,9 @@ jail-paths: venv
 venv:
 	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv install 3.12 or apt python3.12)"; exit 1; }
 	@test -x $(PY) || { echo "creating $(VENV) with $(PY312)"; $(PY312) -m venv $(VENV); }
-	@echo "installing the project and its dev tools into $(VENV) (pip; about 30 s the first time)"
-	@log=$$(mktemp); { $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e '.[server,dev]'; } >$$log 2>&1 \
+	@echo "installing the client, the servers and the dev tools into $(VENV) (pip; about 30 s the first time)"
+	@log=$$(mktemp); { $(PY) -m pip install -q --upgrade pip \
+	  && $(PY) -m pip install -q -e './clients[gym]' -e '.[server,dev]'; } >$$log 2>&1 \
 	  || { cat $$log; rm -f $$log; exit 1; }; rm -f $$log
 
 node_modules/.bin/buf: package.json
@@ -40,14 +41,28 @@ node_modules/.bin/buf: package.json
 	@npm install --silent --no-audit --no-fund
 	@touch $@
 
+# The client distribution (clients/) carries its own copy of the API it speaks, the generated
+# modules of $(CLIENT_PROTOS), with their imports pointed at codegym_client.api (the serialized
+# descriptors stay byte for byte: one proto file, registered once in a process that loads both).
+CLIENT_API := clients/codegym_client/api
+CLIENT_PROTOS := common runtime
+CLIENT_IMPORTS := -e 's/\bcodegym\.(common|runtime)\.v1\.([A-Za-z0-9_]*_pb2[A-Za-z0-9_]*)/codegym_client.api.\1.v1.\2/g' \
+  -e 's/^from codegym\.(common|runtime)\.v1 import /from codegym_client.api.\1.v1 import /'
+
 proto:
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m grpc_tools.protoc -Iprotos --python_out=. --grpc_python_out=. \
 	  --mypy_out=. --mypy_grpc_out=. $(PROTOS)
+	@for p in $(CLIENT_PROTOS); do rm -f $(CLIENT_API)/$$p/v1/*_pb2*; \
+	  for f in codegym/$$p/v1/*_pb2*.py codegym/$$p/v1/*_pb2*.pyi; do \
+	    sed -E $(CLIENT_IMPORTS) $$f >$(CLIENT_API)/$$p/v1/$$(basename $$f) || exit 1; done; done
+	@! grep -nE '^(from|import) codegym\.' $(CLIENT_API)/*/v1/*_pb2* \
+	  || { echo "the client's API imports a server package: add it to CLIENT_PROTOS"; exit 1; }
 
 check-proto: proto
 	@git diff --exit-code -- codegym/common codegym/sandbox codegym/runtime codegym/synthesis codegym/verification \
-	  || { echo "generated protobuf code is stale: run 'make proto' and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- codegym/*/v1)" || { git status --porcelain -- codegym/*/v1; \
+	  $(CLIENT_API) || { echo "generated protobuf code is stale: run 'make proto' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- codegym/*/v1 $(CLIENT_API))" || { \
+	  git status --porcelain -- codegym/*/v1 $(CLIENT_API); \
 	  echo "untracked generated files: run 'make proto' and commit"; exit 1; }
 
 buf-lint: node_modules/.bin/buf

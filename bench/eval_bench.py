@@ -45,7 +45,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_by_role, median, pct, start_process  # noqa: E402
-from clients.runtime_client import AsyncRuntimeClient  # noqa: E402
 from codegym_cli.evaluation import (  # noqa: E402
     EvalTask,
     Evaluator,
@@ -53,6 +52,7 @@ from codegym_cli.evaluation import (  # noqa: E402
     summarize,
     tasks_from_library,
 )
+from codegym_client.runtime_client import AsyncRuntimeClient  # noqa: E402
 from services.runtime.library import Library  # noqa: E402
 from services.synthesis.llm import LLMGateway, LLMSettings, StageParams  # noqa: E402
 from tests.helpers.agents import oracle_agent  # noqa: E402

@@ -35,9 +35,9 @@ from bench.common import (  # noqa: E402
     tree_memory_kb,
     zygote_children_memory_kb,
 )
-from clients.runtime_client import AsyncRuntimeClient  # noqa: E402
 from codegym.runtime.v1 import runtime_service_pb2 as rt  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
+from codegym_client.runtime_client import AsyncRuntimeClient  # noqa: E402
 
 
 def ms(seconds: float) -> str:

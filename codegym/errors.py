@@ -27,10 +27,12 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+# The trailers' names are the client's (the servers depend on the client package, never the
+# reverse); `Reason` rows name the client's exceptions, and a test keeps both tables equal.
+from codegym_client.errors import REASON_TRAILER, RETRY_AFTER_TRAILER
+
 log = logging.getLogger(__name__)
 
-REASON_TRAILER = "codegym-reason"
-RETRY_AFTER_TRAILER = "retry-after-ms"
 # Status details travel in a trailer, and clients drop trailers past 8-16 KB: keep them short.
 MAX_DETAIL_BYTES = 1024
 

@@ -33,9 +33,9 @@ from typing import TypeVar
 
 import grpc
 
-from codegym.grpcutil import aio_channel
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
+from codegym_client.channels import aio_channel
 
 log = logging.getLogger(__name__)
 SANDBOX_SERVICE = sb.DESCRIPTOR.services_by_name["SandboxService"].full_name

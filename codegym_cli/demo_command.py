@@ -24,8 +24,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clients.runtime_client import DEFAULT_TARGET, AsyncRuntimeClient, CodeGymError
 from codegym_cli.oracle import read_trajectories
+from codegym_client.runtime_client import DEFAULT_TARGET, AsyncRuntimeClient, CodeGymError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -27,7 +27,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from clients.runtime_client import AsyncRuntimeClient, RuntimeUnavailable
 from codegym.contract import parse_ability
 from codegym_cli.evaluation import (
     COUNTED_REASONS,
@@ -42,6 +41,7 @@ from codegym_cli.evaluation import (
     tasks_from_library,
 )
 from codegym_cli.synthesize_command import add_llm_arguments, missing_api_key, settings_from
+from codegym_client.runtime_client import AsyncRuntimeClient, RuntimeUnavailable
 from services.runtime.library import Library, canonical_config
 from services.synthesis.llm import LLMGateway, StageParams
 

@@ -26,13 +26,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from codegym.grpcutil import aio_channel, wait_serving
+from codegym.grpcutil import wait_serving
 from codegym.procs import ServerProcess, codegym_command
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym_cli.pipeline import LLM_STAGES, STAGES, Pipeline, PipelineConfig
 from codegym_cli.pipeline_state import PipelineState, StageOutcome
 from codegym_cli.synthesize_command import missing_api_key
+from codegym_client.channels import aio_channel
 from services.runtime.library import Library
 from services.synthesis.problems import load_problems
 

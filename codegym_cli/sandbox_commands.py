@@ -13,9 +13,9 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from codegym.grpcutil import aio_channel
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from codegym_client.channels import aio_channel
 
 OPS = ("create", "solve", "ref_answer", "script", "call_function")
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletionMessage
 
-from clients.actions import (
+from codegym_client.actions import (
     BEGIN,
     END,
     ActionParseError,

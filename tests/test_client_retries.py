@@ -27,12 +27,10 @@ import grpc
 import pytest
 import redis as redis_py
 
-from clients.gym_env import RemoteEnv
-from clients.online import OnlineGymEnv
-from clients.runtime_client import (
-    REASON_TRAILER,
-    REASONS,
-    RETRY_AFTER_TRAILER,
+from codegym import errors
+from codegym.contract import split_env_id
+from codegym.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client import (
     AsyncRuntimeClient,
     CapacityExceeded,
     CodeGymError,
@@ -44,12 +42,10 @@ from clients.runtime_client import (
     SessionDone,
     SessionNotFound,
     StepConflict,
-    reason_sent,
-    typed_error,
 )
-from codegym import errors
-from codegym.contract import split_env_id
-from codegym.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.errors import REASON_TRAILER, REASONS, RETRY_AFTER_TRAILER, reason_sent, typed_error
+from codegym_client.gym_env import RemoteEnv
+from codegym_client.online import OnlineGymEnv
 from services.runtime.library import Library
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
 from tests.helpers.servers import ServerProcess
@@ -378,8 +374,8 @@ def test_a_deadline_is_resent_once_then_raised(runtime: ServerProcess) -> None:
 
 
 def test_the_clients_table_is_the_servers() -> None:
-    """The client cannot import codegym/errors.py (a trainer installs the clients alone): its copy of
-    the table must stay equal."""
+    """The client cannot import codegym/errors.py (a trainer installs the client alone; the servers
+    import the client, never the reverse): its rows must stay the servers' rows."""
     assert (REASON_TRAILER, RETRY_AFTER_TRAILER) == (errors.REASON_TRAILER, errors.RETRY_AFTER_TRAILER)
     assert {name: (code, kind.__name__) for name, (code, kind) in REASONS.items()} == {
         reason.name: (reason.value.code, reason.value.client_error) for reason in errors.Reason
@@ -453,7 +449,10 @@ def test_every_refusal_raises_the_exception_of_its_reason(runtime: ServerProcess
         for wrong in (0, 3, 7):
             assert_reason(refused(functools.partial(step_at, wrong)), StepConflict, "STEP_CONFLICT")
         assert client.get_session(moved).step_index == 2
-        assert step_at(1).observation == "0"  # the recorded reply of the second Observe
+        # One behind with the last step's own action is its resend: the recorded reply of the second
+        # Observe; with another action, a conflict (that caller missed the step).
+        assert client.step(moved, OBSERVE, step_index=1).observation == "0"
+        assert_reason(refused(functools.partial(step_at, 1)), StepConflict, "STEP_CONFLICT")
         assert client.step(moved, OBSERVE).observation == "0"
 
         while True:  # --max-sessions 8

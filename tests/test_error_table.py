@@ -83,7 +83,7 @@ async def test_the_synthesis_service_answers_through_the_table(tmp_path: Path) -
 
 
 def test_every_reason_has_one_status_and_a_client_exception() -> None:
-    import clients.runtime_client as client
+    import codegym_client.errors as client
 
     for reason in Reason:
         assert hasattr(client, reason.value.client_error), reason

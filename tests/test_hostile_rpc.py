@@ -23,7 +23,10 @@ from typing import Any
 import grpc
 import pytest
 
-from clients.runtime_client import (
+from codegym.grpcutil import ManagedServer
+from codegym.runtime.v1 import runtime_service_pb2 as rt
+from codegym.sandbox_client import SandboxDispatcher
+from codegym_client.runtime_client import (
     AsyncRuntimeClient,
     CapacityExceeded,
     CodeGymError,
@@ -35,9 +38,6 @@ from clients.runtime_client import (
     SessionDone,
     SessionNotFound,
 )
-from codegym.grpcutil import ManagedServer
-from codegym.runtime.v1 import runtime_service_pb2 as rt
-from codegym.sandbox_client import SandboxDispatcher
 from services.runtime.library import load_library
 from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, Session

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from clients.runtime_client import RuntimeClient
 from codegym.contract import split_env_id
+from codegym_client.runtime_client import RuntimeClient
 from services.runtime.library import Library
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT, sample_tasks
 from tests.helpers.servers import ServerProcess

@@ -18,8 +18,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from clients.runtime_client import EnvFailed, RuntimeClient, StepConflict
 from codegym.errors import REASON_TRAILER, table_markdown
+from codegym_client.runtime_client import EnvFailed, RuntimeClient, StepConflict
 from services.runtime.library import Library
 from tests.conftest import ROOT
 from tests.helpers.servers import ServerProcess

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from clients.runtime_client import RuntimeClient
 from codegym_cli.export import PROTOCOL, user_message
 from codegym_cli.oracle import record_oracle
+from codegym_client.runtime_client import RuntimeClient
 from services.runtime.library import Library
 from tests.conftest import EXAMPLES, ROOT
 from tests.helpers.fake_llm import ScriptedLLM

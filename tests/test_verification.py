@@ -15,9 +15,9 @@ import pytest
 
 from codegym.common.v1 import common_pb2 as cm
 from codegym.contract.source import method_source
-from codegym.grpcutil import aio_channel
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
+from codegym_client.channels import aio_channel
 from services.verification.service import SERVICE_NAME, VerificationServer
 from services.verification.solution import find_solution_call
 from tests.conftest import ENV_DIR

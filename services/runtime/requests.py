@@ -6,7 +6,7 @@ own `solve()` sends `float('inf')` through `json.dumps`), so the runtime accepts
 refuses only what the environment could not get at all: nesting past `MAX_JSON_DEPTH` (which
 would crash the environment's parser) and text protobuf cannot carry (a lone surrogate).
 
-The action rule (the same in `clients/actions.py`): an action is one JSON object
+The action rule (the same in the client, `codegym_client/actions.py`): an action is one JSON object
 `{"name": str, "parameters": {...}}` or `{"name": str, "arguments": {...}}` (OpenAI's word, where
 `arguments` may also be the JSON text of the object, as OpenAI's tool calls carry it), or a list of
 exactly one such object; naming both `parameters` and `arguments` is refused. The environment

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from clients.actions import ActionParseError, from_tool_calls, parse_function_call
+from codegym_client.actions import ActionParseError, from_tool_calls, parse_function_call
 from tests.helpers.fake_llm import Reply
 
 Script = Callable[[dict[str, Any]], Reply]

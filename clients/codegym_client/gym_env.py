@@ -1,12 +1,13 @@
 """Remote sessions behind familiar interfaces.
 
 - `RemoteEnv`: a `gymnasium.Env` whose observations and actions are strings, over one runtime
-  session, for trainers that drive gymnasium environments (needs gymnasium).
-- `OnlineGymEnv` (from `clients.online`, re-exported here): a drop-in for trainers written against
+  session, for trainers that drive gymnasium environments (needs gymnasium: install
+  `codegym-client[gym]`).
+- `OnlineGymEnv` (from `codegym_client.online`, re-exported here): a drop-in for trainers written against
   CodeGym's online client (`from_env_str`, `step(action) -> str`, `finished`, `reward`,
   `release()`); it needs nothing but the client.
 
-Both raise the typed errors of `clients.runtime_client` (`SessionNotFound`, `InvalidRequest`,
+Both raise the typed errors of `codegym_client.errors` (`SessionNotFound`, `InvalidRequest`,
 `CapacityExceeded`, `RuntimeUnavailable`...; all `CodeGymError`s); `OnlineGymEnv.step` answers a
 step after the end as observation text, as CodeGym's own client does. Both send each step with the
 session's step index, so a step whose reply was lost is sent again (to another replica when several
@@ -20,18 +21,22 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-import gymnasium
-from gymnasium import spaces
+try:
+    import gymnasium
+    from gymnasium import spaces
+except ModuleNotFoundError as exc:
+    if exc.name != "gymnasium":
+        raise
+    raise ModuleNotFoundError(
+        "RemoteEnv needs gymnasium: pip install 'codegym-client[gym]'", name="gymnasium"
+    ) from exc
 
-from clients.actions import tool_call_action
-from clients.online import OnlineGymEnv
-from clients.runtime_client import (
-    DEFAULT_TARGET,
-    ActionLike,
-    CodeGymError,
-    RuntimeClient,
-)
-from codegym.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.actions import tool_call_action
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.errors import CodeGymError
+from codegym_client.online import OnlineGymEnv
+from codegym_client.requests import DEFAULT_TARGET, ActionLike
+from codegym_client.runtime_client import RuntimeClient
 
 __all__ = ["OnlineGymEnv", "RemoteEnv"]
 

@@ -1,11 +1,11 @@
 """`OnlineGymEnv`: a drop-in for trainers written against CodeGym's online client.
 
-Only the runtime client is needed (grpcio and protobuf): a trainer installs `codegym` without the
-server extra and plays sessions with this class.
+Only the runtime client is needed (grpcio and protobuf): a trainer installs `codegym-client` (no
+extra) and plays sessions with this class.
 
 Given several runtime addresses (`target="host:a,host:b"` or a list), an episode survives a
 replica's death: each step goes with the session's step index and is sent again (to a replica that
-is up) when its reply is lost, and the runtime never applies it twice (see `clients.runtime_client`).
+is up) when its reply is lost, and the runtime never applies it twice (see `codegym_client.resend`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from clients.actions import BEGIN, ActionParseError, parse_function_call, tool_call_action
-from clients.runtime_client import DEFAULT_TARGET, CodeGymError, RuntimeClient, SessionDone
-from codegym.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.actions import BEGIN, ActionParseError, parse_function_call, tool_call_action
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.errors import CodeGymError, SessionDone
+from codegym_client.requests import DEFAULT_TARGET
+from codegym_client.runtime_client import RuntimeClient
+
+__all__ = ["OnlineGymEnv"]
 
 
 class OnlineGymEnv:

@@ -1,0 +1,86 @@
+"""The CodeGym client: what an RL trainer installs (`pip install ./clients`) and imports.
+
+    from codegym_client import RuntimeClient, AsyncRuntimeClient, OnlineGymEnv, RemoteEnv
+
+Modules, one concern each:
+
+- `runtime_client`: `RuntimeClient` (blocking); `async_client`: `AsyncRuntimeClient`, `StepStream`.
+- `online`: `OnlineGymEnv`, a drop-in for CodeGym's online client; `gym_env`: `RemoteEnv`, a
+  `gymnasium.Env` over one session (needs the `gym` extra: `pip install './clients[gym]'`).
+- `actions`: model output (`<|FunctionCallBegin|>` blocks, OpenAI `tool_calls`) to actions.
+- `errors`: the typed errors, one per row of the servers' error table.
+- `resend`: how a call whose reply was lost is sent again without being applied twice.
+- `requests`: the requests built from a trainer's arguments; `channels`: the channel factory.
+- `api`: the runtime API's messages and stubs, generated from `protos/` by `make proto`.
+
+Nothing here imports the servers: the package needs grpcio and protobuf only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from codegym_client.actions import (
+    Action,
+    ActionParseError,
+    from_tool_calls,
+    parse_function_call,
+    parse_function_calls,
+    tool_call_action,
+)
+from codegym_client.async_client import AsyncRuntimeClient, StepStream
+from codegym_client.errors import (
+    CapacityExceeded,
+    CodeGymError,
+    EnvFailed,
+    EnvNotFound,
+    InvalidRequest,
+    RuntimeUnavailable,
+    SessionDone,
+    SessionNotFound,
+    StepConflict,
+)
+from codegym_client.online import OnlineGymEnv
+from codegym_client.requests import DEFAULT_TARGET, ActionLike, create_request, step_request
+from codegym_client.runtime_client import RuntimeClient
+
+if TYPE_CHECKING:
+    from codegym_client.gym_env import RemoteEnv
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "Action",
+    "ActionLike",
+    "ActionParseError",
+    "AsyncRuntimeClient",
+    "CapacityExceeded",
+    "CodeGymError",
+    "EnvFailed",
+    "EnvNotFound",
+    "InvalidRequest",
+    "OnlineGymEnv",
+    "RemoteEnv",
+    "RuntimeClient",
+    "RuntimeUnavailable",
+    "SessionDone",
+    "SessionNotFound",
+    "StepConflict",
+    "StepStream",
+    "create_request",
+    "from_tool_calls",
+    "parse_function_call",
+    "parse_function_calls",
+    "step_request",
+    "tool_call_action",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """`RemoteEnv` is imported on first use: it needs gymnasium, which only the `gym` extra brings."""
+    if name == "RemoteEnv":
+        from codegym_client.gym_env import RemoteEnv
+
+        return RemoteEnv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,262 @@
+"""`AsyncRuntimeClient`, the asyncio client of the runtime service, and `StepStream`.
+
+The same resending and typed errors as `RuntimeClient` (`codegym_client.runtime_client`); a
+trainer that drives many sessions from one process sends their steps over one `StepStream` call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
+
+import grpc
+
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
+from codegym_client.channels import HEALTH_CHECK, HEALTH_REQUEST, PROBE_TIMEOUT_S, aio_channel, target_text
+from codegym_client.errors import CodeGymError, SessionNotFound, raises_typed, typed_error, unreachable
+from codegym_client.requests import (
+    DEFAULT_TARGET,
+    NOT_RETRIED,
+    SERVICE,
+    ActionLike,
+    create_request,
+    step_request,
+)
+from codegym_client.resend import (
+    DEFAULT_ATTEMPTS,
+    Attempts,
+    PendingBatch,
+    StepIndexes,
+    resend_kind,
+    step_requests,
+)
+
+__all__ = ["AsyncRuntimeClient", "StepStream"]
+
+R = TypeVar("R")
+
+
+class AsyncRuntimeClient:
+    """asyncio client; create it inside the running event loop. Failed calls raise `CodeGymError`s.
+
+    Same resending as `RuntimeClient` (`timeout_s` per send, `attempts` sends at most).
+    """
+
+    def __init__(
+        self,
+        target: str | Sequence[str] = DEFAULT_TARGET,
+        *,
+        timeout_s: float = 30.0,
+        attempts: int = DEFAULT_ATTEMPTS,
+    ) -> None:
+        self.target = target_text(target)
+        self.channel = aio_channel(target, [SERVICE], no_retry=NOT_RETRIED)
+        self.stub = rt_grpc.RuntimeServiceStub(self.channel)
+        self.timeout_s = timeout_s
+        self.attempts = max(1, attempts)
+        self.indexes = StepIndexes()
+        self._closed = False
+
+    async def close(self) -> None:
+        self._closed = True
+        await self.channel.close()
+
+    async def __aenter__(self) -> AsyncRuntimeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Wait until the channel is connected; `RuntimeUnavailable` (with the cause) if it is not."""
+        try:
+            await asyncio.wait_for(self.channel.channel_ready(), timeout_s)
+            return
+        except TimeoutError:
+            pass
+        probe = self.channel.unary_unary(HEALTH_CHECK)  # raw bytes: see HEALTH_REQUEST
+        try:  # one quick call, for the reason (a connection refused, an unknown host...)
+            await probe(HEALTH_REQUEST, timeout=PROBE_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            error = unreachable(self.target, timeout_s, exc)
+            if error is not None:
+                raise error from None
+
+    async def _send(self, method: str, call: Callable[[bool], Awaitable[R]], *, repeatable: bool) -> R:
+        """`await call(first)`, sent again while its reply may have been lost and the budget lasts."""
+        budget = Attempts(self.attempts)
+        while True:
+            try:
+                return await call(budget.sent == 0)
+            except grpc.RpcError as exc:
+                error = typed_error(exc, method)
+                delay = None if self._closed else budget.again(resend_kind(error, repeatable))
+                if delay is None:
+                    raise error from exc
+            await asyncio.sleep(delay)
+
+    @raises_typed("CreateSession")
+    async def create_session(self, **kwargs: Any) -> rt.CreateSessionResponse:
+        """See `create_request` for the arguments (ability, or env_id + config, or env_str)."""
+        request = create_request(**kwargs)
+        response: rt.CreateSessionResponse = await self._send(
+            "CreateSession",
+            lambda _: self.stub.CreateSession(request, timeout=self.timeout_s),
+            repeatable=True,
+        )
+        self.indexes.set(response.session_id, 0)
+        return response
+
+    @raises_typed("Step")
+    async def step(
+        self, session_id: str, action: ActionLike, *, step_index: int | None = None
+    ) -> rt.StepResponse:
+        """One step; see `RuntimeClient.step`."""
+        async with self.indexes.holding_async((session_id,)):
+            request, numbered = step_requests(session_id, action, step_index, self.indexes)
+            try:
+                response: rt.StepResponse = await self._send(
+                    "Step",
+                    lambda first: self.stub.Step(request if first else numbered, timeout=self.timeout_s),
+                    repeatable=numbered.HasField("step_index"),
+                )
+            except SessionNotFound:
+                self.indexes.forget(session_id)
+                raise
+            self.indexes.learn(session_id, response)
+            return response
+
+    @raises_typed("BatchStep")
+    async def batch_step(self, steps: Sequence[tuple[str, ActionLike]]) -> list[rt.BatchStepResult]:
+        """See `RuntimeClient.batch_step`."""
+        ids = [session_id for session_id, _ in steps]
+        async with self.indexes.holding_async(ids):
+            batch = PendingBatch(steps, self.indexes)
+            budget = Attempts(self.attempts)
+            failed: CodeGymError | None = None
+            while True:
+                try:
+                    answer = await self.stub.BatchStep(batch.request(), timeout=self.timeout_s)
+                except grpc.RpcError as exc:
+                    failed = typed_error(exc, "BatchStep")
+                    delay = None if self._closed else budget.again(resend_kind(failed, batch.repeatable()))
+                    if delay is None:
+                        if not batch.answered():
+                            raise failed from exc
+                        break
+                else:
+                    failed = None
+                    batch.take(answer.results)
+                    if not batch.pending:
+                        break
+                    delay = None if self._closed else budget.again("now")
+                    if delay is None:
+                        break
+                await asyncio.sleep(delay)
+            batch.learn(self.indexes)
+            return batch.give_up(failed)
+
+    def step_stream(self) -> StepStream:
+        """One StepStream call: `send` steps of any sessions, `recv` answers as they complete."""
+        return StepStream(self.stub.StepStream(timeout=None), self.indexes)
+
+    @raises_typed("Reset")
+    async def reset(self, session_id: str) -> str:
+        """See `RuntimeClient.reset`."""
+        async with self.indexes.holding_async((session_id,)):
+            request = rt.ResetRequest(session_id=session_id)
+            response = await self._send(
+                "Reset", lambda _: self.stub.Reset(request, timeout=self.timeout_s), repeatable=True
+            )
+            self.indexes.set(session_id, 0)
+            return str(response.observation)
+
+    @raises_typed("CloseSession")
+    async def close_session(self, session_id: str) -> bool:
+        response = await self.stub.CloseSession(
+            rt.CloseSessionRequest(session_id=session_id), timeout=self.timeout_s
+        )
+        self.indexes.forget(session_id)
+        return bool(response.existed)
+
+    @raises_typed("GetSession")
+    async def get_session(self, session_id: str) -> rt.GetSessionResponse:
+        response: rt.GetSessionResponse = await self.stub.GetSession(
+            rt.GetSessionRequest(session_id=session_id), timeout=self.timeout_s
+        )
+        return response
+
+    @raises_typed("ListEnvs")
+    async def list_envs(self, prefix: str = "", page_size: int = 100) -> list[rt.EnvSummary]:
+        envs: list[rt.EnvSummary] = []
+        token = ""
+        while True:
+            page = await self.stub.ListEnvs(
+                rt.ListEnvsRequest(prefix=prefix, page_size=page_size, page_token=token),
+                timeout=self.timeout_s,
+            )
+            envs.extend(page.envs)
+            token = page.next_page_token
+            if not token:
+                return envs
+
+    @raises_typed("GetEnv")
+    async def get_env(self, env_id: str) -> rt.GetEnvResponse:
+        response: rt.GetEnvResponse = await self.stub.GetEnv(
+            rt.GetEnvRequest(env_id=env_id), timeout=self.timeout_s
+        )
+        return response
+
+
+class StepStream:
+    """A trainer's side of `StepStream`: many sessions' steps over one call, answered as they finish.
+
+    Answers carry the session id and the tag given to `send`; steps of one session apply in the
+    order they were sent. A step the runtime refuses (e.g. an unknown session) is an answer with a
+    gRPC status `code` and `message`, not an exception; only the call itself failing raises a
+    `CodeGymError`. `done_sending()` ends the request side; `recv()` returns None once every
+    answer has arrived.
+
+    Nothing is resent here: a stream may hold several steps of one session at once, and an
+    errored step leaves the index where it was, so the client cannot number them in advance.
+    Steps go without an index unless `send` is given one. An answer with code UNAVAILABLE applied
+    nothing: send that step again. When the call itself fails (`RuntimeUnavailable`), the steps not
+    answered yet may or may not have been applied. The client learns each session's index from
+    every answer, so a session's first unanswered step can be sent again safely with
+    `client.step(session_id, action, step_index=client.indexes.get(session_id))` (answered from the
+    runtime's record if it had been applied), then its later steps in order; this needs an index
+    the client knew before the stream (a session it created, reset or stepped).
+    """
+
+    def __init__(self, call: Any, indexes: StepIndexes | None = None) -> None:
+        self.call = call
+        self.indexes = indexes
+        # gRPC takes one write at a time on a call; concurrent senders queue here.
+        self.writing = asyncio.Lock()
+
+    @raises_typed("StepStream")
+    async def send(
+        self, session_id: str, action: ActionLike, tag: str = "", *, step_index: int | None = None
+    ) -> None:
+        request = rt.StepStreamRequest(step=step_request(session_id, action, step_index), tag=tag)
+        async with self.writing:
+            await self.call.write(request)
+
+    @raises_typed("StepStream")
+    async def recv(self) -> rt.StepStreamResponse | None:
+        answer = await self.call.read()
+        if answer is grpc.aio.EOF:
+            return None
+        answer = cast(rt.StepStreamResponse, answer)
+        if self.indexes is not None and answer.code == 0 and answer.HasField("response"):
+            self.indexes.learn(answer.session_id, answer.response)
+        return answer
+
+    @raises_typed("StepStream")
+    async def done_sending(self) -> None:
+        await self.call.done_writing()
+
+    def cancel(self) -> None:
+        self.call.cancel()

@@ -1,0 +1,51 @@
+"""What a client sends to the runtime service: its name, the default address, and the requests
+built from a trainer's arguments (a task to open, an action in any of the forms a trainer holds)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from codegym_client.actions import Action
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+
+__all__ = ["DEFAULT_TARGET", "SERVICE", "ActionLike", "create_request", "step_request"]
+
+SERVICE = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
+NOT_RETRIED = [(SERVICE, "Step"), (SERVICE, "BatchStep")]
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+ActionLike = str | dict[str, Any] | Action | rt.ToolCall
+
+
+def create_request(
+    *,
+    ability: str = "",
+    env_id: str = "",
+    config: dict[str, Any] | str | None = None,
+    env_str: str = "",
+    max_steps: int = 0,
+    step_timeout_ms: int = 0,
+    seed: int = 0,
+) -> rt.CreateSessionRequest:
+    options = rt.SessionOptions(max_steps=max_steps, step_timeout_ms=step_timeout_ms, seed=seed)
+    if ability:
+        return rt.CreateSessionRequest(ability=ability, options=options)
+    config_json = config if isinstance(config, str) else json.dumps(config or {})
+    task = rt.EnvTask(env_id=env_id, config_json=config_json if not env_str else "", env_str=env_str)
+    return rt.CreateSessionRequest(env_task=task, options=options)
+
+
+def step_request(session_id: str, action: ActionLike, step_index: int | None = None) -> rt.StepRequest:
+    """A StepRequest; with `step_index` (the session's index before this step) it can be resent."""
+    if isinstance(action, rt.ToolCall):
+        request = rt.StepRequest(session_id=session_id, tool_call=action)
+    else:
+        if isinstance(action, Action):
+            action = action.to_json()
+        elif isinstance(action, dict):
+            action = json.dumps(action, ensure_ascii=False)
+        request = rt.StepRequest(session_id=session_id, action_json=action)
+    if step_index is not None:
+        request.step_index = step_index
+    return request

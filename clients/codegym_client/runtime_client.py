@@ -1,0 +1,254 @@
+"""`RuntimeClient`, the blocking client of the runtime service, for trainers.
+
+Deadlines and retries are set once, on the channel (`codegym_client.channels`): every call gets
+`timeout_s`, and the channel retries UNAVAILABLE (a replica restarting, a connection reset) except
+for Step and BatchStep, which change a session and must not be applied twice by a blind retry.
+Steps, creates and resets are resent here instead, safely, with the session's step index
+(`codegym_client.resend`). A call the runtime refuses raises the `CodeGymError` of its reason
+(`codegym_client.errors`). Per-entry codes of `BatchStep` answers stay in the answers (`code`,
+`message`).
+
+`AsyncRuntimeClient` and `StepStream` (`codegym_client.async_client`), the errors and the request
+builders are importable from here too, as they were when this module held them all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
+from codegym_client.async_client import AsyncRuntimeClient, StepStream
+from codegym_client.channels import HEALTH_CHECK, HEALTH_REQUEST, PROBE_TIMEOUT_S, sync_channel, target_text
+from codegym_client.errors import (
+    CapacityExceeded,
+    CodeGymError,
+    EnvFailed,
+    EnvNotFound,
+    InvalidRequest,
+    RuntimeUnavailable,
+    SessionDone,
+    SessionNotFound,
+    StepConflict,
+    raises_typed,
+    typed_error,
+    unreachable,
+)
+from codegym_client.requests import (
+    DEFAULT_TARGET,
+    NOT_RETRIED,
+    SERVICE,
+    ActionLike,
+    create_request,
+    step_request,
+)
+from codegym_client.resend import (
+    DEFAULT_ATTEMPTS,
+    Attempts,
+    PendingBatch,
+    StepIndexes,
+    resend_kind,
+    step_requests,
+)
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "ActionLike",
+    "AsyncRuntimeClient",
+    "CapacityExceeded",
+    "CodeGymError",
+    "EnvFailed",
+    "EnvNotFound",
+    "InvalidRequest",
+    "RuntimeClient",
+    "RuntimeUnavailable",
+    "SessionDone",
+    "SessionNotFound",
+    "StepConflict",
+    "StepStream",
+    "create_request",
+    "step_request",
+]
+
+
+R = TypeVar("R")
+
+
+class RuntimeClient:
+    """Blocking client; thread-safe (one channel, many threads). Failed calls raise `CodeGymError`s.
+
+    `timeout_s` is each send's deadline; `attempts` how many times a step, create or reset is sent
+    at most when its reply is lost (1: never resent). See `codegym_client.resend`.
+    """
+
+    def __init__(
+        self,
+        target: str | Sequence[str] = DEFAULT_TARGET,
+        *,
+        timeout_s: float = 30.0,
+        attempts: int = DEFAULT_ATTEMPTS,
+    ) -> None:
+        self.target = target_text(target)
+        self.channel = sync_channel(target, [SERVICE], no_retry=NOT_RETRIED)
+        self.stub = rt_grpc.RuntimeServiceStub(self.channel)
+        self.timeout_s = timeout_s
+        self.attempts = max(1, attempts)
+        self.indexes = StepIndexes()
+        self._closed = False
+
+    def close(self) -> None:
+        self._closed = True
+        self.channel.close()
+
+    def __enter__(self) -> RuntimeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Wait until the channel is connected; `RuntimeUnavailable` (with the cause) if it is not."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+            return
+        except grpc.FutureTimeoutError:
+            pass
+        probe = self.channel.unary_unary(HEALTH_CHECK)  # raw bytes: see HEALTH_REQUEST
+        try:  # one quick call, for the reason (a connection refused, an unknown host...)
+            probe(HEALTH_REQUEST, timeout=PROBE_TIMEOUT_S)
+        except grpc.RpcError as exc:
+            error = unreachable(self.target, timeout_s, exc)
+            if error is not None:
+                raise error from None
+
+    def _send(self, method: str, call: Callable[[bool], R], *, repeatable: bool) -> R:
+        """`call(first)`, sent again while its reply may have been lost and the budget lasts."""
+        budget = Attempts(self.attempts)
+        while True:
+            try:
+                return call(budget.sent == 0)
+            except grpc.RpcError as exc:
+                error = typed_error(exc, method)
+                delay = None if self._closed else budget.again(resend_kind(error, repeatable))
+                if delay is None:
+                    raise error from exc
+            time.sleep(delay)
+
+    @raises_typed("CreateSession")
+    def create_session(self, **kwargs: Any) -> rt.CreateSessionResponse:
+        """See `create_request` for the arguments (ability, or env_id + config, or env_str)."""
+        request = create_request(**kwargs)
+        response: rt.CreateSessionResponse = self._send(
+            "CreateSession",
+            lambda _: self.stub.CreateSession(request, timeout=self.timeout_s),
+            repeatable=True,
+        )
+        self.indexes.set(response.session_id, 0)
+        return response
+
+    @raises_typed("Step")
+    def step(self, session_id: str, action: ActionLike, *, step_index: int | None = None) -> rt.StepResponse:
+        """One step. A step whose reply is lost is sent again with the session's index, as this
+        client tracks it; `step_index` (the session's index before this step) makes every send
+        carry it, and the runtime then refuses the step with `StepConflict` when the session is
+        elsewhere (see `codegym_client.resend`)."""
+        with self.indexes.holding((session_id,)):
+            request, numbered = step_requests(session_id, action, step_index, self.indexes)
+            try:
+                response: rt.StepResponse = self._send(
+                    "Step",
+                    lambda first: self.stub.Step(request if first else numbered, timeout=self.timeout_s),
+                    repeatable=numbered.HasField("step_index"),
+                )
+            except SessionNotFound:
+                self.indexes.forget(session_id)
+                raise
+            self.indexes.learn(session_id, response)
+            return response
+
+    @raises_typed("BatchStep")
+    def batch_step(self, steps: Sequence[tuple[str, ActionLike]]) -> list[rt.BatchStepResult]:
+        """One step for each of several distinct sessions, in one call; each entry is answered
+        with a response or a status (`code`, `message`, e.g. NOT_FOUND for an unknown session).
+
+        An entry the runtime answers UNAVAILABLE applied nothing: it is sent again (with its
+        session's index) in a smaller batch, while the budget lasts. The whole call is sent again
+        when its reply is lost and this client knows every entry's session index; otherwise it
+        raises, as a lost Step of an unknown session does. Entries still failing when the budget
+        runs out are returned with their last code."""
+        ids = [session_id for session_id, _ in steps]
+        with self.indexes.holding(ids):
+            batch = PendingBatch(steps, self.indexes)
+            budget = Attempts(self.attempts)
+            failed: CodeGymError | None = None
+            while True:
+                try:
+                    answer = self.stub.BatchStep(batch.request(), timeout=self.timeout_s)
+                except grpc.RpcError as exc:
+                    failed = typed_error(exc, "BatchStep")
+                    delay = None if self._closed else budget.again(resend_kind(failed, batch.repeatable()))
+                    if delay is None:
+                        if not batch.answered():
+                            raise failed from exc
+                        break
+                else:
+                    failed = None
+                    batch.take(answer.results)
+                    if not batch.pending:
+                        break
+                    delay = None if self._closed else budget.again("now")
+                    if delay is None:
+                        break
+                time.sleep(delay)
+            batch.learn(self.indexes)
+            return batch.give_up(failed)
+
+    @raises_typed("Reset")
+    def reset(self, session_id: str) -> str:
+        """Reset to the session's own task (sent again when its reply is lost: a reset twice is one)."""
+        with self.indexes.holding((session_id,)):
+            request = rt.ResetRequest(session_id=session_id)
+            response = self._send(
+                "Reset", lambda _: self.stub.Reset(request, timeout=self.timeout_s), repeatable=True
+            )
+            self.indexes.set(session_id, 0)
+            return str(response.observation)
+
+    @raises_typed("CloseSession")
+    def close_session(self, session_id: str) -> bool:
+        response = self.stub.CloseSession(
+            rt.CloseSessionRequest(session_id=session_id), timeout=self.timeout_s
+        )
+        self.indexes.forget(session_id)
+        return bool(response.existed)
+
+    @raises_typed("GetSession")
+    def get_session(self, session_id: str) -> rt.GetSessionResponse:
+        response: rt.GetSessionResponse = self.stub.GetSession(
+            rt.GetSessionRequest(session_id=session_id), timeout=self.timeout_s
+        )
+        return response
+
+    @raises_typed("ListEnvs")
+    def list_envs(self, prefix: str = "", page_size: int = 100) -> Iterator[rt.EnvSummary]:
+        token = ""
+        while True:
+            page = self.stub.ListEnvs(
+                rt.ListEnvsRequest(prefix=prefix, page_size=page_size, page_token=token),
+                timeout=self.timeout_s,
+            )
+            yield from page.envs
+            token = page.next_page_token
+            if not token:
+                return
+
+    @raises_typed("GetEnv")
+    def get_env(self, env_id: str) -> rt.GetEnvResponse:
+        response: rt.GetEnvResponse = self.stub.GetEnv(
+            rt.GetEnvRequest(env_id=env_id), timeout=self.timeout_s
+        )
+        return response
