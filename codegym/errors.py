@@ -27,9 +27,9 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import DecodeError, Message
 
-# The trailers' names are the client's (the servers depend on the client package, never the
-# reverse); `Reason` rows name the client's exceptions, and a test keeps both tables equal.
-from codegym_client.errors import REASON_TRAILER, RETRY_AFTER_TRAILER
+# The trailers' names and each reason's status and exception are the client's (the servers depend
+# on the client package, never the reverse).
+from codegym_client.errors import REASON_TRAILER, REASONS, RETRY_AFTER_TRAILER
 
 log = logging.getLogger(__name__)
 
@@ -45,57 +45,65 @@ class Row:
     meaning: str
 
 
-class Reason(enum.Enum):
-    """Why a call was refused. The value is the row of the table (README: "Errors")."""
+def row(name: str, retry: str, meaning: str) -> Row:
+    code, error = REASONS[name]
+    return Row(code, error.__name__, retry, meaning)
 
-    INVALID_REQUEST = Row(
-        grpc.StatusCode.INVALID_ARGUMENT, "InvalidRequest", "never", "the request cannot be served as sent"
+
+class Reason(enum.Enum):
+    """Why a call was refused. The value is the row of the table (README: "Errors"); the status and
+    the exception come from the client's table (`codegym_client.errors.REASONS`), so both sides
+    read one table."""
+
+    INVALID_REQUEST = row(
+        "INVALID_REQUEST",
+        "never",
+        "the request cannot be served as sent",
     )
-    ENV_NOT_FOUND = Row(grpc.StatusCode.NOT_FOUND, "EnvNotFound", "never", "no such environment")
+    ENV_NOT_FOUND = row("ENV_NOT_FOUND", "never", "no such environment")
     SESSION_NOT_FOUND = Row(
-        grpc.StatusCode.NOT_FOUND, "SessionNotFound", "never", "the session is closed, expired or unknown"
+        grpc.StatusCode.NOT_FOUND,
+        "SessionNotFound",
+        "never",
+        "the session is closed, expired or unknown",
     )
-    SESSION_DONE = Row(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "SessionDone",
+    SESSION_DONE = row(
+        "SESSION_DONE",
         "never",
         "the episode has ended (done or truncated): Reset or open another session",
     )
-    ENV_FAILED = Row(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "EnvFailed",
+    ENV_FAILED = row(
+        "ENV_FAILED",
         "never",
         "the environment itself failed to start or reset with this config (raised, looped, ran out "
         "of memory): the same call fails again",
     )
-    STEP_CONFLICT = Row(
-        grpc.StatusCode.ABORTED,
-        "StepConflict",
+    STEP_CONFLICT = row(
+        "STEP_CONFLICT",
         "after resync",
         "the step's index is not the session's (another caller or replica moved it): read the "
         "session and decide",
     )
-    CAPACITY = Row(
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        "CapacityExceeded",
+    CAPACITY = row(
+        "CAPACITY",
         "after retry-after-ms",
         "a capacity limit (sessions, pending operations) is reached",
     )
-    UNAVAILABLE = Row(
-        grpc.StatusCode.UNAVAILABLE,
-        "RuntimeUnavailable",
+    UNAVAILABLE = row(
+        "UNAVAILABLE",
         "yes, at once, any replica",
         "an infrastructure fault (no worker answered, a store or replica down, draining); nothing "
         "was applied",
     )
-    UPSTREAM_REJECTED = Row(
-        grpc.StatusCode.FAILED_PRECONDITION,
-        "CodeGymError",
+    UPSTREAM_REJECTED = row(
+        "UPSTREAM_REJECTED",
         "never",
         "the LLM endpoint refused the request (authentication, model name, quota): fix the setting",
     )
-    INTERNAL = Row(
-        grpc.StatusCode.INTERNAL, "CodeGymError", "never", "a bug in the server; the log has the traceback"
+    INTERNAL = row(
+        "INTERNAL",
+        "never",
+        "a bug in the server; the log has the traceback",
     )
 
     @property

@@ -58,6 +58,8 @@ def _parameters(name: str, item: dict[str, Any]) -> dict[str, Any]:
     if key == "arguments" and isinstance(value, str):
         try:
             value = json.loads(value) if value.strip() else None
+        except RecursionError:
+            raise ActionParseError(f"arguments of {name} are nested too deeply") from None
         except ValueError as exc:
             raise ActionParseError(f"arguments of {name} are not valid JSON: {exc}") from None
     if value is None:

@@ -177,8 +177,8 @@ class RuntimeUnavailable(CodeGymError):
     default_reason = "UNAVAILABLE"
 
 
-# reason → (status, exception). The server's codegym/errors.py holds the same table; a test keeps
-# the two equal.
+# reason → (status, exception): the one table. The servers' codegym/errors.py builds its rows
+# (with when to retry and what each means) from it.
 REASONS: dict[str, tuple[grpc.StatusCode, type[CodeGymError]]] = {
     "INVALID_REQUEST": (grpc.StatusCode.INVALID_ARGUMENT, InvalidRequest),
     "ENV_NOT_FOUND": (grpc.StatusCode.NOT_FOUND, EnvNotFound),

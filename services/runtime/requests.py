@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from codegym.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.actions import ActionParseError, action_from_object
 
 # Actions and configs deeper than this are refused (CodeGym's are a few levels deep); environment
 # code, which may recurse over what it is given, never sees them.
@@ -89,23 +90,6 @@ def _invalid(message: str) -> tuple[str, rt.StepError]:
     return "", rt.StepError(code=rt.STEP_ERROR_CODE_INVALID_ACTION, message=message)
 
 
-def _parameters_of(action: dict[str, Any]) -> tuple[Any, str | None]:
-    """The parameters of an action object under either key (see the module's rule)."""
-    if "parameters" in action and "arguments" in action:
-        return None, 'name the parameters once: "parameters" or "arguments", not both'
-    if "arguments" not in action:
-        return action.get("parameters", {}), None
-    arguments = action["arguments"]
-    if isinstance(arguments, str):
-        if not arguments.strip():
-            return {}, None
-        value, problem = parse_json(arguments)
-        if problem is not None:
-            return None, f"arguments is not valid JSON: {problem}"
-        return value, None
-    return arguments, None
-
-
 def action_text(
     request: rt.StepRequest, tool_names: list[str], max_bytes: int
 ) -> tuple[str, rt.StepError | None]:
@@ -122,12 +106,15 @@ def action_text(
             if len(action) != 1:
                 return _invalid(f"one function call per step, got a list of {len(action)}")
             action = action[0]
-        if not isinstance(action, dict) or not isinstance(action.get("name"), str):
-            return _invalid('action must be a JSON object {"name": ..., "parameters": {...}}')
-        name = action["name"]
-        parameters, problem = _parameters_of(action)
-        if problem is not None:
-            return _invalid(problem)
+        try:
+            # The rule trainers' clients apply, applied here too: one rule on both sides.
+            parsed = action_from_object(action)
+        except ActionParseError as exc:
+            return _invalid(str(exc))
+        name, parameters = parsed.name, parsed.parameters
+        problem = json_problem(parameters, MAX_JSON_DEPTH - 1)
+        if problem is not None:  # `arguments` given as JSON text is parsed only now
+            return _invalid(f"arguments are {problem}")
     elif which == "tool_call":
         name = request.tool_call.name
         text = request.tool_call.parameters_json or "{}"
