@@ -45,6 +45,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import cpu_by_role, median, pct, start_process  # noqa: E402
+from codegym.library import Library  # noqa: E402
+from codegym.llm import LLMGateway, LLMSettings, StageParams  # noqa: E402
 from codegym_cli.evaluation import (  # noqa: E402
     EvalTask,
     Evaluator,
@@ -53,8 +55,6 @@ from codegym_cli.evaluation import (  # noqa: E402
     tasks_from_library,
 )
 from codegym_client.runtime_client import AsyncRuntimeClient  # noqa: E402
-from services.runtime.library import Library  # noqa: E402
-from services.synthesis.llm import LLMGateway, LLMSettings, StageParams  # noqa: E402
 from tests.helpers.agents import oracle_agent  # noqa: E402
 from tests.helpers.fake_llm import Reply, ScriptedLLM  # noqa: E402
 

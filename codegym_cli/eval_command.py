@@ -28,6 +28,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from codegym.contract import parse_ability
+from codegym.library import Library, canonical_config
+from codegym.llm import LLMGateway, StageParams
 from codegym_cli.evaluation import (
     COUNTED_REASONS,
     FAILURE_REASONS,
@@ -42,8 +44,6 @@ from codegym_cli.evaluation import (
 )
 from codegym_cli.synthesize_command import add_llm_arguments, missing_api_key, settings_from
 from codegym_client.runtime_client import AsyncRuntimeClient, RuntimeUnavailable
-from services.runtime.library import Library, canonical_config
-from services.synthesis.llm import LLMGateway, StageParams
 
 
 def load_tasks(args: argparse.Namespace) -> list[EvalTask]:
@@ -236,7 +236,7 @@ def count_or_auto(text: str) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from services.runtime.library import default_library_path
+    from codegym.library import default_library_path
 
     ev = sub.add_parser(
         "eval",

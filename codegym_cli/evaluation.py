@@ -40,12 +40,12 @@ from typing import Any
 import grpc
 
 from codegym.contract import parse_ability
+from codegym.library import Library
+from codegym.llm import LLMGateway, LLMRejected, LLMUnavailable, StageParams, StageUsage
 from codegym_cli.export import build_instances
 from codegym_client.actions import ActionParseError, from_tool_calls, parse_function_call
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.runtime_client import AsyncRuntimeClient
-from services.runtime.library import Library
-from services.synthesis.llm import LLMGateway, LLMRejected, LLMUnavailable, StageParams, StageUsage
 
 # The agent's own outcomes: the only end reasons that make an episode (figures, scores).
 COUNTED_REASONS = ("solved", "wrong_answer", "truncated", "format_errors")

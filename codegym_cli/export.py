@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from codegym.contract import format_ability, parse_ability
-from services.runtime.library import EnvRecord
+from codegym.library import EnvRecord
 
 DATA_SOURCE = "codegym_gym_v1"
 NO_ANSWER = "There is no answer"

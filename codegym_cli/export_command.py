@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from codegym.library import Library
 from codegym_cli.export import TOOL_MODES, Difficulty, build_instances
-from services.runtime.library import Library
 
 
 def write(path: Path, items: list[dict[str, Any]], fmt: str) -> None:
@@ -94,7 +94,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from services.runtime.library import default_library_path
+    from codegym.library import default_library_path
 
     export = sub.add_parser(
         "export",

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from services.runtime.library import Library, default_library_path
+from codegym.library import Library, default_library_path
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -107,8 +107,8 @@ def _show(args: argparse.Namespace) -> int:
 def _oracle(args: argparse.Namespace) -> int:
     import asyncio
 
+    from codegym.library import TaskRecord
     from codegym_cli.oracle import record_oracle, write_trajectories
-    from services.runtime.library import TaskRecord
 
     if not _existing(args.library):
         return 2

@@ -12,10 +12,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from codegym.library import EnvRecord
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from codegym_client.channels import aio_channel
-from services.runtime.library import EnvRecord
 
 SANDBOX = pb.DESCRIPTOR.services_by_name["SandboxService"].full_name
 

@@ -23,13 +23,13 @@ from typing import Any
 import grpc
 
 from codegym.common.v1 import common_pb2 as cm
+from codegym.library import Library, TaskRecord, canonical_config
 from codegym.metrics import PIPELINE_OUTCOMES
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
 from codegym_cli.pipeline_state import PipelineState, StageOutcome
-from services.runtime.library import Library, TaskRecord, canonical_config
 from services.synthesis.problems import Problem
 
 STAGES = (

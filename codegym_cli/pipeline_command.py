@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from codegym.grpcutil import wait_serving
+from codegym.library import Library
 from codegym.procs import ServerProcess, codegym_command
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
@@ -34,7 +35,6 @@ from codegym_cli.pipeline import LLM_STAGES, STAGES, Pipeline, PipelineConfig
 from codegym_cli.pipeline_state import PipelineState, StageOutcome
 from codegym_cli.synthesize_command import missing_api_key
 from codegym_client.channels import aio_channel
-from services.runtime.library import Library
 from services.synthesis.problems import load_problems
 
 SYNTHESIS = sy.DESCRIPTOR.services_by_name["SynthesisService"].full_name

@@ -209,7 +209,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sandbox.add_argument("--log-level", default="INFO", help="logging level")
     sandbox.set_defaults(func=_serve_sandbox)
 
-    from services.runtime.library import default_library_path
+    from codegym.library import default_library_path
     from services.runtime.service import RuntimeConfig
 
     defaults = RuntimeConfig()

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from codegym.grpcutil import wait_serving
+from codegym.library import Library, default_library_path
 from codegym.procs import RedisServer, ServerProcess, codegym_command
-from services.runtime.library import Library, default_library_path
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

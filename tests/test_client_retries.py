@@ -29,6 +29,7 @@ import redis as redis_py
 
 from codegym import errors
 from codegym.contract import split_env_id
+from codegym.library import Library
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client import (
     AsyncRuntimeClient,
@@ -46,7 +47,6 @@ from codegym_client import (
 from codegym_client.errors import REASON_TRAILER, REASONS, RETRY_AFTER_TRAILER, reason_sent, typed_error
 from codegym_client.gym_env import RemoteEnv
 from codegym_client.online import OnlineGymEnv
-from services.runtime.library import Library
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
 from tests.helpers.servers import ServerProcess
 from tests.helpers.trajectories import record

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
+from codegym.library import Library
 from codegym_cli.evaluation import done_keys, summarize
-from services.runtime.library import Library
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
 from tests.helpers.agents import flaky, malformed_agent, never_done_agent, oracle_agent, wrong_agent
 from tests.helpers.fake_llm import Reply, ScriptedLLM

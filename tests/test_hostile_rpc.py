@@ -24,8 +24,8 @@ import grpc
 import pytest
 
 from codegym.grpcutil import ManagedServer
+from codegym.library import load_library
 from codegym.runtime.v1 import runtime_service_pb2 as rt
-from codegym.sandbox_client import SandboxDispatcher
 from codegym_client.runtime_client import (
     AsyncRuntimeClient,
     CapacityExceeded,
@@ -38,7 +38,7 @@ from codegym_client.runtime_client import (
     SessionDone,
     SessionNotFound,
 )
-from services.runtime.library import load_library
+from services.dispatcher import SandboxDispatcher
 from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, Session
 from tests import test_runtime as base

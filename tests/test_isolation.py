@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from codegym.contract import split_env_id
+from codegym.library import Library
 from codegym_client.runtime_client import RuntimeClient
-from services.runtime.library import Library
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT, sample_tasks
 from tests.helpers.servers import ServerProcess
 from tests.helpers.trajectories import record

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import grpc
 
+from codegym.library import Library
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym_client.runtime_client import RuntimeClient
-from services.runtime.library import Library
 from tests.conftest import ENV_DIR
 from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.servers import ServerProcess

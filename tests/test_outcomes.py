@@ -19,8 +19,8 @@ import grpc
 import pytest
 
 from codegym.errors import REASON_TRAILER, table_markdown
+from codegym.library import Library
 from codegym_client.runtime_client import EnvFailed, RuntimeClient, StepConflict
-from services.runtime.library import Library
 from tests.conftest import ROOT
 from tests.helpers.servers import ServerProcess
 

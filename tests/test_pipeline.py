@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
+from codegym.library import Library
 from codegym_cli.export import PROTOCOL, user_message
 from codegym_cli.oracle import record_oracle
 from codegym_client.runtime_client import RuntimeClient
-from services.runtime.library import Library
 from tests.conftest import EXAMPLES, ROOT
 from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.pipeline_cases import CASES, EXPECTED, case_problem, case_script, write_problems

@@ -33,11 +33,11 @@ import grpc
 import pytest
 from redis import Redis as RedisClient
 
+from codegym.library import Library
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym_client.channels import sync_channel
 from codegym_client.runtime_client import create_request
-from services.runtime.library import Library
 from services.runtime.redis_store import RedisSessionStore
 from services.runtime.sessions import InMemorySessionStore, Session
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT

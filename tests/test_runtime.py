@@ -20,11 +20,11 @@ import grpc
 import pytest
 
 from codegym.contract import parse_ability, split_env_id
+from codegym.library import Library
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.actions import BEGIN, END
 from codegym_client.gym_env import OnlineGymEnv, RemoteEnv
 from codegym_client.runtime_client import AsyncRuntimeClient, RuntimeClient
-from services.runtime.library import Library
 from tests.conftest import (
     ENV_DIR,
     EXAMPLES,

@@ -13,8 +13,8 @@ from typing import Any
 from codegym.common.v1 import common_pb2
 from codegym.contract import EnvStringError, parse_ability, parse_config, parse_env_str
 from codegym.errors import Reason, Refusal
+from codegym.library import EnvRecord
 from codegym.runtime.v1 import runtime_service_pb2 as rt
-from services.runtime.library import EnvRecord
 from services.runtime.requests import MAX_JSON_DEPTH, shown
 
 DIFFICULTY = {

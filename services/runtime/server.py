@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from codegym.grpcutil import ManagedServer
+from codegym.library import EnvRecord, load_library
 from codegym.runtime.v1 import runtime_service_pb2 as rt
-from codegym.sandbox_client import SandboxDispatcher
-from services.runtime.library import EnvRecord, load_library
+from services.dispatcher import SandboxDispatcher
 from services.runtime.service import RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, SessionStore
 

@@ -32,13 +32,13 @@ from codegym.errors import (
     entry_status,
     guarded,
 )
+from codegym.library import EnvRecord
 from codegym.logs import SESSION_ID
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
-from codegym.sandbox_client import SandboxDispatcher, SandboxUnavailable
+from services.dispatcher import SandboxDispatcher, SandboxUnavailable
 from services.runtime.catalog import Catalog, tool_specs
-from services.runtime.library import EnvRecord
 from services.runtime.requests import action_text, config_json, shown
 from services.runtime.sessions import Session, SessionStore
 from services.runtime.streaming import batch_step, step_stream

@@ -16,8 +16,8 @@ from typing import Any
 from codegym.common.v1 import common_pb2 as cm
 from codegym.contract import analyze_source, answers_equal, scan_source, sha256_text, tool_schema, tool_text
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
-from codegym.sandbox_client import SandboxDispatcher
 from codegym.verification.v1 import verification_service_pb2 as vf
+from services.dispatcher import SandboxDispatcher
 from services.verification.solution import find_solution_call
 
 # The defaults of every threshold (DESIGN §7); a zero request field means these.

@@ -16,9 +16,9 @@ import grpc
 
 from codegym.errors import Reason, Refusal, add_lenient, guarded
 from codegym.grpcutil import ManagedServer
-from codegym.sandbox_client import SandboxDispatcher, SandboxUnavailable
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
+from services.dispatcher import SandboxDispatcher, SandboxUnavailable
 from services.verification.checks import Verifier
 
 log = logging.getLogger(__name__)
