@@ -50,6 +50,24 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 DOWN_S = 2.0
 
 
+def with_source(op: sb.Operation, code: str) -> sb.Operation:
+    """A copy of `op` that carries its source's text, for a worker that has not cached it."""
+    full = sb.Operation()
+    full.CopyFrom(op)
+    full.source.code = code
+    return full
+
+
+async def sourced(
+    call: Callable[[sb.Operation], Awaitable[sb.OperationResult]], op: sb.Operation, source: str
+) -> sb.OperationResult:
+    """`call(op)` by sha256 first, and once more with the text when the worker answers SOURCE_NEEDED."""
+    result = await call(op)
+    if result.status == sb.STATUS_SOURCE_NEEDED:
+        result = await call(with_source(op, source))
+    return result
+
+
 class WorkerQueue:
     """Coalesces concurrent operations bound for one worker into `ExecuteBatch` calls.
 
@@ -169,13 +187,7 @@ class SandboxDispatcher:
             pinned = await self._pinned(op, source, key)
             if pinned is not None:
                 return pinned
-        result = await self._call(op)
-        if result.status == sb.STATUS_SOURCE_NEEDED:
-            with_code = sb.Operation()
-            with_code.CopyFrom(op)
-            with_code.source.code = source
-            result = await self._call(with_code)
-        return result
+        return await sourced(self._call, op, source)
 
     async def release(self, key: str) -> None:
         """Tell the session's worker to drop its resident process (best effort: a miss costs nothing)."""
@@ -199,13 +211,7 @@ class SandboxDispatcher:
                 continue
             queue = self.workers[address][1]
             try:
-                result = await queue.submit(op)
-                if result.status == sb.STATUS_SOURCE_NEEDED:
-                    with_code = sb.Operation()
-                    with_code.CopyFrom(op)
-                    with_code.source.code = source
-                    result = await queue.submit(with_code)
-                return result
+                return await sourced(queue.submit, op, source)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRYABLE:
                     raise
@@ -228,21 +234,13 @@ class SandboxDispatcher:
         async def run(start: int) -> None:
             part = list(ops[start : start + chunk])
             # The chunk's first operation carries the code: the worker caches it before the rest.
-            first = sb.Operation()
-            first.CopyFrom(part[0])
-            if not first.source.code and first.source.sha256 in sources:
-                first.source.code = sources[first.source.sha256]
-            part[0] = first
+            if not part[0].source.code and part[0].source.sha256 in sources:
+                part[0] = with_source(part[0], sources[part[0].source.sha256])
             async with limit:
                 answers = await self._call_batch(part)
                 missing = [i for i, r in enumerate(answers) if r.status == sb.STATUS_SOURCE_NEEDED]
                 if missing:
-                    resend = []
-                    for i in missing:
-                        op = sb.Operation()
-                        op.CopyFrom(part[i])
-                        op.source.code = sources[op.source.sha256]
-                        resend.append(op)
+                    resend = [with_source(part[i], sources[part[i].source.sha256]) for i in missing]
                     for i, result in zip(missing, await self._call_batch(resend), strict=True):
                         answers[i] = result
             for i, result in enumerate(answers):
