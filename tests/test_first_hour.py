@@ -34,7 +34,10 @@ def tmp_interpreter(parent: Path, traversable: bool = True) -> Path:
         [Path(sys.base_prefix) / "bin" / "python3", "-m", "venv", "--without-pip", str(venv)], check=True
     )
     site = next((venv / "lib").glob("python3*/site-packages"))
-    (site / "project.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # addsitedir, not a bare path: the project's own .pth files there (its editable installs, the
+    # client's among them) must be read too.
+    purelib = sysconfig.get_paths()["purelib"]
+    (site / "project.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
     mode = 0o755 if traversable else 0o700
     parent.chmod(mode)
     return venv / "bin" / "python"
