@@ -167,3 +167,91 @@ def test_solution_function_is_found_statically() -> None:
     assert find_solution_call(source, [], entry_point="missing") is None
     assert find_solution_call("import sys\nprint(sys.stdin.read())\n", ["nums"]) is None
     assert find_solution_call("def broken(:\n", ["nums"]) is None
+
+
+# ---- negative controls, determinism, guessability -------------------------------------------------
+
+PAYS_ANY = SOURCE.replace("correct = answer == ref\n", "correct = True\n", 1)
+PAYS_TEXT = SOURCE.replace("correct = answer == ref\n", "correct = answer == ref or answer == str(ref)\n", 1)
+ID_IN_DONE = SOURCE.replace(
+    'return f"Your answer: {answer}, ', 'return f"[{id(object())}] Your answer: {answer}, ', 1
+)
+
+
+async def sample_cases(
+    stub: vf_grpc.VerificationServiceStub, source: str, configs: list[str]
+) -> list[vf.ShortcutCase]:
+    response = await stub.ValidateUnitTests(
+        vf.ValidateUnitTestsRequest(env_source=source, tasks=tasks(*configs))
+    )
+    return [
+        vf.ShortcutCase(config_json=t.task.config_json, answer_json=t.answer_json)
+        for t in response.tests
+        if t.valid
+    ]
+
+
+GCD_CONFIGS = [json.dumps({"nums": [6 * i, 9 * i, 3 * i + 3]}) for i in range(1, 9)]
+
+
+async def test_negative_controls_pass_every_sample_and_catch_paying_dones(
+    stub: vf_grpc.VerificationServiceStub,
+) -> None:
+    from tests.helpers.sample_configs import sample_configs
+
+    for path in sorted(ENV_DIR.glob("*Env.py")):
+        env_class = path.stem.split("__", 1)[1]
+        source = path.read_text()
+        configs = [json.dumps(c) for c in sample_configs(env_class, 8, seed=1)]
+        cases = await sample_cases(stub, source, configs)
+        controls = await stub.CheckNegativeControls(
+            vf.CheckNegativeControlsRequest(env_source=source, cases=cases)
+        )
+        assert controls.verdict == vf.VERDICT_PASS, (env_class, list(controls.reasons), list(controls.paid))
+        assert (
+            controls.tests == len(cases) and controls.controls >= 3 * len(cases) and not controls.failed_runs
+        )
+        assert controls.runs == len(cases)  # one sandbox run per test
+        determinism = await stub.CheckDeterminism(
+            vf.CheckDeterminismRequest(env_source=source, config_jsons=configs)
+        )
+        assert determinism.verdict == vf.VERDICT_PASS, (env_class, list(determinism.reasons))
+        assert determinism.compared == 5 and determinism.runs == 10
+
+    for bad, kinds in ((PAYS_ANY, None), (PAYS_TEXT, {"as_string"})):
+        cases = await sample_cases(stub, bad, GCD_CONFIGS)
+        response = await stub.CheckNegativeControls(
+            vf.CheckNegativeControlsRequest(env_source=bad, cases=cases)
+        )
+        assert response.verdict == vf.VERDICT_FAIL
+        assert response.reasons[0].startswith("reward_accepts_wrong_answers:")
+        paid = response.paid[0]
+        assert paid.reward == 1.0 and paid.config_json and paid.answer_json != paid.reference_json
+        if kinds is not None:
+            assert {p.kind for p in response.paid} == kinds
+            assert json.loads(paid.answer_json) == str(json.loads(paid.reference_json))
+
+
+async def test_determinism_catches_per_process_values(stub: vf_grpc.VerificationServiceStub) -> None:
+    response = await stub.CheckDeterminism(
+        vf.CheckDeterminismRequest(
+            env_source=ID_IN_DONE, solve_source=GOOD_SOLVE, config_jsons=GCD_CONFIGS, tests=3
+        )
+    )
+    assert response.verdict == vf.VERDICT_FAIL and response.reasons[0].startswith("nondeterministic:")
+    first = response.differences[0]
+    assert first.what == "observation" and first.step > 0 and first.first != first.second
+
+
+async def test_guessability(stub: vf_grpc.VerificationServiceStub) -> None:
+    cases = [
+        vf.ShortcutCase(config_json=str(i), answer_json=a) for i, a in enumerate(["true", "false", "true"])
+    ]
+    booleans = await stub.MeasureGuessability(vf.MeasureGuessabilityRequest(cases=cases))
+    assert list(booleans.guess_rates) == [0.5] * 3 and booleans.guess_rate == 0.5
+    numbers = [vf.ShortcutCase(config_json=str(i), answer_json=a) for i, a in enumerate(["1", "1", "2", "1"])]
+    response = await stub.MeasureGuessability(
+        vf.MeasureGuessabilityRequest(cases=numbers, max_guess_rate=0.7)
+    )
+    assert list(response.guess_rates) == [0.75, 0.75, 0.25, 0.75] and response.most_frequent_json == "1"
+    assert response.verdict == vf.VERDICT_FAIL and response.reasons[0].startswith("guessable:")

@@ -92,6 +92,30 @@ class VerificationServicer(vf_grpc.VerificationServiceServicer):
             context, request.env_source, lambda: self.verifier.check_shortcuts(request)
         )
 
+    @guarded
+    async def CheckNegativeControls(
+        self, request: vf.CheckNegativeControlsRequest, context: grpc.aio.ServicerContext
+    ) -> vf.CheckNegativeControlsResponse:
+        return await self._checked(
+            context, request.env_source, lambda: self.verifier.check_negative_controls(request)
+        )
+
+    @guarded
+    async def CheckDeterminism(
+        self, request: vf.CheckDeterminismRequest, context: grpc.aio.ServicerContext
+    ) -> vf.CheckDeterminismResponse:
+        return await self._checked(
+            context, request.env_source, lambda: self.verifier.check_determinism(request)
+        )
+
+    @guarded
+    async def MeasureGuessability(
+        self, request: vf.MeasureGuessabilityRequest, context: grpc.aio.ServicerContext
+    ) -> vf.MeasureGuessabilityResponse:
+        if not 0 <= request.max_guess_rate <= 1:
+            raise Refusal(Reason.INVALID_REQUEST, f"max_guess_rate {request.max_guess_rate} is not in [0, 1]")
+        return await self.verifier.measure_guessability(request)
+
 
 class VerificationServer:
     """Build inside the running loop."""

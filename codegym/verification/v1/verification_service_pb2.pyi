@@ -701,3 +701,369 @@ class CheckShortcutsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CheckShortcutsResponse: _TypeAlias = CheckShortcutsResponse  # noqa: Y015
+
+@_typing.final
+class CheckNegativeControlsRequest(_message.Message):
+    """Request of CheckNegativeControls."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENV_SOURCE_FIELD_NUMBER: _builtins.int
+    CASES_FIELD_NUMBER: _builtins.int
+    CASE_TIME_MS_FIELD_NUMBER: _builtins.int
+    CASE_MEMORY_MB_FIELD_NUMBER: _builtins.int
+    env_source: _builtins.str
+    """Env source."""
+    case_time_ms: _builtins.int
+    """Wall-clock limit of the run of one test's controls, ms; 0 = 10000."""
+    case_memory_mb: _builtins.int
+    """Memory of one run, MiB; 0 = 256."""
+    @_builtins.property
+    def cases(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShortcutCase]:
+        """Valid tests with their reference answers."""
+
+    def __init__(
+        self,
+        *,
+        env_source: _builtins.str = ...,
+        cases: _abc.Iterable[Global___ShortcutCase] | None = ...,
+        case_time_ms: _builtins.int = ...,
+        case_memory_mb: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_memory_mb", b"case_memory_mb", "case_time_ms", b"case_time_ms", "cases", b"cases", "env_source", b"env_source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckNegativeControlsRequest: _TypeAlias = CheckNegativeControlsRequest  # noqa: Y015
+
+@_typing.final
+class PaidAnswer(_message.Message):
+    """A wrong answer the environment paid."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIG_JSON_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    ANSWER_JSON_FIELD_NUMBER: _builtins.int
+    REFERENCE_JSON_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
+    OBSERVATION_FIELD_NUMBER: _builtins.int
+    config_json: _builtins.str
+    """The config JSON."""
+    kind: _builtins.str
+    """How the answer was derived from the reference answer (`plus_one`, `as_string`, `other_config`, ...)."""
+    answer_json: _builtins.str
+    """The wrong answer as JSON."""
+    reference_json: _builtins.str
+    """The reference answer as JSON."""
+    reward: _builtins.float
+    """Reward paid."""
+    observation: _builtins.str
+    """Done's message."""
+    def __init__(
+        self,
+        *,
+        config_json: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        answer_json: _builtins.str = ...,
+        reference_json: _builtins.str = ...,
+        reward: _builtins.float = ...,
+        observation: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answer_json", b"answer_json", "config_json", b"config_json", "kind", b"kind", "observation", b"observation", "reference_json", b"reference_json", "reward", b"reward"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PaidAnswer: _TypeAlias = PaidAnswer  # noqa: Y015
+
+@_typing.final
+class CheckNegativeControlsResponse(_message.Message):
+    """Response of CheckNegativeControls."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class KindsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REASONS_FIELD_NUMBER: _builtins.int
+    TESTS_FIELD_NUMBER: _builtins.int
+    CONTROLS_FIELD_NUMBER: _builtins.int
+    PAID_FIELD_NUMBER: _builtins.int
+    FAILED_RUNS_FIELD_NUMBER: _builtins.int
+    FIRST_FAILURE_FIELD_NUMBER: _builtins.int
+    KINDS_FIELD_NUMBER: _builtins.int
+    CPU_MS_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    verdict: Global___Verdict.ValueType
+    """FAIL when some wrong answer was paid."""
+    tests: _builtins.int
+    """Tests whose controls ran."""
+    controls: _builtins.int
+    """Wrong answers tried (over all tests)."""
+    failed_runs: _builtins.int
+    """Tests whose controls could not run (the run failed), with the first failure."""
+    first_failure: _builtins.str
+    """The first failed run, `class: detail`."""
+    cpu_ms: _builtins.int
+    """Sandbox CPU time of all runs, ms."""
+    runs: _builtins.int
+    """Sandbox operations run."""
+    @_builtins.property
+    def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Reasons, `class: detail`."""
+
+    @_builtins.property
+    def paid(self) -> _containers.RepeatedCompositeFieldContainer[Global___PaidAnswer]:
+        """Wrong answers that were paid (the first ones, at most 20)."""
+
+    @_builtins.property
+    def kinds(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Wrong answers per kind."""
+
+    def __init__(
+        self,
+        *,
+        verdict: Global___Verdict.ValueType = ...,
+        reasons: _abc.Iterable[_builtins.str] | None = ...,
+        tests: _builtins.int = ...,
+        controls: _builtins.int = ...,
+        paid: _abc.Iterable[Global___PaidAnswer] | None = ...,
+        failed_runs: _builtins.int = ...,
+        first_failure: _builtins.str = ...,
+        kinds: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        cpu_ms: _builtins.int = ...,
+        runs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controls", b"controls", "cpu_ms", b"cpu_ms", "failed_runs", b"failed_runs", "first_failure", b"first_failure", "kinds", b"kinds", "paid", b"paid", "reasons", b"reasons", "runs", b"runs", "tests", b"tests", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckNegativeControlsResponse: _TypeAlias = CheckNegativeControlsResponse  # noqa: Y015
+
+@_typing.final
+class CheckDeterminismRequest(_message.Message):
+    """Request of CheckDeterminism."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENV_SOURCE_FIELD_NUMBER: _builtins.int
+    SOLVE_SOURCE_FIELD_NUMBER: _builtins.int
+    CONFIG_JSONS_FIELD_NUMBER: _builtins.int
+    TESTS_FIELD_NUMBER: _builtins.int
+    CASE_TIME_MS_FIELD_NUMBER: _builtins.int
+    CASE_MEMORY_MB_FIELD_NUMBER: _builtins.int
+    MAX_STEPS_FIELD_NUMBER: _builtins.int
+    env_source: _builtins.str
+    """Env source."""
+    solve_source: _builtins.str
+    """The oracle `def solve(self)` source; empty = the environment's own solve()."""
+    tests: _builtins.int
+    """Tests replayed (the first N configs); 0 = 5."""
+    case_time_ms: _builtins.int
+    """Wall-clock limit of one run, ms; 0 = 10000."""
+    case_memory_mb: _builtins.int
+    """Memory of one run, MiB; 0 = 256."""
+    max_steps: _builtins.int
+    """step() calls one run may make; 0 = 1024."""
+    @_builtins.property
+    def config_jsons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Valid configs (JSON) to replay."""
+
+    def __init__(
+        self,
+        *,
+        env_source: _builtins.str = ...,
+        solve_source: _builtins.str = ...,
+        config_jsons: _abc.Iterable[_builtins.str] | None = ...,
+        tests: _builtins.int = ...,
+        case_time_ms: _builtins.int = ...,
+        case_memory_mb: _builtins.int = ...,
+        max_steps: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_memory_mb", b"case_memory_mb", "case_time_ms", b"case_time_ms", "config_jsons", b"config_jsons", "env_source", b"env_source", "max_steps", b"max_steps", "solve_source", b"solve_source", "tests", b"tests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckDeterminismRequest: _TypeAlias = CheckDeterminismRequest  # noqa: Y015
+
+@_typing.final
+class TrajectoryDifference(_message.Message):
+    """The first place two runs of the oracle differed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIG_JSON_FIELD_NUMBER: _builtins.int
+    STEP_FIELD_NUMBER: _builtins.int
+    WHAT_FIELD_NUMBER: _builtins.int
+    FIRST_FIELD_NUMBER: _builtins.int
+    SECOND_FIELD_NUMBER: _builtins.int
+    config_json: _builtins.str
+    """The config JSON."""
+    step: _builtins.int
+    """The step (0 = the first observation, before any step)."""
+    what: _builtins.str
+    """What differed: `observation`, `action`, `length`, `reward`, `status`."""
+    first: _builtins.str
+    """The first run's value there."""
+    second: _builtins.str
+    """The second run's value there."""
+    def __init__(
+        self,
+        *,
+        config_json: _builtins.str = ...,
+        step: _builtins.int = ...,
+        what: _builtins.str = ...,
+        first: _builtins.str = ...,
+        second: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "first", b"first", "second", b"second", "step", b"step", "what", b"what"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TrajectoryDifference: _TypeAlias = TrajectoryDifference  # noqa: Y015
+
+@_typing.final
+class CheckDeterminismResponse(_message.Message):
+    """Response of CheckDeterminism."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REASONS_FIELD_NUMBER: _builtins.int
+    COMPARED_FIELD_NUMBER: _builtins.int
+    DIFFERENCES_FIELD_NUMBER: _builtins.int
+    CPU_MS_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    verdict: Global___Verdict.ValueType
+    """FAIL when some test's two runs differ."""
+    compared: _builtins.int
+    """Tests compared."""
+    cpu_ms: _builtins.int
+    """Sandbox CPU time of all runs, ms."""
+    runs: _builtins.int
+    """Sandbox operations run."""
+    @_builtins.property
+    def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Reasons, `class: detail`."""
+
+    @_builtins.property
+    def differences(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrajectoryDifference]:
+        """Per differing test, its first difference."""
+
+    def __init__(
+        self,
+        *,
+        verdict: Global___Verdict.ValueType = ...,
+        reasons: _abc.Iterable[_builtins.str] | None = ...,
+        compared: _builtins.int = ...,
+        differences: _abc.Iterable[Global___TrajectoryDifference] | None = ...,
+        cpu_ms: _builtins.int = ...,
+        runs: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compared", b"compared", "cpu_ms", b"cpu_ms", "differences", b"differences", "reasons", b"reasons", "runs", b"runs", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckDeterminismResponse: _TypeAlias = CheckDeterminismResponse  # noqa: Y015
+
+@_typing.final
+class MeasureGuessabilityRequest(_message.Message):
+    """Request of MeasureGuessability."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CASES_FIELD_NUMBER: _builtins.int
+    MAX_GUESS_RATE_FIELD_NUMBER: _builtins.int
+    max_guess_rate: _builtins.float
+    """FAIL when the environment's guess rate is above this; 0 = never fail."""
+    @_builtins.property
+    def cases(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShortcutCase]:
+        """Tests with their reference answers (all of an environment's valid tests)."""
+
+    def __init__(
+        self,
+        *,
+        cases: _abc.Iterable[Global___ShortcutCase] | None = ...,
+        max_guess_rate: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cases", b"cases", "max_guess_rate", b"max_guess_rate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MeasureGuessabilityRequest: _TypeAlias = MeasureGuessabilityRequest  # noqa: Y015
+
+@_typing.final
+class MeasureGuessabilityResponse(_message.Message):
+    """Response of MeasureGuessability."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    REASONS_FIELD_NUMBER: _builtins.int
+    GUESS_RATES_FIELD_NUMBER: _builtins.int
+    GUESS_RATE_FIELD_NUMBER: _builtins.int
+    MOST_FREQUENT_JSON_FIELD_NUMBER: _builtins.int
+    verdict: Global___Verdict.ValueType
+    """FAIL only with max_guess_rate set and exceeded."""
+    guess_rate: _builtins.float
+    """The environment's: the largest per-case rate."""
+    most_frequent_json: _builtins.str
+    """The most frequent answer, as JSON."""
+    @_builtins.property
+    def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Reasons, `class: detail`."""
+
+    @_builtins.property
+    def guess_rates(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """Per case, in request order: 0.5 for a boolean answer, else the fraction of the cases whose
+        answer is the same (a blind Done with the most frequent answer is right that often).
+        """
+
+    def __init__(
+        self,
+        *,
+        verdict: Global___Verdict.ValueType = ...,
+        reasons: _abc.Iterable[_builtins.str] | None = ...,
+        guess_rates: _abc.Iterable[_builtins.float] | None = ...,
+        guess_rate: _builtins.float = ...,
+        most_frequent_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["guess_rate", b"guess_rate", "guess_rates", b"guess_rates", "most_frequent_json", b"most_frequent_json", "reasons", b"reasons", "verdict", b"verdict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MeasureGuessabilityResponse: _TypeAlias = MeasureGuessabilityResponse  # noqa: Y015

@@ -59,6 +59,21 @@ class VerificationServiceStub:
                 request_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsRequest.SerializeToString,
                 response_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsResponse.FromString,
                 _registered_method=True)
+        self.CheckNegativeControls = channel.unary_unary(
+                '/codegym.verification.v1.VerificationService/CheckNegativeControls',
+                request_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckNegativeControlsRequest.SerializeToString,
+                response_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckNegativeControlsResponse.FromString,
+                _registered_method=True)
+        self.CheckDeterminism = channel.unary_unary(
+                '/codegym.verification.v1.VerificationService/CheckDeterminism',
+                request_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckDeterminismRequest.SerializeToString,
+                response_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckDeterminismResponse.FromString,
+                _registered_method=True)
+        self.MeasureGuessability = channel.unary_unary(
+                '/codegym.verification.v1.VerificationService/MeasureGuessability',
+                request_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.MeasureGuessabilityRequest.SerializeToString,
+                response_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.MeasureGuessabilityResponse.FromString,
+                _registered_method=True)
 
 
 class VerificationServiceServicer:
@@ -97,6 +112,27 @@ class VerificationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CheckNegativeControls(self, request, context):
+        """Call Done with wrong answers derived from each reference answer: none may be paid.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckDeterminism(self, request, context):
+        """Run the oracle twice per test in separate processes: trajectories must be the same.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MeasureGuessability(self, request, context):
+        """Per test, the chance that a blind Done is right (no sandbox run).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerificationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -119,6 +155,21 @@ def add_VerificationServiceServicer_to_server(servicer, server):
                     servicer.CheckShortcuts,
                     request_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsRequest.FromString,
                     response_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsResponse.SerializeToString,
+            ),
+            'CheckNegativeControls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckNegativeControls,
+                    request_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckNegativeControlsRequest.FromString,
+                    response_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckNegativeControlsResponse.SerializeToString,
+            ),
+            'CheckDeterminism': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckDeterminism,
+                    request_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckDeterminismRequest.FromString,
+                    response_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckDeterminismResponse.SerializeToString,
+            ),
+            'MeasureGuessability': grpc.unary_unary_rpc_method_handler(
+                    servicer.MeasureGuessability,
+                    request_deserializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.MeasureGuessabilityRequest.FromString,
+                    response_serializer=codegym_dot_verification_dot_v1_dot_verification__service__pb2.MeasureGuessabilityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -234,6 +285,87 @@ class VerificationService:
             '/codegym.verification.v1.VerificationService/CheckShortcuts',
             codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsRequest.SerializeToString,
             codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckShortcutsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckNegativeControls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.verification.v1.VerificationService/CheckNegativeControls',
+            codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckNegativeControlsRequest.SerializeToString,
+            codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckNegativeControlsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckDeterminism(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.verification.v1.VerificationService/CheckDeterminism',
+            codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckDeterminismRequest.SerializeToString,
+            codegym_dot_verification_dot_v1_dot_verification__service__pb2.CheckDeterminismResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MeasureGuessability(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.verification.v1.VerificationService/MeasureGuessability',
+            codegym_dot_verification_dot_v1_dot_verification__service__pb2.MeasureGuessabilityRequest.SerializeToString,
+            codegym_dot_verification_dot_v1_dot_verification__service__pb2.MeasureGuessabilityResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,12 @@ class VerificationServiceStub:
     """Run every solve candidate on every valid test; pick the oracle."""
     CheckShortcuts: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.CheckShortcutsRequest, _verification_service_pb2.CheckShortcutsResponse]
     """Probe every tool that needs no argument: does one of them hand out the reference answer?"""
+    CheckNegativeControls: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.CheckNegativeControlsRequest, _verification_service_pb2.CheckNegativeControlsResponse]
+    """Call Done with wrong answers derived from each reference answer: none may be paid."""
+    CheckDeterminism: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.CheckDeterminismRequest, _verification_service_pb2.CheckDeterminismResponse]
+    """Run the oracle twice per test in separate processes: trajectories must be the same."""
+    MeasureGuessability: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.MeasureGuessabilityRequest, _verification_service_pb2.MeasureGuessabilityResponse]
+    """Per test, the chance that a blind Done is right (no sandbox run)."""
 
 @_typing.type_check_only
 class VerificationServiceAsyncStub(VerificationServiceStub):
@@ -65,6 +71,12 @@ class VerificationServiceAsyncStub(VerificationServiceStub):
     """Run every solve candidate on every valid test; pick the oracle."""
     CheckShortcuts: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.CheckShortcutsRequest, _verification_service_pb2.CheckShortcutsResponse]  # type: ignore[assignment]
     """Probe every tool that needs no argument: does one of them hand out the reference answer?"""
+    CheckNegativeControls: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.CheckNegativeControlsRequest, _verification_service_pb2.CheckNegativeControlsResponse]  # type: ignore[assignment]
+    """Call Done with wrong answers derived from each reference answer: none may be paid."""
+    CheckDeterminism: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.CheckDeterminismRequest, _verification_service_pb2.CheckDeterminismResponse]  # type: ignore[assignment]
+    """Run the oracle twice per test in separate processes: trajectories must be the same."""
+    MeasureGuessability: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.MeasureGuessabilityRequest, _verification_service_pb2.MeasureGuessabilityResponse]  # type: ignore[assignment]
+    """Per test, the chance that a blind Done is right (no sandbox run)."""
 
 class VerificationServiceServicer(metaclass=_abc_1.ABCMeta):
     """Runs generated code in sandbox workers and keeps what is loadable, documented and solvable.
@@ -105,5 +117,29 @@ class VerificationServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_verification_service_pb2.CheckShortcutsResponse, _abc.Awaitable[_verification_service_pb2.CheckShortcutsResponse]]:
         """Probe every tool that needs no argument: does one of them hand out the reference answer?"""
+
+    @_abc_1.abstractmethod
+    def CheckNegativeControls(
+        self,
+        request: _verification_service_pb2.CheckNegativeControlsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_verification_service_pb2.CheckNegativeControlsResponse, _abc.Awaitable[_verification_service_pb2.CheckNegativeControlsResponse]]:
+        """Call Done with wrong answers derived from each reference answer: none may be paid."""
+
+    @_abc_1.abstractmethod
+    def CheckDeterminism(
+        self,
+        request: _verification_service_pb2.CheckDeterminismRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_verification_service_pb2.CheckDeterminismResponse, _abc.Awaitable[_verification_service_pb2.CheckDeterminismResponse]]:
+        """Run the oracle twice per test in separate processes: trajectories must be the same."""
+
+    @_abc_1.abstractmethod
+    def MeasureGuessability(
+        self,
+        request: _verification_service_pb2.MeasureGuessabilityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_verification_service_pb2.MeasureGuessabilityResponse, _abc.Awaitable[_verification_service_pb2.MeasureGuessabilityResponse]]:
+        """Per test, the chance that a blind Done is right (no sandbox run)."""
 
 def add_VerificationServiceServicer_to_server(servicer: VerificationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
