@@ -136,6 +136,24 @@ def _serve_verification(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_openenv(args: argparse.Namespace) -> int:
+    start_metrics(args)
+    from services.openenv.gateway import GatewayConfig
+    from services.openenv.server import serve
+
+    configure_logs(args.log_level, args.log_format)
+    config = GatewayConfig(
+        runtime=args.runtime,
+        max_sessions=args.max_sessions,
+        idle_timeout_s=args.idle_timeout_s,
+        ping_interval_s=args.ping_interval_s if args.ping_interval_s > 0 else None,
+        ping_timeout_s=args.ping_timeout_s if args.ping_timeout_s > 0 else None,
+        max_message_bytes=args.max_message_bytes,
+    )
+    run_server(lambda: serve(config, args.host, args.port))
+    return 0
+
+
 def add_sandbox_target(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sandbox",
@@ -282,7 +300,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     verification.add_argument("--port", type=int, default=50081, help="port (0 = any free port)")
     verification.add_argument("--log-level", default="INFO", help="logging level")
     verification.set_defaults(func=_serve_verification)
-    for server in (sandbox, runtime, synthesis, verification):
+
+    openenv = serve_sub.add_parser(
+        "openenv",
+        help="OpenEnv gateway: OpenEnv's WebSocket protocol (TRL, verifiers, SkyRL) in front of a runtime",
+        description="Stateless gateway: each WebSocket (/ws) holds at most one runtime session, closed "
+        "with the socket, on a second reset, or after --idle-timeout-s without a message. Example: "
+        "codegym serve openenv --runtime 127.0.0.1:50051 --port 8000",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    openenv.add_argument("--runtime", required=True, help="runtime address HOST:PORT")
+    openenv.add_argument("--host", default="127.0.0.1", help="address to bind")
+    openenv.add_argument("--port", type=int, default=8000, help="port (0 = any free port)")
+    openenv.add_argument(
+        "--max-sessions", type=int, default=1024, help="sessions held at once (then CAPACITY_REACHED)"
+    )
+    openenv.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=900.0,
+        help="close a socket and its session after this long without a message (0 = never)",
+    )
+    openenv.add_argument(
+        "--ping-interval-s", type=float, default=30.0, help="WebSocket keep-alive ping interval (0 = off)"
+    )
+    openenv.add_argument(
+        "--ping-timeout-s",
+        type=float,
+        default=120.0,
+        help="close a socket whose pong is this late (0 = never); long generations keep answering pings",
+    )
+    openenv.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=1 << 20,
+        help="larger messages get a VALIDATION_ERROR (frames over 16 MiB close the socket)",
+    )
+    openenv.add_argument("--log-level", default="INFO", help="logging level")
+    openenv.set_defaults(func=_serve_openenv)
+    for server in (sandbox, runtime, synthesis, verification, openenv):
         server.add_argument(
             "--log-format",
             choices=("text", "json"),

@@ -1,0 +1,67 @@
+"""Run the OpenEnv gateway with uvicorn on a socket bound here (port 0 picks one), and print
+`openenv gateway listening on HOST:PORT` once it serves (the process helpers wait for it)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+
+from services.openenv.gateway import Gateway, GatewayConfig
+
+
+class QuietServer(uvicorn.Server):
+    """uvicorn's server without its signal handling (which re-raises SIGTERM after a graceful stop):
+    `serve` stops it on SIGTERM and SIGINT through the loop, and the process exits 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def uvicorn_config(gateway: Gateway, log_level: str = "warning") -> uvicorn.Config:
+    config = gateway.config
+    return uvicorn.Config(
+        gateway.app,
+        ws="websockets",
+        ws_max_size=config.transport_max_bytes,
+        ws_ping_interval=config.ping_interval_s,
+        ws_ping_timeout=config.ping_timeout_s,
+        ws_per_message_deflate=False,
+        lifespan="on",
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=10,
+    )
+
+
+async def serve(config: GatewayConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
+    gateway = Gateway(config)
+    server = QuietServer(uvicorn_config(gateway))
+    sock = bind(host, port)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        bound = sock.getsockname()
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        print(f"openenv gateway listening on {shown}:{bound[1]} (runtime {config.runtime})", flush=True)
+    await task
