@@ -47,11 +47,11 @@ sys.path.insert(0, str(ROOT))
 from bench.common import cpu_by_role, median, pct, start_process  # noqa: E402
 from codegym.library import Library  # noqa: E402
 from codegym.llm import LLMGateway, LLMSettings, StageParams  # noqa: E402
+from codegym_cli.eval_results import summarize  # noqa: E402
 from codegym_cli.evaluation import (  # noqa: E402
     EvalTask,
     Evaluator,
     run_episodes,
-    summarize,
     tasks_from_library,
 )
 from codegym_client.runtime_client import AsyncRuntimeClient  # noqa: E402

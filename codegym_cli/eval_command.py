@@ -30,15 +30,12 @@ from rich.table import Table
 from codegym.contract import parse_ability
 from codegym.library import Library, canonical_config
 from codegym.llm import LLMGateway, StageParams
+from codegym_cli.eval_results import COUNTED_REASONS, FAILURE_REASONS, done_keys, summarize
 from codegym_cli.evaluation import (
-    COUNTED_REASONS,
-    FAILURE_REASONS,
     EvalTask,
     Evaluator,
     RunCounts,
-    done_keys,
     run_episodes,
-    summarize,
     tasks_from_instances,
     tasks_from_library,
 )

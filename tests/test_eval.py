@@ -28,12 +28,12 @@ from typing import Any
 import pytest
 
 from codegym.library import Library
-from codegym_cli.evaluation import done_keys, summarize
+from codegym_cli.eval_results import done_keys, summarize
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
 from tests.helpers.agents import flaky, malformed_agent, never_done_agent, oracle_agent, wrong_agent
 from tests.helpers.fake_llm import Reply, ScriptedLLM
 from tests.helpers.sample_configs import SAMPLE_CLASSES, sample_configs
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import ServerProcess, deployed_runtime
 
 TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
 
@@ -70,8 +70,13 @@ def start_runtime(library: Path, sandbox: str, port: int = 0) -> ServerProcess:
 
 
 @pytest.fixture(scope="module")
-def runtime(library: Path, sandbox: str) -> Iterator[str]:
-    server = start_runtime(library, sandbox)
+def runtime(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A runtime serving the sample library: CODEGYM_TEST_RUNTIME when set, else one started here."""
+    deployed = deployed_runtime()
+    if deployed:
+        yield deployed
+        return
+    server = start_runtime(request.getfixturevalue("library"), request.getfixturevalue("sandbox"))
     try:
         yield server.address
     finally:
@@ -154,6 +159,7 @@ def oracle_turns(instances: Path) -> list[int]:
     return lengths
 
 
+@pytest.mark.deployable
 def test_oracle_agent_solves_every_task(
     runtime: str, instances: Path, task_texts: dict[str, str], tmp_path: Path
 ) -> None:
@@ -174,6 +180,7 @@ def test_oracle_agent_solves_every_task(
     assert len(episode["actions"]) == len(episode["observations"]) == episode["turns"]
 
 
+@pytest.mark.deployable
 @pytest.mark.parametrize(
     ("agent", "reason", "turns"),
     [
@@ -194,6 +201,7 @@ def test_failing_agents_end_for_the_right_reason(
     assert overall["mean_turns"] == turns  # 20: the instances' plugin_call_max_round
 
 
+@pytest.mark.deployable
 def test_native_tool_calls(runtime: str, library: Path, task_texts: dict[str, str], tmp_path: Path) -> None:
     with ScriptedLLM(oracle_agent(TRAJECTORIES, task_texts, native=True)) as llm:
         result = run_eval(
@@ -218,6 +226,7 @@ def test_native_tool_calls(runtime: str, library: Path, task_texts: dict[str, st
     assert episode["messages"][-1]["role"] == "tool" and episode["messages"][-2]["tool_calls"]
 
 
+@pytest.mark.deployable
 def test_an_endpoint_that_fails_first_is_retried(
     runtime: str, instances: Path, task_texts: dict[str, str], tmp_path: Path
 ) -> None:
@@ -231,6 +240,7 @@ def test_an_endpoint_that_fails_first_is_retried(
     assert requests == oracle_turns(one)[0] + 2
 
 
+@pytest.mark.deployable
 def test_difficulty_scores_go_to_the_library_and_filter_the_export(
     runtime: str, library: Path, task_texts: dict[str, str], tmp_path: Path
 ) -> None:
@@ -262,6 +272,7 @@ def test_difficulty_scores_go_to_the_library_and_filter_the_export(
     assert easy == [] and "dropped 9 outside" in note
 
 
+@pytest.mark.deployable
 def test_a_killed_run_resumes_without_replaying_finished_episodes(
     runtime: str, instances: Path, task_texts: dict[str, str], tmp_path: Path
 ) -> None:
@@ -385,6 +396,7 @@ def test_a_runtime_lost_mid_run_costs_a_rerun_not_a_figure(
     assert f"{len(replayed)} episodes played now ({len(replayed)} counted, 0 not counted)" in rerun.stdout
 
 
+@pytest.mark.deployable
 def test_a_failing_endpoint_scores_nothing_and_is_played_again(
     runtime: str, library: Path, task_texts: dict[str, str], tmp_path: Path
 ) -> None:
