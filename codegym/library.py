@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     solve_fc_round  INTEGER NOT NULL DEFAULT 0,
     origin          TEXT NOT NULL DEFAULT '',
     scores          TEXT NOT NULL DEFAULT '{}',
+    guess_rate      REAL,
     UNIQUE (env_id, config_json)
 );
 CREATE INDEX IF NOT EXISTS tasks_env ON tasks(env_id);
@@ -74,6 +75,8 @@ class TaskRecord:
     solve_fc_round: int = 0
     # Success rates of evaluated models, e.g. {"gpt-4o-mini_Bo4_score": 0.25} (`codegym eval`).
     scores: dict[str, float] = field(default_factory=dict, compare=False)
+    # The chance a blind Done is right on this config (verification's guessability), None = unmeasured.
+    guess_rate: float | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -159,6 +162,9 @@ class Library:
         if "scores" not in columns:  # a library written before evaluation scores existed
             with self.db:
                 self.db.execute("ALTER TABLE tasks ADD COLUMN scores TEXT NOT NULL DEFAULT '{}'")
+        if "guess_rate" not in columns:  # a library written before guessability was measured
+            with self.db:
+                self.db.execute("ALTER TABLE tasks ADD COLUMN guess_rate REAL")
 
     def close(self) -> None:
         self.db.close()
@@ -358,16 +364,24 @@ class Library:
         ).fetchone()
         if row is None:
             self.db.execute(
-                "INSERT INTO tasks (env_id, config_json, difficulty, solve_fc_round, origin)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (task.env_id, task.config_json, task.difficulty, task.solve_fc_round, origin),
+                "INSERT INTO tasks (env_id, config_json, difficulty, solve_fc_round, origin, guess_rate)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    task.env_id,
+                    task.config_json,
+                    task.difficulty,
+                    task.solve_fc_round,
+                    origin,
+                    task.guess_rate,
+                ),
             )
             report.tasks_added += 1
             return
         # A task seen again keeps what it had, and learns what it lacked (difficulty, oracle rounds).
         self.db.execute(
-            "UPDATE tasks SET difficulty = ?, solve_fc_round = ? WHERE id = ?",
-            (row[1] or task.difficulty, row[2] or task.solve_fc_round, row[0]),
+            "UPDATE tasks SET difficulty = ?, solve_fc_round = ?, guess_rate = COALESCE(?, guess_rate)"
+            " WHERE id = ?",
+            (row[1] or task.difficulty, row[2] or task.solve_fc_round, task.guess_rate, row[0]),
         )
         report.tasks_present += 1
 
@@ -386,11 +400,12 @@ class Library:
     def load_all(self) -> dict[str, EnvRecord]:
         """The whole library in memory (what a runtime serves from)."""
         tasks: dict[str, list[TaskRecord]] = {}
-        for env_id, config_json, difficulty, rounds, scores in self.db.execute(
-            "SELECT env_id, config_json, difficulty, solve_fc_round, scores FROM tasks ORDER BY id"
+        for env_id, config_json, difficulty, rounds, scores, guess in self.db.execute(
+            f"SELECT env_id, config_json, difficulty, solve_fc_round, scores, {self._guess_column()}"
+            " FROM tasks ORDER BY id"
         ):
             tasks.setdefault(env_id, []).append(
-                TaskRecord(env_id, config_json, difficulty, rounds, json.loads(scores))
+                TaskRecord(env_id, config_json, difficulty, rounds, json.loads(scores), guess)
             )
         rows = self.db.execute(
             "SELECT env_id, code_id, env_class, source, sha256, tools_json, tools_text, task_text, metadata"
@@ -405,10 +420,16 @@ class Library:
 
     def _tasks(self, env_id: str) -> list[TaskRecord]:
         rows = self.db.execute(
-            "SELECT env_id, config_json, difficulty, solve_fc_round, scores FROM tasks WHERE env_id = ? ORDER BY id",
+            f"SELECT env_id, config_json, difficulty, solve_fc_round, scores, {self._guess_column()}"
+            " FROM tasks WHERE env_id = ? ORDER BY id",
             (env_id,),
         )
-        return [TaskRecord(e, c, d, r, json.loads(sc)) for e, c, d, r, sc in rows]
+        return [TaskRecord(e, c, d, r, json.loads(sc), g) for e, c, d, r, sc, g in rows]
+
+    def _guess_column(self) -> str:
+        """`guess_rate`, or NULL in a read-only library written before the column existed."""
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(tasks)")}
+        return "guess_rate" if "guess_rate" in columns else "NULL"
 
     def set_scores(self, scores: Iterable[tuple[str, str, str, float]]) -> int:
         """Record (env_id, config_json, score name, value) for task configs in the library; returns how many matched."""

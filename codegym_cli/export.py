@@ -5,7 +5,7 @@ One instance per task config:
     ability                codegym_v1@{code_id}__{Env}@{config json}
     answer                 "There is no answer" (the environment judges the answer)
     code_id, data_source   the source problem, "codegym_gym_v1"
-    extra_info             index, solve_fc_round (oracle steps), difficulty, env_id
+    extra_info             index, solve_fc_round (oracle steps), difficulty, env_id, guess_rate
     plugin_call_max_round  256
     prompt                 system: the tool list (CodeGym's text form), user: protocol + task
     reward_model           {"ground_truth": null, "style": "agent_env"}
@@ -135,6 +135,7 @@ class ExportResult:
     skipped_rounds: int
     skipped_difficulty: int = 0
     skipped_unevaluated: int = 0
+    skipped_guessable: int = 0
 
 
 def held_out(env_ids: Iterable[str], fraction: float) -> set[str]:
@@ -154,6 +155,7 @@ def build_instances(
     max_rounds: int = 256,
     include_unverified: bool = False,
     difficulty: Difficulty | None = None,
+    max_guess_rate: float | None = None,
 ) -> ExportResult:
     """Every task config of every environment, filtered by oracle steps (and, given `difficulty`,
     by a model's success rate), split by environment."""
@@ -170,10 +172,19 @@ def build_instances(
             if task.solve_fc_round and not min_rounds <= task.solve_fc_round <= max_rounds:
                 result.skipped_rounds += 1
                 continue
+            if (
+                max_guess_rate is not None
+                and task.guess_rate is not None
+                and task.guess_rate > max_guess_rate
+            ):
+                result.skipped_guessable += 1
+                continue
             extra: dict[str, Any] = {"solve_fc_round": task.solve_fc_round or None}
             if task.difficulty:
                 extra["difficulty"] = task.difficulty
             extra["env_id"] = record.env_id
+            if task.guess_rate is not None:
+                extra["guess_rate"] = task.guess_rate
             extra.update(task.scores)
             if difficulty is not None:
                 rate = difficulty.rate(

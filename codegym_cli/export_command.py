@@ -64,6 +64,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         max_rounds=args.max_solve_fc_round,
         include_unverified=args.include_unverified,
         difficulty=difficulty,
+        max_guess_rate=args.max_guess_rate,
     )
     out = Path(args.out)
     write(out, result.train, fmt)
@@ -79,6 +80,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(
             f"skipped {result.skipped_unverified} configs without an oracle step count (unverified) and"
             f" {result.skipped_rounds} outside [{args.min_solve_fc_round}, {args.max_solve_fc_round}] steps",
+            file=sys.stderr,
+        )
+    if result.skipped_guessable:
+        print(
+            f"skipped {result.skipped_guessable} configs a blind Done answers right with chance above"
+            f" {args.max_guess_rate}",
             file=sys.stderr,
         )
     if difficulty is not None:
@@ -124,6 +131,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--max-solve-fc-round", type=int, default=256, help="most oracle steps (default 256)")
     export.add_argument(
         "--include-unverified", action="store_true", help="also configs without an oracle step count"
+    )
+    export.add_argument(
+        "--max-guess-rate",
+        type=float,
+        default=None,
+        help="drop configs whose guess_rate (the chance a blind Done is right) is above this;"
+        " configs without one are kept",
     )
     export.add_argument(
         "--difficulty",

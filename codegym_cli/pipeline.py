@@ -1,7 +1,7 @@
 """The pipeline: problems in, verified environments and task configs in the library out.
 
     environment → check → unit_tests → [hard_tests] → validate → solve_functions → solvability
-    → filters → library
+    → negative_controls → determinism → guessability → filters → library
 
 Each problem walks the stages on its own (several problems in flight); generation goes through
 the synthesis service, every check through the verification service (which runs the code in
@@ -40,6 +40,9 @@ STAGES = (
     "validate",
     "solve_functions",
     "solvability",
+    "negative_controls",
+    "determinism",
+    "guessability",
     "filters",
     "library",
 )
@@ -68,6 +71,20 @@ class PipelineConfig:
     min_tools: int = 4
     drop_shortcuts: bool = True
     shortcut_fraction: float = 0.5
+    # Wrong answers derived from each reference answer must all get reward 0.
+    negative_controls: bool = True
+    # The oracle replayed twice on this many tests must give the same trajectory (0 = off).
+    determinism_tests: int = 5
+    # Reject an environment whose blind Done is right more often than this (0 = only report).
+    max_guess_rate: float = 0.0
+
+    def active_stages(self) -> tuple[str, ...]:
+        off = {
+            "hard_tests": not self.hard_tests,
+            "negative_controls": not self.negative_controls,
+            "determinism": self.determinism_tests <= 0,
+        }
+        return tuple(s for s in STAGES if not off.get(s, False))
 
 
 def usage_fields(usage: sy.TokenUsage) -> dict[str, int]:
@@ -120,7 +137,7 @@ class Pipeline:
         self.run_id = state.run_id()
 
     def stages(self) -> tuple[str, ...]:
-        return tuple(s for s in STAGES if s != "hard_tests" or self.config.hard_tests)
+        return self.config.active_stages()
 
     async def run(self, problems: list[Problem]) -> None:
         limit = asyncio.Semaphore(self.config.parallel)
@@ -331,6 +348,100 @@ class Pipeline:
         ]
         return passed(data)
 
+    async def _negative_controls(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
+        tasks = done["solvability"]["tasks"]
+        response = await self.verification.CheckNegativeControls(
+            vf.CheckNegativeControlsRequest(
+                env_source=done["solvability"]["oracle_env_source"],
+                cases=[
+                    vf.ShortcutCase(config_json=t["config_json"], answer_json=t["answer_json"]) for t in tasks
+                ],
+                case_time_ms=self.config.solvability.case_time_ms,
+                case_memory_mb=self.config.solvability.case_memory_mb,
+            ),
+            timeout=CHECK_DEADLINE_S,
+        )
+        data: dict[str, Any] = {
+            "tests": response.tests,
+            "controls": response.controls,
+            "kinds": dict(sorted(response.kinds.items())),
+            "runs": response.runs,
+            "cpu_ms": response.cpu_ms,
+            "failed_runs": response.failed_runs,
+            "paid": [
+                {
+                    "config_json": p.config_json,
+                    "kind": p.kind,
+                    "answer": p.answer_json,
+                    "reference": p.reference_json,
+                    "reward": p.reward,
+                    "observation": p.observation,
+                }
+                for p in response.paid
+            ],
+        }
+        if response.first_failure:
+            data["first_failure"] = response.first_failure
+        if response.verdict != vf.VERDICT_PASS:
+            return rejected("; ".join(response.reasons), data)
+        return passed(data)
+
+    async def _determinism(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
+        solvability = done["solvability"]
+        oracle = done["solve_functions"]["candidates"][solvability["oracle_index"]]
+        response = await self.verification.CheckDeterminism(
+            vf.CheckDeterminismRequest(
+                env_source=solvability["oracle_env_source"],
+                solve_source=oracle["solve_source"],
+                config_jsons=[t["config_json"] for t in solvability["tasks"]],
+                tests=self.config.determinism_tests,
+                case_time_ms=self.config.solvability.case_time_ms,
+                case_memory_mb=self.config.solvability.case_memory_mb,
+                max_steps=self.config.solvability.max_steps,
+            ),
+            timeout=CHECK_DEADLINE_S,
+        )
+        data: dict[str, Any] = {
+            "compared": response.compared,
+            "runs": response.runs,
+            "cpu_ms": response.cpu_ms,
+            "differences": [
+                {
+                    "config_json": d.config_json,
+                    "step": d.step,
+                    "what": d.what,
+                    "first": d.first,
+                    "second": d.second,
+                }
+                for d in response.differences[:5]
+            ],
+        }
+        if response.verdict != vf.VERDICT_PASS:
+            return rejected("; ".join(response.reasons), data)
+        return passed(data)
+
+    async def _guessability(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
+        tasks = done["solvability"]["tasks"]
+        response = await self.verification.MeasureGuessability(
+            vf.MeasureGuessabilityRequest(
+                cases=[
+                    vf.ShortcutCase(config_json=t["config_json"], answer_json=t["answer_json"]) for t in tasks
+                ],
+                max_guess_rate=self.config.max_guess_rate,
+            ),
+            timeout=CHECK_DEADLINE_S,
+        )
+        data: dict[str, Any] = {
+            "guess_rate": round(response.guess_rate, 4),
+            "most_frequent": response.most_frequent_json,
+            "rates": {
+                t["config_json"]: round(r, 4) for t, r in zip(tasks, response.guess_rates, strict=True)
+            },
+        }
+        if response.verdict != vf.VERDICT_PASS:
+            return rejected("; ".join(response.reasons), data)
+        return passed(data)
+
     async def _filters(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
         env = done["environment"]
         tasks = done["solvability"]["tasks"]
@@ -371,6 +482,7 @@ class Pipeline:
     async def _library(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
         env = done["environment"]
         tasks = done["filters"]["tasks"]
+        rates = done.get("guessability", {}).get("rates", {})
         metadata = {
             "origin": {
                 "problem_id": problem.question_id,
@@ -386,6 +498,16 @@ class Pipeline:
                     for k, v in done["solvability"].items()
                     if k not in ("tasks", "oracle_env_source", "first_failures")
                 },
+                **{
+                    stage: dict(done[stage])
+                    for stage in ("negative_controls", "determinism")
+                    if stage in done
+                },
+                **(
+                    {"guessability": {k: v for k, v in done["guessability"].items() if k != "rates"}}
+                    if "guessability" in done
+                    else {}
+                ),
                 "filters": {k: v for k, v in done["filters"].items() if k != "tasks"},
             },
         }
@@ -400,6 +522,7 @@ class Pipeline:
                     canonical_config(json.loads(t["config_json"])),
                     t["difficulty"],
                     t["solve_fc_round"],
+                    guess_rate=rates.get(t["config_json"]),
                 )
                 for t in tasks
             ],

@@ -47,6 +47,9 @@ SHORT = {
     "validate": "valid",
     "solve_functions": "solve",
     "solvability": "solvable",
+    "negative_controls": "negctl",
+    "determinism": "determ",
+    "guessability": "guess",
     "filters": "filters",
     "library": "library",
 }
@@ -119,6 +122,9 @@ def config_from(args: argparse.Namespace) -> PipelineConfig:
         min_tools=args.min_tools,
         drop_shortcuts=not args.keep_shortcuts,
         shortcut_fraction=args.shortcut_fraction,
+        negative_controls=not args.no_negative_controls,
+        determinism_tests=args.determinism_tests,
+        max_guess_rate=args.max_guess_rate,
     )
 
 
@@ -187,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ]
     )
     config = config_from(args)
-    stages = tuple(s for s in STAGES if s != "hard_tests" or config.hard_tests)
+    stages = config.active_stages()
     state.set_meta("stages", list(stages))
     library_path = Path(args.library) if args.library else work / "library.db"
     state.set_meta("library", str(library_path))
@@ -344,6 +350,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=0.5,
         help="a tool answering on more than this fraction of tests is a shortcut",
+    )
+    run.add_argument(
+        "--no-negative-controls",
+        action="store_true",
+        help="skip the check that Done pays no wrong answer derived from the reference answer",
+    )
+    run.add_argument(
+        "--determinism-tests",
+        type=int,
+        default=5,
+        help="tests the oracle replays twice in separate processes (0 = skip the determinism check)",
+    )
+    run.add_argument(
+        "--max-guess-rate",
+        type=float,
+        default=0.0,
+        help="reject environments a blind Done answers right more often than this (0 = only report)",
     )
     add_llm_arguments(run)
     run.set_defaults(func=cmd_run)

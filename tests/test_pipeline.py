@@ -29,7 +29,7 @@ from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.pipeline_cases import CASES, EXPECTED, case_problem, case_script, write_problems
 from tests.helpers.servers import ServerProcess
 
-GOOD = ("Sample_0001_I", "Sample_0009_I")
+GOOD = ("Sample_0001_I", "Sample_0007_I", "Sample_0009_I")
 
 
 def sample_problems(*ids: str) -> list[dict[str, Any]]:
@@ -176,6 +176,43 @@ def test_library_holds_exactly_the_good_environments(finished_run: dict[str, Any
     )  # fmt: skip
     assert status.returncode == 0
     assert "Case_shortcut" in status.stdout and "filters" in status.stdout
+    for stage in ("negative_controls", "determinism", "guessability"):
+        assert stage in status.stdout and stage in record.metadata["verification"]
+
+
+def test_negative_controls_determinism_and_guessability(finished_run: dict[str, Any]) -> None:
+    rows = finished_run["rows"]
+    pays_any = rows[("Case_pays_any", "negative_controls")]["data"]
+    assert pays_any["paid"] and len({p["kind"] for p in pays_any["paid"]}) > 3
+    pays_text = rows[("Case_pays_text", "negative_controls")]["data"]
+    assert {p["kind"] for p in pays_text["paid"]} == {"as_string"}
+    paid = pays_text["paid"][0]
+    assert json.loads(paid["answer"]) == str(json.loads(paid["reference"])) and paid["reward"] == 1
+    assert "reward_accepts_wrong_answers" in finished_run["result"].stdout
+    differences = rows[("Case_nondeterministic", "determinism")]["data"]["differences"]
+    assert differences[0]["what"] == "observation" and differences[0]["step"] > 0
+    # The good environments pass every new check, with one sandbox run per test for the controls.
+    for pid in ("Case_seventh", *GOOD):
+        controls = rows[(pid, "negative_controls")]
+        assert controls["status"] == "passed" and controls["data"]["runs"] == controls["data"]["tests"]
+        assert rows[(pid, "determinism")]["status"] == "passed"
+    with Library(finished_run["library"]) as library:
+        records = library.load_all()
+    jump = next(r for e, r in records.items() if e.startswith("Sample_0007_I"))
+    assert jump.tasks and {t.guess_rate for t in jump.tasks} == {0.5}
+    assert jump.metadata["verification"]["guessability"]["guess_rate"] == 0.5
+    gcd = next(r for e, r in records.items() if e.startswith("Case_seventh"))
+    assert all(t.guess_rate is not None and 0 < t.guess_rate < 1 for t in gcd.tasks)
+    out = finished_run["work"] / "guess.jsonl"
+    export = subprocess.run(
+        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(finished_run["library"]),
+         "--out", str(out), "--max-guess-rate", "0.4"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert export.returncode == 0, export.stderr
+    items = [json.loads(line) for line in out.read_text().splitlines()]
+    assert items and all(i["extra_info"]["guess_rate"] <= 0.4 for i in items)
+    assert not any(i["extra_info"]["env_id"].startswith("Sample_0007_I") for i in items)
 
 
 async def test_exported_instances_serve_and_the_oracle_reaches_reward_1(

@@ -86,6 +86,16 @@ def case_env(case: str, env_class: str) -> str:
     elif case == "shortcut":
         source = source.replace('"Done": self.DONE,', '"Peek": 5,\n            "Done": self.DONE,', 1)
         source = source.replace("    def Done(self, answer: int):", PEEK, 1)
+    elif case == "pays_any":
+        source = source.replace("correct = answer == ref\n", "correct = True\n", 1)
+    elif case == "pays_text":
+        source = source.replace(
+            "correct = answer == ref\n", "correct = answer == ref or answer == str(ref)\n", 1
+        )
+    elif case == "nondeterministic":
+        source = source.replace(
+            'return f"Your answer: {answer}, ', 'return f"[{id(object())}] Your answer: {answer}, ', 1
+        )
     source = source.replace("ArrayGcdEnv", env_class)
     task = f"{SAMPLE_TASK}\n[case:{case}]"
     return f"<task>\n{task}\n</task>\n<env>\n```python\n{source}```\n</env>"
@@ -163,6 +173,9 @@ CASES = {
     "seventh": case_problem("seventh"),
     "loops": case_problem("loops"),
     "shortcut": case_problem("shortcut"),
+    "pays_any": case_problem("pays_any"),
+    "pays_text": case_problem("pays_text"),
+    "nondeterministic": case_problem("nondeterministic"),
 }
 # problem id → (stage it ends in, status, reason class)
 EXPECTED = {
@@ -175,6 +188,9 @@ EXPECTED = {
     "Case_seventh": ("library", "passed", ""),
     "Case_loops": ("library", "passed", ""),
     "Case_shortcut": ("filters", "rejected", "shortcut"),
+    "Case_pays_any": ("negative_controls", "rejected", "reward_accepts_wrong_answers"),
+    "Case_pays_text": ("negative_controls", "rejected", "reward_accepts_wrong_answers"),
+    "Case_nondeterministic": ("determinism", "rejected", "nondeterministic"),
 }
 
 
