@@ -141,6 +141,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             children.append(runtimes[-1])
         for child in children:
             wait_serving(child.address)
+        if args.openenv_port >= 0:  # the OpenEnv gateway (WebSocket, not gRPC) in front of the first runtime
+            openenv_args = ["serve", "openenv", "--host", args.host, "--port", str(args.openenv_port)]
+            children.append(Child("openenv gateway", [*openenv_args, "--runtime", runtimes[0].address]))
         print(f"runtime listening on {','.join(r.address for r in runtimes)}", flush=True)
         for child in children:
             if child not in runtimes or len(runtimes) > 1:
@@ -192,5 +195,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     up.add_argument("--port", type=int, default=50051, help="runtime port (0 = any free port)")
     up.add_argument(
         "--sandbox-port", type=int, default=0, help="first sandbox worker port (0 = any free ports)"
+    )
+    up.add_argument(
+        "--openenv-port",
+        type=int,
+        default=-1,
+        help="also start the OpenEnv gateway (codegym serve openenv) on this port (-1 = off, 0 = any free port)",
     )
     up.set_defaults(func=cmd_up)

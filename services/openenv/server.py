@@ -37,7 +37,7 @@ def uvicorn_config(gateway: Gateway, log_level: str = "warning") -> uvicorn.Conf
     config = gateway.config
     return uvicorn.Config(
         gateway.app,
-        ws="websockets",
+        ws="websockets-sansio",
         ws_max_size=config.transport_max_bytes,
         ws_ping_interval=config.ping_interval_s,
         ws_ping_timeout=config.ping_timeout_s,
