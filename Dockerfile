@@ -77,6 +77,12 @@ FROM app AS pipeline
 USER 10001:10001
 ENTRYPOINT ["codegym", "pipeline", "run"]
 
+# ---- openenv: OpenEnv's WebSocket protocol in front of the runtime (TRL, verifiers, SkyRL) ------
+FROM app AS openenv
+USER 10001:10001
+EXPOSE 8000
+ENTRYPOINT ["codegym", "serve", "openenv", "--host", "0.0.0.0"]
+
 # ---- runtime: sessions for RL trainers (the default target) -------------------------------------
 FROM app AS runtime
 USER 10001:10001
