@@ -8,6 +8,9 @@ Starts two sandbox workers (`codegym serve sandbox --jails N`, one per core) and
   0..8 wrong only on the last test (a full matrix: all 10 candidates run on all 30 tests);
 - the same 300 (candidate, test) cases sent straight to the workers with `ExecuteBatch`;
 - ValidateUnitTests on the 30 configs;
+- the checks after solvability on the same 30 tests: CheckNegativeControls (every wrong answer
+  derived from each reference answer, one sandbox run per test), CheckDeterminism (the oracle
+  twice per test, on the default 5 tests and on all 30) and MeasureGuessability;
 - the naive way, in the same run: each case as one fresh, unjailed Python process (import the
   env file, build the env from its config, replace solve(), run it, print the reward), two at a
   time; a sample of the cases is timed and extrapolated to all 300.
@@ -294,6 +297,31 @@ async def run(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
             fullm = await timed(solvability(full), args.runs, pids)
             batch = await timed(execute_matrix, args.runs, pids)
             units = await timed(validate, args.runs, pids)
+            cases = [
+                vf.ShortcutCase(config_json=t.task.config_json, answer_json=t.answer_json)
+                for t in units.last.tests
+                if t.valid
+            ]
+            oracle = method_source(source, "solve")
+            config_jsons = [c.config_json for c in cases]
+
+            def controls() -> Awaitable[vf.CheckNegativeControlsResponse]:
+                request = vf.CheckNegativeControlsRequest(env_source=source, cases=cases)
+                return vstub.CheckNegativeControls(request, timeout=300)
+
+            def determinism(tests: int) -> Callable[[], Awaitable[vf.CheckDeterminismResponse]]:
+                request = vf.CheckDeterminismRequest(
+                    env_source=source, solve_source=oracle, config_jsons=config_jsons, tests=tests
+                )
+                return lambda: vstub.CheckDeterminism(request, timeout=300)
+
+            def guessability() -> Awaitable[vf.MeasureGuessabilityResponse]:
+                return vstub.MeasureGuessability(vf.MeasureGuessabilityRequest(cases=cases), timeout=60)
+
+            negative = await timed(controls, args.runs, pids)
+            determ5 = await timed(determinism(5), args.runs, pids)
+            determ30 = await timed(determinism(TESTS), args.runs, pids)
+            guess = await timed(guessability, args.runs, pids)
             for ch in worker_channels:
                 await ch.close()
 
@@ -394,6 +422,53 @@ async def run(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
                 "bench_cpu_ms_per_call": ms(units.bench_cpu_s),
             },
         ),
+        *[
+            (
+                title,
+                {
+                    "wall_ms_p50": ms(t.wall),
+                    "wall_ms_min_max": f"{ms(min(t.walls))} / {ms(max(t.walls))}",
+                    "verdict": vf.Verdict.Name(t.last.verdict).removeprefix("VERDICT_"),
+                    **extra,
+                    "servers_cpu_ms_per_call": ms(t.servers_cpu_s),
+                    "bench_cpu_ms_per_call": ms(t.bench_cpu_s),
+                    "wall_vs_solvability_stop_at_oracle": round(t.wall / allpass.wall, 2),
+                    "servers_cpu_vs_solvability_stop_at_oracle": round(
+                        t.servers_cpu_s / max(1e-9, allpass.servers_cpu_s), 2
+                    ),
+                },
+            )
+            for title, t, extra in (
+                (
+                    f"CheckNegativeControls, {TESTS} tests",
+                    negative,
+                    {
+                        "wrong_answers": negative.last.controls,
+                        "kinds": dict(negative.last.kinds),
+                        "sandbox_runs": negative.last.runs,
+                        "sandbox_cpu_ms_from_response": negative.last.cpu_ms,
+                    },
+                ),
+                (
+                    "CheckDeterminism, default 5 tests (10 runs)",
+                    determ5,
+                    {"sandbox_runs": determ5.last.runs, "sandbox_cpu_ms_from_response": determ5.last.cpu_ms},
+                ),
+                (
+                    f"CheckDeterminism, all {TESTS} tests ({2 * TESTS} runs)",
+                    determ30,
+                    {
+                        "sandbox_runs": determ30.last.runs,
+                        "sandbox_cpu_ms_from_response": determ30.last.cpu_ms,
+                    },
+                ),
+                (
+                    f"MeasureGuessability, {TESTS} tests (no sandbox)",
+                    guess,
+                    {"guess_rate": round(guess.last.guess_rate, 3)},
+                ),
+            )
+        ],
         (
             f"naive: one fresh `python` per case, {WORKERS} at a time; {len(sample)} of {n} cases timed,"
             f" extrapolated to {n}",
