@@ -30,6 +30,14 @@ def training_instances() -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "deployable: needs only a runtime serving the sample library; runs against CODEGYM_TEST_RUNTIME "
+        "when set (see tests/helpers/servers.py)",
+    )
+
+
 @pytest.fixture(scope="session")
 def good_source() -> str:
     return (ENV_DIR / "Sample_0001_I__MaxSubarraySumEnv.py").read_text()

@@ -12,10 +12,7 @@ import asyncio
 import functools
 import json
 import pickle
-import shutil
 import signal
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +22,6 @@ from typing import Any
 
 import grpc
 import pytest
-import redis as redis_py
 
 from codegym import errors
 from codegym.contract import split_env_id
@@ -48,10 +44,12 @@ from codegym_client.errors import REASON_TRAILER, REASONS, RETRY_AFTER_TRAILER, 
 from codegym_client.gym_env import RemoteEnv
 from codegym_client.online import OnlineGymEnv
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
-from tests.helpers.servers import ServerProcess
+from tests.helpers.processes import wait_until
+from tests.helpers.servers import Redis, ServerProcess
 from tests.helpers.trajectories import record
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+# No skip when redis-server is missing: the `redis` fixture fails the tests that need it then,
+# unless the run opted out with CODEGYM_TESTS_WITHOUT_REDIS=1 (tests/helpers/servers.py).
 
 COUNTER = "Test_0001_I__CounterEnv"
 RUNTIME_ENVS = ROOT / "tests" / "fixtures" / "runtime_envs"
@@ -69,48 +67,7 @@ def slow(ms: int) -> str:
     return json.dumps({"name": "Slow", "parameters": {"ms": ms}})
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} after {timeout_s:g} s")
-        time.sleep(0.01)
-
-
 # ---- servers --------------------------------------------------------------------------------------
-
-
-class Redis:
-    """A redis-server on a free loopback port, stopped by pid."""
-
-    def __init__(self, folder: Path) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = subprocess.Popen(
-            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(folder),
-             "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        self.client = redis_py.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
-        wait_until(self._answers, 10, "answer from redis-server")
-
-    def _answers(self) -> bool:
-        try:
-            return bool(self.client.ping())
-        except redis_py.ConnectionError:
-            return False
-
-    def lease_held(self, session_id: str) -> bool:
-        """Whether a replica holds the session's step lease (a step of it is running)."""
-        return bool(self.client.exists(f"codegym:lock:{session_id}"))
-
-    def stop(self) -> None:
-        self.client.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +90,8 @@ def workers() -> Iterator[str]:
 
 
 @pytest.fixture
-def redis(tmp_path: Path) -> Iterator[Redis]:
-    server = Redis(tmp_path)
+def redis() -> Iterator[Redis]:
+    server = Redis()  # nothing persisted: the tests restart replicas, never Redis
     try:
         yield server
     finally:

@@ -34,7 +34,8 @@ def test_text_rendering_reproduces_training_instance_system_message(instance: di
 
 
 def test_json_schemas_validate_as_openai_tools() -> None:
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema  # a dev dependency (pyproject.toml): missing, the test fails rather than skips
+
     adapter = TypeAdapter(ChatCompletionToolParam)
     for path in [*sample_env_paths(), *FIXTURE_ENVS.glob("*.py")]:
         for tool in tools_schema(parse_env_source(path.read_text())):

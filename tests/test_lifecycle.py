@@ -15,12 +15,10 @@ import json
 import os
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -34,93 +32,19 @@ from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from tests.conftest import EXAMPLES, ROOT
 from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.pipeline_cases import case_problem, case_script, write_problems
-
-# (pid, start time in clock ticks since boot): a pid alone may be reused by a new process.
-Proc = tuple[int, int]
-
-
-def stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat after the command name (which may hold spaces): state is [0], ppid [1]."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def process_tree(root: int) -> dict[Proc, str]:
-    """`root` and all its descendants, each with its command line."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = stat_fields(int(entry.name))
-            if fields:
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
-    tree: dict[Proc, str] = {}
-    stack = [root]
-    while stack:
-        pid = stack.pop()
-        fields = stat_fields(pid)
-        if fields is None:
-            continue
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        tree[(pid, int(fields[19]))] = cmdline
-        stack.extend(children.get(pid, []))
-    return tree
-
-
-def running(proc: Proc) -> bool:
-    """The same process (same start time) still exists and is not a zombie waiting to be reaped."""
-    fields = stat_fields(proc[0])
-    return fields is not None and int(fields[19]) == proc[1] and fields[0] not in ("Z", "X")
-
-
-def listening_ports(pids: set[int]) -> set[int]:
-    """TCP ports in LISTEN state whose socket one of `pids` holds open."""
-    inodes: set[str] = set()
-    for pid in pids:
-        with_fds = Path(f"/proc/{pid}/fd")
-        try:
-            links = [os.readlink(fd) for fd in with_fds.iterdir()]
-        except OSError:
-            continue
-        inodes |= {link[8:-1] for link in links if link.startswith("socket:[")}
-    ports: set[int] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as lines:
-            next(lines)
-            for line in lines:
-                fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes:  # 0A: TCP_LISTEN
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
-def port_free(port: int) -> bool:
-    """Nothing listens on 127.0.0.1:PORT (SO_REUSEADDR: closed connections in TIME_WAIT do not count)."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-            probe.listen()
-        except OSError:
-            return False
-        return True
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def count(tree: dict[Proc, str], needle: str) -> int:
-    return sum(needle in cmdline for cmdline in tree.values())
+from tests.helpers.processes import (
+    Proc,
+    comm,
+    count,
+    identity,
+    listening_ports,
+    port_free,
+    process_tree,
+    running,
+    stat_fields,
+    wait_for,
+)
+from tests.helpers.servers import require_redis_server
 
 
 @pytest.fixture
@@ -157,12 +81,6 @@ def command_pid(line: str) -> int:
     return int(match.group(1))
 
 
-def identity(pid: int) -> Proc:
-    fields = stat_fields(pid)
-    assert fields is not None, f"process {pid} is gone"
-    return (pid, int(fields[19]))
-
-
 def kill_and_check(target: int, tree: dict[Proc, str], subreaper: int, reaper: list[Proc]) -> None:
     """SIGKILL `target`; within 10 s every process of `tree` (its tree before the kill) is gone,
     nothing was adopted by the subreaper, and every port the tree listened on is free."""
@@ -184,6 +102,7 @@ def kill_and_check(target: int, tree: dict[Proc, str], subreaper: int, reaper: l
 
 
 def test_sigkill_of_codegym_up_leaves_no_process_and_no_port(tmp_path: Path, reaper: list[Proc]) -> None:
+    require_redis_server()  # --runtimes 2 shares sessions in a private redis-server
     args = ["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--workers", "2", "--jails", "2",
             "--runtimes", "2"]  # fmt: skip
     wrapper = procs.ServerProcess(under_subreaper(procs.codegym_command(args)), name="codegym up")
@@ -256,13 +175,6 @@ def test_sigkill_of_pipeline_run_mid_run_leaves_no_process_and_no_port(
 
 # A script that names its process (so the test sees it run) and then outsleeps the test.
 SLEEPER = "import ctypes, time\nctypes.CDLL(None).prctl(15, b'lifecycle-sleep', 0, 0, 0)\ntime.sleep(120)\n"
-
-
-def comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 def test_sigkill_of_a_sandbox_worker_mid_request_ends_its_jail_at_once(reaper: list[Proc]) -> None:

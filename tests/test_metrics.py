@@ -18,8 +18,7 @@ from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym_client.runtime_client import RuntimeClient
 from tests.conftest import ENV_DIR
 from tests.helpers.fake_llm import ScriptedLLM
-from tests.helpers.servers import ServerProcess
-from tests.test_runtime import start_workers
+from tests.helpers.servers import ServerProcess, start_workers
 
 
 def metrics_address(server: ServerProcess) -> str:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
@@ -22,11 +20,11 @@ from codegym.errors import REASON_TRAILER, table_markdown
 from codegym.library import Library
 from codegym_client.runtime_client import EnvFailed, RuntimeClient, StepConflict
 from tests.conftest import ROOT
+from tests.helpers.processes import CLOCK_NANOSLEEP, children, syscall, wait_until
 from tests.helpers.servers import ServerProcess
 
 COUNTER = "Test_0001_I__CounterEnv"
 COUNTER_PATH = ROOT / "tests" / "fixtures" / "runtime_envs" / f"{COUNTER}.py"
-CLOCK_NANOSLEEP = 230  # x86_64 syscall number: what a process in time.sleep() is blocked in
 
 
 @pytest.fixture(scope="module")
@@ -72,25 +70,6 @@ def test_an_environment_that_cannot_start_is_env_failed_and_a_sane_config_still_
     client.close_session(created.session_id)
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
-
-
-def syscall(pid: int) -> int:
-    try:
-        return int((Path("/proc") / str(pid) / "syscall").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return -1
-
-
 def test_a_step_whose_process_is_killed_from_outside_runs_again_cold_with_the_same_answer(
     servers: tuple[ServerProcess, ServerProcess], client: RuntimeClient
 ) -> None:
@@ -106,11 +85,13 @@ def test_a_step_whose_process_is_killed_from_outside_runs_again_cold_with_the_sa
         )
     )
     stepping.start()
-    deadline = time.monotonic() + 20
     sleeping: list[int] = []
-    while not sleeping and time.monotonic() < deadline:
-        sleeping = [pid for pid in children(zygote) if syscall(pid) == CLOCK_NANOSLEEP]
-    assert sleeping, "the step never started sleeping"
+
+    def started() -> bool:
+        sleeping[:] = [pid for pid in children(zygote) if syscall(pid) == CLOCK_NANOSLEEP]
+        return bool(sleeping)
+
+    wait_until(started, 20, "the step to start sleeping")
     # Everything the zygote runs dies, as an OOM kill or an operator would do it: nothing of it is
     # the environment's doing. The spare first: killed after the session's process, it could be
     # killed while running the retry, which is a second fault.

@@ -20,11 +20,10 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,8 @@ from codegym_client.runtime_client import create_request
 from services.runtime.redis_store import RedisSessionStore
 from services.runtime.sessions import InMemorySessionStore, Session
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
-from tests.helpers.servers import Redis, ServerProcess
+from tests.helpers.processes import wait_until
+from tests.helpers.servers import Redis, ServerProcess, require_redis_server
 
 TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
 RUNTIME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
@@ -49,7 +49,8 @@ RUNTIME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
 COUNTER = "Test_0001_I__CounterEnv"
 COUNTER_PATH = ROOT / "tests" / "fixtures" / "runtime_envs" / f"{COUNTER}.py"
 
-pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+# No skip when redis-server is missing: the `redis` fixture fails the test then, unless the run
+# opted out with CODEGYM_TESTS_WITHOUT_REDIS=1 (tests/helpers/servers.py, require_redis_server).
 
 
 @pytest.fixture(scope="module")
@@ -155,9 +156,11 @@ def test_a_worker_killed_and_restarted_under_load_loses_no_session(library: Path
     steps_taken = [0]
     lock = threading.Lock()
     port = procs[0].address.rsplit(":", 1)[1]
+    went_on = threading.Event()
 
     def restart() -> None:
-        time.sleep(1.0)
+        # Back only once the load went on without it: 50 more steps served by the other worker.
+        assert went_on.wait(120), "no step after the kill"
         procs[0] = ServerProcess(["serve", "sandbox", "--port", port, "--jails", "1"])
 
     restarter = threading.Thread(target=restart)
@@ -168,6 +171,8 @@ def test_a_worker_killed_and_restarted_under_load_loses_no_session(library: Path
             if steps_taken[0] == 150:
                 procs[0].proc.send_signal(signal.SIGKILL)
                 restarter.start()
+            elif steps_taken[0] == 200:
+                went_on.set()
 
     try:
         with sync_channel([a.address, b.address], [RUNTIME], no_retry=[(RUNTIME, "Step")]) as channel:
@@ -277,13 +282,12 @@ def test_redis_going_away_is_unavailable_and_the_stack_recovers(
 
 
 def test_codegym_up_with_two_runtimes_shares_sessions(tmp_path: Path) -> None:
+    require_redis_server()
     up = ServerProcess(
         ["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1", "--runtimes", "2"]
     )
     try:
-        deadline = time.monotonic() + 30
-        while "runtime 2 at" not in up.text and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: "runtime 2 at" in up.text, 30, "codegym up to name its second runtime")
         addresses = [
             line.split(" at ")[1].split()[0]
             for line in up.text.splitlines()
@@ -312,14 +316,6 @@ def test_codegym_up_with_two_runtimes_shares_sessions(tmp_path: Path) -> None:
 
 
 # --- The step lease and what a step writes -------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
 
 
 def call(stub: rt_grpc.RuntimeServiceStub, session_id: str, name: str, index: int | None = None,

@@ -18,8 +18,8 @@ import pytest
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from tests.conftest import ENV_DIR, EXAMPLES
+from tests.helpers.hostile import HOSTILE_TEMPLATE
 from tests.helpers.servers import ServerProcess
-from tests.test_sandbox import HOSTILE_TEMPLATE
 
 TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
 SOURCES = {p.stem: p.read_text() for p in ENV_DIR.glob("*__*Env.py")}

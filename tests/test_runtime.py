@@ -34,7 +34,17 @@ from tests.conftest import (
     sample_tasks,
     training_instances,
 )
-from tests.helpers.servers import ServerProcess
+from tests.helpers.processes import (
+    assert_all_gone,
+    count,
+    listening_ports,
+    port_free,
+    process_tree,
+    sleeping_in_jails,
+    wait_for,
+    wait_until,
+)
+from tests.helpers.servers import ServerProcess, deployed_runtime, start_runtime, start_workers
 from tests.helpers.trajectories import record
 
 RUNTIME_ENVS = ROOT / "tests" / "fixtures" / "runtime_envs"
@@ -66,16 +76,6 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def start_workers(count: int = 2) -> list[ServerProcess]:
-    return [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"]) for _ in range(count)]
-
-
-def start_runtime(library: Path, workers: list[ServerProcess], *extra: str) -> ServerProcess:
-    sandbox = ",".join(w.address for w in workers)
-    args = ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", sandbox, *extra]
-    return ServerProcess(args)
-
-
 @pytest.fixture(scope="module")
 def workers() -> Iterator[list[ServerProcess]]:
     procs = start_workers()
@@ -94,6 +94,19 @@ def runtime(library: Path, workers: list[ServerProcess]) -> Iterator[ServerProce
 @pytest.fixture(scope="module")
 def client(runtime: ServerProcess) -> Iterator[RuntimeClient]:
     with RuntimeClient(runtime.address, timeout_s=60) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def sample_runtime(request: pytest.FixtureRequest) -> str:
+    """The address of a runtime serving the sample library: CODEGYM_TEST_RUNTIME when set (a
+    deployed runtime, e.g. `codegym up`), else this module's own runtime (started only then)."""
+    return deployed_runtime() or request.getfixturevalue("runtime").address
+
+
+@pytest.fixture(scope="module")
+def sample_client(sample_runtime: str) -> Iterator[RuntimeClient]:
+    with RuntimeClient(sample_runtime, timeout_s=60) as c:
         yield c
 
 
@@ -169,21 +182,25 @@ def test_training_instances_bring_task_text_and_oracle_rounds(library: Path) -> 
 # ---- playing episodes through every client --------------------------------------------------------
 
 
-def test_every_sample_task_reaches_reward_1_with_in_process_observations(client: RuntimeClient) -> None:
+@pytest.mark.deployable
+def test_every_sample_task_reaches_reward_1_with_in_process_observations(
+    sample_client: RuntimeClient,
+) -> None:
     tasks = [(t["env_id"], t["config"]) for t in sample_tasks()]
     expected = in_process(tasks)
     for (env_id, config), exp in zip(tasks, expected, strict=True):
-        replay(client, env_id, config, exp)
+        replay(sample_client, env_id, config, exp)
 
 
-def test_every_sample_task_at_32_sessions_matches_in_process(runtime: ServerProcess) -> None:
+@pytest.mark.deployable
+def test_every_sample_task_at_32_sessions_matches_in_process(sample_runtime: str) -> None:
     """The 108 sample episodes, 32 at a time: resident, cold and coalesced steps all give the recording."""
     tasks = [(t["env_id"], t["config"]) for t in sample_tasks()]
     expected = in_process(tasks)
 
     async def main() -> list[list[str]]:
         limit = asyncio.Semaphore(32)
-        async with AsyncRuntimeClient(runtime.address, timeout_s=120) as client:
+        async with AsyncRuntimeClient(sample_runtime, timeout_s=120) as client:
 
             async def play(index: int) -> list[str]:
                 env_id, config = tasks[index]
@@ -204,12 +221,13 @@ def test_every_sample_task_at_32_sessions_matches_in_process(runtime: ServerProc
         assert seen == [exp["first"], *(o for _, o in exp["steps"])]
 
 
-def test_step_stream_drives_many_sessions_over_one_call(runtime: ServerProcess) -> None:
+@pytest.mark.deployable
+def test_step_stream_drives_many_sessions_over_one_call(sample_runtime: str) -> None:
     tasks = [(t["env_id"], t["config"]) for t in sample_tasks()][::12]
     expected = in_process(tasks)
 
     async def main() -> tuple[dict[str, list[str]], list[rt.StepStreamResponse]]:
-        async with AsyncRuntimeClient(runtime.address, timeout_s=60) as client:
+        async with AsyncRuntimeClient(sample_runtime, timeout_s=60) as client:
             created = [await client.create_session(env_id=e, config=c) for e, c in tasks]
             stream = client.step_stream()
             cursor = {s.session_id: 0 for s in created}
@@ -251,7 +269,8 @@ def test_step_stream_drives_many_sessions_over_one_call(runtime: ServerProcess) 
     assert by_tag["malformed"].response.error.code == rt.STEP_ERROR_CODE_INVALID_ACTION
 
 
-def test_clients_take_openai_tool_call_messages_as_actions(runtime: ServerProcess) -> None:
+@pytest.mark.deployable
+def test_clients_take_openai_tool_call_messages_as_actions(sample_runtime: str) -> None:
     from types import SimpleNamespace
 
     env_id, config = next((t["env_id"], t["config"]) for t in sample_tasks() if t["difficulty"] == "medium")
@@ -270,7 +289,7 @@ def test_clients_take_openai_tool_call_messages_as_actions(runtime: ServerProces
         }
         return {"role": "assistant", "content": None, "tool_calls": [call]}
 
-    online = OnlineGymEnv.from_env_str(f"codegym_v1@{env_id}@{json.dumps(config)}", target=runtime.address)
+    online = OnlineGymEnv.from_env_str(f"codegym_v1@{env_id}@{json.dumps(config)}", target=sample_runtime)
     try:
         two = message(expected["steps"][0][0], 0, False)
         two["tool_calls"] = two["tool_calls"] * 2
@@ -280,7 +299,7 @@ def test_clients_take_openai_tool_call_messages_as_actions(runtime: ServerProces
         assert online.finished and online.reward == 1.0
     finally:
         online.release()
-    remote = RemoteEnv(runtime.address, env_id=env_id, config=config)
+    remote = RemoteEnv(sample_runtime, env_id=env_id, config=config)
     try:
         remote.reset()
         for i, (action, observation) in enumerate(expected["steps"]):
@@ -311,7 +330,8 @@ def test_training_instance_abilities_through_online_adapter(runtime: ServerProce
             env.release()
 
 
-def test_async_client_plays_one_task_of_every_env_concurrently(runtime: ServerProcess) -> None:
+@pytest.mark.deployable
+def test_async_client_plays_one_task_of_every_env_concurrently(sample_runtime: str) -> None:
     tasks = [(t["env_id"], t["config"]) for t in sample_tasks() if t["difficulty"] == "medium"][::3]
     expected = in_process(tasks)
 
@@ -327,7 +347,7 @@ def test_async_client_plays_one_task_of_every_env_concurrently(runtime: ServerPr
     exp_by_env = {e: x for (e, _), x in zip(tasks, expected, strict=True)}
 
     async def main() -> list[list[str]]:
-        async with AsyncRuntimeClient(runtime.address) as client:
+        async with AsyncRuntimeClient(sample_runtime) as client:
             return await asyncio.gather(*(play(client, e, c) for e, c in tasks))
 
     results = asyncio.run(main())
@@ -336,10 +356,11 @@ def test_async_client_plays_one_task_of_every_env_concurrently(runtime: ServerPr
         assert seen == [exp["first"], *(o for _, o in exp["steps"])]
 
 
-def test_gymnasium_adapter(client: RuntimeClient) -> None:
+@pytest.mark.deployable
+def test_gymnasium_adapter(sample_client: RuntimeClient) -> None:
     task = next(t for t in sample_tasks() if t["env_id"].endswith("CountIslandsEnv"))
     (exp,) = in_process([(task["env_id"], task["config"])])
-    env = RemoteEnv(client, env_id=task["env_id"], config=task["config"])
+    env = RemoteEnv(sample_client, env_id=task["env_id"], config=task["config"])
     try:
         observation, info = env.reset()
         assert observation == exp["first"] and "def GetCell" in info["tools_text"]
@@ -392,7 +413,7 @@ def counter_session(client: RuntimeClient, **options: Any) -> str:
     [
         ("{not json", rt.STEP_ERROR_CODE_INVALID_ACTION, "not valid JSON"),
         ('{"parameters": {}}', rt.STEP_ERROR_CODE_INVALID_ACTION, '"name"'),
-        ('{"name": "Add", "parameters": [1]}', rt.STEP_ERROR_CODE_INVALID_ACTION, "must be a JSON object"),
+        ('{"name": "Add", "parameters": [1]}', rt.STEP_ERROR_CODE_INVALID_ACTION, "must be an object"),
         (
             '[{"name": "Observe"}, {"name": "Observe"}]',
             rt.STEP_ERROR_CODE_INVALID_ACTION,
@@ -487,11 +508,15 @@ def test_concurrent_steps_on_one_session_are_serialized(client: RuntimeClient) -
     assert client.step(session, {"name": "Observe", "parameters": {}}).observation == "32"
 
 
-def test_closing_a_session_during_its_step_does_not_bring_it_back(client: RuntimeClient) -> None:
+def test_closing_a_session_during_its_step_does_not_bring_it_back(
+    client: RuntimeClient, workers: list[ServerProcess]
+) -> None:
     session = counter_session(client)
+    assert sleeping_in_jails(*(w.pid for w in workers)) == []
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(client.step, session, {"name": "Slow", "parameters": {"ms": 800}})
-        time.sleep(0.3)
+        pending = pool.submit(client.step, session, {"name": "Slow", "parameters": {"ms": 1500}})
+        # The step has started: its process in a jail sleeps in the tool.
+        wait_until(lambda: bool(sleeping_in_jails(*(w.pid for w in workers))), 20, "the Slow step to start")
         assert client.close_session(session)
         with pytest.raises(grpc.RpcError) as info:
             pending.result(timeout=30)
@@ -607,19 +632,24 @@ def test_killing_a_worker_mid_episode_loses_no_session(library: Path) -> None:
                 assert seen == [exp["first"], *(o for _, o in exp["steps"])]
             assert min(progress) > 3
 
-            # Restart the killed worker on its port; then kill the other one while steps are in
-            # flight on it: they are re-run on the restarted worker, exactly once.
+            # Restart the killed worker on its port; then kill a worker while a step runs on it (the
+            # other one when both run one): its steps are re-run on the worker left, exactly once.
             port = workers[0].address.rsplit(":", 1)[1]
             workers[0].stop()
             workers[0] = ServerProcess(["serve", "sandbox", "--port", port, "--jails", "1"])
             slow = [counter_session(c) for _ in range(4)]
             with ThreadPoolExecutor(4) as pool:
                 pending = [pool.submit(c.step, s, {"name": "Slow", "parameters": {"ms": 1500}}) for s in slow]
-                time.sleep(0.7)
-                os.killpg(workers[1].pid, signal.SIGKILL)
+                # A step is in flight: a worker's jail runs it (it sleeps in the tool; a jail runs one
+                # request at a time, the others wait their turn).
+                wait_until(
+                    lambda: bool(sleeping_in_jails(*(w.pid for w in workers))), 20, "a Slow step to start"
+                )
+                victim = 1 if sleeping_in_jails(workers[1].pid) else 0
+                os.killpg(workers[victim].pid, signal.SIGKILL)
                 done = [f.result(timeout=60) for f in pending]
             assert [(r.observation, r.step_index, r.HasField("error")) for r in done] == [("1", 1, False)] * 4
-            workers[1].stop()
+            workers[victim].stop()
             for _ in range(5):
                 response = c.step(slow[0], {"name": "Add", "parameters": {"amount": 1}})
                 assert not response.HasField("error")
@@ -650,21 +680,18 @@ def test_codegym_up_and_demo(tmp_path: Path) -> None:
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert "Sample_0012_I__SearchInsertEnv" in demo.stdout and "1/1" in demo.stdout
         assert "steps/s" in demo.stdout and "problem" not in demo.stdout
+        # Everything `codegym up` runs, down to the processes inside the workers' jails.
+        tree = process_tree(up.pid)
+        assert count(tree, "serve sandbox") == 2 and count(tree, "serve runtime") == 1, tree
+        assert count(tree, "nsjail") == 2 and count(tree, "/sandbox/zygote.py") >= 4, tree  # zygotes + spares
+        ports = listening_ports({pid for pid, _ in tree})
+        assert len(ports) >= 3, ports  # the runtime and the two workers
     finally:
         assert up.stop() == 0
-    time.sleep(0.2)
     assert "codegym up: stopped" in up.text
-    # Every server it started is gone: the runtime (named by its library) and the workers' jails.
-    leftovers = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if str(tmp_path) in cmdline and "demo" not in cmdline:
-                leftovers.append(cmdline)
-    assert leftovers == []
+    # Every process it started is gone, the jailed ones included, and every port it listened on is free.
+    assert_all_gone(tree)
+    assert wait_for(lambda: all(port_free(p) for p in ports), 5), [p for p in ports if not port_free(p)]
 
 
 def test_codegym_up_restarts_a_killed_worker_and_every_episode_finishes(tmp_path: Path) -> None:

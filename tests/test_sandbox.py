@@ -9,20 +9,35 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from codegym.grpcutil import wait_serving
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from sandbox_worker.limits import BASE_ID
 from tests.conftest import ENV_DIR, PYTHON, ROOT, sample_tasks
+from tests.helpers.hostile import hostile
+from tests.helpers.processes import (
+    assert_all_gone,
+    children,
+    cmdline,
+    count,
+    process_tree,
+    sleeping_in_jails,
+    wait_until,
+)
 from tests.helpers.servers import ServerProcess
 from tests.helpers.trajectories import record
 
@@ -30,62 +45,15 @@ GOOD = (ENV_DIR / "Sample_0001_I__MaxSubarraySumEnv.py").read_text()
 GOOD_CONFIG = '{"nums": [-2, 1, -3, 4, -1, 2, 1, -5, 4]}'
 FAST = pb.Limits(wall_ms=1500, cpu_ms=1000)
 
-HOSTILE_TEMPLATE = """
-import json
-import gymnasium
-{preamble}
-
-class HostileEnv(gymnasium.Env):
-    def __init__(self, env_str=None):
-        super().__init__()
-        self.func_mapping = {{"Observe": 0, "Evil": 1, "Done": 2}}
-        self.reset({{}})
-
-    @property
-    def finished(self):
-        return self._done
-
-    @property
-    def reward(self):
-        return float(self._reward)
-
-    @staticmethod
-    def from_env_str(env_str):
-        return HostileEnv(env_str)
-
-    def reset(self, options=None):
-        self._done, self._reward, self.step_count = False, 0, 0
-        return "reset"
-
-    def get_ref_answer(self):
-        return 1
-
-    def step(self, action):
-        self.step_count += 1
-        call = json.loads(action)
-        return True, getattr(self, call["name"])(**call["parameters"])
-
-    def Observe(self):
-        return "ok"
-
-    def Evil(self):
-{body}
-        return "survived"
-
-    def Done(self, answer):
-        self._done = True
-        return "done"
-"""
-
-
-def hostile(body: str, preamble: str = "") -> str:
-    indented = "\n".join("        " + line for line in body.strip("\n").splitlines())
-    return HOSTILE_TEMPLATE.format(preamble=preamble, body=indented)
+# A secret in the worker's own environment (as an API key would be): nothing in a jail may read it.
+SECRET_NAME = "CODEGYM_TEST_SECRET"
+SECRET = secrets.token_hex(16)
 
 
 @pytest.fixture(scope="module")
 def worker() -> Iterator[ServerProcess]:
-    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    env = {**os.environ, SECRET_NAME: SECRET}
+    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"], env=env)
     try:
         yield server
     finally:
@@ -299,20 +267,60 @@ def test_deep_recursion(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess)
     assert_still_correct(stub, worker)
 
 
+def escape_folder(parent: Path) -> Path:
+    """A new folder under `parent` that any id may write to (mode 0777): a write from the jail
+    that does not land there was stopped by the jail, not by permissions."""
+    folder = Path(tempfile.mkdtemp(prefix="codegym-escape-", dir=parent))
+    folder.chmod(0o777)
+    return folder
+
+
+def write_marker(marker: Path) -> str:
+    """Code that tries to create `marker` with a shell and with open(), and prints what happened."""
+    return (
+        "import os, subprocess\n"
+        f"print('shell', os.system('touch {marker} 2>/dev/null'))\n"
+        f"try:\n    open({str(marker)!r}, 'w').write('escaped')\n    print('open ok')\n"
+        "except OSError as e:\n    print('open', type(e).__name__)\n"
+    )
+
+
 def test_shell_and_subprocess_see_only_the_jail(
     stub: pb_grpc.SandboxServiceStub, worker: ServerProcess
 ) -> None:
-    marker = ROOT / "var" / "sandbox-escape-marker"
-    body = (
-        "import os, subprocess\n"
-        f"os.system('touch {marker}')\n"
-        "out = subprocess.run(['/bin/cat', '/etc/passwd'], capture_output=True, text=True)\n"
-        "print(out.returncode, repr(out.stderr[:200]))"
-    )
-    result = evil(stub, body)
-    assert result.status == pb.STATUS_OK, result.message
-    assert result.stdout.startswith("1 ") and "No such file" in result.stdout
-    assert not marker.exists()
+    # Folders that exist on the host, writable by anyone: under /tmp (the jail has its own) and in
+    # the checkout, beside the venv the jail mounts.
+    folders = [escape_folder(Path("/tmp")), escape_folder(Path(sys.prefix).parent)]
+    try:
+        for folder in folders:
+            marker = folder / "marker"
+            # From outside the jail, as an unprivileged id like the jail's, the same code does
+            # leave the marker: its absence below is the jail's doing.
+            outside = subprocess.run(
+                [PYTHON, "-I", "-c", write_marker(marker)], capture_output=True, text=True, timeout=30,
+                user=BASE_ID + 1, group=BASE_ID + 1, cwd="/",
+            )  # fmt: skip
+            assert outside.stdout.split("\n")[:2] == ["shell 0", "open ok"], outside.stdout + outside.stderr
+            assert marker.read_text() == "escaped"
+            marker.unlink()
+
+            body = write_marker(marker) + (
+                "out = subprocess.run(['/bin/cat', '/etc/passwd'], capture_output=True, text=True)\n"
+                "print(out.returncode, repr(out.stderr[:200]))"
+            )
+            result = evil(stub, body)
+            assert result.status == pb.STATUS_OK, result.message
+            shell, opened, cat = result.stdout.splitlines()
+            assert shell != "shell 0" and opened in (
+                "open FileNotFoundError",
+                "open PermissionError",
+                "open OSError",
+            )
+            assert cat.startswith("1 ") and "No such file" in cat
+            assert list(folder.iterdir()) == []
+    finally:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
     assert_still_correct(stub, worker)
 
 
@@ -355,9 +363,46 @@ def test_host_files_are_invisible(stub: pb_grpc.SandboxServiceStub, worker: Serv
     visible, top, ids = result.stdout.splitlines()
     assert visible == "[]"
     assert "etc" not in top and "home" not in top and "var" not in top
-    uid, home, env_names = ids.split(" ", 2)
+    uid, home = ids.split(" ", 2)[:2]
     assert int(uid) > 0 and home == "None"  # an id of its own, never the zygote's (0)
-    assert "OPENAI_API_KEY" not in env_names
+    assert_still_correct(stub, worker)
+
+
+# Looks for a variable by name in everything it can read: its environment and every
+# /proc/PID/environ it can open. Prints what it read and what it found, as JSON.
+FIND_SECRET = f"""
+import glob, json, os
+name = {SECRET_NAME!r}.encode() + b"="
+sources = {{"os.environ": "\\0".join(k + "=" + v for k, v in os.environ.items()).encode()}}
+for path in ["/proc/self/environ", "/proc/1/environ", "/proc/%d/environ" % os.getppid(),
+             *glob.glob("/proc/[0-9]*/environ")]:
+    try:
+        with open(path, "rb") as f:
+            sources[path] = f.read()
+    except OSError:
+        pass
+found = [[where, e.decode()] for where, data in sources.items() for e in data.split(b"\\0") if e.startswith(name)]
+print(json.dumps({{"read": sorted(sources), "found": found}}))
+"""
+
+
+def test_the_workers_environment_is_out_of_the_jails_reach(
+    stub: pb_grpc.SandboxServiceStub, worker: ServerProcess
+) -> None:
+    # The worker holds the secret, and the probe finds it from outside the jail (in the worker's
+    # /proc/PID/environ), without having it in its own environment.
+    assert f"{SECRET_NAME}={SECRET}".encode() in Path(f"/proc/{worker.pid}/environ").read_bytes()
+    env = {k: v for k, v in os.environ.items() if k != SECRET_NAME}
+    outside = subprocess.run([PYTHON, "-c", FIND_SECRET], capture_output=True, text=True, timeout=30, env=env)
+    found_outside = json.loads(outside.stdout)["found"]
+    assert [f"/proc/{worker.pid}/environ", f"{SECRET_NAME}={SECRET}"] in found_outside
+    # From the jail: nowhere it can read (its own environment; /proc shows it no other process,
+    # and its own environ file is not even its: a process whose ids changed is not dumpable).
+    result = evil(stub, FIND_SECRET)
+    assert result.status == pb.STATUS_OK, result.message
+    inside = json.loads(result.stdout)
+    assert "os.environ" in inside["read"]
+    assert inside["found"] == [] and SECRET not in result.stdout
     assert_still_correct(stub, worker)
 
 
@@ -521,9 +566,8 @@ def test_batch_returns_results_in_order(stub: pb_grpc.SandboxServiceStub) -> Non
 
 def test_a_dead_jail_is_replaced(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
     before = stub.GetWorkerInfo(pb.GetWorkerInfoRequest(), timeout=10)
-    nsjails = subprocess.run(["pgrep", "-f", "-P", str(worker.pid), "nsjail"], capture_output=True, text=True)
-    pids = [int(p) for p in nsjails.stdout.split()]
-    assert pids, "the worker has no nsjail child"
+    pids = [pid for pid in children(worker.pid) if "nsjail" in (cmdline(pid) or "")]
+    assert len(pids) == 1, "the worker has not its one nsjail child"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 20
@@ -567,10 +611,13 @@ def test_sample_envs_through_the_worker_match_in_process(stub: pb_grpc.SandboxSe
 
 
 def test_sigterm_drains_and_exits_cleanly() -> None:
-    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "2"])
     wait_serving(server.address, "codegym.sandbox.v1.SandboxService")
+    # The worker's whole tree, its jails' processes included (each zygote and its spare fork).
+    tree = process_tree(server.pid)
+    assert count(tree, "nsjail") == 2 and count(tree, "/sandbox/zygote.py") >= 4, tree
     assert server.stop(signal.SIGTERM) == 0
-    assert subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True).stdout == b""
+    assert_all_gone(tree)
 
 
 def _sleeper(seconds: float) -> pb.ExecuteRequest:
@@ -582,13 +629,22 @@ def _sleeper(seconds: float) -> pb.ExecuteRequest:
     )
 
 
+def serving(channel: grpc.Channel) -> bool:
+    try:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+    except grpc.RpcError:
+        return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
 def test_overload_is_resource_exhausted_and_loses_nothing() -> None:
-    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", "--max-pending", "2"])
+    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "2", "--max-pending", "2"])
     try:
         with grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.SandboxServiceStub(channel)
-            futures = [stub.Execute.future(_sleeper(0.5), timeout=30) for _ in range(2)]
-            time.sleep(0.2)
+            futures = [stub.Execute.future(_sleeper(2.0), timeout=30) for _ in range(2)]
+            # The worker holds both: each one sleeps in a jail.
+            wait_until(lambda: len(sleeping_in_jails(server.pid)) == 2, 20, "both requests to run")
             with pytest.raises(grpc.RpcError) as refused:
                 stub.Execute(_sleeper(0.1), timeout=30)
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -602,12 +658,14 @@ def test_drain_finishes_running_work_and_refuses_new_work() -> None:
     server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.SandboxServiceStub(channel)
-        running = stub.Execute.future(_sleeper(1.0), timeout=30)
-        time.sleep(0.3)
+        running = stub.Execute.future(_sleeper(2.0), timeout=30)
+        wait_until(lambda: bool(sleeping_in_jails(server.pid)), 20, "the request to start")
         server.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
+        # Draining: the worker no longer answers SERVING (its refusals start before that).
+        wait_until(lambda: not serving(channel), 10, "the worker to leave SERVING")
         with pytest.raises(grpc.RpcError) as refused:
             stub.Execute(_sleeper(0.1), timeout=10, wait_for_ready=False)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert not running.done()
         assert running.result().result.status == pb.STATUS_OK
     assert server.proc.wait(20) == 0

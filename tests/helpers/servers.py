@@ -3,31 +3,107 @@
 The lifecycle itself (pdeathsig, the ready line, draining, stopping) is `codegym.procs`, shared
 with `codegym up` and the benchmarks; this only spells a `codegym` subcommand and merges its
 stderr into the text tests inspect.
+
+Two environment variables change what the tests run against:
+
+- `CODEGYM_TEST_RUNTIME=HOST:PORT` points the runtime-facing tests at a deployed runtime instead
+  of the runtime they would start: the tests marked `deployable` (those that need only a runtime
+  serving the sample library, `examples/envs` with `examples/tasks.jsonl`, as `codegym up`
+  builds it), e.g. `CODEGYM_TEST_RUNTIME=127.0.0.1:50051 .venv/bin/pytest -m deployable`. The
+  other tests start their own servers as usual (they kill workers, read /proc, need fixture envs).
+- `CODEGYM_TESTS_WITHOUT_REDIS=1` skips the tests that need `redis-server`. Without it, a machine
+  with no `redis-server` fails them: a missing dependency must not pass as a green run.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+import redis as redis_py
+
 from codegym import procs
+
+RUNTIME_SWITCH = "CODEGYM_TEST_RUNTIME"
+WITHOUT_REDIS = "CODEGYM_TESTS_WITHOUT_REDIS"
+
+
+def deployed_runtime() -> str | None:
+    """The address `CODEGYM_TEST_RUNTIME` names, or None: the tests start their own runtime."""
+    return os.environ.get(RUNTIME_SWITCH, "").strip() or None
 
 
 class ServerProcess(procs.ServerProcess):
-    """`codegym ARGS...` (e.g. `serve sandbox --port 0`) until its `listening on` line."""
+    """`codegym ARGS...` (e.g. `serve sandbox --port 0`) until its `listening on` line; `env`
+    replaces the environment it starts with."""
 
-    def __init__(self, args: list[str], timeout: float = 60.0, python: str = sys.executable) -> None:
-        super().__init__(procs.codegym_command(args, python), name=" ".join(args[:2]), timeout_s=timeout)
+    def __init__(
+        self,
+        args: list[str],
+        timeout: float = 60.0,
+        python: str = sys.executable,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            procs.codegym_command(args, python), name=" ".join(args[:2]), timeout_s=timeout, env=env
+        )
+
+
+def start_workers(count: int = 2, jails: int = 1) -> list[ServerProcess]:
+    return [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", str(jails)]) for _ in range(count)]
+
+
+def start_runtime(library: Path, workers: list[ServerProcess], *extra: str) -> ServerProcess:
+    sandbox = ",".join(w.address for w in workers)
+    args = ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", sandbox, *extra]
+    return ServerProcess(args)
+
+
+def require_redis_server() -> None:
+    """Fail the calling test when `redis-server` is missing, or skip it when the run opted out
+    with CODEGYM_TESTS_WITHOUT_REDIS=1."""
+    if shutil.which("redis-server") is not None:
+        return
+    if os.environ.get(WITHOUT_REDIS) == "1":
+        pytest.skip(f"redis-server is not installed and {WITHOUT_REDIS}=1")
+    pytest.fail(
+        f"redis-server is not installed: install it (`make install` does) or set {WITHOUT_REDIS}=1 to "
+        "skip the tests that need it",
+        pytrace=False,
+    )
 
 
 class Redis(procs.RedisServer):
     """A redis-server on loopback; with `folder`, an append-only file there (a restart on the same
-    port and folder keeps the sessions)."""
+    port and folder keeps the sessions). A missing `redis-server` fails the test (see
+    `require_redis_server`)."""
 
     def __init__(self, folder: Path | None = None, port: int = 0) -> None:
+        require_redis_server()
         super().__init__("127.0.0.1", port=port, folder=folder)
+        self._client: redis_py.Redis | None = None
+
+    @property
+    def client(self) -> redis_py.Redis:
+        """A client of this server, for tests that read what the runtimes wrote."""
+        if self._client is None:
+            self._client = redis_py.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        return self._client
+
+    def lease_held(self, session_id: str) -> bool:
+        """Whether a replica holds the session's step lease (a step of it is running)."""
+        return bool(self.client.exists(f"codegym:lock:{session_id}"))
+
+    def stop(self, sig: int | None = None, timeout_s: float = 20.0) -> int | None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        return super().stop(timeout_s=timeout_s) if sig is None else super().stop(sig, timeout_s)
 
 
 @contextmanager
