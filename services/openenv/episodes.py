@@ -1,0 +1,197 @@
+"""A socket's episode: reset opens a runtime session from OpenEnv's reset data (CodeGym's
+`ability`, or `env` + `config`), steps translate OpenEnv's tool-call actions (and our native
+`{"name", "parameters"}`) to runtime steps, and `state` reports the episode. `Gateway` inherits
+this; it provides the runtime client, the config, the session count and closing an episode.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from codegym_client.async_client import AsyncRuntimeClient
+from codegym_client.errors import CodeGymError, SessionNotFound
+from services.openenv import metrics
+from services.openenv.protocol import (
+    CAPACITY_REACHED,
+    SESSION_ERROR,
+    STEP_ERROR_NAMES,
+    TOOL_ERRORS,
+    VALIDATION_ERROR,
+    Connection,
+    Episode,
+    GatewayConfig,
+    GatewayError,
+    from_runtime,
+    optional_int,
+    tool_entry,
+)
+
+
+class Episodes:
+    config: GatewayConfig
+    sessions: int
+
+    @property
+    def runtime(self) -> AsyncRuntimeClient:
+        raise NotImplementedError
+
+    async def _close_episode(self, conn: Connection) -> None:
+        raise NotImplementedError
+
+    async def _reset(self, conn: Connection, data: dict[str, Any]) -> dict[str, Any]:
+        ability = data.get("ability") or ""
+        env_id = data.get("env") or data.get("env_id") or ""
+        config = data.get("config")
+        if not isinstance(ability, str) or not isinstance(env_id, str):
+            raise GatewayError(VALIDATION_ERROR, "ability and env are strings")
+        if not ability and not env_id:
+            raise GatewayError(
+                VALIDATION_ERROR,
+                "reset needs an environment: ability ('codegym_v1@{code_id}__{Env}@{config json}', a "
+                "training instance's column) or env ('{code_id}__{Env}') with config",
+            )
+        if config is not None and not isinstance(config, dict | str):
+            raise GatewayError(VALIDATION_ERROR, "config is an object or its JSON text")
+        seed = optional_int(data, "seed")
+        max_steps = optional_int(data, "max_steps")
+        episode_id = data.get("episode_id")
+        if episode_id is not None and (not isinstance(episode_id, str) or len(episode_id) > 255):
+            raise GatewayError(VALIDATION_ERROR, "episode_id is a string of at most 255 characters")
+        # A second reset on one socket ends the first episode (TRL reuses clients).
+        await self._close_episode(conn)
+        if self.sessions >= self.config.max_sessions:
+            raise GatewayError(
+                CAPACITY_REACHED,
+                f"the gateway holds {self.sessions} sessions, its limit (--max-sessions): retry later",
+                active_sessions=self.sessions,
+                max_sessions=self.config.max_sessions,
+            )
+        self.sessions += 1
+        metrics.SESSIONS.set(self.sessions)
+        try:
+            if ability:
+                created = await self.runtime.create_session(ability=ability, seed=seed, max_steps=max_steps)
+            else:
+                created = await self.runtime.create_session(
+                    env_id=env_id, config=config, seed=seed, max_steps=max_steps
+                )
+        except CodeGymError as exc:
+            self.sessions -= 1
+            metrics.SESSIONS.set(self.sessions)
+            raise from_runtime(exc) from None
+        except BaseException:
+            self.sessions -= 1
+            metrics.SESSIONS.set(self.sessions)
+            raise
+        episode = Episode(
+            session_id=created.session_id,
+            episode_id=episode_id or uuid.uuid4().hex,
+            env_id=created.env_id,
+            max_steps=created.max_steps,
+            tools=[tool_entry(t) for t in created.tools],
+        )
+        if conn.closed:  # the socket went away while the runtime created the session
+            conn.episode = episode
+            await self._close_episode(conn)
+            raise GatewayError(SESSION_ERROR, "the socket closed")
+        conn.episode = episode
+        metadata = {
+            "env_id": episode.env_id,
+            "episode_id": episode.episode_id,
+            "session_id": episode.session_id,
+            "max_steps": episode.max_steps,
+            "task": created.task_text,
+            "truncated": False,
+        }
+        observation = {
+            "task": created.task_text,
+            "observation": created.observation,
+            "tools_text": created.tools_text,
+            "tools": episode.tools,
+            "metadata": metadata,
+        }
+        return {"observation": observation, "reward": None, "done": False, "metadata": metadata}
+
+    async def _act(self, conn: Connection, action: dict[str, Any]) -> dict[str, Any]:
+        kind = action.get("type")
+        if kind == "list_tools":
+            tools = conn.episode.tools if conn.episode else []
+            metadata: dict[str, Any] = {}
+            if conn.episode is None:
+                metadata["hint"] = "the tools depend on the environment: reset first"
+            return {
+                "observation": {"tools": tools, "metadata": metadata},
+                "reward": None,
+                "done": False,
+                "metadata": metadata,
+            }
+        if kind == "call_tool":
+            name, arguments = action.get("tool_name"), action.get("arguments", {})
+            if not isinstance(name, str) or not name:
+                raise GatewayError(VALIDATION_ERROR, "call_tool needs tool_name (a string)")
+            if not isinstance(arguments, dict):
+                raise GatewayError(VALIDATION_ERROR, "call_tool arguments must be an object")
+            return await self._step(conn, {"name": name, "parameters": arguments}, name)
+        if kind is not None:
+            raise GatewayError(
+                VALIDATION_ERROR,
+                f"unknown action type {kind!r}: call_tool, list_tools, or a CodeGym action "
+                '{"name": TOOL, "parameters": {...}}',
+            )
+        name = action.get("name")
+        if not isinstance(name, str):
+            raise GatewayError(
+                VALIDATION_ERROR,
+                'an action is {"type": "call_tool", "tool_name": ..., "arguments": {...}}, '
+                '{"type": "list_tools"} or CodeGym\'s {"name": ..., "parameters": {...}}',
+            )
+        return await self._step(conn, action, name)
+
+    async def _step(self, conn: Connection, action: dict[str, Any], name: str) -> dict[str, Any]:
+        episode = conn.episode
+        if episode is None:
+            raise GatewayError(SESSION_ERROR, "no episode on this socket: send reset first")
+        try:
+            response = await self.runtime.step(episode.session_id, action)
+        except CodeGymError as exc:
+            metrics.STEPS.labels(exc.reason).inc()
+            if isinstance(exc, SessionNotFound):  # expired in the runtime: forget it
+                conn.episode = None
+                self.sessions -= 1
+                metrics.SESSIONS.set(self.sessions)
+            raise from_runtime(exc) from None
+        code = response.error.code if response.HasField("error") else 0
+        metrics.STEPS.labels(STEP_ERROR_NAMES.get(code, "ok")).inc()
+        episode.step_count = response.step_index
+        episode.done = response.done
+        episode.truncated = response.truncated
+        episode.reward = response.reward
+        tool_error = None
+        if code in TOOL_ERRORS:
+            tool_error = {"error_type": TOOL_ERRORS[code], "message": response.error.message}
+        metadata: dict[str, Any] = {"truncated": response.truncated, "step_count": response.step_index}
+        if code:
+            metadata["step_error"] = STEP_ERROR_NAMES.get(code, str(code))
+        observation = {
+            "tool_name": name,
+            "result": response.observation,
+            "error": tool_error,
+            "metadata": metadata,
+        }
+        reward = float(response.reward) if response.done else None
+        return {"observation": observation, "reward": reward, "done": response.done, "metadata": metadata}
+
+    def _state(self, conn: Connection) -> dict[str, Any]:
+        episode = conn.episode
+        if episode is None:
+            return {"episode_id": None, "step_count": 0}
+        return {
+            "episode_id": episode.episode_id,
+            "step_count": episode.step_count,
+            "env_id": episode.env_id,
+            "max_steps": episode.max_steps,
+            "done": episode.done,
+            "truncated": episode.truncated,
+            "reward": episode.reward,
+        }
