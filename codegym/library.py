@@ -9,23 +9,25 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from collections.abc import Iterable
 from contextlib import closing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codegym.contract import (
-    ContractError,
-    EnvStringError,
-    analyze_source,
-    parse_ability,
-    split_env_id,
-    tool_text,
-    tools_schema,
-    tools_text,
-)
+from codegym.library_import import Importing
+from codegym.library_records import EnvRecord, ImportReport, TaskRecord, Tool, canonical_config
+
+# The records are part of the library's API (`from codegym.library import EnvRecord`).
+__all__ = [
+    "EnvRecord",
+    "ImportReport",
+    "Library",
+    "TaskRecord",
+    "Tool",
+    "canonical_config",
+    "default_library_path",
+    "load_library",
+]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS envs (
@@ -53,91 +55,9 @@ CREATE TABLE IF NOT EXISTS tasks (
 );
 CREATE INDEX IF NOT EXISTS tasks_env ON tasks(env_id);
 """
-DIFFICULTIES = ("", "easy", "medium", "hard")
-QUESTION_MARKER = "\nQuestion:\n"
 
 
-@dataclass(frozen=True)
-class Tool:
-    """One agent-facing tool, as stored: name, signature line, CodeGym text and OpenAI schema."""
-
-    name: str
-    signature: str
-    text: str
-    schema: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class TaskRecord:
-    env_id: str
-    config_json: str
-    difficulty: str = ""
-    solve_fc_round: int = 0
-    # Success rates of evaluated models, e.g. {"gpt-4o-mini_Bo4_score": 0.25} (`codegym eval`).
-    scores: dict[str, float] = field(default_factory=dict, compare=False)
-    # The chance a blind Done is right on this config (verification's guessability), None = unmeasured.
-    guess_rate: float | None = field(default=None, compare=False)
-
-
-@dataclass
-class EnvRecord:
-    """Everything the runtime needs about an environment, without ever importing it."""
-
-    env_id: str
-    code_id: str
-    env_class: str
-    source: str
-    sha256: str
-    tools: list[Tool]
-    tools_text: str
-    task_text: str = ""
-    metadata: dict[str, Any] = field(default_factory=dict)
-    tasks: list[TaskRecord] = field(default_factory=list)
-
-    @property
-    def tool_names(self) -> list[str]:
-        return [t.name for t in self.tools]
-
-
-@dataclass
-class ImportReport:
-    """What an import did, item by item, so nothing is skipped silently."""
-
-    added: list[str] = field(default_factory=list)
-    updated: list[str] = field(default_factory=list)
-    unchanged: list[str] = field(default_factory=list)
-    tasks_added: int = 0
-    tasks_present: int = 0
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-
-    def merge(self, other: ImportReport) -> None:
-        self.added += other.added
-        self.updated += other.updated
-        self.unchanged += other.unchanged
-        self.tasks_added += other.tasks_added
-        self.tasks_present += other.tasks_present
-        self.skipped += other.skipped
-
-
-def canonical_config(config: dict[str, Any]) -> str:
-    """One spelling per config, so re-importing the same task is a no-op.
-
-    Key order is kept: an environment may show its config, and what it shows must not change.
-    """
-    return json.dumps(config, ensure_ascii=False)
-
-
-def task_text_from_prompt(prompt: list[dict[str, Any]]) -> str:
-    """The task statement of a training instance: the user message after its `Question:` line."""
-    for message in prompt:
-        if message.get("role") == "user":
-            content = str(message.get("content", ""))
-            _, sep, question = content.partition(QUESTION_MARKER)
-            return (question if sep else content).strip()
-    return ""
-
-
-class Library:
+class Library(Importing):
     """A SQLite environment library. Cheap to open; not shared between threads."""
 
     def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
@@ -175,36 +95,6 @@ class Library:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- import -------------------------------------------------------------------------------
-
-    def import_paths(self, paths: Iterable[str | Path]) -> ImportReport:
-        """Import env files (`{code_id}__{Env}.py`), folders of them, and training-instance JSONL.
-
-        Sources go first, so that a JSONL naming an env imported in the same call finds it.
-        """
-        report = ImportReport()
-        sources: list[Path] = []
-        jsonl: list[Path] = []
-        for raw in paths:
-            path = Path(raw)
-            if path.is_dir():
-                sources += sorted(p for p in path.rglob("*.py") if p.name != "__init__.py")
-                jsonl += sorted(path.rglob("*.jsonl"))
-            elif path.suffix == ".py":
-                sources.append(path)
-            elif path.suffix in (".jsonl", ".json"):
-                jsonl.append(path)
-            elif not path.exists():
-                report.skipped.append((str(path), "no such file or folder"))
-            else:
-                report.skipped.append((str(path), "not a .py env file, a folder or a .jsonl file"))
-        with self.db:
-            for path in sources:
-                report.merge(self._import_env_file(path))
-            for path in jsonl:
-                report.merge(self._import_jsonl(path))
-        return report
-
     def add_tasks(self, tasks: Iterable[TaskRecord], origin: str = "") -> ImportReport:
         report = ImportReport()
         with self.db:
@@ -238,154 +128,6 @@ class Library:
             for task in tasks:
                 self._add_task(task, "pipeline", report)
         return report
-
-    def _import_env_file(self, path: Path) -> ImportReport:
-        report = ImportReport()
-        try:
-            split_env_id(path.stem)
-        except EnvStringError:
-            report.skipped.append((str(path), "file name is not {code_id}__{EnvClass}.py"))
-            return report
-        try:
-            source = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            report.skipped.append((str(path), f"unreadable: {exc}"))
-            return report
-        task_file = path.with_suffix(".task.md")
-        task_text = task_file.read_text(encoding="utf-8").strip() if task_file.exists() else ""
-        report = self._import_source(path.stem, source, task_text=task_text, metadata={"file": path.name})
-        report.skipped = [(str(path), why) for _, why in report.skipped]
-        return report
-
-    def _import_source(
-        self, env_id: str, source: str, *, task_text: str, metadata: dict[str, Any]
-    ) -> ImportReport:
-        report = ImportReport()
-        try:
-            code_id, env_class = split_env_id(env_id)
-        except EnvStringError as exc:
-            report.skipped.append((env_id, str(exc)))
-            return report
-        spec = analyze_source(source)
-        if spec.violations:
-            reasons = "; ".join(f"{v.code}: {v.message}" for v in spec.violations[:5])
-            report.skipped.append((env_id, f"contract violations: {reasons}"))
-            return report
-        if spec.class_name != env_class:
-            report.skipped.append((env_id, f"the source defines {spec.class_name}, not {env_class}"))
-            return report
-        schemas = tools_schema(spec)
-        tools = [
-            {"name": t.name, "signature": t.signature, "text": tool_text(t), "schema": s}
-            for t, s in zip(spec.tools, schemas, strict=True)
-        ]
-        row = self.db.execute("SELECT sha256, task_text FROM envs WHERE env_id = ?", (env_id,)).fetchone()
-        if row is not None and row[0] == spec.sha256 and (not task_text or row[1] == task_text):
-            report.unchanged.append(env_id)
-            return report
-        if row is not None and not task_text:
-            task_text = row[1]
-        self.db.execute(
-            "INSERT INTO envs (env_id, code_id, env_class, source, sha256, tools_json, tools_text, task_text,"
-            " metadata, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT(env_id) DO UPDATE SET source = excluded.source, sha256 = excluded.sha256,"
-            " tools_json = excluded.tools_json, tools_text = excluded.tools_text,"
-            " task_text = excluded.task_text, metadata = excluded.metadata, updated_at = excluded.updated_at",
-            (
-                env_id,
-                code_id,
-                env_class,
-                source,
-                spec.sha256,
-                json.dumps(tools),
-                tools_text(spec),
-                task_text,
-                json.dumps(metadata),
-                time.time(),
-            ),
-        )
-        (report.updated if row is not None else report.added).append(env_id)
-        return report
-
-    def _import_jsonl(self, path: Path) -> ImportReport:
-        """Task configs from training instances (`ability`, ...) or task lines (`env_id`, `config`)."""
-        report = ImportReport()
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            report.skipped.append((str(path), f"unreadable: {exc}"))
-            return report
-        for number, line in enumerate(lines, 1):
-            where = f"{path}:{number}"
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-                if not isinstance(item, dict):
-                    raise ValueError("line is not a JSON object")
-                task, task_text = self._task_from_item(item)
-            except (ValueError, EnvStringError, ContractError) as exc:
-                report.skipped.append((where, str(exc)))
-                continue
-            known = self.db.execute("SELECT task_text FROM envs WHERE env_id = ?", (task.env_id,)).fetchone()
-            if known is None:
-                report.skipped.append(
-                    (where, f"environment {task.env_id} is not in the library: import its source first")
-                )
-                continue
-            if task_text and not known[0]:
-                self.db.execute("UPDATE envs SET task_text = ? WHERE env_id = ?", (task_text, task.env_id))
-            self._add_task(task, str(path.name), report)
-        return report
-
-    @staticmethod
-    def _task_from_item(item: dict[str, Any]) -> tuple[TaskRecord, str]:
-        if "ability" in item:
-            ability = parse_ability(str(item["ability"]))
-            extra = item.get("extra_info")
-            rounds = int(extra.get("solve_fc_round") or 0) if isinstance(extra, dict) else 0
-            prompt = item.get("prompt")
-            prompt = prompt if isinstance(prompt, list) else []
-            task = TaskRecord(ability.env_id, canonical_config(ability.config), "", rounds)
-            return task, task_text_from_prompt(prompt)
-        if "env_id" in item and isinstance(item.get("config"), dict):
-            split_env_id(str(item["env_id"]))
-            difficulty = str(item.get("difficulty", "")).lower()
-            if difficulty not in DIFFICULTIES:
-                raise ValueError(f"difficulty {difficulty!r} is not easy, medium or hard")
-            rounds = int(item.get("solve_fc_round") or 0)
-            return TaskRecord(str(item["env_id"]), canonical_config(item["config"]), difficulty, rounds), ""
-        raise ValueError("line has neither 'ability' (training instance) nor 'env_id' + 'config' (task)")
-
-    def _add_task(self, task: TaskRecord, origin: str, report: ImportReport) -> None:
-        row = self.db.execute(
-            "SELECT id, difficulty, solve_fc_round FROM tasks WHERE env_id = ? AND config_json = ?",
-            (task.env_id, task.config_json),
-        ).fetchone()
-        if row is None:
-            self.db.execute(
-                "INSERT INTO tasks (env_id, config_json, difficulty, solve_fc_round, origin, guess_rate)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    task.env_id,
-                    task.config_json,
-                    task.difficulty,
-                    task.solve_fc_round,
-                    origin,
-                    task.guess_rate,
-                ),
-            )
-            report.tasks_added += 1
-            return
-        # A task seen again keeps what it had, and learns what it lacked (difficulty, oracle rounds).
-        self.db.execute(
-            "UPDATE tasks SET difficulty = ?, solve_fc_round = ?, guess_rate = COALESCE(?, guess_rate)"
-            " WHERE id = ?",
-            (row[1] or task.difficulty, row[2] or task.solve_fc_round, task.guess_rate, row[0]),
-        )
-        report.tasks_present += 1
-
-    # ---- read ---------------------------------------------------------------------------------
 
     def get(self, env_id: str) -> EnvRecord | None:
         row = self.db.execute(
