@@ -38,6 +38,7 @@ EXAMPLES = {
     "serve runtime": "codegym serve runtime --library lib.db --sandbox 127.0.0.1:50061,127.0.0.1:50062",
     "serve synthesis": "codegym serve synthesis --llm-base-url http://127.0.0.1:8000/v1 --model scripted",
     "serve verification": "codegym serve verification --sandbox 127.0.0.1:50061,127.0.0.1:50062",
+    "serve openenv": "codegym serve openenv --runtime 127.0.0.1:50051 --port 8000",
     "up": "codegym up --port 0 --workers 2",
     "demo": "codegym demo --target 127.0.0.1:50051",
     "synthesize": "codegym synthesize --problems examples/problems.jsonl --out synth-out "
