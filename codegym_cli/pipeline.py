@@ -415,7 +415,18 @@ class Pipeline:
                 }
                 for d in response.differences[:5]
             ],
+            "resident_steps": response.resident_steps,
+            "resident_served": response.resident_served,
         }
+        if response.HasField("resident_difference"):
+            d = response.resident_difference
+            data["resident_difference"] = {
+                "config_json": d.config_json,
+                "step": d.step,
+                "what": d.what,
+                "resident": d.first,
+                "cold": d.second,
+            }
         if response.verdict != vf.VERDICT_PASS:
             return rejected("; ".join(response.reasons), data)
         return passed(data)
@@ -464,7 +475,11 @@ class Pipeline:
             "kept": len(kept),
             "dropped_rounds": len(tasks) - len(kept),
             "shortcut_tools": list(response.shortcut_tools),
-            "probes": {p.tool: [p.hits, p.probed] for p in response.probes},
+            # A tool called with config values is keyed `Tool(arg, ...)`; bare, by its name.
+            "probes": {
+                (f"{p.tool}({', '.join(p.arguments)})" if p.arguments else p.tool): [p.hits, p.probed]
+                for p in response.probes
+            },
             "tasks": kept,
         }
         if len(tools) < self.config.min_tools:

@@ -339,3 +339,21 @@ def test_a_run_killed_during_solvability_resumes_without_new_llm_requests(
     fresh = tmp_path / "fresh"
     assert run_pipeline(problems, fresh, stack).returncode == 0
     assert library_snapshot(work / "library.db") == library_snapshot(fresh / "library.db")
+
+
+def test_shortcuts_with_arguments_and_resident_against_cold(finished_run: dict[str, Any]) -> None:
+    rows = finished_run["rows"]
+    shortcut = rows[("Case_shortcut_args", "filters")]["data"]
+    hits, probed = shortcut["probes"]["Answer(nums)"]
+    assert shortcut["shortcut_tools"] == ["Answer"] and hits == probed > 0
+    module_state = rows[("Case_module_state", "determinism")]["data"]
+    assert module_state["differences"] == []  # each oracle run is one process: the runs agree
+    difference = module_state["resident_difference"]
+    assert difference["what"] == "observation" and difference["step"] == module_state["resident_steps"]
+    assert difference["resident"].endswith(f"steps in this process: {difference['step']}")
+    assert difference["cold"].endswith("steps in this process: 1")
+    # The good environments: one trajectory each replayed resident and cold, the same.
+    for pid in ("Case_seventh", *GOOD):
+        data = rows[(pid, "determinism")]["data"]
+        assert data["resident_steps"] > 0 and "resident_difference" not in data, (pid, data)
+        assert rows[(pid, "filters")]["data"]["shortcut_tools"] == [], pid

@@ -21,6 +21,7 @@ from codegym_client.channels import aio_channel
 from services.verification.service import SERVICE_NAME, VerificationServer
 from services.verification.solution import find_solution_call
 from tests.conftest import ENV_DIR
+from tests.helpers.pipeline_cases import ANSWER
 from tests.helpers.servers import ServerProcess
 
 SOURCE = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py").read_text()
@@ -173,6 +174,16 @@ def test_solution_function_is_found_statically() -> None:
 
 PAYS_ANY = SOURCE.replace("correct = answer == ref\n", "correct = True\n", 1)
 PAYS_TEXT = SOURCE.replace("correct = answer == ref\n", "correct = answer == ref or answer == str(ref)\n", 1)
+# A tool that answers given the config's own values: Answer(nums) with the config's nums.
+ANSWERS_FROM_CONFIG = SOURCE.replace(
+    '"Done": self.DONE,', '"Answer": 5,\n            "Done": self.DONE,', 1
+).replace("    def Done(self, answer: int):", ANSWER, 1)
+# Module-level state that changes per step: a resident process keeps it, a cold step starts afresh.
+MODULE_STATE = SOURCE.replace("class ArrayGcdEnv(", "_CALLS = [0]\n\n\nclass ArrayGcdEnv(", 1).replace(
+    "        return str(self.nums[index])\n",
+    "        _CALLS[0] += 1\n        return str(self.nums[index] + _CALLS[0] - 1)\n",
+    1,
+)
 ID_IN_DONE = SOURCE.replace(
     'return f"Your answer: {answer}, ', 'return f"[{id(object())}] Your answer: {answer}, ', 1
 )
@@ -216,7 +227,14 @@ async def test_negative_controls_pass_every_sample_and_catch_paying_dones(
             vf.CheckDeterminismRequest(env_source=source, config_jsons=configs)
         )
         assert determinism.verdict == vf.VERDICT_PASS, (env_class, list(determinism.reasons))
-        assert determinism.compared == 5 and determinism.runs == 10
+        assert determinism.compared == 5
+        # The first oracle trajectory was replayed through a session (resident) and cold too.
+        steps = determinism.resident_steps
+        assert steps > 0 and determinism.resident_served == steps, (env_class, steps)
+        assert determinism.runs == 10 + 1 + 2 * steps
+        assert not determinism.HasField("resident_difference")
+        shortcuts = await stub.CheckShortcuts(vf.CheckShortcutsRequest(env_source=source, cases=cases))
+        assert shortcuts.verdict == vf.VERDICT_PASS, (env_class, list(shortcuts.reasons))
 
     for bad, kinds in ((PAYS_ANY, None), (PAYS_TEXT, {"as_string"})):
         cases = await sample_cases(stub, bad, GCD_CONFIGS)
@@ -255,3 +273,33 @@ async def test_guessability(stub: vf_grpc.VerificationServiceStub) -> None:
     )
     assert list(response.guess_rates) == [0.75, 0.75, 0.25, 0.75] and response.most_frequent_json == "1"
     assert response.verdict == vf.VERDICT_FAIL and response.reasons[0].startswith("guessable:")
+
+
+async def test_shortcut_with_arguments_from_the_config(stub: vf_grpc.VerificationServiceStub) -> None:
+    configs = [json.dumps({"nums": [6 * i, 9 * i]}) for i in range(1, 9)]  # answers 3, 6, ..., 24
+    cases = await sample_cases(stub, ANSWERS_FROM_CONFIG, configs)
+    response = await stub.CheckShortcuts(
+        vf.CheckShortcutsRequest(env_source=ANSWERS_FROM_CONFIG, cases=cases)
+    )
+    assert response.verdict == vf.VERDICT_FAIL and list(response.shortcut_tools) == ["Answer"]
+    assert response.reasons[0].startswith("shortcut: Answer(nums=config['nums']) returns")
+    probes = {(p.tool, tuple(p.arguments)): (p.hits, p.probed) for p in response.probes}
+    assert probes[("Answer", ("nums",))] == (len(cases), len(cases))
+    assert probes[("Observe", ())] == (0, len(cases))
+    assert ("GetElement", ()) not in probes  # its `index` is no config key
+
+
+async def test_resident_and_cold_differ_with_module_state(stub: vf_grpc.VerificationServiceStub) -> None:
+    configs = [json.dumps({"nums": [6, 9, 12]}), json.dumps({"nums": [10, 4]})]
+    response = await stub.CheckDeterminism(
+        vf.CheckDeterminismRequest(env_source=MODULE_STATE, config_jsons=configs)
+    )
+    # Each oracle run is one process: both runs agree; resident steps keep _CALLS, cold ones do not.
+    assert not response.differences
+    assert response.verdict == vf.VERDICT_FAIL
+    assert response.reasons[0].startswith(
+        "nondeterministic: resident and cold differ at step 3 (observation)"
+    )
+    d = response.resident_difference
+    assert d.config_json == configs[0] and d.step == 3 and (d.first, d.second) == ("10", "9")
+    assert response.resident_steps >= 3 and response.resident_served == response.resident_steps

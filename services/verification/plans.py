@@ -24,6 +24,8 @@ SMOKE_TESTS = 1
 SHORTCUT_FRACTION = 0.5
 PROBE_TIME_MS = 5_000
 DETERMINISM_TESTS = 5
+# Steps of the one oracle trajectory per environment replayed resident and cold (determinism).
+RESIDENT_STEPS = 256
 MAX_PAID_REPORTED = 20
 NEGATIVE_MARK = "NEGCTL:"
 # Module-level code of the second determinism run's solve_source: it runs in the fork before the

@@ -8,9 +8,11 @@ operations (never run here) and a reading of their results; `Verifier` inherits 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import secrets
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codegym.contract import analyze_source, answers_equal, canonical_json
 from codegym.contract.source import method_source
@@ -25,6 +27,7 @@ from services.verification.plans import (
     MAX_STEPS,
     NEGATIVE_MARK,
     PROBE_TIME_MS,
+    RESIDENT_STEPS,
     SHORTCUT_FRACTION,
     Sources,
     failure,
@@ -33,9 +36,15 @@ from services.verification.plans import (
     status_name,
 )
 
+if TYPE_CHECKING:
+    from services.dispatcher import SandboxDispatcher
+
 
 class TrustChecks:
-    """The trust checks of `Verifier` (services/verification/checks.py), which provides `_run`."""
+    """The trust checks of `Verifier` (services/verification/checks.py), which provides `_run`
+    and `sandbox` (session steps go through it, to the session's worker)."""
+
+    sandbox: SandboxDispatcher
 
     async def _run(self, ops: Sequence[sb.Operation], sources: Sources) -> list[sb.OperationResult]:
         raise NotImplementedError
@@ -51,39 +60,76 @@ class TrustChecks:
             return response
         max_fraction = request.max_fraction or SHORTCUT_FRACTION
         probe_time = request.probe_time_ms or PROBE_TIME_MS
-        tools = [
-            tool.name
-            for tool in spec.tools
-            if tool.name != "Done" and all(p.arg in tool.defaults for p in tool.params)
-        ]
         cases = [(c.config_json, json_value(c.answer_json)) for c in request.cases]
         cases = [(config, answer) for config, (ok, answer) in cases if ok]
+        configs = [config_object(config) for config, _ in cases]
+        keys = {key for config in configs for key in config}
+        # (tool, parameters filled from the config): each tool callable bare, and each tool whose
+        # required parameters are all config keys, with the config's values of the same name.
+        probes: list[tuple[str, tuple[str, ...]]] = []
+        for tool in spec.tools:
+            if tool.name == "Done":
+                continue
+            if all(p.arg in tool.defaults for p in tool.params):
+                probes.append((tool.name, ()))
+            named = tuple(p.arg for p in tool.params if p.arg in keys)
+            if named and all(p.arg in keys or p.arg in tool.defaults for p in tool.params):
+                probes.append((tool.name, named))
         sources = Sources()
         env_ref = sources.ref(request.env_source)
-        ops = [
-            sb.Operation(
-                source=env_ref,
-                limits=limits(probe_time),
-                solve=sb.SolveOp(config_json=config, solve_source=probe_source(tool), max_steps=2),
-            )
-            for tool in tools
-            for config, _ in cases
-        ]
+        # Per probe and test, the operation's index (None: the config lacks a required parameter).
+        plan: list[list[int | None]] = []
+        ops: list[sb.Operation] = []
+        for name, named in probes:
+            row: list[int | None] = []
+            tool = next(t for t in spec.tools if t.name == name)
+            for (config_json, _), config in zip(cases, configs, strict=True):
+                arguments = {arg: config[arg] for arg in named if arg in config}
+                if any(p.arg not in arguments and p.arg not in tool.defaults for p in tool.params):
+                    row.append(None)
+                    continue
+                row.append(len(ops))
+                ops.append(
+                    sb.Operation(
+                        source=env_ref,
+                        limits=limits(probe_time),
+                        solve=sb.SolveOp(
+                            config_json=config_json,
+                            solve_source=probe_source(name, arguments),
+                            max_steps=2,
+                        ),
+                    )
+                )
+            plan.append(row)
         results = await self._run(ops, sources)
-        for n, tool in enumerate(tools):
-            probe = vf.ShortcutProbe(tool=tool)
-            for k, (_, answer) in enumerate(cases):
-                result = results[n * len(cases) + k]
-                if result.status != sb.STATUS_OK:
+        for (name, named), row in zip(probes, plan, strict=True):
+            probe = vf.ShortcutProbe(tool=name, arguments=named)
+            said: list[tuple[str, str, bool]] = []  # (output, reference answer, output is the answer)
+            for index, (_, answer) in zip(row, cases, strict=True):
+                if index is None or results[index].status != sb.STATUS_OK:
                     continue
                 probe.probed += 1
-                if answers_equal(result.observation, answer, lenient=True):
+                output = results[index].observation
+                said.append(
+                    (output.strip(), canonical_json(answer), answers_equal(output, answer, lenient=True))
+                )
+            # An output the tool also gave for another reference answer tells nothing about the answer
+            # (a constant "-1" where most answers are -1): that is guessability, not a shortcut.
+            answers_of: dict[str, set[str]] = {}
+            for output, answer_key, _ in said:
+                answers_of.setdefault(output, set()).add(answer_key)
+            for output, _, hit in said:
+                if hit and len(answers_of[output]) == 1:
                     probe.hits += 1
+                elif hit:
+                    probe.uninformative += 1
             response.probes.append(probe)
             if probe.probed and probe.hits / probe.probed > max_fraction:
-                response.shortcut_tools.append(tool)
+                if name not in response.shortcut_tools:
+                    response.shortcut_tools.append(name)
+                called = f"{name}({', '.join(f'{arg}=config[{arg!r}]' for arg in named)})"
                 response.reasons.append(
-                    f"shortcut: {tool}() returns the reference answer on {probe.hits}/{probe.probed} tests"
+                    f"shortcut: {called} returns the reference answer on {probe.hits}/{probe.probed} tests"
                 )
         response.verdict = vf.VERDICT_FAIL if response.shortcut_tools else vf.VERDICT_PASS
         return response
@@ -244,8 +290,86 @@ class TrustChecks:
                 f" two runs of the oracle; first at step {d.step} ({d.what}) of {d.config_json[:80]}:"
                 f" {d.first[:80]!r} vs {d.second[:80]!r}"
             )
+        # Once per environment: the first test whose oracle ran, replayed resident and cold.
+        played = next(
+            (
+                (config, results[2 * k])
+                for k, config in enumerate(configs)
+                if results[2 * k].status == sb.STATUS_OK and len(results[2 * k].trajectory) > 1
+            ),
+            None,
+        )
+        if played is not None:
+            config, recorded = played
+            actions = list(recorded.trajectory[1::2])[: request.resident_max_steps or RESIDENT_STEPS]
+            await self._resident_and_cold(response, request.env_source, config, actions, case_time, memory)
         response.verdict = vf.VERDICT_FAIL if response.reasons else vf.VERDICT_PASS
         return response
+
+    async def _resident_and_cold(
+        self,
+        response: vf.CheckDeterminismResponse,
+        env_source: str,
+        config: str,
+        actions: Sequence[str],
+        case_time: int,
+        memory: int,
+    ) -> None:
+        """Play `actions` through a session (create and steps with its key, served by the resident
+        process) and cold (steps without a key, each from the state the previous one returned),
+        both from the state the session's create committed; record the first difference."""
+        code = env_source
+        ref = Sources().ref(code)
+        key = f"verify-{secrets.token_hex(8)}"
+        step_limits = limits(case_time, memory)
+        create = sb.Operation(
+            source=ref, limits=step_limits, create=sb.CreateOp(config_json=config, session_key=key)
+        )
+
+        async def execute(op: sb.Operation, session: str) -> sb.OperationResult:
+            return await self.sandbox.execute(op, code, session)
+
+        try:
+            created = await execute(create, key)
+            response.runs += 1
+            response.cpu_ms += created.usage.cpu_ms
+            if created.status != sb.STATUS_OK:
+                return  # the environment does not build: solvability's business
+
+            async def play(session: str) -> list[sb.OperationResult]:
+                out: list[sb.OperationResult] = []
+                state = created.state
+                for n, action in enumerate(actions):
+                    op = sb.Operation(
+                        source=ref,
+                        limits=step_limits,
+                        seed=n + 1,
+                        step=sb.StepOp(state=state, action=action, session_key=session),
+                    )
+                    result = await execute(op, session)
+                    out.append(result)
+                    if result.status != sb.STATUS_OK:
+                        break
+                    state = result.state
+                return out
+
+            resident, cold = await asyncio.gather(play(key), play(""))
+        finally:
+            await self.sandbox.release(key)
+        response.runs += len(resident) + len(cold)
+        response.cpu_ms += sum(r.usage.cpu_ms for r in (*resident, *cold))
+        response.resident_served = sum(1 for r in resident if r.resident)
+        difference = step_difference(resident, cold)
+        response.resident_steps = min(len(resident), len(cold))
+        if difference is None:
+            return
+        difference.config_json = config
+        response.resident_difference.CopyFrom(difference)
+        response.reasons.append(
+            f"nondeterministic: resident and cold differ at step {difference.step} ({difference.what}) of"
+            f" {config[:80]}, after {actions[difference.step - 1][:80]}:"
+            f" {difference.first[:80]!r} (resident) vs {difference.second[:80]!r} (cold)"
+        )
 
     # ---- guessability ---------------------------------------------------------------------------
 
@@ -421,11 +545,42 @@ def first_difference(a: sb.OperationResult, b: sb.OperationResult) -> vf.Traject
     return None
 
 
-def probe_source(tool: str) -> str:
-    """A solve() that calls one tool first thing and returns what it said."""
+def step_difference(
+    first: Sequence[sb.OperationResult], second: Sequence[sb.OperationResult]
+) -> vf.TrajectoryDifference | None:
+    """Where two step-by-step replays of the same actions first differ (step N = the N-th action)."""
+    for n, (a, b) in enumerate(zip(first, second, strict=False), start=1):
+        if a.status != b.status:
+            return vf.TrajectoryDifference(
+                step=n, what="status", first=status_name(a.status), second=status_name(b.status)
+            )
+        if a.status != sb.STATUS_OK:
+            return None
+        if a.observation != b.observation:
+            return vf.TrajectoryDifference(
+                step=n, what="observation", first=a.observation[:300], second=b.observation[:300]
+            )
+        if abs(a.reward - b.reward) > 1e-9 or a.done != b.done:
+            return vf.TrajectoryDifference(
+                step=n,
+                what="reward",
+                first=f"{a.reward:g}{' done' if a.done else ''}",
+                second=f"{b.reward:g}{' done' if b.done else ''}",
+            )
+    return None
+
+
+def probe_source(tool: str, arguments: dict[str, Any] | None = None) -> str:
+    """A solve() that calls one tool first thing (with `arguments`) and returns what it said."""
+    action = json.dumps({"name": tool, "parameters": arguments or {}})
     return (
         "def solve(self):\n"
-        "    import json as _json\n"
-        f"    out = self.step(_json.dumps({{'name': {tool!r}, 'parameters': {{}}}}))\n"
+        f"    out = self.step({action!r})\n"
         "    return out[1] if isinstance(out, tuple) and len(out) == 2 else out\n"
     )
+
+
+def config_object(config_json: str) -> dict[str, Any]:
+    """The config as a dict; {} for one that is not a JSON object."""
+    ok, value = json_value(config_json)
+    return value if ok and isinstance(value, dict) else {}

@@ -62,6 +62,28 @@ PEEK = '''    def Peek(self):
     def Done(self, answer: int):'''
 
 
+ANSWER = '''    def Answer(self, nums: list):
+        r"""
+
+        Compute the greatest common divisor of some numbers.
+
+        Args:
+            nums (list): The numbers.
+
+        Returns:
+            str: Their greatest common divisor.
+
+        Example Output:
+            "6"
+        """
+        g = 0
+        for value in nums:
+            g = math.gcd(g, value)
+        return str(g)
+
+    def Done(self, answer: int):'''
+
+
 def wrong_solve(answer: Any) -> str:
     return (
         "def solve(self):\n    import json\n"
@@ -95,6 +117,19 @@ def case_env(case: str, env_class: str) -> str:
     elif case == "nondeterministic":
         source = source.replace(
             'return f"Your answer: {answer}, ', 'return f"[{id(object())}] Your answer: {answer}, ', 1
+        )
+    elif case == "shortcut_args":
+        source = source.replace('"Done": self.DONE,', '"Answer": 5,\n            "Done": self.DONE,', 1)
+        source = source.replace("    def Done(self, answer: int):", ANSWER, 1)
+    elif case == "module_state":
+        # Counts steps in a module global: one process per oracle run agrees with the next, but a
+        # session's resident process keeps counting while every cold step starts from 0.
+        source = source.replace("\n\nclass ", "\n\n_STEPS = [0]\n\n\nclass ", 1)
+        source = source.replace(
+            "        self.step_count += 1\n", "        self.step_count += 1\n        _STEPS[0] += 1\n", 1
+        )
+        source = source.replace(
+            'reward={self._reward}"', 'reward={self._reward}, steps in this process: {_STEPS[0]}"', 1
         )
     source = source.replace("ArrayGcdEnv", env_class)
     task = f"{SAMPLE_TASK}\n[case:{case}]"
@@ -176,6 +211,8 @@ CASES = {
     "pays_any": case_problem("pays_any"),
     "pays_text": case_problem("pays_text"),
     "nondeterministic": case_problem("nondeterministic"),
+    "shortcut_args": case_problem("shortcut_args"),
+    "module_state": case_problem("module_state"),
 }
 # problem id → (stage it ends in, status, reason class)
 EXPECTED = {
@@ -191,6 +228,8 @@ EXPECTED = {
     "Case_pays_any": ("negative_controls", "rejected", "reward_accepts_wrong_answers"),
     "Case_pays_text": ("negative_controls", "rejected", "reward_accepts_wrong_answers"),
     "Case_nondeterministic": ("determinism", "rejected", "nondeterministic"),
+    "Case_shortcut_args": ("filters", "rejected", "shortcut: Answer(nums=config['nums'])"),
+    "Case_module_state": ("determinism", "rejected", "nondeterministic: resident and cold differ"),
 }
 
 

@@ -641,22 +641,36 @@ class ShortcutProbe(_message.Message):
     TOOL_FIELD_NUMBER: _builtins.int
     PROBED_FIELD_NUMBER: _builtins.int
     HITS_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    UNINFORMATIVE_FIELD_NUMBER: _builtins.int
     tool: _builtins.str
     """Tool name."""
     probed: _builtins.int
     """Tests probed."""
     hits: _builtins.int
-    """Tests where the tool's first call returned the reference answer."""
+    """Tests where the tool's first call returned the reference answer (an output it gave for no
+    other reference answer).
+    """
+    uninformative: _builtins.int
+    """Tests where the output was the reference answer but the tool gave the same output for another
+    reference answer too (a constant that a blind guess matches): not counted in hits.
+    """
+    @_builtins.property
+    def arguments(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The parameters filled with the config's values of the same name; empty: called with none."""
+
     def __init__(
         self,
         *,
         tool: _builtins.str = ...,
         probed: _builtins.int = ...,
         hits: _builtins.int = ...,
+        arguments: _abc.Iterable[_builtins.str] | None = ...,
+        uninformative: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits", "probed", b"probed", "tool", b"tool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "hits", b"hits", "probed", b"probed", "tool", b"tool", "uninformative", b"uninformative"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -676,7 +690,9 @@ class CheckShortcutsResponse(_message.Message):
     """FAIL when some tool is a shortcut."""
     @_builtins.property
     def probes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ShortcutProbe]:
-        """Every tool probed (tools that take required arguments and `Done` are not)."""
+        """Every probe: each tool callable without arguments, and each tool whose required parameters
+        are all config keys, called with the config's values (`Done` is never probed).
+        """
 
     @_builtins.property
     def shortcut_tools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -877,6 +893,7 @@ class CheckDeterminismRequest(_message.Message):
     CASE_TIME_MS_FIELD_NUMBER: _builtins.int
     CASE_MEMORY_MB_FIELD_NUMBER: _builtins.int
     MAX_STEPS_FIELD_NUMBER: _builtins.int
+    RESIDENT_MAX_STEPS_FIELD_NUMBER: _builtins.int
     env_source: _builtins.str
     """Env source."""
     solve_source: _builtins.str
@@ -889,6 +906,10 @@ class CheckDeterminismRequest(_message.Message):
     """Memory of one run, MiB; 0 = 256."""
     max_steps: _builtins.int
     """step() calls one run may make; 0 = 1024."""
+    resident_max_steps: _builtins.int
+    """Steps of one oracle trajectory replayed both through a session (resident) and cold, once per
+    environment; 0 = 256.
+    """
     @_builtins.property
     def config_jsons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Valid configs (JSON) to replay."""
@@ -903,10 +924,11 @@ class CheckDeterminismRequest(_message.Message):
         case_time_ms: _builtins.int = ...,
         case_memory_mb: _builtins.int = ...,
         max_steps: _builtins.int = ...,
+        resident_max_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_memory_mb", b"case_memory_mb", "case_time_ms", b"case_time_ms", "config_jsons", b"config_jsons", "env_source", b"env_source", "max_steps", b"max_steps", "solve_source", b"solve_source", "tests", b"tests"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_memory_mb", b"case_memory_mb", "case_time_ms", b"case_time_ms", "config_jsons", b"config_jsons", "env_source", b"env_source", "max_steps", b"max_steps", "resident_max_steps", b"resident_max_steps", "solve_source", b"solve_source", "tests", b"tests"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -962,6 +984,9 @@ class CheckDeterminismResponse(_message.Message):
     DIFFERENCES_FIELD_NUMBER: _builtins.int
     CPU_MS_FIELD_NUMBER: _builtins.int
     RUNS_FIELD_NUMBER: _builtins.int
+    RESIDENT_STEPS_FIELD_NUMBER: _builtins.int
+    RESIDENT_SERVED_FIELD_NUMBER: _builtins.int
+    RESIDENT_DIFFERENCE_FIELD_NUMBER: _builtins.int
     verdict: Global___Verdict.ValueType
     """FAIL when some test's two runs differ."""
     compared: _builtins.int
@@ -970,6 +995,10 @@ class CheckDeterminismResponse(_message.Message):
     """Sandbox CPU time of all runs, ms."""
     runs: _builtins.int
     """Sandbox operations run."""
+    resident_steps: _builtins.int
+    """Steps compared between the resident and the cold replay of one oracle trajectory."""
+    resident_served: _builtins.int
+    """Of those, steps the session's resident process served (the others ran cold too)."""
     @_builtins.property
     def reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Reasons, `class: detail`."""
@@ -977,6 +1006,10 @@ class CheckDeterminismResponse(_message.Message):
     @_builtins.property
     def differences(self) -> _containers.RepeatedCompositeFieldContainer[Global___TrajectoryDifference]:
         """Per differing test, its first difference."""
+
+    @_builtins.property
+    def resident_difference(self) -> Global___TrajectoryDifference:
+        """The first difference between the resident and the cold replay, when they differ."""
 
     def __init__(
         self,
@@ -987,10 +1020,13 @@ class CheckDeterminismResponse(_message.Message):
         differences: _abc.Iterable[Global___TrajectoryDifference] | None = ...,
         cpu_ms: _builtins.int = ...,
         runs: _builtins.int = ...,
+        resident_steps: _builtins.int = ...,
+        resident_served: _builtins.int = ...,
+        resident_difference: Global___TrajectoryDifference | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resident_difference", b"resident_difference"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compared", b"compared", "cpu_ms", b"cpu_ms", "differences", b"differences", "reasons", b"reasons", "runs", b"runs", "verdict", b"verdict"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compared", b"compared", "cpu_ms", b"cpu_ms", "differences", b"differences", "reasons", b"reasons", "resident_difference", b"resident_difference", "resident_served", b"resident_served", "resident_steps", b"resident_steps", "runs", b"runs", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -106,7 +106,8 @@ class VerificationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CheckShortcuts(self, request, context):
-        """Probe every tool that needs no argument: does one of them hand out the reference answer?
+        """Probe every tool that needs no argument, and every tool with the config's values for the
+        parameters named like config keys: does one of them hand out the reference answer?
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -120,7 +121,8 @@ class VerificationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CheckDeterminism(self, request, context):
-        """Run the oracle twice per test in separate processes: trajectories must be the same.
+        """Run the oracle twice per test in separate processes: trajectories must be the same; and replay
+        one oracle trajectory through a session (resident) and cold: observations must be the same.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

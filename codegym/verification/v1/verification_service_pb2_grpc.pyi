@@ -45,11 +45,15 @@ class VerificationServiceStub:
     CheckSolvability: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.CheckSolvabilityRequest, _verification_service_pb2.CheckSolvabilityResponse]
     """Run every solve candidate on every valid test; pick the oracle."""
     CheckShortcuts: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.CheckShortcutsRequest, _verification_service_pb2.CheckShortcutsResponse]
-    """Probe every tool that needs no argument: does one of them hand out the reference answer?"""
+    """Probe every tool that needs no argument, and every tool with the config's values for the
+    parameters named like config keys: does one of them hand out the reference answer?
+    """
     CheckNegativeControls: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.CheckNegativeControlsRequest, _verification_service_pb2.CheckNegativeControlsResponse]
     """Call Done with wrong answers derived from each reference answer: none may be paid."""
     CheckDeterminism: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.CheckDeterminismRequest, _verification_service_pb2.CheckDeterminismResponse]
-    """Run the oracle twice per test in separate processes: trajectories must be the same."""
+    """Run the oracle twice per test in separate processes: trajectories must be the same; and replay
+    one oracle trajectory through a session (resident) and cold: observations must be the same.
+    """
     MeasureGuessability: _grpc.UnaryUnaryMultiCallable[_verification_service_pb2.MeasureGuessabilityRequest, _verification_service_pb2.MeasureGuessabilityResponse]
     """Per test, the chance that a blind Done is right (no sandbox run)."""
 
@@ -70,11 +74,15 @@ class VerificationServiceAsyncStub(VerificationServiceStub):
     CheckSolvability: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.CheckSolvabilityRequest, _verification_service_pb2.CheckSolvabilityResponse]  # type: ignore[assignment]
     """Run every solve candidate on every valid test; pick the oracle."""
     CheckShortcuts: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.CheckShortcutsRequest, _verification_service_pb2.CheckShortcutsResponse]  # type: ignore[assignment]
-    """Probe every tool that needs no argument: does one of them hand out the reference answer?"""
+    """Probe every tool that needs no argument, and every tool with the config's values for the
+    parameters named like config keys: does one of them hand out the reference answer?
+    """
     CheckNegativeControls: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.CheckNegativeControlsRequest, _verification_service_pb2.CheckNegativeControlsResponse]  # type: ignore[assignment]
     """Call Done with wrong answers derived from each reference answer: none may be paid."""
     CheckDeterminism: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.CheckDeterminismRequest, _verification_service_pb2.CheckDeterminismResponse]  # type: ignore[assignment]
-    """Run the oracle twice per test in separate processes: trajectories must be the same."""
+    """Run the oracle twice per test in separate processes: trajectories must be the same; and replay
+    one oracle trajectory through a session (resident) and cold: observations must be the same.
+    """
     MeasureGuessability: _aio.UnaryUnaryMultiCallable[_verification_service_pb2.MeasureGuessabilityRequest, _verification_service_pb2.MeasureGuessabilityResponse]  # type: ignore[assignment]
     """Per test, the chance that a blind Done is right (no sandbox run)."""
 
@@ -116,7 +124,9 @@ class VerificationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _verification_service_pb2.CheckShortcutsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_verification_service_pb2.CheckShortcutsResponse, _abc.Awaitable[_verification_service_pb2.CheckShortcutsResponse]]:
-        """Probe every tool that needs no argument: does one of them hand out the reference answer?"""
+        """Probe every tool that needs no argument, and every tool with the config's values for the
+        parameters named like config keys: does one of them hand out the reference answer?
+        """
 
     @_abc_1.abstractmethod
     def CheckNegativeControls(
@@ -132,7 +142,9 @@ class VerificationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _verification_service_pb2.CheckDeterminismRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_verification_service_pb2.CheckDeterminismResponse, _abc.Awaitable[_verification_service_pb2.CheckDeterminismResponse]]:
-        """Run the oracle twice per test in separate processes: trajectories must be the same."""
+        """Run the oracle twice per test in separate processes: trajectories must be the same; and replay
+        one oracle trajectory through a session (resident) and cold: observations must be the same.
+        """
 
     @_abc_1.abstractmethod
     def MeasureGuessability(
