@@ -8,7 +8,7 @@ DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server
 LINT_PATHS := codegym codegym_cli sandbox_worker services clients tests bench
 
 
-.PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test bench up demo clean k8s-validate docker-lint
+.PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test test-verl bench up demo clean k8s-validate docker-lint
 
 install: deb-packages venv node_modules/.bin/buf jail-paths
 
@@ -75,6 +75,12 @@ lint: buf-lint
 
 test:
 	$(VENV)/bin/pytest -q
+
+# The verl adapter's tests of verl's own classes (CodeGymAgentLoop, CodeGymTool), which `make test`
+# skips when verl cannot be imported: installs verl (it brings torch, several GB) into the venv.
+test-verl:
+	$(PY) -m pip install -q verl
+	CODEGYM_TESTS_REQUIRE_VERL=1 $(VENV)/bin/pytest -q -rs tests/test_verl_adapter.py
 
 bench:
 	$(PY) bench/sandbox_bench.py

@@ -1,0 +1,86 @@
+"""verl adapter: CodeGym episodes as a verl agent loop (and tools for verl's `ToolAgentLoop`).
+
+    # examples/verl/codegym_agent_loop.yaml, given as actor_rollout_ref.rollout.agent.agent_loop_config_path
+    - name: codegym_agent
+      _target_: codegym_client.verl.agent_loop.CodeGymAgentLoop
+      target: 127.0.0.1:50051
+
+Modules, so that importing this package needs neither verl nor torch:
+
+- `episode`: `run_episode`, one episode as a plain async function (tokenizer, a `generate`
+  callable and an `AsyncRuntimeClient` in; token ids, response mask, reward and flags out). No verl.
+- `agent_loop`: `CodeGymAgentLoop(AgentLoopBase)`, registered as `codegym_agent`. Imports verl.
+- `tool`: `CodeGymTool(BaseTool)`, for `ToolAgentLoop` users, keyed by request id; its docstring
+  lists its limits. Imports verl.
+
+`CodeGymAgentLoop`, `CodeGymTool` and `verl_tool_parser` are importable from here too, on first
+use (which imports verl).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from codegym_client.requests import DEFAULT_TARGET
+from codegym_client.verl.episode import (
+    INFRASTRUCTURE_REASONS,
+    Episode,
+    Generate,
+    ParseToolCalls,
+    Tokenizer,
+    run_episode,
+    shared_client,
+    text_tool_parser,
+    visible_text,
+)
+
+if TYPE_CHECKING:
+    from codegym_client.verl.agent_loop import AGENT_NAME, CodeGymAgentLoop, verl_tool_parser
+    from codegym_client.verl.tool import CodeGymTool
+
+__all__ = [
+    "AGENT_NAME",
+    "INFRASTRUCTURE_REASONS",
+    "CodeGymAgentLoop",
+    "CodeGymTool",
+    "Episode",
+    "Generate",
+    "ParseToolCalls",
+    "Tokenizer",
+    "run_episode",
+    "shared_client",
+    "text_tool_parser",
+    "tool_config",
+    "verl_tool_parser",
+    "visible_text",
+]
+
+_LAZY = {
+    "AGENT_NAME": "agent_loop",
+    "CodeGymAgentLoop": "agent_loop",
+    "verl_tool_parser": "agent_loop",
+    "CodeGymTool": "tool",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def tool_config(schemas: list[dict[str, Any]], target: str = DEFAULT_TARGET) -> dict[str, Any]:
+    """verl's tool config (the YAML of `multi_turn.tool_config_path`) giving one `CodeGymTool`
+    per tool schema of one environment (`[json.loads(t.json_schema) for t in get_env(id).tools]`)."""
+    return {
+        "tools": [
+            {
+                "class_name": "codegym_client.verl.tool.CodeGymTool",
+                "config": {"type": "native", "target": target},
+                "tool_schema": schema,
+            }
+            for schema in schemas
+        ]
+    }

@@ -1,0 +1,365 @@
+"""One CodeGym episode as verl's agent loops play one: token ids in, token ids out. No verl here.
+
+`run_episode` is the whole episode of `CodeGymAgentLoop` as a plain async function, so it runs (and
+is tested) without verl or torch: a tokenizer with a chat template, a `generate` callable (verl's
+`server_manager.generate` bound to a request id) and an `AsyncRuntimeClient` in; prompt ids,
+response ids, the response mask, the reward and the episode's flags out.
+
+It builds the trajectory the way verl's `ToolAgentLoop` does (verl/experimental/agent_loop/
+tool_agent_loop.py): the prompt is the chat template of the row's messages with the tools; each
+model turn's tokens are appended as generated (mask 1); the tool messages of a turn are rendered with
+the chat template, the system prompt's tokens cut off (`initialize_system_prompt` in
+verl/utils/chat_template.py), and appended (mask 0, log-prob 0.0); the episode stops when the model
+calls no tool, after `max_turns` model turns, or when the response would pass `response_length`
+(a turn's tool messages that would pass it are not appended). What it adds:
+
+- one runtime session for the whole episode (opened from the row's `ability`, closed in `finally`),
+  every tool call a step of it; the episode also stops when the environment ends it (done or
+  truncated), right after the model's final call;
+- tool calls read from the turn's text outside `<think>...</think>` (verl's hermes parser reads them
+  anywhere, so a call the model only thought about would be run);
+- `reward` is the environment's final reward (1.0 for a right answer);
+- an infrastructure fault (the runtime unavailable after the client's retries, the session lost, a
+  step refused) ends the episode with `infrastructure_failure` set and its reason: the fault's text
+  is never a tool message, so it never reaches the model or the trajectory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Protocol
+
+import grpc
+
+from codegym_client.actions import ActionParseError, parse_function_calls
+from codegym_client.async_client import AsyncRuntimeClient
+from codegym_client.errors import CodeGymError
+
+__all__ = [
+    "INFRASTRUCTURE_REASONS",
+    "Episode",
+    "Generate",
+    "ParseToolCalls",
+    "Tokenizer",
+    "run_episode",
+    "shared_client",
+    "text_tool_parser",
+    "visible_text",
+]
+
+log = logging.getLogger(__name__)
+
+# CreateSession refusals that are the service's doing, not the row's (as in codegym_client.trl):
+# anything else (EnvNotFound, EnvFailed, InvalidRequest) means the data is wrong and is raised.
+INFRASTRUCTURE_REASONS = frozenset({"UNAVAILABLE", "CAPACITY", "INTERNAL", ""})
+
+ToolCall = tuple[str, str]  # (name, arguments as JSON text), as verl's FunctionCall carries them
+ParseToolCalls = Callable[[list[int]], Awaitable[list[ToolCall]]]
+Generate = Callable[[list[int]], Awaitable[Any]]  # prompt ids -> an object with token_ids (+ log_probs)
+
+
+class Tokenizer(Protocol):
+    """What the episode needs of a Hugging Face tokenizer."""
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
+
+    def encode(self, text: str, **kwargs: Any) -> Any: ...
+
+    def decode(self, token_ids: Any, **kwargs: Any) -> str: ...
+
+
+@dataclass
+class Episode:
+    """A played episode: verl's `AgentLoopOutput` fields, and what CodeGym adds as extra fields."""
+
+    prompt_ids: list[int] = field(default_factory=list)
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)  # 1: model tokens, 0: tool messages
+    response_logprobs: list[float] | None = None
+    reward: float = 0.0
+    done: bool = False
+    truncated: bool = False
+    steps: int = 0
+    assistant_turns: int = 0
+    user_turns: int = 0
+    stop: str = ""  # done, truncated, no_tool_call, max_turns, response_length, infrastructure
+    infrastructure_failure: bool = False
+    failure_reason: str = ""
+    env_id: str = ""
+    session_id: str = ""
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the conversation, for logs
+    metrics: dict[str, float] = field(default_factory=lambda: {"generate_sequences": 0.0, "tool_calls": 0.0})
+
+    @property
+    def num_turns(self) -> int:
+        """Chat turns, counted as verl's ToolAgentLoop counts them (user + assistant + 1)."""
+        return self.user_turns + self.assistant_turns + 1
+
+    def extra_fields(self) -> dict[str, Any]:
+        """What `CodeGymAgentLoop` puts in `AgentLoopOutput.extra_fields` (one column each in
+        verl's batch): drop or mask rows with `codegym_infrastructure_failure` before training."""
+        return {
+            "codegym_infrastructure_failure": self.infrastructure_failure,
+            "codegym_failure_reason": self.failure_reason,
+            "codegym_stop": self.stop,
+            "codegym_done": self.done,
+            "codegym_truncated": self.truncated,
+            "codegym_steps": self.steps,
+            "codegym_env_id": self.env_id,
+        }
+
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def visible_text(text: str) -> str:
+    """`text` without its reasoning: `<think>...</think>` blocks removed, everything before an
+    unmatched `</think>` (templates that open the think block in the prompt) and everything after
+    an unmatched `<think>` (reasoning cut off by the length limit)."""
+    text = _THINK.sub("", text)
+    _, closed, after = text.rpartition("</think>")
+    if closed:
+        text = after
+    opened = text.find("<think>")
+    return text if opened < 0 else text[:opened]
+
+
+_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def _hermes_calls(text: str) -> list[ToolCall]:
+    """verl's HermesToolParser on text: each `<tool_call>{"name", "arguments"}</tool_call>`; a
+    block that does not parse is dropped (as verl logs and drops it)."""
+    calls: list[ToolCall] = []
+    for block in _HERMES.findall(text):
+        try:
+            call = json.loads(block)
+            calls.append((str(call["name"]), json.dumps(call["arguments"], ensure_ascii=False)))
+        except (ValueError, KeyError, TypeError) as exc:
+            log.debug("dropping a tool call that does not parse: %s", exc)
+    return calls
+
+
+def _codegym_calls(text: str) -> list[ToolCall]:
+    """CodeGym's text protocol (`<|FunctionCallBegin|>[...]<|FunctionCallEnd|>`, the last block)."""
+    try:
+        actions = parse_function_calls(text)
+    except ActionParseError:
+        return []
+    return [(a.name, json.dumps(a.parameters, ensure_ascii=False)) for a in actions]
+
+
+TEXT_FORMATS: dict[str, Callable[[str], list[ToolCall]]] = {
+    "hermes": _hermes_calls,
+    "codegym": _codegym_calls,
+}
+
+
+def text_tool_parser(format: str, tokenizer: Tokenizer) -> ParseToolCalls:
+    """A parser for `format` that needs no verl: `hermes` (verl's default format) or `codegym`."""
+    try:
+        parse = TEXT_FORMATS[format]
+    except KeyError:
+        raise ValueError(f"no built-in parser for format {format!r}: {sorted(TEXT_FORMATS)}") from None
+
+    async def parse_ids(ids: list[int]) -> list[ToolCall]:
+        return parse(tokenizer.decode(ids, skip_special_tokens=False))
+
+    return parse_ids
+
+
+def _ids(value: Any) -> list[int]:
+    """Token ids from `apply_chat_template(tokenize=True)` (a list, or a mapping in transformers 5)."""
+    if isinstance(value, Mapping):
+        value = value["input_ids"]
+    return [int(i) for i in value]
+
+
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncRuntimeClient]] = (
+    weakref.WeakKeyDictionary()
+)
+_clients_lock = threading.Lock()
+
+
+def shared_client(target: str, timeout_s: float = 60.0) -> AsyncRuntimeClient:
+    """One `AsyncRuntimeClient` per target and running event loop (a gRPC aio channel belongs to
+    its loop): verl builds an agent loop, and a tool instance, per row or call, not per process."""
+    loop = asyncio.get_running_loop()
+    with _clients_lock:
+        clients = _clients.setdefault(loop, {})
+        client = clients.get(target)
+        if client is None:
+            client = clients[target] = AsyncRuntimeClient(target, timeout_s=timeout_s)
+        return client
+
+
+def _truncate(text: str, limit: int, side: str) -> str:
+    """verl's tool-response truncation (`max_tool_response_length`, `tool_response_truncate_side`)."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    if side == "left":
+        return text[:limit] + "...(truncated)"
+    if side == "right":
+        return "(truncated)..." + text[-limit:]
+    half = limit // 2
+    return text[:half] + "...(truncated)..." + text[-half:]
+
+
+async def run_episode(
+    client: AsyncRuntimeClient,
+    ability: str,
+    *,
+    tokenizer: Tokenizer,
+    generate: Generate,
+    parse_tool_calls: ParseToolCalls | None = None,
+    messages: Sequence[Mapping[str, Any]] | None = None,
+    max_turns: int = 0,
+    response_length: int = 8192,
+    max_tool_response_length: int = 0,
+    tool_response_truncate_side: str = "middle",
+    max_calls_per_turn: int = 1,
+    max_steps: int = 0,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> Episode:
+    """Play one episode of `ability` (`codegym_v1@{code_id}__{Env}@{config}`) in one session.
+
+    - `messages`: the prompt (verl's `raw_prompt`; `codegym export --tools json` writes one without
+      the text protocol). Without it, one user message: the task and the first observation.
+      The tools given to the chat template are the session's own (`CreateSession`'s JSON schemas).
+    - `generate(prompt_ids)`: one model turn; returns an object with `token_ids` and optionally
+      `log_probs` (verl's `TokenOutput`).
+    - `parse_tool_calls(ids)`: the turn's calls as (name, arguments JSON), given the turn's tokens
+      outside `<think>`; default: the hermes format, parsed as verl's `HermesToolParser` does.
+    - `max_turns`: model turns at most (0: no limit but the response length and the env's step cap).
+    - `max_calls_per_turn`: calls of one turn that are stepped, in order (the environment is one
+      state: they are steps one after the other; the default, 1, is CodeGym's one call per step).
+    """
+    loop = asyncio.get_running_loop()
+    template_kwargs = dict(chat_template_kwargs or {})
+    parse = parse_tool_calls or text_tool_parser("hermes", tokenizer)
+    episode = Episode()
+
+    async def render(conversation: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+        return _ids(
+            await loop.run_in_executor(
+                None,
+                lambda: tokenizer.apply_chat_template(
+                    conversation, tokenize=True, **{**template_kwargs, **kwargs}
+                ),
+            )
+        )
+
+    try:
+        try:
+            created = await client.create_session(ability=ability, max_steps=max_steps)
+        except CodeGymError as exc:
+            if exc.reason not in INFRASTRUCTURE_REASONS:
+                raise  # the row is wrong (unknown env, a config its env cannot start): fails again
+            return _failed(episode, "CreateSession", exc)
+        except grpc.RpcError as exc:
+            return _failed(episode, "CreateSession", exc)
+        episode.session_id, episode.env_id = created.session_id, created.env_id
+        tools = [json.loads(t.json_schema) for t in created.tools]
+        conversation = [dict(m) for m in messages or ()]
+        if not conversation:
+            first = (
+                f"{created.task_text}\n\n{created.observation}" if created.observation else created.task_text
+            )
+            conversation = [{"role": "user", "content": first}]
+        episode.messages = conversation
+        episode.prompt_ids = await render(conversation, tools=tools, add_generation_prompt=True)
+        # The system prompt the template adds to any conversation, cut from rendered tool messages.
+        one = await render([{"role": "user", "content": ""}], add_generation_prompt=False)
+        two = await render([{"role": "user", "content": ""}] * 2, add_generation_prompt=False)
+        system_prompt_len = len(one) - (len(two) - len(one))
+        logprobs: list[float] = []
+
+        while True:
+            if max_turns and episode.assistant_turns >= max_turns:
+                episode.stop = "max_turns"
+                break
+            started = time.monotonic()
+            output = await generate(episode.prompt_ids + episode.response_ids)
+            episode.metrics["generate_sequences"] += time.monotonic() - started
+            turn = [int(i) for i in output.token_ids]
+            episode.assistant_turns += 1
+            episode.response_ids += turn
+            episode.response_mask += [1] * len(turn)
+            turn_logprobs = getattr(output, "log_probs", None)
+            if turn_logprobs:
+                logprobs += [float(p) for p in turn_logprobs]
+            text = await loop.run_in_executor(None, partial(tokenizer.decode, turn, skip_special_tokens=True))
+            episode.messages.append({"role": "assistant", "content": text})
+            if len(episode.response_mask) >= response_length:
+                episode.stop = "response_length"
+                break
+            raw = tokenizer.decode(turn, skip_special_tokens=False)
+            shown = visible_text(raw)
+            visible = turn if shown == raw else _ids(tokenizer.encode(shown, add_special_tokens=False))
+            calls = await parse(visible)
+            if not calls:
+                episode.stop = "no_tool_call"
+                break
+
+            tool_messages: list[dict[str, Any]] = []
+            started = time.monotonic()
+            for name, arguments in calls[: max(1, max_calls_per_turn)]:
+                action = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+                try:
+                    result = await client.step(episode.session_id, action)
+                except grpc.RpcError as exc:  # every CodeGymError is one: not the model's doing
+                    _failed(episode, "Step", exc)
+                    break
+                episode.steps += 1
+                episode.reward = float(result.reward)
+                content = _truncate(
+                    str(result.observation), max_tool_response_length, tool_response_truncate_side
+                )
+                tool_messages.append({"role": "tool", "content": content})
+                if result.done or result.truncated:
+                    episode.done, episode.truncated = bool(result.done), bool(result.truncated)
+                    episode.stop = "truncated" if result.truncated and not result.done else "done"
+                    break
+            episode.metrics["tool_calls"] += time.monotonic() - started
+            if episode.infrastructure_failure or episode.stop:
+                break  # an outage: nothing from it is appended; an ended episode: the model's call is last
+
+            observation_ids = (await render(tool_messages, add_generation_prompt=True))[system_prompt_len:]
+            if len(episode.response_mask) + len(observation_ids) >= response_length:
+                episode.stop = "response_length"
+                break
+            episode.messages += tool_messages
+            episode.response_ids += observation_ids
+            episode.response_mask += [0] * len(observation_ids)
+            if logprobs:
+                logprobs += [0.0] * len(observation_ids)
+            episode.user_turns += 1
+
+        episode.response_ids = episode.response_ids[:response_length]
+        episode.response_mask = episode.response_mask[:response_length]
+        episode.response_logprobs = logprobs[:response_length] if logprobs else None
+        return episode
+    finally:
+        if episode.session_id:
+            try:
+                await client.close_session(episode.session_id)
+            except (grpc.RpcError, ValueError, RuntimeError) as exc:  # idle expiry reclaims it
+                log.warning("could not close CodeGym session %s: %s", episode.session_id, exc)
+
+
+def _failed(episode: Episode, call: str, exc: BaseException) -> Episode:
+    reason = exc.reason if isinstance(exc, CodeGymError) else type(exc).__name__
+    episode.infrastructure_failure = True
+    episode.failure_reason = f"{call}: {reason or 'UNKNOWN'}: {exc}"[:500]
+    episode.stop = "infrastructure"
+    log.warning("CodeGym episode ended by an infrastructure fault: %s", episode.failure_reason)
+    return episode

@@ -1,0 +1,175 @@
+"""`CodeGymTool`: CodeGym tools as verl `BaseTool`s, for users who stay on `ToolAgentLoop`. Imports verl.
+
+Prefer `CodeGymAgentLoop` (codegym_client/verl/agent_loop.py). This class exists because verl's
+`ToolAgentLoop._call_tool` (verl/experimental/agent_loop/tool_agent_loop.py) does, for every single
+tool call, `tool.create(create_kwargs=...)`, `tool.execute(instance_id, args, agent_data=...)` and
+`tool.release(instance_id)`: a tool instance lives for one call, while a CodeGym environment is one
+state for the whole episode. So the session here is keyed by the episode's request id
+(`agent_data.request_id`, one per `ToolAgentLoop.run`), not by the tool instance.
+
+Limits (what `ToolAgentLoop` does not tell a tool, and what follows):
+
+- **Session end.** verl never tells a tool that an episode is over. A session is closed when the
+  environment ends the episode (done or truncated); an episode cut short by verl (no tool call,
+  the turn cap, the response length) leaves its session open until `CodeGymTool.close_idle()`
+  (called at every `create`, closing sessions idle for `idle_s`, default 600 s), `close_all()`, or
+  the runtime's own idle expiry (`--session-ttl-s`, 30 min by default).
+- **Reward.** `ToolAgentLoop` puts each call's tool reward in `extra_fields["tool_rewards"]` and
+  never sets `reward_score` nor calls `calc_reward`; the step that ends the episode returns the
+  final reward as its tool reward (others 0.0), so the episode's reward is the sum of
+  `tool_rewards`: read it in your reward function (verl's reward loop gets `tool_extra_fields`).
+- **Infrastructure faults.** `ToolAgentLoop` turns every `Exception` a tool raises into a tool
+  message for the model ("Error when executing tool: ..."). So a fault of the runtime (unavailable
+  after the client's retries, the session lost) raises `InfrastructureFailure`, a `BaseException`:
+  it fails the rollout batch instead of putting the outage in the training data. A call after the
+  episode ended raises `EpisodeEnded` (an ordinary error, which the model is shown).
+- **Tool calls in `<think>`.** The tool parser of `ToolAgentLoop` runs on the whole turn, reasoning
+  included; nothing a tool can do about it. `CodeGymAgentLoop` ignores them.
+- **Tool sets.** `ToolAgentLoop` shows every row the tools of its tool config file: one
+  environment's tools per run (or environments with the same tools); one `CodeGymTool` entry per
+  tool, e.g. written by `codegym_client.verl.tool_config(schemas, target)`. verl's schema model keeps only the
+  `type`, `description` and `enum` of a parameter (an array's `items` is dropped).
+- **Parallel calls.** Keep `multi_turn.max_parallel_calls: 1`: calls of one turn run concurrently,
+  in no set order, and an environment's steps are one after the other.
+
+The row gives the ability in its tools kwargs (`extra_info.tools_kwargs`, `{tool name:
+{"create_kwargs": {"ability": ...}}}`); one entry under any name is enough, every call of the
+episode finds it through `agent_data.tools_kwargs`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import time
+from typing import Any, ClassVar
+from uuid import uuid4
+
+import grpc
+
+from codegym_client.errors import CodeGymError
+from codegym_client.requests import DEFAULT_TARGET
+from codegym_client.trl import EpisodeEnded, InfrastructureFailure
+from codegym_client.verl.episode import INFRASTRUCTURE_REASONS, shared_client
+
+__all__ = ["CodeGymTool", "EpisodeEnded", "InfrastructureFailure"]
+
+# verl is the trainer's dependency, not the client's: the client's import fence
+# (tests/test_client_install.py) admits no import statement of a third-party package.
+BaseTool = importlib.import_module("verl.tools.base_tool").BaseTool
+ToolResponse = importlib.import_module("verl.tools.schemas").ToolResponse
+
+ENDED_KEPT = 10_000  # ended episodes remembered (request id -> reward), to answer late calls
+
+
+class _Session:
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.session_id = ""
+        self.used = time.monotonic()
+        self.target = ""
+
+
+class CodeGymTool(BaseTool):  # type: ignore[misc,valid-type]  # verl is imported by name: Any
+    """One CodeGym tool (its schema from the tool config), stepping the episode's session (see the
+    module's docstring for its limits). Config keys: `target` (`HOST:PORT`), `timeout_s`, `idle_s`,
+    `max_steps`."""
+
+    _sessions: ClassVar[dict[str, _Session]] = {}  # request id -> the episode's session
+    _ended: ClassVar[dict[str, float]] = {}  # request id -> final reward
+
+    def __init__(self, config: dict[str, Any], tool_schema: Any) -> None:
+        super().__init__(config, tool_schema)
+        self.target = str(config.get("target") or DEFAULT_TARGET)
+        self.timeout_s = float(config.get("timeout_s") or 60.0)
+        self.idle_s = float(config.get("idle_s") or 600.0)
+        self.max_steps = int(config.get("max_steps") or 0)
+        self._abilities: dict[str, str] = {}  # instance id -> ability from create_kwargs
+
+    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, Any]:
+        instance_id = instance_id or uuid4().hex
+        ability = (kwargs.get("create_kwargs") or {}).get("ability")
+        if isinstance(ability, str):
+            self._abilities[instance_id] = ability
+        await self.close_idle(self.idle_s)
+        return instance_id, ToolResponse()
+
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[Any, float, dict[str, Any]]:
+        agent_data = kwargs.get("agent_data")
+        request_id = str(getattr(agent_data, "request_id", "") or instance_id)
+        if request_id in self._ended:
+            raise EpisodeEnded(f"the episode has ended: {self.name} was not run")
+        session = self._sessions.setdefault(request_id, _Session())
+        client = shared_client(self.target, self.timeout_s)
+        async with session.lock:
+            session.used = time.monotonic()
+            if not session.session_id:
+                ability = self._abilities.get(instance_id) or _ability(agent_data)
+                if not ability:
+                    raise ValueError("no 'ability' in the row's tools_kwargs create_kwargs")
+                try:
+                    created = await client.create_session(ability=ability, max_steps=self.max_steps)
+                except CodeGymError as exc:
+                    if exc.reason in INFRASTRUCTURE_REASONS:
+                        raise InfrastructureFailure(f"CreateSession failed: {exc.reason or exc}") from exc
+                    raise
+                except grpc.RpcError as exc:
+                    raise InfrastructureFailure(f"CreateSession failed: {exc}") from exc
+                session.session_id, session.target = created.session_id, self.target
+            try:
+                result = await client.step(session.session_id, {"name": self.name, "parameters": parameters})
+            except grpc.RpcError as exc:  # every CodeGymError is one: the runtime's doing, not the model's
+                raise InfrastructureFailure(f"Step failed: {getattr(exc, 'reason', '') or exc}") from exc
+            ended = bool(result.done or result.truncated)
+            if ended:
+                self._remember_end(request_id, float(result.reward))
+                await self._close(request_id)
+        reward = float(result.reward) if ended else 0.0
+        metrics = {"done": bool(result.done), "truncated": bool(result.truncated), "step": result.step_index}
+        return ToolResponse(text=str(result.observation)), reward, metrics
+
+    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
+        """The ended episode's reward, by request id (`agent_data`) or instance id; else 0.0."""
+        agent_data = kwargs.get("agent_data")
+        return self._ended.get(str(getattr(agent_data, "request_id", "") or instance_id), 0.0)
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        # One call ends, not the episode: the session stays (see the module's docstring).
+        self._abilities.pop(instance_id, None)
+
+    @classmethod
+    def _remember_end(cls, request_id: str, reward: float) -> None:
+        cls._ended[request_id] = reward
+        while len(cls._ended) > ENDED_KEPT:
+            cls._ended.pop(next(iter(cls._ended)))
+
+    async def _close(self, request_id: str) -> None:
+        session = self._sessions.pop(request_id, None)
+        if session is None or not session.session_id:
+            return
+        with contextlib.suppress(grpc.RpcError):  # else the runtime's idle expiry reclaims it
+            await shared_client(session.target or self.target, self.timeout_s).close_session(
+                session.session_id
+            )
+
+    async def close_idle(self, idle_s: float) -> None:
+        """Close the sessions no call has used for `idle_s` seconds (episodes verl cut short)."""
+        now = time.monotonic()
+        for request_id, session in list(self._sessions.items()):
+            if now - session.used >= idle_s and not session.lock.locked():
+                await self._close(request_id)
+
+    async def close_all(self) -> None:
+        """Close every session this process holds (at the end of a rollout or of training)."""
+        await self.close_idle(0.0)
+
+
+def _ability(agent_data: Any) -> str:
+    for entry in (getattr(agent_data, "tools_kwargs", None) or {}).values():
+        ability = ((entry or {}).get("create_kwargs") or {}).get("ability")
+        if isinstance(ability, str):
+            return ability
+    return ""
