@@ -29,7 +29,15 @@ from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
-from codegym_cli.pipeline_state import PipelineState, StageOutcome
+from codegym_cli.pipeline_state import (
+    PipelineState,
+    StageOutcome,
+    parse_status,
+    passed,
+    rejected,
+    usage_fields,
+)
+from codegym_cli.pipeline_trust import CHECK_DEADLINE_S, TrustStages
 from services.synthesis.problems import Problem
 
 STAGES = (
@@ -50,7 +58,6 @@ LLM_STAGES = ("environment", "unit_tests", "hard_tests", "solve_functions")
 # gRPC codes that say "this request will never succeed": the stage is rejected, not retried later.
 FINAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
 LLM_DEADLINE_S = 3600.0
-CHECK_DEADLINE_S = 600.0
 DIFFICULTY = {"easy": cm.DIFFICULTY_EASY, "medium": cm.DIFFICULTY_MEDIUM, "hard": cm.DIFFICULTY_HARD}
 
 Progress = Callable[[str, str, StageOutcome], None]
@@ -87,36 +94,7 @@ class PipelineConfig:
         return tuple(s for s in STAGES if not off.get(s, False))
 
 
-def usage_fields(usage: sy.TokenUsage) -> dict[str, int]:
-    return {
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "llm_requests": usage.requests,
-        "cache_hits": usage.cache_hits,
-    }
-
-
-def parse_status(status: int) -> str:
-    return sy.ParseStatus.Name(status).removeprefix("PARSE_STATUS_").lower()  # type: ignore[arg-type]
-
-
-def with_usage(outcome: StageOutcome, usage: dict[str, int] | None) -> StageOutcome:
-    for key, value in (usage or {}).items():
-        setattr(outcome, key, value)
-    return outcome
-
-
-def passed(data: dict[str, Any], usage: dict[str, int] | None = None) -> StageOutcome:
-    return with_usage(StageOutcome("passed", data=data), usage)
-
-
-def rejected(
-    reason: str, data: dict[str, Any] | None = None, usage: dict[str, int] | None = None
-) -> StageOutcome:
-    return with_usage(StageOutcome("rejected", reason=reason, data=data or {}), usage)
-
-
-class Pipeline:
+class Pipeline(TrustStages):
     """Runs problems through the stages. Build inside the running loop."""
 
     def __init__(
@@ -346,111 +324,6 @@ class Pipeline:
         data["tasks"] = [
             {**t, "solve_fc_round": r.solve_fc_round} for t, r in zip(tests, response.tasks, strict=True)
         ]
-        return passed(data)
-
-    async def _negative_controls(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        tasks = done["solvability"]["tasks"]
-        response = await self.verification.CheckNegativeControls(
-            vf.CheckNegativeControlsRequest(
-                env_source=done["solvability"]["oracle_env_source"],
-                cases=[
-                    vf.ShortcutCase(config_json=t["config_json"], answer_json=t["answer_json"]) for t in tasks
-                ],
-                case_time_ms=self.config.solvability.case_time_ms,
-                case_memory_mb=self.config.solvability.case_memory_mb,
-            ),
-            timeout=CHECK_DEADLINE_S,
-        )
-        data: dict[str, Any] = {
-            "tests": response.tests,
-            "controls": response.controls,
-            "kinds": dict(sorted(response.kinds.items())),
-            "runs": response.runs,
-            "cpu_ms": response.cpu_ms,
-            "failed_runs": response.failed_runs,
-            "paid": [
-                {
-                    "config_json": p.config_json,
-                    "kind": p.kind,
-                    "answer": p.answer_json,
-                    "reference": p.reference_json,
-                    "reward": p.reward,
-                    "observation": p.observation,
-                }
-                for p in response.paid
-            ],
-        }
-        if response.first_failure:
-            data["first_failure"] = response.first_failure
-        if response.verdict != vf.VERDICT_PASS:
-            return rejected("; ".join(response.reasons), data)
-        return passed(data)
-
-    async def _determinism(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        solvability = done["solvability"]
-        oracle = done["solve_functions"]["candidates"][solvability["oracle_index"]]
-        response = await self.verification.CheckDeterminism(
-            vf.CheckDeterminismRequest(
-                env_source=solvability["oracle_env_source"],
-                solve_source=oracle["solve_source"],
-                config_jsons=[t["config_json"] for t in solvability["tasks"]],
-                tests=self.config.determinism_tests,
-                case_time_ms=self.config.solvability.case_time_ms,
-                case_memory_mb=self.config.solvability.case_memory_mb,
-                max_steps=self.config.solvability.max_steps,
-            ),
-            timeout=CHECK_DEADLINE_S,
-        )
-        data: dict[str, Any] = {
-            "compared": response.compared,
-            "runs": response.runs,
-            "cpu_ms": response.cpu_ms,
-            "differences": [
-                {
-                    "config_json": d.config_json,
-                    "step": d.step,
-                    "what": d.what,
-                    "first": d.first,
-                    "second": d.second,
-                }
-                for d in response.differences[:5]
-            ],
-            "resident_steps": response.resident_steps,
-            "resident_served": response.resident_served,
-        }
-        if response.HasField("resident_difference"):
-            d = response.resident_difference
-            data["resident_difference"] = {
-                "config_json": d.config_json,
-                "step": d.step,
-                "what": d.what,
-                "resident": d.first,
-                "cold": d.second,
-            }
-        if response.verdict != vf.VERDICT_PASS:
-            return rejected("; ".join(response.reasons), data)
-        return passed(data)
-
-    async def _guessability(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        tasks = done["solvability"]["tasks"]
-        response = await self.verification.MeasureGuessability(
-            vf.MeasureGuessabilityRequest(
-                cases=[
-                    vf.ShortcutCase(config_json=t["config_json"], answer_json=t["answer_json"]) for t in tasks
-                ],
-                max_guess_rate=self.config.max_guess_rate,
-            ),
-            timeout=CHECK_DEADLINE_S,
-        )
-        data: dict[str, Any] = {
-            "guess_rate": round(response.guess_rate, 4),
-            "most_frequent": response.most_frequent_json,
-            "rates": {
-                t["config_json"]: round(r, 4) for t, r in zip(tasks, response.guess_rates, strict=True)
-            },
-        }
-        if response.verdict != vf.VERDICT_PASS:
-            return rejected("; ".join(response.reasons), data)
         return passed(data)
 
     async def _filters(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from codegym.synthesis.v1 import synthesis_service_pb2 as sy
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,
@@ -216,3 +218,35 @@ class PipelineState:
             at, stage, status, reason = last.get(pid, (0.0, "", "pending", ""))
             reports.append({"problem_id": pid, "stage": stage, "status": status, "reason": reason})
         return reports
+
+
+# ---- building outcomes -----------------------------------------------------------------------
+
+
+def usage_fields(usage: sy.TokenUsage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "llm_requests": usage.requests,
+        "cache_hits": usage.cache_hits,
+    }
+
+
+def parse_status(status: int) -> str:
+    return sy.ParseStatus.Name(status).removeprefix("PARSE_STATUS_").lower()  # type: ignore[arg-type]
+
+
+def with_usage(outcome: StageOutcome, usage: dict[str, int] | None) -> StageOutcome:
+    for key, value in (usage or {}).items():
+        setattr(outcome, key, value)
+    return outcome
+
+
+def passed(data: dict[str, Any], usage: dict[str, int] | None = None) -> StageOutcome:
+    return with_usage(StageOutcome("passed", data=data), usage)
+
+
+def rejected(
+    reason: str, data: dict[str, Any] | None = None, usage: dict[str, int] | None = None
+) -> StageOutcome:
+    return with_usage(StageOutcome("rejected", reason=reason, data=data or {}), usage)
