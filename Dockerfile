@@ -49,11 +49,12 @@ WORKDIR /var/lib/codegym
 
 # ---- sandbox: the worker that runs untrusted code in nsjail jails -----------------------------
 # Runs as root inside its container, the one role that does: nsjail creates user, pid, mount,
-# net, ipc, uts and cgroup namespaces, writes each jail's uid/gid map (outside uids 200000+i,
-# which needs CAP_SETUID/CAP_SETGID over ids the worker does not own), mounts a fresh /proc and
+# net, ipc, uts and cgroup namespaces, writes each jail's uid/gid map (4096 outside ids from
+# 200000+i*4096, which needs CAP_SETUID/CAP_SETGID over ids the worker does not own), mounts a fresh /proc and
 # tmpfs inside the jail, and creates the jails' memory/pids cgroups under /sys/fs/cgroup. In
 # Kubernetes this means a privileged container (see k8s/README.md). The jailed code itself never
-# runs as root: it is uid 65534 inside its jail, an unprivileged uid outside.
+# runs as root: every process the jail's zygote forks has an id of its own (1-4095) with no
+# capability, an unprivileged uid outside.
 FROM app AS sandbox
 # hadolint ignore=DL3002
 USER 0:0

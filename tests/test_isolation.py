@@ -2,9 +2,10 @@
 neighbours, so their episodes are exactly what they would be alone.
 
 Everything runs in one jail (one worker, `--jails 1`), so every victim's process sits beside the
-hostile one's. The hostile session leaves a thread behind in its resident process that keeps
-sending SIGSTOP and SIGKILL to every pid while the victims step, and between the victims' steps it
-lists /proc, reads whatever it can of every pid, and signals every pid and `kill(-1)`.
+hostile one's. The hostile session tries to leave a thread behind that keeps sending SIGSTOP and
+SIGKILL to every pid (the zygote does not keep a process with a thread left running: it ends with
+the step), and between the victims' steps it lists /proc, reads whatever it can of every pid, and
+signals every pid and `kill(-1)`.
 """
 
 from __future__ import annotations

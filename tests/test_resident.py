@@ -30,7 +30,7 @@ RESIDENT_ENV = (
     HOSTILE_TEMPLATE.format(preamble="COUNTS = []", body="        pass")
     .replace(
         '{"Observe": 0, "Evil": 1, "Done": 2}',
-        '{"Observe": 0, "Bump": 1, "Slow": 2, "Fork": 3, "Hog": 4, "Done": 5}',
+        '{"Observe": 0, "Bump": 1, "Slow": 2, "Fork": 3, "Hog": 4, "Linger": 5, "Done": 6}',
     )
     .replace(
         "    def Done(self, answer):",
@@ -58,6 +58,11 @@ RESIDENT_ENV = (
         hog = []
         while True:
             hog.append(" " * 2 ** 20)
+
+    def Linger(self):
+        import threading, time
+        threading.Thread(target=lambda: time.sleep(60), daemon=True).start()
+        return "lingering"
 
     def Done(self, answer):""",
     )
@@ -159,6 +164,23 @@ def test_a_stale_state_runs_cold_from_that_state(stub: pb_grpc.SandboxServiceStu
     session.state = committed  # as if neither step had been committed
     again = session.step(call("Bump"))
     assert not again.resident and again.observation == "class 1 module 1 own 1"
+
+
+def test_a_process_that_leaves_a_thread_running_is_not_kept(stub: pb_grpc.SandboxServiceStub) -> None:
+    """A thread left behind would run on while other sessions step: the answer stands, the process
+    goes, and the next step runs cold from the committed state."""
+    session = Session(stub, "linger", RESIDENT_ENV)
+    assert session.step(call("Bump")).observation == "class 1 module 1 own 1"
+    assert session.step(call("Bump")).resident
+    assert session.step(call("Linger")).observation == "lingering"  # the answer stands
+    after = session.step(call("Bump"))
+    # The process was not kept: a fresh one (class and module state start again) from the committed
+    # state (the env's own count goes on).
+    assert not after.resident
+    assert (
+        after.observation.startswith("class 1 module 1 own ")
+        and after.observation != "class 1 module 1 own 1"
+    )
 
 
 def test_sessions_of_one_env_never_share_class_or_module_state(stub: pb_grpc.SandboxServiceStub) -> None:

@@ -76,8 +76,16 @@ def mounts_under_tmp() -> frozenset[str]:
     return frozenset(keep)
 
 
+def in_jail() -> bool:
+    """Whether this process is the init of its own pid namespace (the zygote in its jail): the
+    cleanup below acts on everything it can see, which outside a jail would be the host."""
+    return os.getpid() == 1
+
+
 def wipe_tmp(folder: str = "/tmp") -> None:
     """Empty the jail's tmpfs so no file outlives the request that wrote it (mounts stay)."""
+    if not in_jail():
+        return
     try:
         entries = list(os.scandir(folder))
     except OSError:
@@ -97,6 +105,8 @@ def wipe_tmp(folder: str = "/tmp") -> None:
 
 def kill_leftovers(keep: set[int]) -> None:
     """Kill every process in the jail but this one and `keep` (resident sessions, the spare), and reap."""
+    if not in_jail():
+        return
     me = os.getpid()
     victims: set[int] = set()
     for name in os.listdir("/proc"):

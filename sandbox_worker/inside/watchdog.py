@@ -15,6 +15,10 @@ from typing import Any
 
 from .frames import HEADER
 
+# What the zygote itself adds to a result (whether it reaped the child) and what the worker adds (a
+# jail that died): a child that wrote them into its own result would steer its own handling.
+ZYGOTE_KEYS = ("reaped", "jail_died", "id")
+
 
 def child_status(
     pid: int,
@@ -110,6 +114,9 @@ def collect(
         try:
             result = json.loads(bytes(buf[HEADER.size : need]))
             if isinstance(result, dict):
+                # Keys only the zygote and the worker may set: a child's own say is never taken.
+                for key in ZYGOTE_KEYS:
+                    result.pop(key, None)
                 return result
         except ValueError:
             pass

@@ -49,6 +49,18 @@ PRELOAD = (
 MAX_FDS = 1024
 
 
+def single_threaded(pid: int) -> bool:
+    """Whether a session's process runs nothing but its main thread after its step.
+
+    A thread its code left running would go on while other sessions' steps run (filling the jail's
+    /tmp, holding ports): such a process is not kept; the answer stands and the next step runs cold.
+    Read from outside the process, so its own code cannot answer for it."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) == 1
+    except OSError:
+        return False
+
+
 class Zygote:
     """Serves requests one at a time: one-shot operations in a child forked *before* the request
     arrived, steps of resident sessions in that session's own child.
@@ -194,7 +206,13 @@ class Zygote:
         with contextlib.suppress(OSError):
             frames.write_all(req_w, frames.encode(req))
         result = collect(pid, res_r, started, req["limits"], self.settings.max_result_bytes)
-        if key and not result.get("reaped") and result.get("status") == "ok" and result.get("state_sha"):
+        if (
+            key
+            and not result.get("reaped")
+            and result.get("status") == "ok"
+            and result.get("state_sha")
+            and single_threaded(pid)
+        ):
             self.residents[key] = Resident(pid, req_w, res_r, str(result.pop("state_sha")), self.spare_uid)
             result["resident"] = False
             return result, None
@@ -214,7 +232,13 @@ class Zygote:
         result = collect(
             held.pid, held.res_r, started, req["limits"], self.settings.max_result_bytes, held.pidfd
         )
-        if not result.pop("reaped", False) and result.get("status") == "ok" and result.get("state_sha"):
+        reaped = result.pop("reaped", False)
+        if (
+            not reaped
+            and result.get("status") == "ok"
+            and result.get("state_sha")
+            and single_threaded(held.pid)
+        ):
             held.version = str(result.pop("state_sha"))
             held.last_used = time.monotonic()
             result["resident"] = True
@@ -243,8 +267,9 @@ class Zygote:
         held = self.residents.pop(key, None)
         if held is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(held.pid, signal.SIGKILL)
+        # By its pidfd, not its pid: a pid reaped meanwhile may belong to another process by now.
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(held.pidfd, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(held.pid, 0)
         for fd in (held.req_w, held.res_r, held.pidfd):
@@ -254,6 +279,10 @@ class Zygote:
     def cleanup(self, req: dict[str, Any], pid: int | None) -> None:
         """After answering: reap the child, kill whatever else ran, evict idle sessions, fork the next spare."""
         if pid is not None:
+            # It has answered: whatever it still does (a sleep after writing its own result) must
+            # not hold the jail, so it is killed before it is reaped.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         cap = self.settings.resident_cap
