@@ -95,6 +95,12 @@ class Reason(enum.Enum):
         "an infrastructure fault (no worker answered, a store or replica down, draining); nothing "
         "was applied",
     )
+    OUTCOME_UNKNOWN = row(
+        "OUTCOME_UNKNOWN",
+        "only a step sent with its step_index",
+        "the session store failed while the step was being committed: it may have been applied; "
+        "resent with its index, the step is answered from the record, never applied twice",
+    )
     UPSTREAM_REJECTED = row(
         "UPSTREAM_REJECTED",
         "never",

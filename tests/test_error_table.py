@@ -88,3 +88,19 @@ def test_every_reason_has_one_status_and_a_client_exception() -> None:
     for reason in Reason:
         assert hasattr(client, reason.value.client_error), reason
         assert isinstance(reason.code, grpc.StatusCode)
+
+
+def test_a_step_whose_commit_failed_is_resent_only_with_its_index() -> None:
+    """OUTCOME_UNKNOWN (the store failed during the commit) is an UNAVAILABLE that may have been
+    applied: resending a step without its index could apply it twice; with it, the runtime answers
+    from its record."""
+    from codegym_client.errors import CodeGymError
+    from codegym_client.resend import resend_kind
+
+    def answered(reason: str) -> CodeGymError:
+        return CodeGymError(grpc.StatusCode.UNAVAILABLE, "store down", "Step", [(REASON_TRAILER, reason)])
+
+    assert resend_kind(answered("OUTCOME_UNKNOWN"), repeatable=False) == ""
+    assert resend_kind(answered("OUTCOME_UNKNOWN"), repeatable=True) == "now"
+    assert resend_kind(answered("UNAVAILABLE"), repeatable=False) == "now"  # nothing was applied
+    assert Reason.OUTCOME_UNKNOWN.code == grpc.StatusCode.UNAVAILABLE

@@ -188,6 +188,9 @@ REASONS: dict[str, tuple[grpc.StatusCode, type[CodeGymError]]] = {
     "STEP_CONFLICT": (grpc.StatusCode.ABORTED, StepConflict),
     "CAPACITY": (grpc.StatusCode.RESOURCE_EXHAUSTED, CapacityExceeded),
     "UNAVAILABLE": (grpc.StatusCode.UNAVAILABLE, RuntimeUnavailable),
+    # The store failed while a step was being committed: applied or not, nobody knows. Safe to
+    # resend only with the step's index (the runtime then answers from its record).
+    "OUTCOME_UNKNOWN": (grpc.StatusCode.UNAVAILABLE, RuntimeUnavailable),
     # The synthesis server's (an LLM endpoint refusing the request); no runtime call answers it.
     "UPSTREAM_REJECTED": (grpc.StatusCode.FAILED_PRECONDITION, CodeGymError),
     "INTERNAL": (grpc.StatusCode.INTERNAL, CodeGymError),

@@ -69,6 +69,8 @@ def resend_kind(error: CodeGymError, repeatable: bool) -> str:
     UNAVAILABLE: by the error table, nothing was applied then.
     """
     sent = reason_sent(error.trailing_metadata())
+    if sent == "OUTCOME_UNKNOWN":  # the step may have been applied: only a step with its index
+        return "now" if repeatable else ""
     if sent:  # the runtime (not the way to it) answered: only its UNAVAILABLE clears up by itself
         return "now" if sent == "UNAVAILABLE" and error.code() == grpc.StatusCode.UNAVAILABLE else ""
     if not repeatable or error.code() not in LOST_REPLY:

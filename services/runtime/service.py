@@ -40,7 +40,7 @@ from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from services.dispatcher import SandboxDispatcher, SandboxUnavailable
 from services.runtime.catalog import Catalog, tool_specs
 from services.runtime.requests import action_text, config_json, shown
-from services.runtime.sessions import Session, SessionStore
+from services.runtime.sessions import Session, SessionStore, StoreUnavailable
 from services.runtime.streaming import batch_step, step_stream
 
 log = logging.getLogger(__name__)
@@ -272,7 +272,17 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             )
             session.last_reply = reply.SerializeToString()
             session.last_action = action_digest(action)
-            if not await self.store.commit(session, started_at):
+            try:
+                committed = await self.store.commit(session, started_at)
+            except StoreUnavailable as exc:
+                # Unlike any earlier failure, the commit may have happened before the store failed.
+                raise Refusal(
+                    Reason.OUTCOME_UNKNOWN,
+                    f"session {shown(session_id)}: the step's commit failed ({exc}); it may have been "
+                    f"applied: resend it with step_index {started_at} to learn its outcome",
+                    self.config.retry_after_ms,
+                ) from None
+            if not committed:
                 # Another replica applied a step to this session meanwhile (our lease ran out).
                 raise Refusal(
                     Reason.STEP_CONFLICT,
