@@ -116,7 +116,7 @@ class WorkerQueue:
             else:
                 request = sb.ExecuteBatchRequest(operations=ops)
                 batch_response = await self.stub.ExecuteBatch(
-                    request, timeout=wall_s * len(ops) + DEADLINE_SLACK_S
+                    request, timeout=wall_s * RUNS_PER_OPERATION * len(ops) + DEADLINE_SLACK_S
                 )
                 results = list(batch_response.results)
             for (_, future), result in zip(batch, results, strict=True):
@@ -252,7 +252,7 @@ class SandboxDispatcher:
     async def _call_batch(self, ops: list[sb.Operation]) -> list[sb.OperationResult]:
         wall_s = max((op.limits.wall_ms or 5000) for op in ops) / 1000
         # Operations of one call share the worker's jails: allow for them running one after another.
-        timeout = wall_s * max(1, len(ops)) + DEADLINE_SLACK_S
+        timeout = wall_s * RUNS_PER_OPERATION * max(1, len(ops)) + DEADLINE_SLACK_S
         request = sb.ExecuteBatchRequest(operations=ops)
         response = await self._retrying(
             lambda: self.stub.ExecuteBatch(request, timeout=timeout, wait_for_ready=True)

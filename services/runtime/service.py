@@ -341,12 +341,20 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     Reason.SESSION_NOT_FOUND,
                     f"session {shown(request.session_id)} was closed during the reset",
                 )
+            started_at = session.step_index
             session.state = result.state
             session.step_index = 0
             session.reward = 0.0
             session.done = session.truncated = False
+            session.last_reply, session.last_action = b"", ""
             session.touch()
-            await self.store.put(session)
+            # Fenced like a step: a replica that stalled past its lease must not roll the session
+            # back to step 0 under a client that moved on through another replica.
+            if not await self.store.commit(session, started_at):
+                raise Refusal(
+                    Reason.STEP_CONFLICT,
+                    f"session {shown(request.session_id)} moved on while the reset ran; it was not applied",
+                )
             return rt.ResetResponse(observation=result.observation)
 
     async def _expire(self) -> None:

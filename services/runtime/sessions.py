@@ -7,8 +7,8 @@ lock that serializes steps (a lease across replicas in Redis), a commit that app
 result only if the session is still at the step index the step started from, and a touch that
 renews only the session's idle time under the same condition.
 
-Only `put` writes unconditionally, and only what creates or resets a session uses it: anything a
-step writes is conditional, because with several replicas the step that wrote last is not
+Only `put` writes unconditionally, and only creating a session uses it: anything a step or a
+reset writes is conditional, because with several replicas the step that wrote last is not
 necessarily the one that started last (a replica can stall past its lease while another steps on).
 """
 
