@@ -39,13 +39,13 @@ from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from services.dispatcher import SandboxDispatcher, SandboxUnavailable
 from services.runtime.catalog import Catalog, tool_specs
+from services.runtime.outcomes import action_digest, env_failed, recorded_reply, step_error
 from services.runtime.requests import action_text, config_json, shown
 from services.runtime.sessions import Session, SessionStore, StoreUnavailable
 from services.runtime.streaming import batch_step, step_stream
 
 log = logging.getLogger(__name__)
 
-LIMIT_STATUSES = (sb.STATUS_MEMORY_LIMIT, sb.STATUS_OUTPUT_LIMIT, sb.STATUS_KILLED, sb.STATUS_CRASHED)
 SERVICE_NAME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
 
 
@@ -61,10 +61,6 @@ class RuntimeConfig:
     max_action_bytes: int = 64 * 1024
     max_batch: int = 1024
     retry_after_ms: int = 1_000
-
-
-def action_digest(action: str) -> str:
-    return hashlib.sha256(action.encode()).hexdigest()
 
 
 def session_seed(session_id: str) -> int:
@@ -137,15 +133,6 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 message = f"sandbox call failed ({exc.code().name}): {exc.details()}"
             raise Refusal(Reason.UNAVAILABLE, message, self.config.retry_after_ms) from None
 
-    @staticmethod
-    def _refusal_from(result: sb.OperationResult, what: str) -> Refusal:
-        """The environment's own failure at create or reset (the worker already retried anything that
-        may have come from outside): it fails the same way every time, so ENV_FAILED, never a
-        capacity or availability status a trainer would retry for ever."""
-        detail = result.message or sb.Status.Name(result.status)
-        kind = sb.Status.Name(result.status).removeprefix("STATUS_").lower()
-        return Refusal(Reason.ENV_FAILED, f"{what}: the environment failed ({kind}): {detail}")
-
     # ---- sessions -----------------------------------------------------------------------------
 
     async def _create(self, request: rt.CreateSessionRequest) -> rt.CreateSessionResponse:
@@ -181,7 +168,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         )
         result = await self._execute(op, record, session_id)
         if result.status != sb.STATUS_OK:
-            raise self._refusal_from(result, f"creating {record.env_id}")
+            raise env_failed(result, f"creating {record.env_id}")
         session = Session(
             session_id=session_id,
             env_id=record.env_id,
@@ -232,7 +219,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             record = self.catalog.env(session.env_id)
             action, error = self._action(request, record)
             if request.HasField("step_index") and request.step_index != session.step_index:
-                return self._retried(session, request.step_index, action)
+                return recorded_reply(session, request.step_index, action)
             if error is None:
                 op = sb.Operation(
                     source=sb.SourceRef(sha256=record.sha256),
@@ -241,7 +228,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     step=sb.StepOp(state=session.state, action=action, session_key=session_id),
                 )
                 result = await self._execute(op, record, session_id)
-                error = self._step_error(result)
+                error = step_error(result)
                 if await self.store.get(session_id) is None:
                     # Closed (or expired) while the step ran: do not bring it back.
                     raise Refusal(
@@ -290,38 +277,6 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 )
             return reply
 
-    @staticmethod
-    def _retried(session: Session, step_index: int, action: str) -> rt.StepResponse:
-        """A step sent again after its reply was lost: answered from the record, never applied twice.
-
-        Only the same action gets the record: another action with that index is a caller that
-        missed a step someone else applied, which must hear so rather than get another's reply."""
-        if step_index == session.step_index - 1 and session.last_reply:
-            if not session.last_action or session.last_action == action_digest(action):
-                return rt.StepResponse.FromString(session.last_reply)
-            raise Refusal(
-                Reason.STEP_CONFLICT,
-                f"step {step_index} of session {shown(session.session_id)} was applied with another action; "
-                f"the session is at step {session.step_index}",
-            )
-        raise Refusal(
-            Reason.STEP_CONFLICT,
-            f"session {shown(session.session_id)} is at step {session.step_index}, not {step_index}",
-        )
-
-    @staticmethod
-    def _step_error(result: sb.OperationResult) -> rt.StepError | None:
-        status = result.status
-        if status == sb.STATUS_OK:
-            return None
-        detail = result.message or sb.Status.Name(status)
-        if status == sb.STATUS_TIMEOUT:
-            return rt.StepError(code=rt.STEP_ERROR_CODE_STEP_TIMEOUT, message=f"step timed out: {detail}")
-        if status in LIMIT_STATUSES:
-            name = sb.Status.Name(status).removeprefix("STATUS_").lower()
-            return rt.StepError(code=rt.STEP_ERROR_CODE_SANDBOX_LIMIT, message=f"sandbox {name}: {detail}")
-        return rt.StepError(code=rt.STEP_ERROR_CODE_ENV_ERROR, message=f"environment error: {detail}")
-
     async def _reset(self, request: rt.ResetRequest) -> rt.ResetResponse:
         await self._session(request.session_id)
         async with self._lock(request.session_id):
@@ -335,7 +290,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             )
             result = await self._execute(op, record, request.session_id)
             if result.status != sb.STATUS_OK:
-                raise self._refusal_from(result, f"resetting {session.env_id}")
+                raise env_failed(result, f"resetting {session.env_id}")
             if await self.store.get(request.session_id) is None:
                 raise Refusal(
                     Reason.SESSION_NOT_FOUND,
