@@ -45,7 +45,7 @@ from codegym_client.gym_env import RemoteEnv
 from codegym_client.online import OnlineGymEnv
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess
+from tests.helpers.servers import Redis, ServerProcess, start_workers
 from tests.helpers.trajectories import record
 
 # No skip when redis-server is missing: the `redis` fixture fails the tests that need it then,
@@ -81,7 +81,7 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def workers() -> Iterator[str]:
-    procs = [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"]) for _ in range(2)]
+    procs = start_workers()
     try:
         yield ",".join(p.address for p in procs)
     finally:

@@ -41,7 +41,7 @@ from services.runtime.redis_store import RedisSessionStore
 from services.runtime.sessions import InMemorySessionStore, Session
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess, require_redis_server
+from tests.helpers.servers import Redis, ServerProcess, require_redis_server, start_workers
 
 TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
 RUNTIME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
@@ -74,7 +74,7 @@ def redis(tmp_path: Path) -> Iterator[Redis]:
 
 @pytest.fixture(scope="module")
 def workers() -> Iterator[str]:
-    procs = [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"]) for _ in range(2)]
+    procs = start_workers()
     try:
         yield ",".join(p.address for p in procs)
     finally:
