@@ -6,12 +6,13 @@ is tested) without verl or torch: a tokenizer with a chat template, a `generate`
 response ids, the response mask, the reward and the episode's flags out.
 
 It builds the trajectory the way verl's `ToolAgentLoop` does (verl/experimental/agent_loop/
-tool_agent_loop.py): the prompt is the chat template of the row's messages with the tools; each
-model turn's tokens are appended as generated (mask 1); the tool messages of a turn are rendered with
-the chat template, the system prompt's tokens cut off (`initialize_system_prompt` in
-verl/utils/chat_template.py), and appended (mask 0, log-prob 0.0); the episode stops when the model
-calls no tool, after `max_turns` model turns, or when the response would pass `response_length`
-(a turn's tool messages that would pass it are not appended). What it adds:
+tool_agent_loop.py), through a `Renderer`: one token stream (the prompt, then each model turn's
+tokens as generated, mask 1, then each turn's tool messages, mask 0, log-prob 0.0). verl 0.9 grows
+that stream with its Continuous Token builder (`CodeGymAgentLoop` hands its own to the episode);
+`ChatTemplateRenderer`, the default, is verl 0.8's way: the tool messages rendered with the chat
+template alone, the system prompt's tokens cut off. The episode stops when the model calls no tool,
+after `max_turns` model turns, or when the response would pass `response_length` (a turn's tool
+messages that would pass it are not appended). What it adds:
 
 - one runtime session for the whole episode (opened from the row's `ability`, closed in `finally`),
   every tool call a step of it; the episode also stops when the environment ends it (done or
@@ -35,7 +36,6 @@ import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Protocol
 
 import grpc
@@ -46,9 +46,12 @@ from codegym_client.errors import CodeGymError
 
 __all__ = [
     "INFRASTRUCTURE_REASONS",
+    "ChatTemplateRenderer",
     "Episode",
     "Generate",
     "ParseToolCalls",
+    "Renderer",
+    "Stream",
     "Tokenizer",
     "run_episode",
     "shared_client",
@@ -184,6 +187,89 @@ def _ids(value: Any) -> list[int]:
     return [int(i) for i in value]
 
 
+@dataclass(frozen=True)
+class Stream:
+    """The episode's token stream as verl's agent loops keep it: `token_ids` is the prompt followed
+    by the response; `mask` covers the response (its last `len(mask)` tokens); `logprobs`, when the
+    server returns them, too."""
+
+    token_ids: list[int]
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.token_ids[: len(self.token_ids) - len(self.mask)]
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.token_ids[len(self.token_ids) - len(self.mask) :]
+
+
+class Renderer(Protocol):
+    """How messages and model turns become tokens of the stream. Each method returns the new
+    stream and leaves the one it was given as it was (the episode may decline a longer one)."""
+
+    async def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Stream: ...
+
+    async def model_turn(self, stream: Stream, turn: list[int], logprobs: list[float] | None) -> Stream: ...
+
+    async def messages(
+        self,
+        stream: Stream,
+        previous: list[dict[str, Any]],
+        updated: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+    ) -> Stream: ...
+
+
+class ChatTemplateRenderer:
+    """verl 0.8's `ToolAgentLoop` rendering, with nothing but a tokenizer: the prompt is the chat
+    template of the messages with the tools and the generation prompt; a model turn is appended as
+    generated; appended messages are rendered alone with the generation prompt and the system
+    prompt the template adds to any conversation cut off (`initialize_system_prompt` in verl 0.8's
+    verl/utils/chat_template.py)."""
+
+    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.template_kwargs = dict(chat_template_kwargs or {})
+        self._system_prompt_len: int | None = None
+
+    async def _render(self, conversation: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+        def render() -> Any:
+            return self.tokenizer.apply_chat_template(
+                conversation, tokenize=True, **{**self.template_kwargs, **kwargs}
+            )
+
+        return _ids(await asyncio.get_running_loop().run_in_executor(None, render))
+
+    async def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Stream:
+        return Stream(await self._render(messages, tools=tools, add_generation_prompt=True))
+
+    async def model_turn(self, stream: Stream, turn: list[int], logprobs: list[float] | None) -> Stream:
+        merged = stream.logprobs
+        if logprobs:
+            merged = (stream.logprobs or []) + [float(p) for p in logprobs]
+        return Stream(stream.token_ids + turn, stream.mask + [1] * len(turn), merged)
+
+    async def messages(
+        self,
+        stream: Stream,
+        previous: list[dict[str, Any]],
+        updated: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+    ) -> Stream:
+        if self._system_prompt_len is None:
+            one = await self._render([{"role": "user", "content": ""}], add_generation_prompt=False)
+            two = await self._render([{"role": "user", "content": ""}] * 2, add_generation_prompt=False)
+            self._system_prompt_len = len(one) - (len(two) - len(one))
+        added = (await self._render(updated[len(previous) :], add_generation_prompt=True))[
+            self._system_prompt_len :
+        ]
+        logprobs = stream.logprobs + [0.0] * len(added) if stream.logprobs else stream.logprobs
+        return Stream(stream.token_ids + added, stream.mask + [0] * len(added), logprobs)
+
+
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncRuntimeClient]] = (
     weakref.WeakKeyDictionary()
 )
@@ -229,6 +315,7 @@ async def run_episode(
     max_calls_per_turn: int = 1,
     max_steps: int = 0,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    renderer: Renderer | None = None,
 ) -> Episode:
     """Play one episode of `ability` (`codegym_v1@{code_id}__{Env}@{config}`) in one session.
 
@@ -242,21 +329,13 @@ async def run_episode(
     - `max_turns`: model turns at most (0: no limit but the response length and the env's step cap).
     - `max_calls_per_turn`: calls of one turn that are stepped, in order (the environment is one
       state: they are steps one after the other; the default, 1, is CodeGym's one call per step).
+    - `renderer`: how the token stream grows (default: `ChatTemplateRenderer(tokenizer,
+      chat_template_kwargs)`).
     """
-    loop = asyncio.get_running_loop()
-    template_kwargs = dict(chat_template_kwargs or {})
+    render = renderer or ChatTemplateRenderer(tokenizer, chat_template_kwargs)
     parse = parse_tool_calls or text_tool_parser("hermes", tokenizer)
     episode = Episode()
-
-    async def render(conversation: list[dict[str, Any]], **kwargs: Any) -> list[int]:
-        return _ids(
-            await loop.run_in_executor(
-                None,
-                lambda: tokenizer.apply_chat_template(
-                    conversation, tokenize=True, **{**template_kwargs, **kwargs}
-                ),
-            )
-        )
+    stream = Stream([])
 
     try:
         try:
@@ -276,36 +355,29 @@ async def run_episode(
             )
             conversation = [{"role": "user", "content": first}]
         episode.messages = conversation
-        episode.prompt_ids = await render(conversation, tools=tools, add_generation_prompt=True)
-        # The system prompt the template adds to any conversation, cut from rendered tool messages.
-        one = await render([{"role": "user", "content": ""}], add_generation_prompt=False)
-        two = await render([{"role": "user", "content": ""}] * 2, add_generation_prompt=False)
-        system_prompt_len = len(one) - (len(two) - len(one))
-        logprobs: list[float] = []
+        stream = await render.prompt(list(conversation), tools)
 
         while True:
             if max_turns and episode.assistant_turns >= max_turns:
                 episode.stop = "max_turns"
                 break
             started = time.monotonic()
-            output = await generate(episode.prompt_ids + episode.response_ids)
+            output = await generate(list(stream.token_ids))
             episode.metrics["generate_sequences"] += time.monotonic() - started
             turn = [int(i) for i in output.token_ids]
             episode.assistant_turns += 1
-            episode.response_ids += turn
-            episode.response_mask += [1] * len(turn)
-            turn_logprobs = getattr(output, "log_probs", None)
-            if turn_logprobs:
-                logprobs += [float(p) for p in turn_logprobs]
-            text = await loop.run_in_executor(None, partial(tokenizer.decode, turn, skip_special_tokens=True))
-            episode.messages.append({"role": "assistant", "content": text})
-            if len(episode.response_mask) >= response_length:
+            stream = await render.model_turn(stream, turn, getattr(output, "log_probs", None))
+            if len(stream.mask) >= response_length:
+                episode.messages.append({"role": "assistant", "content": _decode(tokenizer, turn)})
                 episode.stop = "response_length"
                 break
             raw = tokenizer.decode(turn, skip_special_tokens=False)
             shown = visible_text(raw)
             visible = turn if shown == raw else _ids(tokenizer.encode(shown, add_special_tokens=False))
             calls = await parse(visible)
+            episode.messages.append(
+                _assistant_message(_decode(tokenizer, turn), calls[: max(1, max_calls_per_turn)])
+            )
             if not calls:
                 episode.stop = "no_tool_call"
                 break
@@ -333,20 +405,19 @@ async def run_episode(
             if episode.infrastructure_failure or episode.stop:
                 break  # an outage: nothing from it is appended; an ended episode: the model's call is last
 
-            observation_ids = (await render(tool_messages, add_generation_prompt=True))[system_prompt_len:]
-            if len(episode.response_mask) + len(observation_ids) >= response_length:
+            previous = list(episode.messages)
+            longer = await render.messages(stream, previous, previous + tool_messages, tools)
+            if len(longer.mask) >= response_length:
                 episode.stop = "response_length"
                 break
+            stream = longer
             episode.messages += tool_messages
-            episode.response_ids += observation_ids
-            episode.response_mask += [0] * len(observation_ids)
-            if logprobs:
-                logprobs += [0.0] * len(observation_ids)
             episode.user_turns += 1
 
-        episode.response_ids = episode.response_ids[:response_length]
-        episode.response_mask = episode.response_mask[:response_length]
-        episode.response_logprobs = logprobs[:response_length] if logprobs else None
+        episode.prompt_ids = stream.prompt_ids
+        episode.response_ids = stream.response_ids[:response_length]
+        episode.response_mask = stream.mask[:response_length]
+        episode.response_logprobs = stream.logprobs[:response_length] if stream.logprobs else None
         return episode
     finally:
         if episode.session_id:
@@ -354,6 +425,29 @@ async def run_episode(
                 await client.close_session(episode.session_id)
             except (grpc.RpcError, ValueError, RuntimeError) as exc:  # idle expiry reclaims it
                 log.warning("could not close CodeGym session %s: %s", episode.session_id, exc)
+
+
+def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _assistant_message(text: str, calls: list[ToolCall]) -> dict[str, Any]:
+    """The model's turn as a chat message, its calls as OpenAI tool calls (as verl's ToolAgentLoop
+    appends it), so that a chat template or verl's builder sees a well-formed conversation."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": name, "arguments": _arguments(arguments)}}
+            for name, arguments in calls
+        ]
+    return message
+
+
+def _arguments(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 def _failed(episode: Episode, call: str, exc: BaseException) -> Episode:
