@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import EXAMPLES, ROOT
 from tests.helpers.servers import ServerProcess
 
@@ -113,13 +115,29 @@ def test_the_client_package_imports_nothing_of_the_servers() -> None:
         assert names <= allowed | extra, (path, names - allowed - extra)
 
 
-def test_the_client_alone_runs_the_readme_example(tmp_path: Path) -> None:
+def oldest_python() -> str | None:
+    """An interpreter of the oldest Python the client supports (clients/pyproject.toml), if this
+    machine has one (pyenv's), else None."""
+    root = Path(os.environ.get("PYENV_ROOT", "~/.pyenv")).expanduser()
+    found = sorted(root.glob(f"versions/{OLDEST}.*/bin/python"))
+    return str(found[-1]) if found else shutil.which(f"python{OLDEST}")
+
+
+OLDEST = "3.10"
+
+
+@pytest.mark.parametrize("interpreter", ["this", OLDEST])
+def test_the_client_alone_runs_the_readme_example(tmp_path: Path, interpreter: str) -> None:
+    assert f'requires-python = ">={OLDEST}"' in (CLIENT / "pyproject.toml").read_text()
+    base = sys.executable if interpreter == "this" else oldest_python()
+    if base is None:
+        pytest.skip(f"no Python {OLDEST} on this machine (the oldest the client supports)")
     plain_example, gym_example = readme_examples()
     # A copy of clients/ as a fresh clone has it: the build writes nothing into the checkout.
     source = tmp_path / "clients"
     shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     venv = tmp_path / "trainer"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
     pip = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     before = run([python, "-m", "pip", "list", "--format", "json"], tmp_path)

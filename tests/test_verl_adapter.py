@@ -1,14 +1,12 @@
 """The verl adapter (`codegym_client.verl`) against a real runtime and sandbox worker serving the sample
 library. The episode driver (`run_episode`, what `CodeGymAgentLoop.run` plays) runs with a scripted
-`generate` replaying recorded oracle trajectories (examples/trajectories.jsonl) as hermes tool calls,
-the format verl's `HermesToolParser` reads, and a byte-level tokenizer with a ChatML template written
-here. No verl, no torch; the tests of verl's own classes skip when verl cannot be imported."""
+`generate` replaying recorded oracle trajectories as hermes tool calls (tests/helpers/verl_script.py).
+No verl, no torch: `CodeGymAgentLoop` and `CodeGymTool` run here against stand-ins of verl 0.8's
+interfaces; tests/test_verl_real.py runs them in verl itself (`make test-verl`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,97 +16,20 @@ from typing import Any
 import pytest
 
 from codegym.library import Library
-from codegym_cli.oracle import read_trajectories
 from codegym_client import AsyncRuntimeClient, EnvNotFound, SessionNotFound
-from codegym_client.verl import Episode, run_episode, text_tool_parser, tool_config, visible_text
+from codegym_client.verl import run_episode, text_tool_parser, tool_config, visible_text
 from tests.conftest import ENV_DIR, EXAMPLES
 from tests.helpers.servers import ServerProcess
-
-TRAJECTORIES = read_trajectories(EXAMPLES / "trajectories.jsonl")
-HAVE_VERL = importlib.util.find_spec("verl") is not None
-NO_VERL = "verl is not installed (it pulls torch): its AgentLoopBase/BaseTool subclasses are not run here"
-if not HAVE_VERL and os.environ.get("CODEGYM_TESTS_REQUIRE_VERL") == "1":  # `make test-verl`
-    raise RuntimeError("CODEGYM_TESTS_REQUIRE_VERL=1 but verl cannot be imported")
-
-
-def ability(trajectory: dict[str, Any]) -> str:
-    return f"codegym_v1@{trajectory['env_id']}@{json.dumps(trajectory['config'])}"
-
-
-def trajectory(env_id: str, steps: int | None = None) -> dict[str, Any]:
-    """The first recorded oracle trajectory of `env_id` (with `steps` steps, when given)."""
-    return next(
-        t for t in TRAJECTORIES if t["env_id"] == env_id and (steps is None or len(t["steps"]) == steps)
-    )
-
-
-class ByteTokenizer:
-    """A tokenizer as verl uses one: one token per byte, a ChatML chat template with a system prompt
-    and the tools in it (as Qwen's), tool messages as `<tool_response>` user turns."""
-
-    pad_token_id = 0
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return bytes(ids).decode("utf-8", errors="replace")
-
-    def apply_chat_template(
-        self,
-        conversation: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = False,
-        tokenize: bool = True,
-        **kwargs: Any,
-    ) -> list[int] | str:
-        text = "<|im_start|>system\nYou are a helpful assistant."
-        if tools:
-            text += "\n<tools>\n" + "\n".join(json.dumps(t) for t in tools) + "\n</tools>"
-        text += "<|im_end|>\n"
-        for message in conversation:
-            if message["role"] == "tool":
-                text += (
-                    f"<|im_start|>user\n<tool_response>\n{message['content']}\n</tool_response><|im_end|>\n"
-                )
-            else:
-                text += f"<|im_start|>{message['role']}\n{message['content']}<|im_end|>\n"
-        if add_generation_prompt:
-            text += "<|im_start|>assistant\n"
-        return self.encode(text) if tokenize else text
-
-
-TOKENIZER = ByteTokenizer()
-
-
-def hermes(action: str) -> str:
-    call = json.loads(action)
-    return f"<tool_call>\n{json.dumps({'name': call['name'], 'arguments': call['parameters']})}\n</tool_call>"
-
-
-class ScriptedModel:
-    """`generate` replaying turns (text) in order, recording every prompt it was given."""
-
-    def __init__(self, turns: list[str]) -> None:
-        self.turns = list(turns)
-        self.prompts: list[str] = []
-
-    async def __call__(self, prompt_ids: list[int]) -> Any:
-        self.prompts.append(TOKENIZER.decode(prompt_ids))
-        text = self.turns.pop(0) if self.turns else "I give up.<|im_end|>"
-        return SimpleNamespace(token_ids=TOKENIZER.encode(text), log_probs=None)
-
-
-def oracle_turns(recorded: dict[str, Any]) -> list[str]:
-    return [
-        f"<think>Next: {action[:20]}</think>\n{hermes(action)}<|im_end|>" for action, _ in recorded["steps"]
-    ]
-
-
-def model_text(episode: Episode) -> str:
-    return TOKENIZER.decode(
-        [t for t, m in zip(episode.response_ids, episode.response_mask, strict=True) if m]
-    )
+from tests.helpers.verl_script import (
+    TOKENIZER,
+    TRAJECTORIES,
+    ScriptedModel,
+    ability,
+    hermes,
+    model_text,
+    oracle_turns,
+    trajectory,
+)
 
 
 @pytest.fixture(scope="module")
@@ -307,91 +228,11 @@ def test_tool_config_lists_one_codegym_tool_per_schema() -> None:
     assert config["tools"][0]["tool_schema"] == schemas[0]
 
 
-@pytest.mark.skipif(not HAVE_VERL, reason=NO_VERL)
-async def test_verl_agent_loop_subclass_runs_with_a_fake_server_manager(
-    runtime: str,
-) -> None:  # pragma: no cover
-    from omegaconf import OmegaConf
-    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, DictConfigWrap, _agent_loop_registry
-
-    from codegym_client.verl import AGENT_NAME, CodeGymAgentLoop
-
-    assert _agent_loop_registry[AGENT_NAME]["_target_"] == "codegym_client.verl.agent_loop.CodeGymAgentLoop"
-    recorded = trajectory("Sample_0006_I__ArrayGcdEnv")
-    model = ScriptedModel(oracle_turns(recorded))
-
-    class FakeServerManager:
-        async def generate(
-            self, request_id: str, *, prompt_ids: list[int], sampling_params: Any, **_: Any
-        ) -> Any:
-            return await model(prompt_ids)
-
-    config = OmegaConf.create(
-        {
-            "actor_rollout_ref": {
-                "rollout": {
-                    "response_length": 65536,
-                    "multi_turn": {
-                        "format": "hermes",
-                        "max_assistant_turns": None,
-                        "max_tool_response_length": 256,
-                    },
-                }
-            }
-        }
-    )
-    loop = CodeGymAgentLoop(
-        DictConfigWrap(config),
-        FakeServerManager(),
-        TOKENIZER,
-        None,
-        dataset_cls=None,
-        dataset_config=DictConfigWrap(OmegaConf.create({})),
-        target=runtime,
-    )
-    output = await loop.run({}, ability=ability(recorded), raw_prompt=[{"role": "user", "content": "Go."}])
-    assert isinstance(output, AgentLoopOutput)
-    assert output.reward_score == 1.0 and output.extra_fields["codegym_infrastructure_failure"] is False
-    assert len(output.response_ids) == len(output.response_mask)
-
-
-@pytest.mark.skipif(not HAVE_VERL, reason=NO_VERL)
-async def test_verl_tool_keeps_one_session_per_request_id_across_tool_instances(
-    runtime: str,
-) -> None:  # pragma: no cover
-    from verl.tools.schemas import OpenAIFunctionToolSchema
-
-    from codegym_client.verl import CodeGymTool
-
-    recorded = trajectory("Sample_0006_I__ArrayGcdEnv")
-    async with AsyncRuntimeClient(runtime, timeout_s=30) as client:
-        schemas = [json.loads(t.json_schema) for t in (await client.get_env(recorded["env_id"])).tools]
-    tools = {
-        s["function"]["name"]: CodeGymTool({"target": runtime}, OpenAIFunctionToolSchema.model_validate(s))
-        for s in schemas
-    }
-    agent_data = SimpleNamespace(
-        request_id="episode-1", tools_kwargs={"Observe": {"create_kwargs": {"ability": ability(recorded)}}}
-    )
-    rewards = []
-    for action, observation in recorded["steps"]:  # as ToolAgentLoop._call_tool: create, execute, release
-        call = json.loads(action)
-        tool = tools[call["name"]]
-        instance_id, _ = await tool.create(create_kwargs={})
-        try:
-            response, reward, _ = await tool.execute(instance_id, call["parameters"], agent_data=agent_data)
-        finally:
-            await tool.release(instance_id)
-        assert response.text == observation
-        rewards.append(reward)
-    assert sum(rewards) == 1.0 and rewards[-1] == 1.0
-    assert "episode-1" not in CodeGymTool._sessions  # the ended episode's session is closed
-
-
 # -- verl's interfaces as stand-ins ------------------------------------------------------------------
 # Without verl, `agent_loop.py` and `tool.py` run against stand-ins of the few verl names they use,
 # written to verl's code (verl/experimental/agent_loop/agent_loop.py, tool_parser.py,
-# verl/tools/base_tool.py, schemas.py at verl 0.8): this checks the glue (config reading, run()'s
+# verl/tools/base_tool.py, schemas.py at verl 0.8: no Continuous Token builder, so the episode renders
+# with the chat template): this checks the glue (config reading, run()'s
 # arguments and output, the tool's create/execute/release per call), not verl itself.
 
 OUTPUT_FIELDS = {
@@ -458,7 +299,8 @@ def fake_verl_modules() -> dict[str, Any]:
         def __init__(self, tokenizer: Any) -> None:
             self.tokenizer = tokenizer
 
-        async def extract_tool_calls(self, ids: list[int]) -> tuple[str, list[Any]]:
+        async def extract_tool_calls(self, ids: list[int], tools: Any = None) -> tuple[str, list[Any]]:
+            assert all(isinstance(t, OpenAIFunctionToolSchema) for t in tools or ()), tools
             text = self.tokenizer.decode(ids)
             calls = []
             for match in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL):
@@ -475,6 +317,12 @@ def fake_verl_modules() -> dict[str, Any]:
     class ToolResponse:
         def __init__(self, text: str | None = None) -> None:
             self.text = text
+
+    class OpenAIFunctionToolSchema(dict[str, Any]):
+        @classmethod
+        def model_validate(cls, value: dict[str, Any]) -> OpenAIFunctionToolSchema:
+            assert value["type"] == "function" and value["function"]["name"], value
+            return cls(value)
 
     class BaseTool:
         def __init__(self, config: dict[str, Any], tool_schema: Any) -> None:
@@ -499,6 +347,7 @@ def fake_verl_modules() -> dict[str, Any]:
     modules["verl.experimental.agent_loop.tool_parser"].ToolParser = ToolParser
     modules["verl.tools.base_tool"].BaseTool = BaseTool
     modules["verl.tools.schemas"].ToolResponse = ToolResponse
+    modules["verl.tools.schemas"].OpenAIFunctionToolSchema = OpenAIFunctionToolSchema
     return modules
 
 

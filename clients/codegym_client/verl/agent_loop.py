@@ -13,14 +13,19 @@ export` writes it; verl hands every column of a row to `run()` as a keyword argu
 this module also registers the class as `codegym_agent` (`verl.experimental.agent_loop.register`),
 which is enough when the agent loop workers import it themselves.
 
-Built to verl/experimental/agent_loop/agent_loop.py: verl builds one loop instance per row (so the
-runtime client is shared per process and event loop, not made per instance), calls
-`run(sampling_params, **row)`, and takes an `AgentLoopOutput` whose `reward_score`, when set, is the
-row's reward (the reward loop is skipped for it). The episode itself is `run_episode`
-(codegym_client/verl/episode.py); model turns go through `server_manager.generate` with one request
-id per episode (verl's sticky session: the same server, its prefix cache); tool calls are parsed by
-verl's `ToolParser` for `actor_rollout_ref.rollout.multi_turn.format` (hermes, gpt-oss, ...), from
-the turn's tokens outside `<think>`.
+Built to verl/experimental/agent_loop/agent_loop.py (run against verl 0.9.1, written for 0.8 too):
+verl builds one loop instance per row (so the runtime client is shared per process and event loop,
+not made per instance), calls `run(sampling_params, **row)`, and takes an `AgentLoopOutput` whose
+`reward_score`, when set, is the row's reward (the reward loop is skipped for it). The episode itself
+is `run_episode` (codegym_client/verl/episode.py); model turns go through `server_manager.generate`
+with one request id per episode (verl's sticky session: the same server, its prefix cache); tool
+calls are parsed by verl's `ToolParser` for `actor_rollout_ref.rollout.multi_turn.format` (hermes,
+gpt-oss, qwen3_coder, ...), from the turn's tokens outside `<think>`, given the session's tool
+schemas (the XML formats type their arguments by them), and the parser's stop tokens are added to
+the sampling parameters as `ToolAgentLoop` adds them. With verl 0.9 the token stream is grown by the
+loop's own Continuous Token builder (`ct_build_initial_tokens`, `ct_merge_assistant_token`,
+`ct_merge_context_msg`: the model family's boundary tokens, as `ToolAgentLoop` gets them); verl 0.8
+has none, and the episode renders with the chat template as 0.8's `ToolAgentLoop` does.
 """
 
 from __future__ import annotations
@@ -32,7 +37,10 @@ from uuid import uuid4
 
 from codegym_client.requests import DEFAULT_TARGET
 from codegym_client.verl.episode import (
+    ChatTemplateRenderer,
     ParseToolCalls,
+    Renderer,
+    Stream,
     Tokenizer,
     ToolCall,
     run_episode,
@@ -57,6 +65,7 @@ AgentLoopBase, AgentLoopOutput, register = _from_verl(
     "verl.experimental.agent_loop.agent_loop", "AgentLoopBase", "AgentLoopOutput", "register"
 )
 (ToolParser,) = _from_verl("verl.experimental.agent_loop.tool_parser", "ToolParser")
+(OpenAIFunctionToolSchema,) = _from_verl("verl.tools.schemas", "OpenAIFunctionToolSchema")
 
 AGENT_NAME = "codegym_agent"
 
@@ -65,11 +74,52 @@ def verl_tool_parser(format: str, tokenizer: Tokenizer) -> ParseToolCalls:
     """verl's own parser for `format` (`ToolParser.get_tool_parser`), as `run_episode` takes one."""
     parser = ToolParser.get_tool_parser(format, tokenizer)
 
-    async def parse(ids: list[int]) -> list[ToolCall]:
-        _, calls = await parser.extract_tool_calls(ids)
+    async def parse(ids: list[int], tools: list[dict[str, Any]]) -> list[ToolCall]:
+        schemas = [OpenAIFunctionToolSchema.model_validate(t) for t in tools]
+        _, calls = await parser.extract_tool_calls(ids, schemas)
         return [(str(c.name), str(c.arguments)) for c in calls]
 
     return parse
+
+
+class ContinuousTokenRenderer:
+    """The episode's token stream grown by verl 0.9's Continuous Token builder, through the agent
+    loop's own `ct_*` methods (the ones `ToolAgentLoop` calls), so boundary tokens (a Qwen newline
+    after `<|im_end|>`, ...) are what verl's own loop would produce and carry no loss."""
+
+    def __init__(self, loop: Any) -> None:
+        self.loop = loop
+
+    async def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Stream:
+        return Stream(list(await self.loop.ct_build_initial_tokens(messages, tools=tools)))
+
+    async def model_turn(self, stream: Stream, turn: list[int], logprobs: list[float] | None) -> Stream:
+        merged, mask, merged_logprobs = await self.loop.ct_merge_assistant_token(
+            stream.token_ids,
+            turn,
+            stream.mask,
+            stream.logprobs if (stream.logprobs or logprobs) else None,
+            assistant_logprobs=list(logprobs) if logprobs else None,
+        )
+        return Stream(list(merged.token_ids), list(mask), _logprobs(merged_logprobs, stream.logprobs))
+
+    async def messages(
+        self,
+        stream: Stream,
+        previous: list[dict[str, Any]],
+        updated: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+    ) -> Stream:
+        merged, mask, logprobs = await self.loop.ct_merge_context_msg(
+            previous, updated, stream.token_ids, stream.mask, stream.logprobs or None, tools=tools
+        )
+        return Stream(list(merged.token_ids), list(mask), _logprobs(logprobs, stream.logprobs))
+
+
+def _logprobs(merged: list[float] | None, before: list[float] | None) -> list[float] | None:
+    if merged:
+        return list(merged)
+    return before
 
 
 @register(AGENT_NAME)
@@ -123,6 +173,21 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
             return text_tool_parser("codegym", self.tokenizer)
         return verl_tool_parser(self.format, self.tokenizer)
 
+    def _stop_token_ids(self) -> list[int]:
+        """The parser's stop tokens (verl 0.9: e.g. Gemma 4's `<tool_call|>`), which verl's
+        `ToolAgentLoop` adds to the sampling parameters so that generation halts after a call."""
+        if self.format == "codegym":
+            return []
+        return [
+            int(t)
+            for t in getattr(ToolParser.get_tool_parser(self.format, self.tokenizer), "stop_token_ids", [])
+        ]
+
+    def _renderer(self) -> Renderer:
+        if hasattr(self, "ct_build_initial_tokens"):  # verl >= 0.9
+            return ContinuousTokenRenderer(self)
+        return ChatTemplateRenderer(self.tokenizer, self.apply_chat_template_kwargs)
+
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
         ability = kwargs.get("ability")
         if not isinstance(ability, str):
@@ -132,13 +197,26 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
             raise ValueError("a codegym_agent row needs 'ability' (codegym_v1@{code_id}__{Env}@{config})")
         raw_prompt = kwargs.get("raw_prompt")  # a list, or a numpy array of dicts: no truth test
         messages = [dict(m) for m in raw_prompt] if raw_prompt is not None else []
-        request_id = uuid4().hex
+        priority = kwargs.get("priority")
+        if self.config.actor_rollout_ref.rollout.get("full_determinism") and priority is not None:
+            request_id = f"det-{int(priority)}"  # as verl's ToolAgentLoop names it then
+        else:
+            request_id = uuid4().hex
+        stop = self._stop_token_ids()
+        if stop:
+            merged_stop = set(sampling_params.get("stop_token_ids") or []) | set(stop)
+            sampling_params = {**sampling_params, "stop_token_ids": sorted(merged_stop)}
+        preempted: list[int] = []
 
         async def generate(prompt_ids: list[int]) -> Any:
-            return await self.server_manager.generate(
+            output = await self.server_manager.generate(
                 request_id=request_id, prompt_ids=prompt_ids, sampling_params=sampling_params
             )
+            if getattr(output, "num_preempted", None) is not None:
+                preempted.append(int(output.num_preempted))
+            return output
 
+        renderer = self._renderer()
         episode = await run_episode(
             shared_client(self.target, self.timeout_s),
             ability,
@@ -152,12 +230,16 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
             tool_response_truncate_side=self.truncate_side,
             max_steps=self.max_steps,
             chat_template_kwargs=self.apply_chat_template_kwargs,
+            renderer=renderer,
         )
         prompt_ids, response_ids, mask = episode.prompt_ids, episode.response_ids, episode.response_mask
         if not prompt_ids:  # the session never opened: the row's prompt, for verl's padding
-            prompt_ids = await self.apply_chat_template(messages)
+            prompt_ids = (await renderer.prompt(messages, [])).token_ids
         if not response_ids:  # nothing generated: one masked token, as verl pads an empty response
             response_ids, mask = [int(self.tokenizer.pad_token_id or 0)], [0]
+        metrics: dict[str, Any] = dict(episode.metrics)
+        if preempted:
+            metrics["num_preempted"] = sum(preempted)
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=response_ids,
@@ -165,6 +247,6 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
             response_logprobs=episode.response_logprobs,
             reward_score=episode.reward,
             num_turns=episode.num_turns,
-            metrics=dict(episode.metrics),
+            metrics=metrics,
             extra_fields=episode.extra_fields(),
         )

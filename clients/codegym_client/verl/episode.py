@@ -66,7 +66,8 @@ log = logging.getLogger(__name__)
 INFRASTRUCTURE_REASONS = frozenset({"UNAVAILABLE", "CAPACITY", "INTERNAL", ""})
 
 ToolCall = tuple[str, str]  # (name, arguments as JSON text), as verl's FunctionCall carries them
-ParseToolCalls = Callable[[list[int]], Awaitable[list[ToolCall]]]
+# (the turn's token ids outside <think>, the session's tool schemas) -> the turn's calls
+ParseToolCalls = Callable[[list[int], list[dict[str, Any]]], Awaitable[list[ToolCall]]]
 Generate = Callable[[list[int]], Awaitable[Any]]  # prompt ids -> an object with token_ids (+ log_probs)
 
 
@@ -174,7 +175,7 @@ def text_tool_parser(format: str, tokenizer: Tokenizer) -> ParseToolCalls:
     except KeyError:
         raise ValueError(f"no built-in parser for format {format!r}: {sorted(TEXT_FORMATS)}") from None
 
-    async def parse_ids(ids: list[int]) -> list[ToolCall]:
+    async def parse_ids(ids: list[int], tools: list[dict[str, Any]]) -> list[ToolCall]:
         return parse(tokenizer.decode(ids, skip_special_tokens=False))
 
     return parse_ids
@@ -324,8 +325,9 @@ async def run_episode(
       The tools given to the chat template are the session's own (`CreateSession`'s JSON schemas).
     - `generate(prompt_ids)`: one model turn; returns an object with `token_ids` and optionally
       `log_probs` (verl's `TokenOutput`).
-    - `parse_tool_calls(ids)`: the turn's calls as (name, arguments JSON), given the turn's tokens
-      outside `<think>`; default: the hermes format, parsed as verl's `HermesToolParser` does.
+    - `parse_tool_calls(ids, tools)`: the turn's calls as (name, arguments JSON), given the turn's
+      tokens outside `<think>` and the session's tool schemas; default: the hermes format, parsed
+      as verl's `HermesToolParser` does.
     - `max_turns`: model turns at most (0: no limit but the response length and the env's step cap).
     - `max_calls_per_turn`: calls of one turn that are stepped, in order (the environment is one
       state: they are steps one after the other; the default, 1, is CodeGym's one call per step).
@@ -374,7 +376,7 @@ async def run_episode(
             raw = tokenizer.decode(turn, skip_special_tokens=False)
             shown = visible_text(raw)
             visible = turn if shown == raw else _ids(tokenizer.encode(shown, add_special_tokens=False))
-            calls = await parse(visible)
+            calls = await parse(visible, tools)
             episode.messages.append(
                 _assistant_message(_decode(tokenizer, turn), calls[: max(1, max_calls_per_turn)])
             )

@@ -1,0 +1,48 @@
+"""Run a command against a runtime serving the sample library: `python -m tests.helpers.with_runtime
+-- COMMAND...` starts a sandbox worker and a runtime (this interpreter's `codegym`), runs COMMAND
+with `CODEGYM_TEST_RUNTIME` set to the runtime's address, stops both by pid and exits with
+COMMAND's status.
+
+Why: `make test-verl` runs tests/test_verl_real.py in a venv of its own (verl and torch, beside the
+client only), which cannot start our servers; they run from the project's venv, as a trainer's
+rollout workers would reach a deployed runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from codegym.library import Library
+from tests.conftest import ENV_DIR, EXAMPLES
+from tests.helpers.servers import RUNTIME_SWITCH, start_runtime, start_workers
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print("usage: python -m tests.helpers.with_runtime -- COMMAND...", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="codegym-with-runtime-") as folder:
+        library = Path(folder) / "library.db"
+        with Library(library) as lib:
+            lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+        workers = start_workers(count=1)
+        try:
+            runtime = start_runtime(library, workers)
+            try:
+                env = {**os.environ, RUNTIME_SWITCH: runtime.address}
+                return subprocess.run(argv, env=env, check=False).returncode
+            finally:
+                runtime.stop()
+        finally:
+            for worker in workers:
+                worker.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
