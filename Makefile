@@ -76,11 +76,22 @@ lint: buf-lint
 test:
 	$(VENV)/bin/pytest -q
 
-# The verl adapter's tests of verl's own classes (CodeGymAgentLoop, CodeGymTool), which `make test`
-# skips when verl cannot be imported: installs verl (it brings torch, several GB) into the venv.
+# The verl adapter in verl itself (tests/test_verl_real.py): verl's stack needs torch, so it gets a
+# venv of its own beside the client (`make test` skips that file). The runtime it plays against runs
+# from the project's venv (tests/helpers/with_runtime.py). Defaults fit this machine, where a CPU
+# build of torch lies on disk for Python 3.11; elsewhere e.g. VERL_PYTHON=python3.12 VERL_TORCH=torch.
+# verl 0.9.1 imports cachetools, fastapi and uvicorn without requiring them.
+VERL_VENV ?= .venv-verl
+VERL_PYTHON ?= $(shell pyenv prefix 3.11 2>/dev/null || echo /usr)/bin/python3
+VERL_TORCH ?= torch==2.13.0
+VERL ?= verl==0.9.1
 test-verl:
-	$(PY) -m pip install -q verl
-	CODEGYM_TESTS_REQUIRE_VERL=1 $(VENV)/bin/pytest -q -rs tests/test_verl_adapter.py
+	test -x $(VERL_VENV)/bin/python || $(VERL_PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install -q '$(VERL_TORCH)'
+	$(VERL_VENV)/bin/pip install -q '$(VERL)' cachetools fastapi uvicorn pytest pytest-asyncio pytest-timeout \
+	  -e ./clients
+	$(PY) -m tests.helpers.with_runtime -- env CODEGYM_TESTS_REQUIRE_VERL=1 \
+	  $(VERL_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_verl_real.py
 
 bench:
 	$(PY) bench/sandbox_bench.py
@@ -121,4 +132,4 @@ docker-lint:
 	$(VENV)/bin/hadolint Dockerfile
 
 clean:
-	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VERL_VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

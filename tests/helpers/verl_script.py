@@ -79,14 +79,18 @@ def hermes(action: str) -> str:
 class ScriptedModel:
     """`generate` replaying turns (text) in order, recording every prompt it was given."""
 
-    def __init__(self, turns: list[str]) -> None:
+    def __init__(self, turns: list[str], tokenizer: Any = TOKENIZER) -> None:
         self.turns = list(turns)
+        self.tokenizer = tokenizer
         self.prompts: list[str] = []
 
-    async def __call__(self, prompt_ids: list[int]) -> Any:
-        self.prompts.append(TOKENIZER.decode(prompt_ids))
+    def next_turn(self, prompt_ids: list[int]) -> list[int]:
+        self.prompts.append(self.tokenizer.decode(prompt_ids))
         text = self.turns.pop(0) if self.turns else "I give up.<|im_end|>"
-        return SimpleNamespace(token_ids=TOKENIZER.encode(text), log_probs=None)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    async def __call__(self, prompt_ids: list[int]) -> Any:
+        return SimpleNamespace(token_ids=self.next_turn(prompt_ids), log_probs=None)
 
 
 def oracle_turns(recorded: dict[str, Any]) -> list[str]:
@@ -99,3 +103,50 @@ def model_text(episode: Episode) -> str:
     return TOKENIZER.decode(
         [t for t, m in zip(episode.response_ids, episode.response_mask, strict=True) if m]
     )
+
+
+# A ChatML template in the manner of Qwen2.5's: the tools in the system prompt, an assistant's tool
+# calls as hermes blocks, consecutive tool messages one user turn of `<tool_response>` blocks.
+CHATML_TEMPLATE = (  # HF renders with trim_blocks: a newline right after a tag is written as {{ '\\n' }}
+    "{% if messages[0].role == 'system' %}{% set system = messages[0].content %}"
+    "{% else %}{% set system = 'You are a helpful assistant.' %}{% endif %}"
+    "<|im_start|>system\n{{ system }}"
+    "{% if tools %}{{ '\\n\\n' }}# Tools\n<tools>{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}"
+    "{{ '\\n' }}</tools>{% endif %}<|im_end|>\n"
+    "{% for message in messages %}"
+    "{% if message.role == 'system' and loop.first %}"
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n{{ message.content }}"
+    "{% for call in message.tool_calls or [] %}{{ '\\n' }}<tool_call>\n"
+    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif message.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>\n{{ message.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chatml_tokenizer() -> Any:
+    """A real Hugging Face fast tokenizer built here, without a hub: one token per byte (byte-level
+    BPE with no merges, so `\\n` is one token), `<|im_start|>`, `<|im_end|>` (eos) and
+    `<|endoftext|>` (pad) special tokens, and `CHATML_TEMPLATE`. What verl's Qwen Continuous Token
+    builder needs of a Qwen tokenizer. Imports `tokenizers` and `transformers`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    core = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer

@@ -1,0 +1,282 @@
+"""CodeGym's verl classes inside verl itself: `CodeGymAgentLoop` instantiated from
+examples/verl/codegym_agent_loop.yaml the way verl's `AgentLoopWorker` does it, and `CodeGymTool`
+driven by verl's own `ToolAgentLoop`, both against a real runtime serving the sample library.
+
+verl brings torch and a few GB, so this file runs in a venv of its own: `make test-verl` builds it
+(verl, torch, the client) and runs this file there with `CODEGYM_TEST_RUNTIME` naming a runtime it
+starts from the project's venv (tests/helpers/with_runtime.py). Elsewhere the file skips;
+`CODEGYM_TESTS_REQUIRE_VERL=1` (what `make test-verl` sets) turns that skip into a failure.
+
+The model is scripted (recorded oracle trajectories as hermes tool calls) and the tokenizer a real
+Hugging Face one built here with a ChatML template (tests/helpers/verl_script.py), so verl's Qwen
+Continuous Token builder runs as it would for Qwen: the strongest check here is that our loop's
+token stream is, token for token, the one verl's own `ToolAgentLoop` builds from the same turns.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from tests.helpers.verl_script import ScriptedModel, ability, chatml_tokenizer, hermes, trajectory
+
+REQUIRED = os.environ.get("CODEGYM_TESTS_REQUIRE_VERL") == "1"
+RUNTIME = os.environ.get("CODEGYM_TEST_RUNTIME", "").strip()
+if importlib.util.find_spec("verl") is None or not RUNTIME:
+    why = "needs verl and CODEGYM_TEST_RUNTIME (run `make test-verl`)"
+    if REQUIRED:
+        raise RuntimeError(f"CODEGYM_TESTS_REQUIRE_VERL=1: this file {why}")
+    pytest.skip(why, allow_module_level=True)
+
+import hydra  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
+    AgentLoopOutput,
+    DictConfigWrap,
+    ToolListWrap,
+    _agent_loop_registry,
+)
+from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # noqa: E402
+from verl.tools.schemas import OpenAIFunctionToolSchema  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+from codegym_client import AsyncRuntimeClient, SessionNotFound  # noqa: E402
+from codegym_client.verl import AGENT_NAME, CodeGymAgentLoop, CodeGymTool  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENT_LOOP_YAML = ROOT / "examples" / "verl" / "codegym_agent_loop.yaml"
+TOKENIZER = chatml_tokenizer()
+PROMPT = [{"role": "user", "content": "Solve the task with the tools."}]
+
+
+def trainer_config(**multi_turn: Any) -> Any:
+    """The part of verl's trainer config the agent loops read (verl/trainer/config/rollout)."""
+    return OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": 4096,
+                    "response_length": 65536,
+                    "full_determinism": False,
+                    "multi_turn": {
+                        "format": "hermes",
+                        "max_user_turns": None,
+                        "max_assistant_turns": None,
+                        "max_parallel_calls": 1,
+                        "max_tool_response_length": 256,
+                        "tool_response_truncate_side": "middle",
+                        **multi_turn,
+                    },
+                }
+            },
+            "data": {"apply_chat_template_kwargs": {}},
+        }
+    )
+
+
+class ServerManager:
+    """verl's `LLMServerClient.generate` as the loops call it, answered by a scripted model."""
+
+    def __init__(self, model: ScriptedModel) -> None:
+        self.model = model
+        self.request_ids: list[str] = []
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: Any, **_: Any
+    ) -> Any:
+        self.request_ids.append(request_id)
+        return TokenOutput(token_ids=self.model.next_turn(prompt_ids), num_preempted=0)
+
+
+def instantiate(entry: Any, config: Any, server: ServerManager, tools: list[Any] | None = None) -> Any:
+    """An agent loop built as `AgentLoopWorker._run_agent_loop` builds one (verl 0.9.1)."""
+    return hydra.utils.instantiate(
+        config=entry,
+        trainer_config=DictConfigWrap(config=config),
+        server_manager=server,
+        tokenizer=TOKENIZER,
+        processor=None,
+        hf_model_type="qwen2",
+        dataset_cls=None,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap(tools or []),
+    )
+
+
+def our_entry(target: str = RUNTIME) -> Any:
+    """The README's agent-loop config file, registered as `AgentLoopWorker.__init__` registers it."""
+    entries = OmegaConf.load(AGENT_LOOP_YAML)
+    (entry,) = entries
+    assert entry.name == AGENT_NAME
+    entry.target = target
+    _agent_loop_registry[entry.name] = entry
+    return _agent_loop_registry[AGENT_NAME]
+
+
+def plain_turns(recorded: dict[str, Any]) -> list[str]:
+    return [f"{hermes(action)}<|im_end|>" for action, _ in recorded["steps"]]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_the_config_file_builds_the_loop_as_verl_does_and_an_episode_reaches_reward_1() -> None:
+    recorded = trajectory("Sample_0006_I__ArrayGcdEnv")
+    wrong = hermes('{"name": "Done", "parameters": {"answer": -1}}')
+    server = ServerManager(
+        ScriptedModel([f"<think>{wrong}</think>{t}" for t in plain_turns(recorded)], TOKENIZER)
+    )
+    loop = instantiate(our_entry(), trainer_config(), server)
+    assert isinstance(loop, CodeGymAgentLoop)
+
+    row = {"ability": ability(recorded), "raw_prompt": PROMPT, "index": 3, "priority": 3}
+    output = await loop.run({"temperature": 1.0}, **row)
+
+    assert isinstance(output, AgentLoopOutput)
+    assert output.reward_score == 1.0
+    assert output.extra_fields["codegym_infrastructure_failure"] is False
+    assert output.extra_fields["codegym_steps"] == len(recorded["steps"])  # the calls in <think> not run
+    assert len(set(server.request_ids)) == 1 and len(server.request_ids) == len(recorded["steps"])
+    assert len(output.response_ids) == len(output.response_mask) and output.response_mask[-1] == 1
+    assert TOKENIZER.decode(output.prompt_ids).endswith(
+        "Solve the task with the tools.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # Qwen's builder puts the newline the template writes after <|im_end|> between a model turn
+    # and the tool response: a token the model did not generate, so no loss on it.
+    newline = TOKENIZER.encode("\n", add_special_tokens=False)[0]
+    im_end = TOKENIZER.convert_tokens_to_ids("<|im_end|>")
+    ends = [i for i, t in enumerate(output.response_ids[:-1]) if t == im_end and output.response_mask[i] == 1]
+    assert ends and all(
+        output.response_ids[i + 1] == newline and output.response_mask[i + 1] == 0 for i in ends
+    )
+    # What verl makes of the output: the reward at the last response token.
+    tensors = output.as_dict()
+    assert float(tensors["rm_scores"][-1]) == 1.0 and float(tensors["rm_scores"].sum()) == 1.0
+    assert tensors["extra_fields"]["codegym_stop"] == "done"
+
+
+async def test_our_token_stream_is_the_one_verl_tool_agent_loop_builds_from_the_same_turns() -> None:
+    recorded = trajectory("Sample_0001_I__MaxSubarraySumEnv", 27)
+    async with AsyncRuntimeClient(RUNTIME, timeout_s=30) as client:
+        schemas = [json.loads(t.json_schema) for t in (await client.get_env(recorded["env_id"])).tools]
+    config = trainer_config()
+
+    ours_server = ServerManager(ScriptedModel(plain_turns(recorded), TOKENIZER))
+    ours = await instantiate(our_entry(), config, ours_server).run(
+        {}, ability=ability(recorded), raw_prompt=PROMPT
+    )
+
+    # verl's own loop, with one CodeGymTool per tool (what tool_config(schemas, target) lists).
+    tools = [CodeGymTool({"target": RUNTIME}, OpenAIFunctionToolSchema.model_validate(s)) for s in schemas]
+    theirs_server = ServerManager(ScriptedModel(plain_turns(recorded), TOKENIZER))
+    verl_loop = instantiate(
+        {"_target_": f"{ToolAgentLoop.__module__}.ToolAgentLoop"}, config, theirs_server, tools
+    )
+    row = {
+        "raw_prompt": PROMPT,
+        "tools_kwargs": {"Observe": {"create_kwargs": {"ability": ability(recorded)}}},
+    }
+    theirs = await verl_loop.run({}, **row)
+
+    # The same session tools in the prompt (verl renders its schema model of them), the same tokens.
+    assert ours.prompt_ids == theirs.prompt_ids
+    # verl's loop goes on after the episode's end (the final observation, then one more model
+    # turn); ours stops at the model's last call: ours is the start of theirs, mask included.
+    n = len(ours.response_ids)
+    assert n < len(theirs.response_ids)
+    assert ours.response_ids == theirs.response_ids[:n]
+    assert ours.response_mask == theirs.response_mask[:n]
+    assert sum(ours.response_mask) > 0 and 0 in ours.response_mask
+    # Every tool response verl's loop got through CodeGymTool is the recorded observation.
+    assert sum(theirs.extra_fields["tool_rewards"]) == 1.0 and ours.reward_score == 1.0
+    text = TOKENIZER.decode(theirs.response_ids)
+    for _, observation in recorded["steps"]:
+        assert f"<tool_response>\n{observation}\n</tool_response>" in text
+    assert ours.num_turns == 2 * len(recorded["steps"])
+    assert not CodeGymTool._sessions  # the step that ended the episode closed its session
+
+
+async def test_the_tool_keeps_one_session_per_request_id_and_closes_it_at_the_end() -> None:
+    recorded = trajectory("Sample_0006_I__ArrayGcdEnv")
+    async with AsyncRuntimeClient(RUNTIME, timeout_s=30) as client:
+        schemas = [json.loads(t.json_schema) for t in (await client.get_env(recorded["env_id"])).tools]
+        tools = {
+            s["function"]["name"]: CodeGymTool(
+                {"target": RUNTIME}, OpenAIFunctionToolSchema.model_validate(s)
+            )
+            for s in schemas
+        }
+
+        class AgentData:  # what ToolAgentLoop passes as agent_data
+            request_id = "episode-1"
+            tools_kwargs: ClassVar = {"Observe": {"create_kwargs": {"ability": ability(recorded)}}}
+
+        rewards, session_id = [], ""
+        for action, observation in recorded["steps"]:  # as ToolAgentLoop._call_tool: create, execute, release
+            call = json.loads(action)
+            tool = tools[call["name"]]
+            instance_id, _ = await tool.create(create_kwargs={})
+            try:
+                response, reward, _ = await tool.execute(
+                    instance_id, call["parameters"], agent_data=AgentData
+                )
+            finally:
+                await tool.release(instance_id)
+            session_id = session_id or CodeGymTool._sessions[AgentData.request_id].session_id
+            assert response.text == observation
+            rewards.append(reward)
+        assert sum(rewards) == 1.0 and rewards[-1] == 1.0
+        assert AgentData.request_id not in CodeGymTool._sessions
+        with pytest.raises(SessionNotFound):
+            await client.get_session(session_id)
+
+
+async def test_an_unreachable_runtime_is_flagged_in_the_output_and_no_model_turn_is_made() -> None:
+    recorded = trajectory("Sample_0006_I__ArrayGcdEnv")
+    server = ServerManager(ScriptedModel(plain_turns(recorded), TOKENIZER))
+    entry = our_entry(f"127.0.0.1:{free_port()}")
+    entry.timeout_s = 2
+    loop = instantiate(entry, trainer_config(), server)
+    output = await loop.run({}, ability=ability(recorded), raw_prompt=PROMPT)
+    assert output.extra_fields["codegym_infrastructure_failure"] is True
+    assert "UNAVAILABLE" in output.extra_fields["codegym_failure_reason"]
+    assert output.reward_score == 0.0 and output.response_mask == [0] and server.request_ids == []
+    assert TOKENIZER.decode(output.prompt_ids).endswith(
+        "Solve the task with the tools.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_the_launch_script_overrides_compose_against_verls_trainer_config() -> None:
+    """Every `key=value` of examples/verl/train_grpo.sh exists in verl's own `ppo_trainer` config
+    (hydra refuses an unknown key), and the agent-loop settings land where AgentLoopWorker reads them."""
+    import re
+
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    script = (ROOT / "examples" / "verl" / "train_grpo.sh").read_text()
+    lines = re.findall(r"^\s{4}([\w.]+=\S+) \\$", script, re.MULTILINE)
+    values = {'"$DATA': "data", '"$HERE': str(AGENT_LOOP_YAML.parent), '"$MODEL"': "Qwen/Qwen3-4B"}
+    overrides = []
+    for line in lines:
+        for name, value in values.items():
+            line = line.replace(name, value)
+        overrides.append(line.replace('"', ""))
+    assert len(overrides) > 20 and any(o.startswith("actor_rollout_ref.rollout.agent.") for o in overrides)
+    with initialize_config_dir(
+        config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None
+    ):
+        config = compose(config_name="ppo_trainer", overrides=overrides)
+    rollout = config.actor_rollout_ref.rollout
+    assert Path(rollout.agent.agent_loop_config_path) == AGENT_LOOP_YAML
+    assert rollout.agent.default_agent_loop == AGENT_NAME and rollout.multi_turn.format == "hermes"
+    assert [e.name for e in OmegaConf.load(rollout.agent.agent_loop_config_path)] == [AGENT_NAME]
