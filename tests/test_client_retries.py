@@ -312,12 +312,15 @@ def test_a_step_sent_again_with_its_index_is_answered_from_the_record(runtime: S
 def test_a_deadline_is_resent_once_then_raised(runtime: ServerProcess) -> None:
     """A step slower than the client's deadline: sent twice (the second time with its index), then
     `RuntimeUnavailable`; a hung runtime costs twice `timeout_s`, not `attempts` times. The step is
-    applied at most once."""
+    applied at most once. (The session is another client's, so this one does not know its step
+    timeout and `timeout_s` is the deadline: a session's own client waits for what its step timeout
+    allows, tests/test_outcomes.py.)"""
+    with RuntimeClient(runtime.address, timeout_s=30) as owner:
+        sid = owner.create_session(env_id=COUNTER, config={"target": 5}).session_id
     with RuntimeClient(runtime.address, timeout_s=1.0) as client:
-        sid = client.create_session(env_id=COUNTER, config={"target": 5}).session_id
         started = time.monotonic()
         with pytest.raises(RuntimeUnavailable) as info:
-            client.step(sid, slow(2500))
+            client.step(sid, slow(2500), step_index=0)
         elapsed = time.monotonic() - started
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and info.value.retryable
         assert 2.0 <= elapsed < 3.5, elapsed

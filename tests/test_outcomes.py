@@ -8,6 +8,7 @@ committed state, and the agent sees exactly the observation it would have seen.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -18,6 +19,7 @@ import pytest
 
 from codegym.errors import REASON_TRAILER, table_markdown
 from codegym.library import Library
+from codegym_client import AsyncRuntimeClient
 from codegym_client.runtime_client import EnvFailed, RuntimeClient, StepConflict
 from tests.conftest import ROOT
 from tests.helpers.processes import CLOCK_NANOSLEEP, children, syscall, wait_until
@@ -138,3 +140,46 @@ def test_a_resent_step_gets_its_recorded_reply_and_another_action_with_that_inde
     assert caught.value.code() == grpc.StatusCode.ABORTED and "another action" in caught.value.details()
     assert client.step(session, '{"name": "Observe", "parameters": {}}').observation == "2"
     client.close_session(session)
+
+
+SLOW_MS = 2_500
+
+
+@pytest.mark.parametrize("how", ["step", "batch", "async step", "async batch"])
+def test_a_step_longer_than_the_clients_timeout_but_within_the_sessions_own_is_answered_once(
+    servers: tuple[ServerProcess, ServerProcess], how: str
+) -> None:
+    """A client's `timeout_s` (1 s here) is not a step's budget: a session created with
+    `step_timeout_ms` above it gets its steps' deadline from that (CreateSession says it back), so a
+    legitimately slow step is answered, applied once, instead of timing out and being resent into
+    the step it is still running."""
+    address = servers[1].address
+    slow = f'{{"name": "Slow", "parameters": {{"ms": {SLOW_MS}}}}}'
+    if how.startswith("async"):
+        session = asyncio.run(async_slow_step(address, slow, batch=how == "async batch"))
+    else:
+        with RuntimeClient(address, timeout_s=1.0, attempts=2) as client:
+            created = client.create_session(env_id=COUNTER, config={"target": 5}, step_timeout_ms=3 * SLOW_MS)
+            assert created.step_timeout_ms == 3 * SLOW_MS
+            session = created.session_id
+            if how == "step":
+                assert client.step(session, slow).observation == "1"
+            else:
+                (result,) = client.batch_step([(session, slow)])
+                assert result.response.observation == "1", result
+    with RuntimeClient(address, timeout_s=30) as client:
+        assert client.get_session(session).step_index == 1
+        client.close_session(session)
+
+
+async def async_slow_step(address: str, slow: str, *, batch: bool) -> str:
+    async with AsyncRuntimeClient(address, timeout_s=1.0, attempts=2) as client:
+        created = await client.create_session(
+            env_id=COUNTER, config={"target": 5}, step_timeout_ms=3 * SLOW_MS
+        )
+        if batch:
+            (result,) = await client.batch_step([(created.session_id, slow)])
+            assert result.response.observation == "1", result
+        else:
+            assert (await client.step(created.session_id, slow)).observation == "1"
+        return str(created.session_id)

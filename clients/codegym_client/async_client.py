@@ -106,7 +106,7 @@ class AsyncRuntimeClient:
             lambda _: self.stub.CreateSession(request, timeout=self.timeout_s),
             repeatable=True,
         )
-        self.indexes.set(response.session_id, 0)
+        self.indexes.created(response)
         return response
 
     @raises_typed("Step")
@@ -115,11 +115,12 @@ class AsyncRuntimeClient:
     ) -> rt.StepResponse:
         """One step; see `RuntimeClient.step`."""
         async with self.indexes.holding_async((session_id,)):
+            deadline = self.indexes.deadline((session_id,), self.timeout_s)
             request, numbered = step_requests(session_id, action, step_index, self.indexes)
             try:
                 response: rt.StepResponse = await self._send(
                     "Step",
-                    lambda first: self.stub.Step(request if first else numbered, timeout=self.timeout_s),
+                    lambda first: self.stub.Step(request if first else numbered, timeout=deadline),
                     repeatable=numbered.HasField("step_index"),
                 )
             except SessionNotFound:
@@ -133,12 +134,13 @@ class AsyncRuntimeClient:
         """See `RuntimeClient.batch_step`."""
         ids = [session_id for session_id, _ in steps]
         async with self.indexes.holding_async(ids):
+            deadline = self.indexes.deadline(ids, self.timeout_s)
             batch = PendingBatch(steps, self.indexes)
             budget = Attempts(self.attempts)
             failed: CodeGymError | None = None
             while True:
                 try:
-                    answer = await self.stub.BatchStep(batch.request(), timeout=self.timeout_s)
+                    answer = await self.stub.BatchStep(batch.request(), timeout=deadline)
                 except grpc.RpcError as exc:
                     failed = typed_error(exc, "BatchStep")
                     delay = None if self._closed else budget.again(resend_kind(failed, batch.repeatable()))
@@ -166,9 +168,10 @@ class AsyncRuntimeClient:
     async def reset(self, session_id: str) -> str:
         """See `RuntimeClient.reset`."""
         async with self.indexes.holding_async((session_id,)):
+            deadline = self.indexes.deadline((session_id,), self.timeout_s)
             request = rt.ResetRequest(session_id=session_id)
             response = await self._send(
-                "Reset", lambda _: self.stub.Reset(request, timeout=self.timeout_s), repeatable=True
+                "Reset", lambda _: self.stub.Reset(request, timeout=deadline), repeatable=True
             )
             self.indexes.set(session_id, 0)
             return str(response.observation)

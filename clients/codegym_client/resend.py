@@ -50,6 +50,12 @@ LATE_RESENDS = 1
 # Sessions whose step index a client remembers (least recently used forgotten first): a forgotten
 # session's next step goes without an index, as a session this client never saw.
 TRACKED_SESSIONS = 1 << 17
+# A step or reset of a session whose step deadline is known (CreateSession's `step_timeout_ms`) is
+# given at least this deadline: the worker may run it twice (once more, cold, after an
+# infrastructure fault), plus time for the way there and a cold start. A client's `timeout_s`
+# below it would cut a legitimate long step short and make a resend wait out the first send.
+RUNS_PER_STEP = 2
+STEP_DEADLINE_SLACK_S = 10.0
 
 # Statuses a call can end with on the way, without the runtime having decided anything we know of:
 # the connection dropped or the replica died (UNAVAILABLE), our own deadline passed
@@ -110,6 +116,7 @@ class StepIndexes:
     def __init__(self, limit: int = TRACKED_SESSIONS) -> None:
         self.limit = limit
         self._index: OrderedDict[str, int] = OrderedDict()
+        self._deadline: dict[str, float] = {}  # session → the least deadline of its steps, s
         self._mutex = threading.Lock()
         self._locks: dict[str, list[Any]] = {}  # session → [lock, holders]
 
@@ -125,11 +132,28 @@ class StepIndexes:
             self._index[session_id] = index
             self._index.move_to_end(session_id)
             while len(self._index) > self.limit:
-                self._index.popitem(last=False)
+                gone, _ = self._index.popitem(last=False)
+                self._deadline.pop(gone, None)
+
+    def created(self, response: rt.CreateSessionResponse) -> None:
+        """A session this client created: index 0, and its steps' deadline from its step timeout."""
+        self.set(response.session_id, 0)
+        if response.step_timeout_ms:
+            with self._mutex:
+                if response.session_id in self._index:
+                    seconds = response.step_timeout_ms / 1000 * RUNS_PER_STEP + STEP_DEADLINE_SLACK_S
+                    self._deadline[response.session_id] = seconds
+
+    def deadline(self, session_ids: Iterable[str], floor: float) -> float:
+        """The deadline for one call stepping (or resetting) `session_ids`: `floor` (the client's
+        `timeout_s`), raised to what the slowest of those sessions' steps may take."""
+        with self._mutex:
+            return max([floor, *(self._deadline.get(s, 0.0) for s in session_ids)])
 
     def forget(self, session_id: str) -> None:
         with self._mutex:
             self._index.pop(session_id, None)
+            self._deadline.pop(session_id, None)
 
     def __len__(self) -> int:
         return len(self._index)

@@ -81,8 +81,10 @@ R = TypeVar("R")
 class RuntimeClient:
     """Blocking client; thread-safe (one channel, many threads). Failed calls raise `CodeGymError`s.
 
-    `timeout_s` is each send's deadline; `attempts` how many times a step, create or reset is sent
-    at most when its reply is lost (1: never resent). See `codegym_client.resend`.
+    `timeout_s` is each send's deadline; a step or reset of a session this client created gets at
+    least twice the session's step timeout and 10 s more (`resend.RUNS_PER_STEP`). `attempts`: how
+    many times a step, create or reset is sent at most when its reply is lost (1: never resent).
+    See `codegym_client.resend`.
     """
 
     def __init__(
@@ -147,7 +149,7 @@ class RuntimeClient:
             lambda _: self.stub.CreateSession(request, timeout=self.timeout_s),
             repeatable=True,
         )
-        self.indexes.set(response.session_id, 0)
+        self.indexes.created(response)
         return response
 
     @raises_typed("Step")
@@ -157,11 +159,12 @@ class RuntimeClient:
         carry it, and the runtime then refuses the step with `StepConflict` when the session is
         elsewhere (see `codegym_client.resend`)."""
         with self.indexes.holding((session_id,)):
+            deadline = self.indexes.deadline((session_id,), self.timeout_s)
             request, numbered = step_requests(session_id, action, step_index, self.indexes)
             try:
                 response: rt.StepResponse = self._send(
                     "Step",
-                    lambda first: self.stub.Step(request if first else numbered, timeout=self.timeout_s),
+                    lambda first: self.stub.Step(request if first else numbered, timeout=deadline),
                     repeatable=numbered.HasField("step_index"),
                 )
             except SessionNotFound:
@@ -182,12 +185,13 @@ class RuntimeClient:
         runs out are returned with their last code."""
         ids = [session_id for session_id, _ in steps]
         with self.indexes.holding(ids):
+            deadline = self.indexes.deadline(ids, self.timeout_s)
             batch = PendingBatch(steps, self.indexes)
             budget = Attempts(self.attempts)
             failed: CodeGymError | None = None
             while True:
                 try:
-                    answer = self.stub.BatchStep(batch.request(), timeout=self.timeout_s)
+                    answer = self.stub.BatchStep(batch.request(), timeout=deadline)
                 except grpc.RpcError as exc:
                     failed = typed_error(exc, "BatchStep")
                     delay = None if self._closed else budget.again(resend_kind(failed, batch.repeatable()))
@@ -211,9 +215,10 @@ class RuntimeClient:
     def reset(self, session_id: str) -> str:
         """Reset to the session's own task (sent again when its reply is lost: a reset twice is one)."""
         with self.indexes.holding((session_id,)):
+            deadline = self.indexes.deadline((session_id,), self.timeout_s)
             request = rt.ResetRequest(session_id=session_id)
             response = self._send(
-                "Reset", lambda _: self.stub.Reset(request, timeout=self.timeout_s), repeatable=True
+                "Reset", lambda _: self.stub.Reset(request, timeout=deadline), repeatable=True
             )
             self.indexes.set(session_id, 0)
             return str(response.observation)

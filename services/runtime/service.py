@@ -188,6 +188,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             task_text=record.task_text,
             env_id=record.env_id,
             max_steps=max_steps,
+            step_timeout_ms=timeout_ms,
         )
 
     @staticmethod

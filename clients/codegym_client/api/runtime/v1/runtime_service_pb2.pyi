@@ -193,6 +193,7 @@ class CreateSessionResponse(_message.Message):
     TASK_TEXT_FIELD_NUMBER: _builtins.int
     ENV_ID_FIELD_NUMBER: _builtins.int
     MAX_STEPS_FIELD_NUMBER: _builtins.int
+    STEP_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Opaque session id."""
     observation: _builtins.str
@@ -205,6 +206,11 @@ class CreateSessionResponse(_message.Message):
     """Environment id."""
     max_steps: _builtins.int
     """Effective max steps."""
+    step_timeout_ms: _builtins.int
+    """Effective deadline of one step in the sandbox, in milliseconds. A step or reset RPC of this
+    session may take up to twice that (the worker runs an operation once more, cold, after an
+    infrastructure fault), so clients give its RPCs a deadline derived from it.
+    """
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]:
         """Tools, in CodeGym text form and as JSON schemas."""
@@ -219,10 +225,11 @@ class CreateSessionResponse(_message.Message):
         task_text: _builtins.str = ...,
         env_id: _builtins.str = ...,
         max_steps: _builtins.int = ...,
+        step_timeout_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id", "max_steps", b"max_steps", "observation", b"observation", "session_id", b"session_id", "task_text", b"task_text", "tools", b"tools", "tools_text", b"tools_text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id", "max_steps", b"max_steps", "observation", b"observation", "session_id", b"session_id", "step_timeout_ms", b"step_timeout_ms", "task_text", b"task_text", "tools", b"tools", "tools_text", b"tools_text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
