@@ -109,6 +109,24 @@ async def test_a_recorded_oracle_episode_reaches_reward_1_and_its_session_is_clo
     assert fields["codegym_infrastructure_failure"] is False and fields["codegym_stop"] == "done"
 
 
+@pytest.mark.parametrize(
+    ("cap", "stop"), [({"max_turns": 3}, "max_turns"), ({"max_user_turns": 2}, "max_user_turns")]
+)
+async def test_the_turn_that_reaches_a_cap_ends_the_response_and_its_call_is_not_run(
+    runtime: str, cap: dict[str, int], stop: str
+) -> None:
+    """As verl's ToolAgentLoop: the caps are checked right after a model turn, so the third turn
+    (after two tool-message turns) is the response's end and its call is never stepped."""
+    recorded = trajectory("Sample_0001_I__MaxSubarraySumEnv", 27)
+    model = ScriptedModel(oracle_turns(recorded))
+    async with AsyncRuntimeClient(runtime, timeout_s=30) as client:
+        episode = await run_episode(client, ability(recorded), tokenizer=TOKENIZER, generate=model, **cap)
+    assert episode.stop == stop and not episode.done and not episode.infrastructure_failure
+    assert (episode.assistant_turns, episode.user_turns, episode.steps) == (3, 2, 2)
+    assert model_text(episode) == "".join(oracle_turns(recorded)[:3])
+    assert episode.response_mask[-1] == 1  # the capped turn is the last thing in the response
+
+
 async def test_tool_calls_inside_think_are_not_run(runtime: str) -> None:
     recorded = trajectory("Sample_0006_I__ArrayGcdEnv")
     wrong = hermes('{"name": "Done", "parameters": {"answer": -1}}')  # would end it with reward 0
@@ -299,8 +317,7 @@ def fake_verl_modules() -> dict[str, Any]:
         def __init__(self, tokenizer: Any) -> None:
             self.tokenizer = tokenizer
 
-        async def extract_tool_calls(self, ids: list[int], tools: Any = None) -> tuple[str, list[Any]]:
-            assert all(isinstance(t, OpenAIFunctionToolSchema) for t in tools or ()), tools
+        async def extract_tool_calls(self, ids: list[int]) -> tuple[str, list[Any]]:  # 0.8: ids only
             text = self.tokenizer.decode(ids)
             calls = []
             for match in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL):

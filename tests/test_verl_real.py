@@ -83,15 +83,20 @@ def trainer_config(**multi_turn: Any) -> Any:
 class ServerManager:
     """verl's `LLMServerClient.generate` as the loops call it, answered by a scripted model."""
 
-    def __init__(self, model: ScriptedModel) -> None:
+    def __init__(self, model: ScriptedModel, logprob: float | None = None) -> None:
         self.model = model
+        self.logprob = logprob  # each generated token's log-prob, when the server returns them
         self.request_ids: list[str] = []
+        self.sampling_params: list[dict[str, Any]] = []
 
     async def generate(
         self, request_id: str, *, prompt_ids: list[int], sampling_params: Any, **_: Any
     ) -> Any:
         self.request_ids.append(request_id)
-        return TokenOutput(token_ids=self.model.next_turn(prompt_ids), num_preempted=0)
+        self.sampling_params.append(dict(sampling_params))
+        ids = self.model.next_turn(prompt_ids)
+        logprobs = None if self.logprob is None else [self.logprob] * len(ids)
+        return TokenOutput(token_ids=ids, log_probs=logprobs, num_preempted=0)
 
 
 def instantiate(entry: Any, config: Any, server: ServerManager, tools: list[Any] | None = None) -> Any:
@@ -164,20 +169,23 @@ async def test_the_config_file_builds_the_loop_as_verl_does_and_an_episode_reach
     assert tensors["extra_fields"]["codegym_stop"] == "done"
 
 
-async def test_our_token_stream_is_the_one_verl_tool_agent_loop_builds_from_the_same_turns() -> None:
+@pytest.mark.parametrize("max_assistant_turns", [None, 3])
+async def test_our_token_stream_is_the_one_verl_tool_agent_loop_builds_from_the_same_turns(
+    max_assistant_turns: int | None,
+) -> None:
     recorded = trajectory("Sample_0001_I__MaxSubarraySumEnv", 27)
     async with AsyncRuntimeClient(RUNTIME, timeout_s=30) as client:
         schemas = [json.loads(t.json_schema) for t in (await client.get_env(recorded["env_id"])).tools]
-    config = trainer_config()
+    config = trainer_config(max_assistant_turns=max_assistant_turns)
 
-    ours_server = ServerManager(ScriptedModel(plain_turns(recorded), TOKENIZER))
+    ours_server = ServerManager(ScriptedModel(plain_turns(recorded), TOKENIZER), logprob=-0.5)
     ours = await instantiate(our_entry(), config, ours_server).run(
         {}, ability=ability(recorded), raw_prompt=PROMPT
     )
 
     # verl's own loop, with one CodeGymTool per tool (what tool_config(schemas, target) lists).
     tools = [CodeGymTool({"target": RUNTIME}, OpenAIFunctionToolSchema.model_validate(s)) for s in schemas]
-    theirs_server = ServerManager(ScriptedModel(plain_turns(recorded), TOKENIZER))
+    theirs_server = ServerManager(ScriptedModel(plain_turns(recorded), TOKENIZER), logprob=-0.5)
     verl_loop = instantiate(
         {"_target_": f"{ToolAgentLoop.__module__}.ToolAgentLoop"}, config, theirs_server, tools
     )
@@ -189,12 +197,24 @@ async def test_our_token_stream_is_the_one_verl_tool_agent_loop_builds_from_the_
 
     # The same session tools in the prompt (verl renders its schema model of them), the same tokens.
     assert ours.prompt_ids == theirs.prompt_ids
+    # Log-probs: the model's where it generated, 0.0 on what it did not (tool messages, boundaries).
+    assert ours.response_logprobs is not None and len(ours.response_logprobs) == len(ours.response_mask)
+    assert ours.response_logprobs == [-0.5 if m else 0.0 for m in ours.response_mask]
+    n = len(ours.response_ids)
+    if max_assistant_turns:
+        # Both stop right after the third model turn, its calls not run: the very same stream.
+        assert (ours.response_ids, ours.response_mask) == (theirs.response_ids, theirs.response_mask)
+        assert ours.response_logprobs == theirs.response_logprobs
+        assert ours.extra_fields["codegym_stop"] == "max_turns" and ours.extra_fields["codegym_steps"] == 2
+        assert ours.num_turns == theirs.num_turns == 2 + 3 + 1
+        await tools[0].close_all()  # verl never tells a tool that its episode was cut short
+        return
     # verl's loop goes on after the episode's end (the final observation, then one more model
     # turn); ours stops at the model's last call: ours is the start of theirs, mask included.
-    n = len(ours.response_ids)
     assert n < len(theirs.response_ids)
     assert ours.response_ids == theirs.response_ids[:n]
     assert ours.response_mask == theirs.response_mask[:n]
+    assert ours.response_logprobs == theirs.response_logprobs[:n]
     assert sum(ours.response_mask) > 0 and 0 in ours.response_mask
     # Every tool response verl's loop got through CodeGymTool is the recorded observation.
     assert sum(theirs.extra_fields["tool_rewards"]) == 1.0 and ours.reward_score == 1.0
@@ -203,6 +223,45 @@ async def test_our_token_stream_is_the_one_verl_tool_agent_loop_builds_from_the_
         assert f"<tool_response>\n{observation}\n</tool_response>" in text
     assert ours.num_turns == 2 * len(recorded["steps"])
     assert not CodeGymTool._sessions  # the step that ended the episode closed its session
+
+
+def glm(action: str) -> str:
+    """A call in GLM's XML format (verl's `glm` parser), which ends at `<|observation|>`."""
+    call = json.loads(action)
+    args = "".join(
+        f"<arg_key>{k}</arg_key><arg_value>{json.dumps(v)}</arg_value>" for k, v in call["parameters"].items()
+    )
+    return f"<tool_call>{call['name']}{args}</tool_call><|observation|>"
+
+
+async def test_another_format_parses_with_verls_parser_and_its_stop_token_is_asked_for() -> None:
+    """`format: glm`: calls parsed by verl's GLM parser from its XML (arguments typed back from
+    text), and `<|observation|>`, the parser's stop token, added to every turn's sampling parameters
+    (as ToolAgentLoop adds it), keeping the trainer's own stop tokens."""
+    tokenizer = chatml_tokenizer("<|observation|>")
+    observation = tokenizer.convert_tokens_to_ids("<|observation|>")
+    recorded = trajectory("Sample_0006_I__ArrayGcdEnv")
+    server = ServerManager(ScriptedModel([glm(a) for a, _ in recorded["steps"]], tokenizer))
+    entry = our_entry()
+    entry.format = "glm"
+    loop = hydra.utils.instantiate(
+        config=entry,
+        trainer_config=DictConfigWrap(config=trainer_config()),
+        server_manager=server,
+        tokenizer=tokenizer,
+        processor=None,
+        hf_model_type="glm4",
+        dataset_cls=None,
+        data_config=DictConfigWrap(trainer_config().data),
+        tools=ToolListWrap([]),
+    )
+    output = await loop.run(
+        {"temperature": 1.0, "stop_token_ids": [7]}, ability=ability(recorded), raw_prompt=PROMPT
+    )
+    assert output.reward_score == 1.0 and output.extra_fields["codegym_steps"] == len(recorded["steps"])
+    assert len(server.sampling_params) == len(recorded["steps"])
+    for params in server.sampling_params:
+        assert set(params["stop_token_ids"]) == {7, observation} and params["temperature"] == 1.0
 
 
 async def test_the_tool_keeps_one_session_per_request_id_and_closes_it_at_the_end() -> None:

@@ -168,10 +168,9 @@ class AsyncRuntimeClient:
     async def reset(self, session_id: str) -> str:
         """See `RuntimeClient.reset`."""
         async with self.indexes.holding_async((session_id,)):
-            deadline = self.indexes.deadline((session_id,), self.timeout_s)
             request = rt.ResetRequest(session_id=session_id)
             response = await self._send(
-                "Reset", lambda _: self.stub.Reset(request, timeout=deadline), repeatable=True
+                "Reset", lambda _: self.stub.Reset(request, timeout=self.timeout_s), repeatable=True
             )
             self.indexes.set(session_id, 0)
             return str(response.observation)

@@ -50,7 +50,7 @@ LATE_RESENDS = 1
 # Sessions whose step index a client remembers (least recently used forgotten first): a forgotten
 # session's next step goes without an index, as a session this client never saw.
 TRACKED_SESSIONS = 1 << 17
-# A step or reset of a session whose step deadline is known (CreateSession's `step_timeout_ms`) is
+# A step of a session whose step deadline is known (CreateSession's `step_timeout_ms`) is
 # given at least this deadline: the worker may run it twice (once more, cold, after an
 # infrastructure fault), plus time for the way there and a cold start. A client's `timeout_s`
 # below it would cut a legitimate long step short and make a resend wait out the first send.
@@ -145,7 +145,7 @@ class StepIndexes:
                     self._deadline[response.session_id] = seconds
 
     def deadline(self, session_ids: Iterable[str], floor: float) -> float:
-        """The deadline for one call stepping (or resetting) `session_ids`: `floor` (the client's
+        """The deadline for one call stepping `session_ids`: `floor` (the client's
         `timeout_s`), raised to what the slowest of those sessions' steps may take."""
         with self._mutex:
             return max([floor, *(self._deadline.get(s, 0.0) for s in session_ids)])

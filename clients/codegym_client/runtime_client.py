@@ -81,8 +81,8 @@ R = TypeVar("R")
 class RuntimeClient:
     """Blocking client; thread-safe (one channel, many threads). Failed calls raise `CodeGymError`s.
 
-    `timeout_s` is each send's deadline; a step or reset of a session this client created gets at
-    least twice the session's step timeout and 10 s more (`resend.RUNS_PER_STEP`). `attempts`: how
+    `timeout_s` is each send's deadline; a step (or batch step) of a session this client created gets
+    at least twice the session's step timeout and 10 s more (`resend.RUNS_PER_STEP`). `attempts`: how
     many times a step, create or reset is sent at most when its reply is lost (1: never resent).
     See `codegym_client.resend`.
     """
@@ -215,10 +215,9 @@ class RuntimeClient:
     def reset(self, session_id: str) -> str:
         """Reset to the session's own task (sent again when its reply is lost: a reset twice is one)."""
         with self.indexes.holding((session_id,)):
-            deadline = self.indexes.deadline((session_id,), self.timeout_s)
             request = rt.ResetRequest(session_id=session_id)
             response = self._send(
-                "Reset", lambda _: self.stub.Reset(request, timeout=deadline), repeatable=True
+                "Reset", lambda _: self.stub.Reset(request, timeout=self.timeout_s), repeatable=True
             )
             self.indexes.set(session_id, 0)
             return str(response.observation)

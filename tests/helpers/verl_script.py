@@ -130,10 +130,10 @@ CHATML_TEMPLATE = (  # HF renders with trim_blocks: a newline right after a tag 
 )
 
 
-def chatml_tokenizer() -> Any:
+def chatml_tokenizer(*special: str) -> Any:
     """A real Hugging Face fast tokenizer built here, without a hub: one token per byte (byte-level
     BPE with no merges, so `\\n` is one token), `<|im_start|>`, `<|im_end|>` (eos) and
-    `<|endoftext|>` (pad) special tokens, and `CHATML_TEMPLATE`. What verl's Qwen Continuous Token
+    `<|endoftext|>` (pad) special tokens (and `special`), and `CHATML_TEMPLATE`. What verl's Qwen Continuous Token
     builder needs of a Qwen tokenizer. Imports `tokenizers` and `transformers`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -146,7 +146,7 @@ def chatml_tokenizer() -> Any:
         tokenizer_object=core,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>"],
+        additional_special_tokens=["<|im_start|>", *special],
     )
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer

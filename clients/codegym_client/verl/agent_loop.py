@@ -31,6 +31,8 @@ has none, and the episode renders with the chat template as 0.8's `ToolAgentLoop
 from __future__ import annotations
 
 import importlib
+import inspect
+import json
 import logging
 from typing import Any
 from uuid import uuid4
@@ -71,12 +73,30 @@ AGENT_NAME = "codegym_agent"
 
 
 def verl_tool_parser(format: str, tokenizer: Tokenizer) -> ParseToolCalls:
-    """verl's own parser for `format` (`ToolParser.get_tool_parser`), as `run_episode` takes one."""
+    """verl's own parser for `format` (`ToolParser.get_tool_parser`), as `run_episode` takes one.
+
+    verl 0.9's parsers take the tools (`extract_tool_calls(ids, tools)`: the XML formats type the
+    arguments by them), 0.8's take ids only. Tools verl's schema model refuses (a parameter with
+    no JSON type, as an unannotated one renders) are not given: the parser reads the calls as text."""
     parser = ToolParser.get_tool_parser(format, tokenizer)
+    takes_tools = "tools" in inspect.signature(parser.extract_tool_calls).parameters
+    schemas: dict[str, Any] = {}
+
+    def verl_schemas(tools: list[dict[str, Any]]) -> Any:
+        key = json.dumps(tools, sort_keys=True)
+        if key not in schemas:
+            try:
+                schemas[key] = [OpenAIFunctionToolSchema.model_validate(t) for t in tools]
+            except ValueError as exc:  # pydantic's ValidationError is one
+                log.warning("verl's tool schema model refuses these tools; parsing without them: %s", exc)
+                schemas[key] = None
+        return schemas[key]
 
     async def parse(ids: list[int], tools: list[dict[str, Any]]) -> list[ToolCall]:
-        schemas = [OpenAIFunctionToolSchema.model_validate(t) for t in tools]
-        _, calls = await parser.extract_tool_calls(ids, schemas)
+        if takes_tools:
+            _, calls = await parser.extract_tool_calls(ids, verl_schemas(tools))
+        else:
+            _, calls = await parser.extract_tool_calls(ids)
         return [(str(c.name), str(c.arguments)) for c in calls]
 
     return parse
@@ -98,7 +118,7 @@ class ContinuousTokenRenderer:
             stream.token_ids,
             turn,
             stream.mask,
-            stream.logprobs if (stream.logprobs or logprobs) else None,
+            (stream.logprobs or []) if (stream.logprobs or logprobs) else None,
             assistant_logprobs=list(logprobs) if logprobs else None,
         )
         return Stream(list(merged.token_ids), list(mask), _logprobs(merged_logprobs, stream.logprobs))
@@ -163,6 +183,7 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
         self.max_turns = int(
             max_turns if max_turns is not None else multi_turn.get("max_assistant_turns") or 0
         )
+        self.max_user_turns = int(multi_turn.get("max_user_turns") or 0)
         self.max_steps = max_steps
         self.max_tool_response_length = int(multi_turn.get("max_tool_response_length") or 0)
         self.truncate_side = str(multi_turn.get("tool_response_truncate_side") or "middle")
@@ -197,9 +218,8 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
             raise ValueError("a codegym_agent row needs 'ability' (codegym_v1@{code_id}__{Env}@{config})")
         raw_prompt = kwargs.get("raw_prompt")  # a list, or a numpy array of dicts: no truth test
         messages = [dict(m) for m in raw_prompt] if raw_prompt is not None else []
-        priority = kwargs.get("priority")
-        if self.config.actor_rollout_ref.rollout.get("full_determinism") and priority is not None:
-            request_id = f"det-{int(priority)}"  # as verl's ToolAgentLoop names it then
+        if self.config.actor_rollout_ref.rollout.get("full_determinism"):
+            request_id = f"det-{int(kwargs.get('priority') or 0)}"  # as verl's ToolAgentLoop names it
         else:
             request_id = uuid4().hex
         stop = self._stop_token_ids()
@@ -225,6 +245,7 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
             parse_tool_calls=self._parser(),
             messages=messages,
             max_turns=self.max_turns,
+            max_user_turns=self.max_user_turns,
             response_length=self.response_length,
             max_tool_response_length=self.max_tool_response_length,
             tool_response_truncate_side=self.truncate_side,

@@ -11,7 +11,8 @@ tokens as generated, mask 1, then each turn's tool messages, mask 0, log-prob 0.
 that stream with its Continuous Token builder (`CodeGymAgentLoop` hands its own to the episode);
 `ChatTemplateRenderer`, the default, is verl 0.8's way: the tool messages rendered with the chat
 template alone, the system prompt's tokens cut off. The episode stops when the model calls no tool,
-after `max_turns` model turns, or when the response would pass `response_length` (a turn's tool
+after `max_turns` model turns (that turn's calls are not run, as verl's loop does not run them) or
+`max_user_turns` tool-message turns, or when the response would pass `response_length` (a turn's tool
 messages that would pass it are not appended). What it adds:
 
 - one runtime session for the whole episode (opened from the row's `ability`, closed in `finally`),
@@ -95,7 +96,9 @@ class Episode:
     steps: int = 0
     assistant_turns: int = 0
     user_turns: int = 0
-    stop: str = ""  # done, truncated, no_tool_call, max_turns, response_length, infrastructure
+    stop: str = (
+        ""  # done, truncated, no_tool_call, max_turns, max_user_turns, response_length, infrastructure
+    )
     infrastructure_failure: bool = False
     failure_reason: str = ""
     env_id: str = ""
@@ -310,6 +313,7 @@ async def run_episode(
     parse_tool_calls: ParseToolCalls | None = None,
     messages: Sequence[Mapping[str, Any]] | None = None,
     max_turns: int = 0,
+    max_user_turns: int = 0,
     response_length: int = 8192,
     max_tool_response_length: int = 0,
     tool_response_truncate_side: str = "middle",
@@ -328,7 +332,10 @@ async def run_episode(
     - `parse_tool_calls(ids, tools)`: the turn's calls as (name, arguments JSON), given the turn's
       tokens outside `<think>` and the session's tool schemas; default: the hermes format, parsed
       as verl's `HermesToolParser` does.
-    - `max_turns`: model turns at most (0: no limit but the response length and the env's step cap).
+    - `max_turns`: model turns at most (0: no limit but the response length and the env's step
+      cap); `max_user_turns`: tool-message turns at most. Checked right after a model turn, before
+      its calls are parsed, as verl's `ToolAgentLoop` checks `max_assistant_turns` and
+      `max_user_turns`: the turn that reaches a cap is the response's end, its calls not run.
     - `max_calls_per_turn`: calls of one turn that are stepped, in order (the environment is one
       state: they are steps one after the other; the default, 1, is CodeGym's one call per step).
     - `renderer`: how the token stream grows (default: `ChatTemplateRenderer(tokenizer,
@@ -360,18 +367,22 @@ async def run_episode(
         stream = await render.prompt(list(conversation), tools)
 
         while True:
-            if max_turns and episode.assistant_turns >= max_turns:
-                episode.stop = "max_turns"
-                break
             started = time.monotonic()
             output = await generate(list(stream.token_ids))
             episode.metrics["generate_sequences"] += time.monotonic() - started
             turn = [int(i) for i in output.token_ids]
             episode.assistant_turns += 1
             stream = await render.model_turn(stream, turn, getattr(output, "log_probs", None))
+            capped = ""
             if len(stream.mask) >= response_length:
+                capped = "response_length"
+            elif max_turns and episode.assistant_turns >= max_turns:
+                capped = "max_turns"
+            elif max_user_turns and episode.user_turns >= max_user_turns:
+                capped = "max_user_turns"
+            if capped:
                 episode.messages.append({"role": "assistant", "content": _decode(tokenizer, turn)})
-                episode.stop = "response_length"
+                episode.stop = capped
                 break
             raw = tokenizer.decode(turn, skip_special_tokens=False)
             shown = visible_text(raw)

@@ -207,9 +207,9 @@ class CreateSessionResponse(_message.Message):
     max_steps: _builtins.int
     """Effective max steps."""
     step_timeout_ms: _builtins.int
-    """Effective deadline of one step in the sandbox, in milliseconds. A step or reset RPC of this
-    session may take up to twice that (the worker runs an operation once more, cold, after an
-    infrastructure fault), so clients give its RPCs a deadline derived from it.
+    """Effective deadline of one step in the sandbox, in milliseconds. A Step RPC of this session may
+    take up to twice that (the worker runs an operation once more, cold, after an infrastructure
+    fault), so clients give its steps a deadline derived from it.
     """
     @_builtins.property
     def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolSpec]:
