@@ -8,7 +8,7 @@ DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server
 LINT_PATHS := codegym codegym_cli sandbox_worker services clients tests bench
 
 
-.PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test test-verl bench up demo clean k8s-validate docker-lint
+.PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test test-trainers bench up demo clean k8s-validate docker-lint
 
 install: deb-packages venv node_modules/.bin/buf jail-paths
 
@@ -77,22 +77,23 @@ lint: buf-lint
 test:
 	$(VENV)/bin/pytest -q
 
-# The verl adapter in verl itself (tests/test_verl_real.py): verl's stack needs torch, so it gets a
-# venv of its own beside the client (`make test` skips that file). The runtime it plays against runs
-# from the project's venv (tests/helpers/with_runtime.py). Defaults fit this machine, where a CPU
-# build of torch lies on disk for Python 3.11; elsewhere e.g. VERL_PYTHON=python3.12 VERL_TORCH=torch.
-# verl 0.9.1 imports cachetools, fastapi and uvicorn without requiring them.
-VERL_VENV ?= .venv-verl
-VERL_PYTHON ?= $(shell pyenv prefix 3.11 2>/dev/null || echo /usr)/bin/python3
-VERL_TORCH ?= torch==2.13.0
-VERL ?= verl==0.9.1
-test-verl:
-	test -x $(VERL_VENV)/bin/python || $(VERL_PYTHON) -m venv $(VERL_VENV)
-	$(VERL_VENV)/bin/pip install -q '$(VERL_TORCH)'
-	$(VERL_VENV)/bin/pip install -q '$(VERL)' cachetools fastapi uvicorn pytest pytest-asyncio pytest-timeout \
-	  -e ./clients
-	$(PY) -m tests.helpers.with_runtime -- env CODEGYM_TESTS_REQUIRE_VERL=1 \
-	  $(VERL_VENV)/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_verl_real.py
+# The trainer adapters inside the trainers themselves (tests/test_verl_real.py, tests/test_trl_real.py):
+# verl and TRL need torch, so they get a venv of their own beside the client (`make test` skips those
+# files). The runtime they play against runs from the project's venv (tests/helpers/with_runtime.py).
+# Defaults fit this machine, where a CPU build of torch lies on disk for Python 3.11; elsewhere e.g.
+# TRAINERS_PYTHON=python3.12 TRAINERS_TORCH=torch. verl 0.9.1 imports cachetools, fastapi and uvicorn
+# without requiring them; TRL on transformers < 5.13 parses tool calls with jmespath.
+TRAINERS_VENV ?= .venv-trainers
+TRAINERS_PYTHON ?= $(shell pyenv prefix 3.11 2>/dev/null || echo /usr)/bin/python3
+TRAINERS_TORCH ?= torch==2.13.0
+TRAINERS ?= verl==0.9.1 trl==1.16.0
+test-trainers:
+	test -x $(TRAINERS_VENV)/bin/python || $(TRAINERS_PYTHON) -m venv $(TRAINERS_VENV)
+	$(TRAINERS_VENV)/bin/python -m pip install -q '$(TRAINERS_TORCH)'
+	$(TRAINERS_VENV)/bin/python -m pip install -q $(TRAINERS) cachetools fastapi uvicorn jmespath \
+	  pytest pytest-asyncio pytest-timeout -e ./clients
+	$(PY) -m tests.helpers.with_runtime -- env CODEGYM_TESTS_REQUIRE_TRAINERS=1 $(TRAINERS_VENV)/bin/python \
+	  -m pytest -q -rs -p no:cacheprovider tests/test_verl_real.py tests/test_trl_real.py
 
 bench:
 	$(PY) bench/sandbox_bench.py
@@ -133,4 +134,4 @@ docker-lint:
 	$(VENV)/bin/hadolint Dockerfile
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TRAINERS_VENV) node_modules .pytest_cache .mypy_cache .ruff_cache

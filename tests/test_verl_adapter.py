@@ -2,7 +2,7 @@
 library. The episode driver (`run_episode`, what `CodeGymAgentLoop.run` plays) runs with a scripted
 `generate` replaying recorded oracle trajectories as hermes tool calls (tests/helpers/verl_script.py).
 No verl, no torch: `CodeGymAgentLoop` and `CodeGymTool` run here against stand-ins of verl 0.8's
-interfaces; tests/test_verl_real.py runs them in verl itself (`make test-verl`)."""
+interfaces; tests/test_verl_real.py runs them in verl itself (`make test-trainers`)."""
 
 from __future__ import annotations
 

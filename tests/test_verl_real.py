@@ -2,10 +2,11 @@
 examples/verl/codegym_agent_loop.yaml the way verl's `AgentLoopWorker` does it, and `CodeGymTool`
 driven by verl's own `ToolAgentLoop`, both against a real runtime serving the sample library.
 
-verl brings torch and a few GB, so this file runs in a venv of its own: `make test-verl` builds it
-(verl, torch, the client) and runs this file there with `CODEGYM_TEST_RUNTIME` naming a runtime it
-starts from the project's venv (tests/helpers/with_runtime.py). Elsewhere the file skips;
-`CODEGYM_TESTS_REQUIRE_VERL=1` (what `make test-verl` sets) turns that skip into a failure.
+verl brings torch and a few GB, so this file runs in a venv of its own: `make test-trainers` builds
+it (verl, TRL, torch, the client) and runs this file there with `CODEGYM_TEST_RUNTIME` naming a
+runtime it starts from the project's venv (tests/helpers/with_runtime.py). Elsewhere the file
+skips; `CODEGYM_TESTS_REQUIRE_TRAINERS=1` (what `make test-trainers` sets) turns that skip into a
+failure.
 
 The model is scripted (recorded oracle trajectories as hermes tool calls) and the tokenizer a real
 Hugging Face one built here with a ChatML template (tests/helpers/verl_script.py), so verl's Qwen
@@ -26,12 +27,12 @@ import pytest
 
 from tests.helpers.verl_script import ScriptedModel, ability, chatml_tokenizer, hermes, trajectory
 
-REQUIRED = os.environ.get("CODEGYM_TESTS_REQUIRE_VERL") == "1"
+REQUIRED = os.environ.get("CODEGYM_TESTS_REQUIRE_TRAINERS") == "1"
 RUNTIME = os.environ.get("CODEGYM_TEST_RUNTIME", "").strip()
 if importlib.util.find_spec("verl") is None or not RUNTIME:
-    why = "needs verl and CODEGYM_TEST_RUNTIME (run `make test-verl`)"
+    why = "needs verl and CODEGYM_TEST_RUNTIME (run `make test-trainers`)"
     if REQUIRED:
-        raise RuntimeError(f"CODEGYM_TESTS_REQUIRE_VERL=1: this file {why}")
+        raise RuntimeError(f"CODEGYM_TESTS_REQUIRE_TRAINERS=1: this file {why}")
     pytest.skip(why, allow_module_level=True)
 
 import hydra  # noqa: E402

@@ -130,11 +130,11 @@ CHATML_TEMPLATE = (  # HF renders with trim_blocks: a newline right after a tag 
 )
 
 
-def chatml_tokenizer(*special: str) -> Any:
+def chatml_tokenizer(*special: str, template: str = CHATML_TEMPLATE) -> Any:
     """A real Hugging Face fast tokenizer built here, without a hub: one token per byte (byte-level
     BPE with no merges, so `\\n` is one token), `<|im_start|>`, `<|im_end|>` (eos) and
-    `<|endoftext|>` (pad) special tokens (and `special`), and `CHATML_TEMPLATE`. What verl's Qwen Continuous Token
-    builder needs of a Qwen tokenizer. Imports `tokenizers` and `transformers`."""
+    `<|endoftext|>` (pad) special tokens (and `special`), and a chat template (`CHATML_TEMPLATE`).
+    What verl's Qwen Continuous Token builder needs of a Qwen tokenizer. Imports `tokenizers` and `transformers`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -148,5 +148,5 @@ def chatml_tokenizer(*special: str) -> Any:
         pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>", *special],
     )
-    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.chat_template = template
     return tokenizer

@@ -3,9 +3,9 @@
 with `CODEGYM_TEST_RUNTIME` set to the runtime's address, stops both by pid and exits with
 COMMAND's status.
 
-Why: `make test-verl` runs tests/test_verl_real.py in a venv of its own (verl and torch, beside the
-client only), which cannot start our servers; they run from the project's venv, as a trainer's
-rollout workers would reach a deployed runtime.
+Why: `make test-trainers` runs tests/test_verl_real.py and tests/test_trl_real.py in a venv of its
+own (verl, TRL and torch beside the client only), which cannot start our servers; they run from the
+project's venv, as a trainer's rollout workers would reach a deployed runtime.
 """
 
 from __future__ import annotations

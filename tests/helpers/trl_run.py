@@ -1,0 +1,177 @@
+"""One step of TRL's own `GRPOTrainer` on CodeGym environments, driven through
+`codegym_client.trl.CodeGymSpec` (`environment_factory`), with a scripted model.
+
+`python -m tests.helpers.trl_run RUNTIME OUT.json` trains one GRPO step on two rows: the oracle of
+ArrayGcd (reward 1) and MaxSubarraySum played with a wrong final answer (reward 0). The two envs
+have different tools, so the spec hands TRL a dict factory and TRL its multi-environment path. It
+writes TRL's log history and the ids of the sessions the pooled instances hold at the end of
+training, then exits without closing anything, as a training script does: the adapter's exit
+hook must close them (tests/test_trl_real.py checks that from outside).
+
+The model is a real `PreTrainedModel` whose backbone writes, at each position, the one-hot vector of
+the scripted next token (the turns of the rollout's script, chosen by the env's tools in the
+prompt), and whose LM head is a trainable linear layer. So TRL generates, parses tool calls with
+its own response template, calls the environment's methods, computes log-probs through its fused
+LM head and steps the optimizer. The tokenizer is byte-level, with the Qwen2.5 chat template that
+TRL ships (read from the installed package), which TRL's `add_response_schema` recognises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import trl
+from torch import nn
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast
+from trl import GRPOConfig, GRPOTrainer
+
+from codegym_client.trl import CodeGymSpec
+from tests.helpers.verl_script import ability, chatml_tokenizer, hermes, trajectory
+
+RIGHT = trajectory("Sample_0006_I__ArrayGcdEnv")
+WRONG = trajectory("Sample_0001_I__MaxSubarraySumEnv", 3)
+# What tells the rollouts apart: a tool only MaxSubarraySum has, in the system prompt's tool list.
+WRONG_MARKER = "ExtendOrRestart"
+
+
+def wrong_answer(recorded: dict[str, Any]) -> list[str]:
+    """The recorded actions, the last one (`Done`) with an answer one off."""
+    actions = [action for action, _ in recorded["steps"]]
+    last = json.loads(actions[-1])
+    assert last["name"] == "Done", last
+    last["parameters"]["answer"] += 1
+    return [*actions[:-1], json.dumps(last)]
+
+
+class ScriptConfig(PretrainedConfig):
+    model_type = "codegym_script"
+
+    def __init__(self, vocab_size: int = 256, **kwargs: Any) -> None:
+        self.vocab_size = vocab_size
+        self.hidden_size = vocab_size
+        self.max_position_embeddings = 1 << 16
+        super().__init__(**kwargs)
+
+
+class Script:
+    """The next token after each position: the k-th assistant turn of a sequence is turn k of its
+    script, then the end of turn."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        def turns(actions: list[str]) -> list[list[int]]:
+            return [tokenizer.encode(hermes(a) + "<|im_end|>", add_special_tokens=False) for a in actions]
+
+        self.right = turns([a for a, _ in RIGHT["steps"]])
+        self.wrong = turns(wrong_answer(WRONG))
+        self.start = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+        self.marker = tokenizer.encode(WRONG_MARKER, add_special_tokens=False)
+        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def next_tokens(self, ids: list[int]) -> list[int]:
+        text = bytes(t for t in ids if t < 256)  # byte tokens; special tokens dropped
+        script = self.wrong if bytes(self.marker) in text else self.right
+        out: list[int] = []
+        turn, since = 0, -1
+        n = len(self.start)
+        for t in range(len(ids)):
+            if t + 1 >= n and ids[t + 1 - n : t + 1] == self.start:
+                turn, since = turn + 1, t
+            tokens = script[turn - 1] if 0 < turn <= len(script) else []
+            j = t - since
+            out.append(tokens[j] if since >= 0 and j < len(tokens) else self.end)
+        return out
+
+
+class Backbone(nn.Module):
+    def __init__(self, script: Script, vocab_size: int) -> None:
+        super().__init__()
+        self.script, self.vocab_size = script, vocab_size
+
+    def forward(self, input_ids: torch.Tensor, **_: Any) -> BaseModelOutput:
+        following = torch.tensor([self.script.next_tokens(row.tolist()) for row in input_ids])
+        return BaseModelOutput(last_hidden_state=nn.functional.one_hot(following, self.vocab_size).float())
+
+
+class ScriptedModel(PreTrainedModel, GenerationMixin):
+    config_class = ScriptConfig
+    base_model_prefix = "model"
+
+    def __init__(self, config: ScriptConfig, script: Script) -> None:
+        super().__init__(config)
+        self.model = Backbone(script, config.vocab_size)
+        self.lm_head = nn.Linear(config.vocab_size, config.vocab_size)
+        with torch.no_grad():  # logits: +20 on the scripted token, -20 elsewhere
+            self.lm_head.weight.copy_(torch.eye(config.vocab_size) * 40.0)
+            self.lm_head.bias.fill_(-20.0)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Keep the weights set above."""
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
+        return {"input_ids": input_ids}  # no cache: the script reads the whole sequence
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,  # left padding: the script reads through it
+        logits_to_keep: int = 0,
+        **_: Any,
+    ) -> CausalLMOutputWithPast:
+        logits = self.lm_head(self.model(input_ids).last_hidden_state)
+        return CausalLMOutputWithPast(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+
+
+def main(runtime: str, out: Path) -> None:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
+    tokenizer = chatml_tokenizer(template=template)
+    tokenizer.padding_side = "left"
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config = ScriptConfig(vocab_size=len(tokenizer), eos_token_id=end, pad_token_id=tokenizer.pad_token_id)
+    model = ScriptedModel(config, Script(tokenizer))
+    model.generation_config.use_cache = False
+
+    spec = CodeGymSpec(runtime, instances=[{"ability": ability(RIGHT)}, {"ability": ability(WRONG)}])
+    assert isinstance(spec.environment_factory, dict)  # two tool sets: TRL's multi-environment path
+    args = GRPOConfig(
+        output_dir=str(out.parent / "trl-output"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_steps=1,
+        max_completion_length=4096,
+        max_tool_calling_iterations=64,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        generation_kwargs={"use_cache": False},
+        save_strategy="no",
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=spec.reward_funcs,
+        args=args,
+        train_dataset=spec.train_dataset,
+        processing_class=tokenizer,
+        environment_factory=spec.environment_factory,
+    )
+    trainer.train()
+    # TRL keeps its pooled instances to the end and never closes them; neither does this script.
+    pool = [env for envs in trainer._environment_pool.values() for env in envs]
+    sessions = [env._session.session_id for env in pool if env._session is not None]
+    out.write_text(json.dumps({"log": trainer.state.log_history, "sessions": sessions}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))

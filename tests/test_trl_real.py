@@ -1,0 +1,64 @@
+"""CodeGym's TRL adapter inside TRL itself: one step of TRL's own `GRPOTrainer` with
+`CodeGymSpec.environment_factory`, against a real runtime serving the sample library
+(tests/helpers/trl_run.py: a scripted model, TRL's Qwen2.5 chat template).
+
+TRL needs torch, so this runs where tests/test_verl_real.py runs: `make test-trainers` (a venv of
+its own, `CODEGYM_TEST_RUNTIME` naming a runtime started from the project's venv). Elsewhere the
+file skips; `CODEGYM_TESTS_REQUIRE_TRAINERS=1` turns that skip into a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.verl_script import trajectory
+
+REQUIRED = os.environ.get("CODEGYM_TESTS_REQUIRE_TRAINERS") == "1"
+RUNTIME = os.environ.get("CODEGYM_TEST_RUNTIME", "").strip()
+if importlib.util.find_spec("trl") is None or importlib.util.find_spec("torch") is None or not RUNTIME:
+    why = "needs TRL, torch and CODEGYM_TEST_RUNTIME (run `make test-trainers`)"
+    if REQUIRED:
+        raise RuntimeError(f"CODEGYM_TESTS_REQUIRE_TRAINERS=1: this file {why}")
+    pytest.skip(why, allow_module_level=True)
+
+from codegym_client import RuntimeClient, SessionNotFound  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(600)
+def test_one_grpo_step_of_trls_trainer_scores_the_environments_and_leaves_no_session(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.trl_run", RUNTIME, str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'clients'}"},
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(out.read_text())
+    (step, _summary) = result["log"]
+    # TRL's own reward columns, one per environment class (its multi-environment path): the oracle
+    # scores 1, the wrong final answer 0, and no tool call failed on the way.
+    assert step["rewards/ArrayGcdEnv/mean"] == 1.0
+    assert step["rewards/MaxSubarraySumEnv/mean"] == 0.0
+    assert step["reward"] == 0.5
+    calls = len(trajectory("Sample_0006_I__ArrayGcdEnv")["steps"]) + 3
+    assert step["tools/call_frequency"] == calls / 2 and step["tools/failure_frequency"] == 0.0
+    assert step["grad_norm"] >= 0.0 and step["num_tokens"] > 0
+    # The trainer's pooled instances held sessions when the script exited without closing them:
+    # the adapter's exit hook closed every one.
+    assert result["sessions"]
+    with RuntimeClient(RUNTIME, timeout_s=30) as client:
+        for session_id in result["sessions"]:
+            with pytest.raises(SessionNotFound):
+                client.get_session(session_id)
