@@ -1,6 +1,6 @@
 """The verl adapter (`codegym_client.verl`) against a real runtime and sandbox worker serving the sample
 library. The episode driver (`run_episode`, what `CodeGymAgentLoop.run` plays) runs with a scripted
-`generate` replaying recorded oracle trajectories as hermes tool calls (tests/helpers/verl_script.py).
+`generate` replaying recorded oracle trajectories as hermes tool calls (tests/helpers/trainer_script.py).
 No verl, no torch: `CodeGymAgentLoop` and `CodeGymTool` run here against stand-ins of verl 0.8's
 interfaces; tests/test_verl_real.py runs them in verl itself (`make test-trainers`)."""
 
@@ -20,7 +20,7 @@ from codegym_client import AsyncRuntimeClient, EnvNotFound, SessionNotFound
 from codegym_client.verl import run_episode, text_tool_parser, tool_config, visible_text
 from tests.conftest import ENV_DIR, EXAMPLES
 from tests.helpers.servers import ServerProcess
-from tests.helpers.verl_script import (
+from tests.helpers.trainer_script import (
     TOKENIZER,
     TRAJECTORIES,
     ScriptedModel,

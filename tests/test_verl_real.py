@@ -9,7 +9,7 @@ skips; `CODEGYM_TESTS_REQUIRE_TRAINERS=1` (what `make test-trainers` sets) turns
 failure.
 
 The model is scripted (recorded oracle trajectories as hermes tool calls) and the tokenizer a real
-Hugging Face one built here with a ChatML template (tests/helpers/verl_script.py), so verl's Qwen
+Hugging Face one built here with a ChatML template (tests/helpers/trainer_script.py), so verl's Qwen
 Continuous Token builder runs as it would for Qwen: the strongest check here is that our loop's
 token stream is, token for token, the one verl's own `ToolAgentLoop` builds from the same turns.
 """
@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.helpers.verl_script import ScriptedModel, ability, chatml_tokenizer, hermes, trajectory
+from tests.helpers.trainer_script import ScriptedModel, ability, chatml_tokenizer, hermes, trajectory
 
 REQUIRED = os.environ.get("CODEGYM_TESTS_REQUIRE_TRAINERS") == "1"
 RUNTIME = os.environ.get("CODEGYM_TEST_RUNTIME", "").strip()

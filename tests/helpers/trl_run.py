@@ -32,7 +32,7 @@ from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPas
 from trl import GRPOConfig, GRPOTrainer
 
 from codegym_client.trl import CodeGymSpec
-from tests.helpers.verl_script import ability, chatml_tokenizer, hermes, trajectory
+from tests.helpers.trainer_script import ability, chatml_tokenizer, hermes, trajectory
 
 RIGHT = trajectory("Sample_0006_I__ArrayGcdEnv")
 WRONG = trajectory("Sample_0001_I__MaxSubarraySumEnv", 3)

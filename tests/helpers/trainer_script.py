@@ -1,8 +1,10 @@
-"""A scripted model for the verl adapter's tests: recorded oracle trajectories (examples/
-trajectories.jsonl) replayed as hermes tool calls, the format verl's `HermesToolParser` reads, and a
-byte-level tokenizer with a ChatML chat template written here. Imports only the standard library and
-pytest, so that the tests of verl's own classes (tests/test_verl_real.py) can use it from a venv that
-holds verl and the client, not the servers."""
+"""Scripted play for the trainer adapters' tests: recorded oracle trajectories (examples/
+trajectories.jsonl) replayed as hermes tool calls (the format verl's `HermesToolParser` and TRL's
+Qwen template read), a byte-level tokenizer with a ChatML chat template written here, and a real
+Hugging Face tokenizer built offline (`chatml_tokenizer`, which imports transformers when called).
+At import it needs only the standard library and the client, so that the tests of the trainers
+themselves (tests/test_verl_real.py, tests/test_trl_real.py) can use it from a venv that holds the
+trainers and the client, not the servers."""
 
 from __future__ import annotations
 
