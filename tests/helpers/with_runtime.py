@@ -1,7 +1,8 @@
 """Run a command against a runtime serving the sample library: `python -m tests.helpers.with_runtime
--- COMMAND...` starts a sandbox worker and a runtime (this interpreter's `codegym`), runs COMMAND
-with `CODEGYM_TEST_RUNTIME` set to the runtime's address, stops both by pid and exits with
-COMMAND's status.
+[--openenv] -- COMMAND...` starts a sandbox worker and a runtime (this interpreter's `codegym`), and
+with `--openenv` an OpenEnv gateway in front of it, runs COMMAND with `CODEGYM_TEST_RUNTIME` set to
+the runtime's address (and `CODEGYM_TEST_OPENENV` to the gateway's URL), stops them all by pid and
+exits with COMMAND's status.
 
 Why: `make test-trainers` runs tests/test_verl_real.py and tests/test_trl_real.py in a venv of its
 own (verl, TRL and torch beside the client only), which cannot start our servers; they run from the
@@ -18,14 +19,19 @@ from pathlib import Path
 
 from codegym.library import Library
 from tests.conftest import ENV_DIR, EXAMPLES
-from tests.helpers.servers import RUNTIME_SWITCH, start_runtime, start_workers
+from tests.helpers.servers import RUNTIME_SWITCH, ServerProcess, start_runtime, start_workers
+
+OPENENV_SWITCH = "CODEGYM_TEST_OPENENV"
 
 
 def main(argv: list[str]) -> int:
+    openenv = argv[:1] == ["--openenv"]
+    if openenv:
+        argv = argv[1:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print("usage: python -m tests.helpers.with_runtime -- COMMAND...", file=sys.stderr)
+        print("usage: python -m tests.helpers.with_runtime [--openenv] -- COMMAND...", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="codegym-with-runtime-") as folder:
         library = Path(folder) / "library.db"
@@ -34,10 +40,16 @@ def main(argv: list[str]) -> int:
         workers = start_workers(count=1)
         try:
             runtime = start_runtime(library, workers)
+            gateway = None
             try:
                 env = {**os.environ, RUNTIME_SWITCH: runtime.address}
+                if openenv:
+                    gateway = ServerProcess(["serve", "openenv", "--runtime", runtime.address, "--port", "0"])
+                    env[OPENENV_SWITCH] = f"http://{gateway.address}"
                 return subprocess.run(argv, env=env, check=False).returncode
             finally:
+                if gateway is not None:
+                    gateway.stop()
                 runtime.stop()
         finally:
             for worker in workers:
