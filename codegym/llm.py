@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -104,6 +105,27 @@ class LLMUnavailable(RuntimeError):
 
 class LLMRejected(RuntimeError):
     """The endpoint refused the request itself (a 4xx other than 429): retrying cannot help."""
+
+
+class ContextLengthExceeded(LLMRejected):
+    """The conversation no longer fits the model's context window (the endpoint said so with a
+    400): a limit of the model, like its turn budget, not an outage. An agent that reaches it has
+    ended its episode unsolved; sending the same conversation again fails the same way."""
+
+
+# How OpenAI-compatible servers word a context overflow in a 400: OpenAI's error code, vLLM's
+# "maximum context length is N tokens", SGLang's and TGI's "longer than the model's context
+# length" / "must have less than N tokens", llama.cpp's "exceeds the available context size".
+CONTEXT_OVERFLOW = re.compile(
+    r"context[_ ]length|context window|context size|maximum context|prompt is too long"
+    r"|input is too long|too many tokens|must have less than \d+ tokens",
+    re.IGNORECASE,
+)
+
+
+def context_overflow(exc: openai.BadRequestError) -> bool:
+    """Whether a 400 says the conversation is longer than the model's context window."""
+    return exc.code == "context_length_exceeded" or bool(CONTEXT_OVERFLOW.search(exc.message or ""))
 
 
 @dataclass
@@ -243,6 +265,10 @@ class LLMGateway:
                     log.info("endpoint refused n=%d (%s); using parallel requests", n, exc.message)
                     self.n_supported = False
                     return []
+                if context_overflow(exc):
+                    raise ContextLengthExceeded(
+                        f"{stage}: the conversation exceeds the model's context: {exc.message}"
+                    ) from exc
                 raise LLMRejected(f"{stage}: the endpoint refused the request: {exc.message}") from exc
             except openai.RateLimitError as exc:
                 wait = retry_after(exc.response) or delay

@@ -9,7 +9,8 @@ call is sent as is, and the runtime's error text is what the model sees next, as
 in json mode the model gets OpenAI tool schemas and its first `tool_calls` entry is the action.
 
 Only the agent's own outcomes are episodes: the reward reached, a wrong answer, the turn limit,
-replies without a valid tool call answered by the environment. An attempt that ended because
+replies without a valid tool call answered by the environment, the conversation outgrowing the
+model's context window (the endpoint's 400 says so; the same request would fail again). An attempt that ended because
 something else failed (the runtime unreachable, a session lost, an internal error, the LLM
 endpoint failing past its retries) says nothing about the model: counting it as unsolved would
 make the figures measure the infrastructure, and a config's stored score would mark it "hard"
@@ -38,7 +39,14 @@ import grpc
 
 from codegym.contract import parse_ability
 from codegym.library import Library
-from codegym.llm import LLMGateway, LLMRejected, LLMUnavailable, StageParams, StageUsage
+from codegym.llm import (
+    ContextLengthExceeded,
+    LLMGateway,
+    LLMRejected,
+    LLMUnavailable,
+    StageParams,
+    StageUsage,
+)
 from codegym_cli.eval_results import (
     COUNTED_REASONS,
     FAILURE_REASONS,
@@ -167,7 +175,9 @@ class Evaluator:
         Any exception ends the attempt as a failure, whatever call raised it: the model's
         replies and the environment's answers (step errors included) arrive as values, so an
         exception is always something outside the agent's control, and the partial
-        conversation is kept only to diagnose it.
+        conversation is kept only to diagnose it. One exception is the model's own limit: the
+        endpoint refusing the conversation as longer than the model's context ends the episode,
+        counted as `context_length` with the endpoint's words in `error`.
         """
         started = time.monotonic()
         usage = StageUsage()
@@ -177,6 +187,7 @@ class Evaluator:
         actions: list[str] = []
         observations: list[str] = []
         format_errors = 0
+        overflow = ""
         reward, done, truncated = 0.0, False, False
         limit = min(task.max_rounds, self.max_turns) if self.max_turns else task.max_rounds
         session_id = ""
@@ -185,7 +196,11 @@ class Evaluator:
             session = await self.runtime.create_session(ability=task.ability)
             session_id = session.session_id
             for _ in range(limit):
-                reply = await self.gateway.chat(STAGE, messages, self.params, tools=tools, usage=usage)
+                try:
+                    reply = await self.gateway.chat(STAGE, messages, self.params, tools=tools, usage=usage)
+                except ContextLengthExceeded as exc:
+                    overflow = error_text(exc)  # the model's limit: the episode ends here, unsolved
+                    break
                 action, message, call_id = self.action_of(reply.text, list(reply.tool_calls))
                 messages.append(message)
                 step = await self.runtime.step(session_id, action)
@@ -216,13 +231,15 @@ class Evaluator:
             if session_id:
                 with contextlib.suppress(Exception):
                     await self.runtime.close_session(session_id)
-        if done and not truncated:
+        if overflow:
+            reason = "context_length"
+        elif done and not truncated:
             reason = "solved" if reward >= 1.0 else "wrong_answer"
         elif actions and format_errors == len(actions):
             reason = "format_errors"
         else:
             reason = "truncated"
-        result = self.record(task, sample, messages, actions, observations, reason, "", usage, started)
+        result = self.record(task, sample, messages, actions, observations, reason, overflow, usage, started)
         result.update(reward=reward, format_errors=format_errors)
         return result
 

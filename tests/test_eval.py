@@ -30,7 +30,14 @@ import pytest
 from codegym.library import Library
 from codegym_cli.eval_results import done_keys, summarize
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
-from tests.helpers.agents import flaky, malformed_agent, never_done_agent, oracle_agent, wrong_agent
+from tests.helpers.agents import (
+    flaky,
+    malformed_agent,
+    never_done_agent,
+    oracle_agent,
+    short_context_agent,
+    wrong_agent,
+)
 from tests.helpers.fake_llm import Reply, ScriptedLLM
 from tests.helpers.sample_configs import SAMPLE_CLASSES, sample_configs
 from tests.helpers.servers import ServerProcess, deployed_runtime
@@ -187,6 +194,7 @@ def test_oracle_agent_solves_every_task(
         (wrong_agent, "wrong_answer", 1),
         (malformed_agent, "format_errors", 20),
         (never_done_agent, "truncated", 20),
+        (short_context_agent, "context_length", 3),
     ],
 )
 def test_failing_agents_end_for_the_right_reason(
@@ -199,6 +207,10 @@ def test_failing_agents_end_for_the_right_reason(
     assert overall["end_reasons"] == {reason: 24}
     assert overall["success_rate"] == overall["pass@1"] == overall["pass@2"] == 0.0
     assert overall["mean_turns"] == turns  # 20: the instances' plugin_call_max_round
+    episodes, failures = jsonl(tmp_path / "episodes.jsonl"), tmp_path / "failures.jsonl"
+    assert len(episodes) == 24 and (not failures.exists() or jsonl(failures) == [])
+    if reason == "context_length":  # the endpoint's words are kept with the episode
+        assert all("maximum context length is 4096 tokens" in e["error"] for e in episodes)
 
 
 @pytest.mark.deployable

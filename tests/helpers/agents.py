@@ -101,6 +101,20 @@ def never_done_agent(body: dict[str, Any]) -> Reply:
     return Reply([call_text(json.dumps({"name": "Observe", "parameters": {}}))])
 
 
+# vLLM's words for a conversation longer than the model's context window (a 400).
+CONTEXT_OVERFLOW = (
+    "This model's maximum context length is 4096 tokens. However, you requested 4200 tokens "
+    "(3176 in the messages, 1024 in the completion). Please reduce the length of the messages or completion."
+)
+
+
+def short_context_agent(body: dict[str, Any]) -> Reply:
+    """Looks, until its conversation outgrows its context: the fourth request is refused (400)."""
+    if sum(m.get("role") == "assistant" for m in body["messages"]) >= 3:
+        return Reply(status=400, error=CONTEXT_OVERFLOW)
+    return never_done_agent(body)
+
+
 def flaky(script: Script, failures: list[int]) -> Script:
     """The endpoint answers with these HTTP errors first (e.g. [429, 500]), then as `script`."""
     left = list(failures)
