@@ -15,7 +15,7 @@ import grpc
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym_client.channels import HEALTH_CHECK, HEALTH_REQUEST, PROBE_TIMEOUT_S, aio_channel, target_text
-from codegym_client.errors import CodeGymError, SessionNotFound, raises_typed, typed_error, unreachable
+from codegym_client.errors import SessionNotFound, raises_typed, typed_error, unreachable
 from codegym_client.requests import (
     DEFAULT_TARGET,
     NOT_RETRIED,
@@ -135,30 +135,17 @@ class AsyncRuntimeClient:
         ids = [session_id for session_id, _ in steps]
         async with self.indexes.holding_async(ids):
             deadline = self.indexes.deadline(ids, self.timeout_s)
-            batch = PendingBatch(steps, self.indexes)
-            budget = Attempts(self.attempts)
-            failed: CodeGymError | None = None
+            batch = PendingBatch(steps, self.indexes, self.attempts)
             while True:
                 try:
                     answer = await self.stub.BatchStep(batch.request(), timeout=deadline)
                 except grpc.RpcError as exc:
-                    failed = typed_error(exc, "BatchStep")
-                    delay = None if self._closed else budget.again(resend_kind(failed, batch.repeatable()))
-                    if delay is None:
-                        if not batch.answered():
-                            raise failed from exc
-                        break
+                    delay = batch.after_error(exc, self._closed)
                 else:
-                    failed = None
-                    batch.take(answer.results)
-                    if not batch.pending:
-                        break
-                    delay = None if self._closed else budget.again("now")
-                    if delay is None:
-                        break
+                    delay = batch.after_answer(answer, self._closed)
+                if delay is None:
+                    return batch.finish(self.indexes)
                 await asyncio.sleep(delay)
-            batch.learn(self.indexes)
-            return batch.give_up(failed)
 
     def step_stream(self) -> StepStream:
         """One StepStream call: `send` steps of any sessions, `recv` answers as they complete."""

@@ -35,7 +35,7 @@ from typing import Any, cast
 import grpc
 
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
-from codegym_client.errors import CodeGymError, reason_sent
+from codegym_client.errors import CodeGymError, reason_sent, typed_error
 from codegym_client.requests import ActionLike, step_request
 
 # How often a step, create or reset is sent at most when its reply is lost, and the back-off
@@ -234,9 +234,26 @@ def step_requests(
 class PendingBatch:
     """A BatchStep being played, over possibly several calls: the entries the runtime answered
     UNAVAILABLE (nothing of them applied) are sent again, in a smaller batch, until none is left or
-    the budget runs out; every other entry keeps its first answer."""
+    the budget runs out; every other entry keeps its first answer. The whole call is sent again
+    when its reply is lost and every pending entry carries its session's index.
 
-    def __init__(self, steps: Sequence[tuple[str, ActionLike]], indexes: StepIndexes) -> None:
+    The sync and async clients drive it the same way, differing only in how they send and sleep:
+
+        while True:
+            try:
+                answer = send(batch.request())
+            except grpc.RpcError as exc:
+                delay = batch.after_error(exc, closed)  # raises when no round was answered
+            else:
+                delay = batch.after_answer(answer, closed)
+            if delay is None:
+                return batch.finish(indexes)
+            sleep(delay)
+    """
+
+    def __init__(
+        self, steps: Sequence[tuple[str, ActionLike]], indexes: StepIndexes, attempts: int = DEFAULT_ATTEMPTS
+    ) -> None:
         # The first send goes as the caller gave it; sends after it carry each known index.
         self.requests = [step_request(s, a) for s, a in steps]
         self.numbered = [
@@ -246,6 +263,31 @@ class PendingBatch:
         self.results: list[rt.BatchStepResult | None] = [None] * len(self.requests)
         self.pending = list(range(len(self.requests)))
         self.sent = 0
+        self.budget = Attempts(max(1, attempts))
+        self.failed: CodeGymError | None = None  # the last round's error, if it failed
+
+    def after_error(self, exc: grpc.RpcError, closed: bool) -> float | None:
+        """The round failed: the delay before sending it again, or None to stop with what the
+        earlier rounds answered. Raises the typed error when no round was answered at all."""
+        self.failed = typed_error(exc, "BatchStep")
+        delay = None if closed else self.budget.again(resend_kind(self.failed, self.repeatable()))
+        if delay is None and not self.answered():
+            raise self.failed from exc
+        return delay
+
+    def after_answer(self, answer: rt.BatchStepResponse, closed: bool) -> float | None:
+        """The round was answered: the delay before sending its UNAVAILABLE entries again, or
+        None when none is left or the budget is spent."""
+        self.failed = None
+        self.take(answer.results)
+        if not self.pending or closed:
+            return None
+        return self.budget.again("now")
+
+    def finish(self, indexes: StepIndexes) -> list[rt.BatchStepResult]:
+        """The entries, in the caller's order; the sessions' indexes learnt from them."""
+        self.learn(indexes)
+        return self.give_up(self.failed)
 
     def request(self) -> rt.BatchStepRequest:
         steps = self.requests if self.sent == 0 else self.numbered

@@ -186,30 +186,17 @@ class RuntimeClient:
         ids = [session_id for session_id, _ in steps]
         with self.indexes.holding(ids):
             deadline = self.indexes.deadline(ids, self.timeout_s)
-            batch = PendingBatch(steps, self.indexes)
-            budget = Attempts(self.attempts)
-            failed: CodeGymError | None = None
+            batch = PendingBatch(steps, self.indexes, self.attempts)
             while True:
                 try:
                     answer = self.stub.BatchStep(batch.request(), timeout=deadline)
                 except grpc.RpcError as exc:
-                    failed = typed_error(exc, "BatchStep")
-                    delay = None if self._closed else budget.again(resend_kind(failed, batch.repeatable()))
-                    if delay is None:
-                        if not batch.answered():
-                            raise failed from exc
-                        break
+                    delay = batch.after_error(exc, self._closed)
                 else:
-                    failed = None
-                    batch.take(answer.results)
-                    if not batch.pending:
-                        break
-                    delay = None if self._closed else budget.again("now")
-                    if delay is None:
-                        break
+                    delay = batch.after_answer(answer, self._closed)
+                if delay is None:
+                    return batch.finish(self.indexes)
                 time.sleep(delay)
-            batch.learn(self.indexes)
-            return batch.give_up(failed)
 
     @raises_typed("Reset")
     def reset(self, session_id: str) -> str:
