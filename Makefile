@@ -80,16 +80,19 @@ test:
 # The trainer adapters inside the trainers themselves (tests/test_verl_real.py, tests/test_trl_real.py)
 # and the OpenEnv gateway with TRL's OpenEnv release (tests/test_openenv_core.py): verl and TRL need
 # torch, so they get a venv of their own beside the client (`make test` skips those files). The runtime they play against runs from the project's venv (tests/helpers/with_runtime.py).
-# Defaults fit this machine, where a CPU build of torch lies on disk for Python 3.11; elsewhere e.g.
-# TRAINERS_PYTHON=python3.12 TRAINERS_TORCH=torch. verl 0.9.1 imports cachetools, fastapi and uvicorn
-# without requiring them; TRL on transformers < 5.13 parses tool calls with jmespath.
+# Defaults fit this machine, where pip finds a CPU build of torch 2.13.0 on disk (Python 3.11 only);
+# from PyPI alone `torch==2.13.0` is the CUDA build (several GB more), so elsewhere say e.g.
+# TRAINERS_PYTHON=python3.12 TRAINERS_TORCH="torch --index-url https://download.pytorch.org/whl/cpu".
+# verl 0.9.1 imports cachetools, fastapi and uvicorn without requiring them; TRL on transformers
+# < 5.13 parses tool calls with jmespath. Needs the project's venv (`make install`) for the servers.
 TRAINERS_VENV ?= .venv-trainers
 TRAINERS_PYTHON ?= $(shell pyenv prefix 3.11 2>/dev/null || echo /usr)/bin/python3
 TRAINERS_TORCH ?= torch==2.13.0
 TRAINERS ?= verl==0.9.1 trl==1.16.0 openenv-core==0.3.0
 test-trainers:
+	@test -x $(PY) || { echo "make test-trainers runs the servers from $(VENV): run 'make install' first"; exit 1; }
 	test -x $(TRAINERS_VENV)/bin/python || $(TRAINERS_PYTHON) -m venv $(TRAINERS_VENV)
-	$(TRAINERS_VENV)/bin/python -m pip install -q '$(TRAINERS_TORCH)'
+	$(TRAINERS_VENV)/bin/python -m pip install -q $(TRAINERS_TORCH)
 	$(TRAINERS_VENV)/bin/python -m pip install -q $(TRAINERS) cachetools fastapi uvicorn jmespath \
 	  pytest pytest-asyncio pytest-timeout -e ./clients
 	$(PY) -m tests.helpers.with_runtime --openenv -- env CODEGYM_TESTS_REQUIRE_TRAINERS=1 \

@@ -113,19 +113,31 @@ class ContextLengthExceeded(LLMRejected):
     ended its episode unsolved; sending the same conversation again fails the same way."""
 
 
-# How OpenAI-compatible servers word a context overflow in a 400: OpenAI's error code, vLLM's
-# "maximum context length is N tokens", SGLang's and TGI's "longer than the model's context
-# length" / "must have less than N tokens", llama.cpp's "exceeds the available context size".
+# How OpenAI-compatible servers word a context overflow in a 400, matched in the error's own message
+# (not in the request echoed beside it): OpenAI's and vLLM's "maximum context length is N tokens"
+# (OpenAI also sets the code `context_length_exceeded`), SGLang's "longer than the model's context
+# length", llama.cpp's "exceeds the available context size". vLLM words a prompt that leaves no room
+# for `max_tokens` the same way: at an episode's first turn that is a setting to fix, not the
+# model's limit, which is why the evaluation counts an overflow only after the first turn.
 CONTEXT_OVERFLOW = re.compile(
-    r"context[_ ]length|context window|context size|maximum context|prompt is too long"
-    r"|input is too long|too many tokens|must have less than \d+ tokens",
+    r"maximum context length is \d+|longer than the model'?s context length|exceeds? the available context size",
     re.IGNORECASE,
 )
 
 
+def error_message(exc: openai.APIStatusError) -> str:
+    """The endpoint's own error message (`{"error": {"message"}}` or `{"message"}`)."""
+    body = exc.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return str(inner["message"])
+    return exc.message or ""
+
+
 def context_overflow(exc: openai.BadRequestError) -> bool:
-    """Whether a 400 says the conversation is longer than the model's context window."""
-    return exc.code == "context_length_exceeded" or bool(CONTEXT_OVERFLOW.search(exc.message or ""))
+    """Whether a 400 says the request is longer than the model's context window."""
+    return exc.code == "context_length_exceeded" or bool(CONTEXT_OVERFLOW.search(error_message(exc)))
 
 
 @dataclass

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 # The agent's own outcomes: the only end reasons that make an episode (figures, scores).
-# context_length: the conversation outgrew the model's context window (the endpoint's 400 says
-# so): the model's limit, as the turn budget is, so the episode ends unsolved and counts.
+# context_length: the conversation outgrew the model's context window after the first turn (the
+# endpoint's 400 says so): the model's limit, as the turn budget is, so the episode ends unsolved
+# and counts. At the first turn the same 400 is a setting (`--max-tokens`): an llm_error.
 COUNTED_REASONS = ("solved", "wrong_answer", "truncated", "format_errors", "context_length")
 # Failures outside the agent: the attempt is recorded with its error and played again next run.
 # runtime_error: a runtime call failed (unreachable, session lost, refused, internal error);

@@ -10,7 +10,9 @@ in json mode the model gets OpenAI tool schemas and its first `tool_calls` entry
 
 Only the agent's own outcomes are episodes: the reward reached, a wrong answer, the turn limit,
 replies without a valid tool call answered by the environment, the conversation outgrowing the
-model's context window (the endpoint's 400 says so; the same request would fail again). An attempt that ended because
+model's context window after the first turn (the endpoint's 400 says so; the same request would
+fail again). At the first turn the same refusal means the task and `--max-tokens` do not fit the
+model: a setting, so that attempt is a failure (`llm_error`), played again by the next run. An attempt that ended because
 something else failed (the runtime unreachable, a session lost, an internal error, the LLM
 endpoint failing past its retries) says nothing about the model: counting it as unsolved would
 make the figures measure the infrastructure, and a config's stored score would mark it "hard"
@@ -176,8 +178,8 @@ class Evaluator:
         replies and the environment's answers (step errors included) arrive as values, so an
         exception is always something outside the agent's control, and the partial
         conversation is kept only to diagnose it. One exception is the model's own limit: the
-        endpoint refusing the conversation as longer than the model's context ends the episode,
-        counted as `context_length` with the endpoint's words in `error`.
+        endpoint refusing the conversation, after the first turn, as longer than the model's
+        context ends the episode, counted as `context_length` with the endpoint's words in `error`.
         """
         started = time.monotonic()
         usage = StageUsage()
@@ -199,7 +201,9 @@ class Evaluator:
                 try:
                     reply = await self.gateway.chat(STAGE, messages, self.params, tools=tools, usage=usage)
                 except ContextLengthExceeded as exc:
-                    overflow = error_text(exc)  # the model's limit: the episode ends here, unsolved
+                    if not actions:  # the task alone leaves no room: a setting (--max-tokens), not play
+                        raise
+                    overflow = error_text(exc)  # the conversation outgrew the model: ends unsolved
                     break
                 action, message, call_id = self.action_of(reply.text, list(reply.tool_calls))
                 messages.append(message)

@@ -25,12 +25,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
 from codegym.library import Library
+from codegym.llm import context_overflow
 from codegym_cli.eval_results import done_keys, summarize
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
 from tests.helpers.agents import (
+    CONTEXT_OVERFLOW,
     flaky,
     malformed_agent,
     never_done_agent,
@@ -521,3 +525,63 @@ def test_failures_an_older_version_wrote_as_episodes_are_played_again(tmp_path: 
     assert summary["overall"]["episodes"] == 1 and summary["overall"]["success_rate"] == 1.0
     assert summary["not_counted"]["reasons"] == {"runtime_error": 1, "llm_error": 1}
     assert summary["configs"][ability]["samples"] == 1
+
+
+def bad_request(body: dict[str, Any]) -> openai.BadRequestError:
+    response = httpx.Response(400, request=httpx.Request("POST", "http://127.0.0.1/v1/chat/completions"))
+    return openai.BadRequestError(f"Error code: 400 - {body}", response=response, body=body)
+
+
+@pytest.mark.parametrize(
+    ("body", "overflow"),
+    [
+        ({"object": "error", "message": CONTEXT_OVERFLOW, "code": 400}, True),  # vLLM, the conversation
+        (
+            {
+                "message": "'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum "
+                "context length is 4096 tokens and your request has 2778 input tokens (8000 > 4096 - 2778)."
+            },
+            True,  # vLLM, the same limit reached by the completion's share: the first-turn rule decides
+        ),
+        (
+            {"message": "The input (5000 tokens) is longer than the model's context length (4096 tokens)."},
+            True,
+        ),
+        ({"message": "the request exceeds the available context size, try increasing it"}, True),
+        ({"message": "Please reduce the length of the messages.", "code": "context_length_exceeded"}, True),
+        (
+            {
+                "message": "max_tokens is too large: 100000. This model supports at most 16384 completion tokens"
+            },
+            False,  # OpenAI: a setting, whatever the conversation
+        ),
+        (
+            {
+                "message": "1 validation error: temperature must be <= 2",
+                "input": "a task about the model's context window and its maximum context length is 10 rows",
+            },
+            False,  # a malformed request echoing the conversation: only the error's own message counts
+        ),
+        ({"message": "The model `no-such-model` does not exist."}, False),
+    ],
+)
+def test_which_400s_are_a_context_overflow(body: dict[str, Any], overflow: bool) -> None:
+    assert context_overflow(bad_request(body)) is overflow
+
+
+@pytest.mark.deployable
+def test_an_overflow_at_the_first_turn_is_a_setting_not_an_episode(
+    runtime: str, short_instances: Path, tmp_path: Path
+) -> None:
+    """The task alone does not fit with --max-tokens: every attempt is an llm_error, none counted
+    (no score), so the same command plays them again once the setting is fixed."""
+    with ScriptedLLM(lambda body: Reply(status=400, error=CONTEXT_OVERFLOW)) as llm:
+        args = ("--instances", str(short_instances), "--samples", "1", "--give-up-after", "0")
+        result = run_eval(runtime, llm, tmp_path, *args)
+    assert result.returncode == 1, result.stderr[-2000:]
+    failed = jsonl(tmp_path / "failures.jsonl")
+    assert len(failed) == 12 and all(
+        f["end_reason"] == "llm_error" and "maximum context length is 4096" in f["error"] for f in failed
+    )
+    episodes = tmp_path / "episodes.jsonl"
+    assert not episodes.exists() or jsonl(episodes) == []

@@ -43,6 +43,7 @@ def rows(count: int) -> list[tuple[dict[str, Any], list[tuple[dict[str, Any], st
         out.append((row, [(json.loads(a), o) for a, o in t["steps"]]))
         if len(out) == count:
             break
+    assert len(out) == count, f"only {len(out)} recorded episodes qualify"
     return out
 
 

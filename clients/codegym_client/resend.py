@@ -235,7 +235,8 @@ class PendingBatch:
     """A BatchStep being played, over possibly several calls: the entries the runtime answered
     UNAVAILABLE (nothing of them applied) are sent again, in a smaller batch, until none is left or
     the budget runs out; every other entry keeps its first answer. The whole call is sent again
-    when its reply is lost and every pending entry carries its session's index.
+    when the runtime itself answered it UNAVAILABLE (nothing applied), or when its reply is lost
+    and every pending entry carries its session's index.
 
     The sync and async clients drive it the same way, differing only in how they send and sleep:
 

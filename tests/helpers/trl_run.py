@@ -1,12 +1,14 @@
 """One step of TRL's own `GRPOTrainer` on CodeGym environments, driven through
 `codegym_client.trl.CodeGymSpec` (`environment_factory`), with a scripted model.
 
-`python -m tests.helpers.trl_run RUNTIME OUT.json` trains one GRPO step on two rows: the oracle of
-ArrayGcd (reward 1) and MaxSubarraySum played with a wrong final answer (reward 0). The two envs
-have different tools, so the spec hands TRL a dict factory and TRL its multi-environment path. It
-writes TRL's log history and the ids of the sessions the pooled instances hold at the end of
-training, then exits without closing anything, as a training script does: the adapter's exit
-hook must close them (tests/test_trl_real.py checks that from outside).
+`python -m tests.helpers.trl_run RUNTIME OUT.json` trains one GRPO step on three rows: the oracle
+of ArrayGcd (reward 1), MaxSubarraySum played with a wrong final answer (reward 0), and
+MergeIntervals left after two calls (no answer: reward 0, its session still open when training
+ends). The envs have different tools, so the spec hands TRL a dict factory and TRL its
+multi-environment path. It writes TRL's log history and the ids of the sessions the pooled
+instances still hold (checked open in the runtime), then exits without closing anything, as a
+training script does: the adapter's exit hook must close them (tests/test_trl_real.py checks that
+from outside).
 
 The model is a real `PreTrainedModel` whose backbone writes, at each position, the one-hot vector of
 the scripted next token (the turns of the rollout's script, chosen by the env's tools in the
@@ -31,13 +33,16 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast
 from trl import GRPOConfig, GRPOTrainer
 
+from codegym_client import RuntimeClient
 from codegym_client.trl import CodeGymSpec
 from tests.helpers.trainer_script import ability, chatml_tokenizer, hermes, trajectory
 
 RIGHT = trajectory("Sample_0006_I__ArrayGcdEnv")
 WRONG = trajectory("Sample_0001_I__MaxSubarraySumEnv", 3)
-# What tells the rollouts apart: a tool only MaxSubarraySum has, in the system prompt's tool list.
-WRONG_MARKER = "ExtendOrRestart"
+UNFINISHED = trajectory("Sample_0005_I__MergeIntervalsEnv")
+UNFINISHED_CALLS = 2
+# What tells the rollouts apart: a tool only that env has, in the system prompt's tool list.
+WRONG_MARKER, UNFINISHED_MARKER = "ExtendOrRestart", "SortByStart"
 
 
 def wrong_answer(recorded: dict[str, Any]) -> list[str]:
@@ -69,13 +74,21 @@ class Script:
 
         self.right = turns([a for a, _ in RIGHT["steps"]])
         self.wrong = turns(wrong_answer(WRONG))
+        self.unfinished = turns([a for a, _ in UNFINISHED["steps"][:UNFINISHED_CALLS]])
+        self.unfinished.append(tokenizer.encode("I stop here.<|im_end|>", add_special_tokens=False))
         self.start = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
-        self.marker = tokenizer.encode(WRONG_MARKER, add_special_tokens=False)
         self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        # Markers as token ids (ids 0-255 are the 256 byte tokens, in the tokenizer's own order).
+        self.wrong_marker = bytes(tokenizer.encode(WRONG_MARKER, add_special_tokens=False))
+        self.unfinished_marker = bytes(tokenizer.encode(UNFINISHED_MARKER, add_special_tokens=False))
 
     def next_tokens(self, ids: list[int]) -> list[int]:
-        text = bytes(t for t in ids if t < 256)  # byte tokens; special tokens dropped
-        script = self.wrong if bytes(self.marker) in text else self.right
+        text = bytes(t for t in ids if t < 256)  # the byte tokens' ids; special tokens dropped
+        script = self.right
+        if self.wrong_marker in text:
+            script = self.wrong
+        elif self.unfinished_marker in text:
+            script = self.unfinished
         out: list[int] = []
         turn, since = 0, -1
         n = len(self.start)
@@ -140,11 +153,12 @@ def main(runtime: str, out: Path) -> None:
     model = ScriptedModel(config, Script(tokenizer))
     model.generation_config.use_cache = False
 
-    spec = CodeGymSpec(runtime, instances=[{"ability": ability(RIGHT)}, {"ability": ability(WRONG)}])
+    rows = [{"ability": ability(RIGHT)}, {"ability": ability(WRONG)}, {"ability": ability(UNFINISHED)}]
+    spec = CodeGymSpec(runtime, instances=rows)
     assert isinstance(spec.environment_factory, dict)  # two tool sets: TRL's multi-environment path
     args = GRPOConfig(
         output_dir=str(out.parent / "trl-output"),
-        per_device_train_batch_size=4,
+        per_device_train_batch_size=6,
         num_generations=2,
         max_steps=1,
         max_completion_length=4096,
@@ -169,8 +183,12 @@ def main(runtime: str, out: Path) -> None:
     trainer.train()
     # TRL keeps its pooled instances to the end and never closes them; neither does this script.
     pool = [env for envs in trainer._environment_pool.values() for env in envs]
-    sessions = [env._session.session_id for env in pool if env._session is not None]
-    out.write_text(json.dumps({"log": trainer.state.log_history, "sessions": sessions}))
+    sessions = [
+        env._session.session_id for env in pool if env._session is not None and env._session.session_id
+    ]
+    with RuntimeClient(runtime, timeout_s=30) as client:
+        open_now = [s for s in sessions if client.get_session(s).session_id == s]
+    out.write_text(json.dumps({"log": trainer.state.log_history, "sessions": sessions, "open": open_now}))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,10 @@ with `--openenv` an OpenEnv gateway in front of it, runs COMMAND with `CODEGYM_T
 the runtime's address (and `CODEGYM_TEST_OPENENV` to the gateway's URL), stops them all by pid and
 exits with COMMAND's status.
 
-Why: `make test-trainers` runs tests/test_verl_real.py and tests/test_trl_real.py in a venv of its
-own (verl, TRL and torch beside the client only), which cannot start our servers; they run from the
-project's venv, as a trainer's rollout workers would reach a deployed runtime.
+Why: `make test-trainers` runs tests/test_verl_real.py, tests/test_trl_real.py and
+tests/test_openenv_core.py in a venv of its own (verl, TRL, openenv-core and torch beside the client
+only), which cannot start our servers; they run from the project's venv, as a trainer's rollout
+workers would reach a deployed runtime.
 """
 
 from __future__ import annotations
