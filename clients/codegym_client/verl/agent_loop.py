@@ -150,7 +150,9 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
     `timeout_s` (per runtime call), `max_turns` (model turns; default: the rollout's
     `multi_turn.max_assistant_turns`, else the response length and the env's step cap bound it),
     `max_steps` (the session's step cap; 0: the runtime's), `format` (default: the rollout's
-    `multi_turn.format`; `codegym` parses CodeGym's text protocol).
+    `multi_turn.format`; `codegym` parses CodeGym's text protocol). The rollout's
+    `multi_turn.max_user_turns`, `max_tool_response_length` and `tool_response_truncate_side` hold
+    as in `ToolAgentLoop`; the caps are checked right after a model turn, whose calls then do not run.
 
     The row needs `ability`; `raw_prompt` (verl's rendering of the `prompt` column) is the prompt,
     given the session's tools through the chat template (export with `--tools json`, so the prompt
