@@ -149,6 +149,7 @@ def _serve_openenv(args: argparse.Namespace) -> int:
         ping_interval_s=args.ping_interval_s if args.ping_interval_s > 0 else None,
         ping_timeout_s=args.ping_timeout_s if args.ping_timeout_s > 0 else None,
         max_message_bytes=args.max_message_bytes,
+        env=args.env,
     )
     run_server(lambda: serve(config, args.host, args.port))
     return 0
@@ -335,6 +336,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=1 << 20,
         help="larger messages get a VALIDATION_ERROR (frames over 16 MiB close the socket)",
+    )
+    openenv.add_argument(
+        "--env",
+        default="",
+        help="serve one environment (ENV_ID), as an OpenEnv server does: its tools are listed before any "
+        "reset, and a reset naming no task plays its task config number seed %% count (verifiers' "
+        "OpenEnvEnv); resets may still name any environment",
     )
     openenv.add_argument("--log-level", default="INFO", help="logging level")
     openenv.set_defaults(func=_serve_openenv)

@@ -302,3 +302,49 @@ def test_http_routes(gateway: str) -> None:
         assert status == 409 and "WebSocket" in body["error"]
     status, answer = http(f"{gateway}/mcp", "POST", b"{not json")
     assert status == 200 and answer["error"]["code"] == -32700
+
+
+ONE_ENV = "Sample_0006_I__ArrayGcdEnv"
+
+
+@pytest.fixture(scope="module")
+def one_env_gateway(runtime: str) -> Iterator[str]:
+    proc = start_gateway(runtime, "--env", ONE_ENV)
+    try:
+        yield f"http://{proc.address}"
+    finally:
+        assert proc.stop() == 0, proc.text[-3000:]
+
+
+async def test_one_env_gateway_plays_verifiers_openenv_sequence(
+    one_env_gateway: str, runtime_client: RuntimeClient
+) -> None:
+    """verifiers' OpenEnvEnv (MCP mode): connect, list the tools once before any reset (they
+    become the prompt's tools for every row), reset with a seed only, then one CallToolAction per
+    tool call, the episode's reward being the sum of the step rewards."""
+    tasks = [t.config_json for t in runtime_client.get_env(ONE_ENV).tasks]
+    recorded = {json.dumps(t["config"], sort_keys=True): t for t in read_trajectories(EXAMPLES / "trajectories.jsonl")
+                if t["env_id"] == ONE_ENV and t["reward"] == 1.0}  # fmt: skip
+    seed = next(i for i, c in enumerate(tasks) if json.dumps(json.loads(c), sort_keys=True) in recorded)
+    trajectory = recorded[json.dumps(json.loads(tasks[seed]), sort_keys=True)]
+    async with MCPToolClient(base_url=one_env_gateway) as env:
+        tools = await env.list_tools()  # before any reset
+        expected = {t.name for t in runtime_client.get_env(ONE_ENV).tools}
+        assert {t.name for t in tools} == expected and all(t.input_schema["type"] == "object" for t in tools)
+        reset = await env.reset(seed=seed + len(tasks))  # the seed picks the task: seed % count
+        assert not reset.done
+        total = 0.0
+        for action, observation in trajectory["steps"]:
+            call = json.loads(action)
+            result = await env.step(CallToolAction(tool_name=call["name"], arguments=call["parameters"]))
+            assert isinstance(result.observation, CallToolObservation)
+            assert result.observation.result == observation
+            total += result.reward or 0.0
+        assert result.done and total == 1.0
+    # Without a seed the task is any of the environment's; a config still names one.
+    async with GenericEnvClient(base_url=one_env_gateway) as generic:
+        state = await generic.reset()
+        assert state.metadata["env_id"] == ONE_ENV
+        named = await generic.reset(config=json.loads(tasks[0]))
+        session = runtime_client.get_session(named.metadata["session_id"])
+        assert session.env_id == ONE_ENV

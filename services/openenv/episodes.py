@@ -6,6 +6,7 @@ this; it provides the runtime client, the config, the session count and closing 
 
 from __future__ import annotations
 
+import random
 import uuid
 from typing import Any
 
@@ -20,6 +21,7 @@ from services.openenv.protocol import (
     VALIDATION_ERROR,
     Connection,
     Episode,
+    FixedEnv,
     GatewayConfig,
     GatewayError,
     from_runtime,
@@ -31,6 +33,7 @@ from services.openenv.protocol import (
 class Episodes:
     config: GatewayConfig
     sessions: int
+    fixed: FixedEnv | None = None  # the --env environment, read from the runtime on first use
 
     @property
     def runtime(self) -> AsyncRuntimeClient:
@@ -39,12 +42,36 @@ class Episodes:
     async def _close_episode(self, conn: Connection) -> None:
         raise NotImplementedError
 
+    async def _fixed_env(self) -> FixedEnv | None:
+        """The gateway's one environment (`--env`), or None when resets name their own."""
+        if not self.config.env:
+            return None
+        if self.fixed is None:
+            try:
+                env = await self.runtime.get_env(self.config.env)
+            except CodeGymError as exc:
+                raise from_runtime(exc) from None
+            self.fixed = FixedEnv([tool_entry(t) for t in env.tools], [t.config_json for t in env.tasks])
+        return self.fixed
+
+    async def _listed_tools(self, conn: Connection) -> list[dict[str, Any]]:
+        """The tools a client sees: its episode's, else (before any reset) the --env environment's."""
+        if conn.episode is not None:
+            return conn.episode.tools
+        fixed = await self._fixed_env()
+        return fixed.tools if fixed is not None else []
+
     async def _reset(self, conn: Connection, data: dict[str, Any]) -> dict[str, Any]:
         ability = data.get("ability") or ""
         env_id = data.get("env") or data.get("env_id") or ""
         config = data.get("config")
         if not isinstance(ability, str) or not isinstance(env_id, str):
             raise GatewayError(VALIDATION_ERROR, "ability and env are strings")
+        if not ability and not env_id and self.config.env:
+            env_id = self.config.env
+            if config is None:
+                seed = optional_int(data, "seed") if data.get("seed") is not None else None
+                config = await self._task_config(seed)
         if not ability and not env_id:
             raise GatewayError(
                 VALIDATION_ERROR,
@@ -113,12 +140,24 @@ class Episodes:
         }
         return {"observation": observation, "reward": None, "done": False, "metadata": metadata}
 
+    async def _task_config(self, seed: int | None) -> str:
+        """The --env environment's task config for a reset that names none: by `seed` (the same
+        seed, the same task, as OpenEnv servers read a seed), else one at random."""
+        fixed = await self._fixed_env()
+        if fixed is None or not fixed.configs:
+            raise GatewayError(
+                VALIDATION_ERROR,
+                f"the library has no task config of {self.config.env}: give reset a config",
+            )
+        index = seed % len(fixed.configs) if seed is not None else random.randrange(len(fixed.configs))
+        return fixed.configs[index]
+
     async def _act(self, conn: Connection, action: dict[str, Any]) -> dict[str, Any]:
         kind = action.get("type")
         if kind == "list_tools":
-            tools = conn.episode.tools if conn.episode else []
+            tools = await self._listed_tools(conn)
             metadata: dict[str, Any] = {}
-            if conn.episode is None:
+            if conn.episode is None and not self.config.env:
                 metadata["hint"] = "the tools depend on the environment: reset first"
             return {
                 "observation": {"tools": tools, "metadata": metadata},

@@ -217,7 +217,10 @@ class Gateway(Episodes):
                 await self._release(conn)
             return rpc_result(rid, {"session_id": token, "closed": True})
         if method == "tools/list":
-            tools = conn.episode.tools if conn.episode else []
+            try:
+                tools = await self._listed_tools(conn)
+            except GatewayError as exc:
+                return rpc_error(rid, -32000, f"{exc.code}: {exc}")
             listed = [{**t, "inputSchema": t["input_schema"]} for t in tools]
             return rpc_result(rid, {"tools": listed})
         if method == "tools/call":

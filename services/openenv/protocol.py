@@ -62,6 +62,18 @@ class GatewayConfig:
     transport_max_bytes: int = 16 << 20  # larger frames close the socket (1009)
     runtime_timeout_s: float = 120.0
     name: str = "codegym"
+    # One environment per gateway (`--env`), as an OpenEnv server is one environment: its tools are
+    # listed before any reset, and a reset naming no task plays one of its task configs, chosen by
+    # `seed` (verifiers' OpenEnvEnv lists tools first and resets with a seed only).
+    env: str = ""
+
+
+@dataclass
+class FixedEnv:
+    """The gateway's one environment (`GatewayConfig.env`): its tools and task configs."""
+
+    tools: list[dict[str, Any]]
+    configs: list[str]
 
 
 class GatewayError(Exception):
