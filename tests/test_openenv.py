@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation, ListToolsObservation
+from openenv.core.env_server.mcp_types import ListToolsObservation
 from openenv.core.generic_client import GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
 from websockets.asyncio.client import connect
@@ -24,6 +24,7 @@ from codegym_cli.oracle import read_trajectories
 from codegym_client.errors import SessionNotFound
 from codegym_client.runtime_client import RuntimeClient
 from tests.conftest import ENV_DIR, EXAMPLES, FIXTURE_ENVS, SHARED_DATA, training_instances
+from tests.helpers.openenv_play import play_tool_calls, rows
 from tests.helpers.servers import ServerProcess
 
 
@@ -79,29 +80,6 @@ def gateway(runtime: str) -> Iterator[str]:
 def runtime_client(runtime: str) -> Iterator[RuntimeClient]:
     with RuntimeClient(runtime, timeout_s=60) as client:
         yield client
-
-
-def rows(count: int) -> list[dict[str, Any]]:
-    """Training-instance rows (the `ability` column and the rest) of recorded oracle episodes of
-    distinct environments, with their actions and observations."""
-    seen: set[str] = set()
-    out = []
-    for t in read_trajectories(EXAMPLES / "trajectories.jsonl"):
-        if t["env_id"] in seen or t["reward"] != 1.0 or len(t["steps"]) > 30:
-            continue
-        seen.add(t["env_id"])
-        row = {
-            "ability": f"codegym_v1@{t['env_id']}@{json.dumps(t['config'])}",
-            "answer": "There is no answer",
-            "data_source": "codegym_gym_v1",
-            "prompt": [{"role": "user", "content": "..."}],
-            "extra_info": {"index": str(len(out))},
-        }
-        steps = [(json.loads(action), observation) for action, observation in t["steps"]]
-        out.append((row, steps))
-        if len(out) == count:
-            break
-    return out  # type: ignore[return-value]
 
 
 def session_gone(client: RuntimeClient, session_id: str) -> bool:
@@ -178,15 +156,7 @@ async def test_mcp_tool_client_verifiers_sequence(gateway: str) -> None:
             assert {t.name for t in tools} >= {a["name"] for a, _ in steps}
             first, expected = steps[0]
             assert await env.call_tool(first["name"], **first["parameters"]) == expected
-            total = 0.0
-            for action, expected in steps[1:]:
-                result = await env.step(
-                    CallToolAction(tool_name=action["name"], arguments=action["parameters"])
-                )
-                assert isinstance(result.observation, CallToolObservation)
-                assert result.observation.result == expected
-                total += result.reward or 0.0
-            assert result.done and total == 1.0
+            assert await play_tool_calls(env, steps[1:]) == 1.0
 
 
 async def test_second_reset_closes_the_first_session(gateway: str, runtime_client: RuntimeClient) -> None:
@@ -333,14 +303,8 @@ async def test_one_env_gateway_plays_verifiers_openenv_sequence(
         assert {t.name for t in tools} == expected and all(t.input_schema["type"] == "object" for t in tools)
         reset = await env.reset(seed=seed + len(tasks))  # the seed picks the task: seed % count
         assert not reset.done
-        total = 0.0
-        for action, observation in trajectory["steps"]:
-            call = json.loads(action)
-            result = await env.step(CallToolAction(tool_name=call["name"], arguments=call["parameters"]))
-            assert isinstance(result.observation, CallToolObservation)
-            assert result.observation.result == observation
-            total += result.reward or 0.0
-        assert result.done and total == 1.0
+        steps = [(json.loads(action), observation) for action, observation in trajectory["steps"]]
+        assert await play_tool_calls(env, steps) == 1.0
     # Without a seed the task is any of the environment's; a config still names one.
     async with GenericEnvClient(base_url=one_env_gateway) as generic:
         state = await generic.reset()

@@ -8,14 +8,10 @@ skips; `CODEGYM_TESTS_REQUIRE_TRAINERS=1` turns that skip into a failure."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from importlib import metadata
-from typing import Any
 
 import pytest
-
-from tests.helpers.trainer_script import TRAJECTORIES, ability
 
 REQUIRED = os.environ.get("CODEGYM_TESTS_REQUIRE_TRAINERS") == "1"
 GATEWAY = os.environ.get("CODEGYM_TEST_OPENENV", "").strip()
@@ -25,26 +21,10 @@ if importlib.util.find_spec("openenv") is None or not GATEWAY:
         raise RuntimeError(f"CODEGYM_TESTS_REQUIRE_TRAINERS=1: this file {why}")
     pytest.skip(why, allow_module_level=True)
 
-from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation  # noqa: E402
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 from openenv.core.mcp_client import MCPToolClient  # noqa: E402
 
-
-def rows(count: int) -> list[tuple[dict[str, Any], list[tuple[dict[str, Any], str]]]]:
-    """Training-instance rows of recorded oracle episodes of distinct environments, with their
-    actions and observations."""
-    out: list[tuple[dict[str, Any], list[tuple[dict[str, Any], str]]]] = []
-    seen: set[str] = set()
-    for t in TRAJECTORIES:
-        if t["env_id"] in seen or t["reward"] != 1.0 or len(t["steps"]) > 30:
-            continue
-        seen.add(t["env_id"])
-        row = {"ability": ability(t), "prompt": [{"role": "user", "content": "..."}]}
-        out.append((row, [(json.loads(a), o) for a, o in t["steps"]]))
-        if len(out) == count:
-            break
-    assert len(out) == count, f"only {len(out)} recorded episodes qualify"
-    return out
+from tests.helpers.openenv_play import play_tool_calls, rows  # noqa: E402
 
 
 def test_the_release_is_the_one_trl_uses() -> None:
@@ -79,12 +59,4 @@ async def test_mcp_tool_client_lists_the_tools_and_plays_to_reward_1() -> None:
             assert {t.name for t in tools} >= {a["name"] for a, _ in steps}
             first, expected = steps[0]
             assert await env.call_tool(first["name"], **first["parameters"]) == expected
-            total = 0.0
-            for action, expected in steps[1:]:
-                result = await env.step(
-                    CallToolAction(tool_name=action["name"], arguments=action["parameters"])
-                )
-                assert isinstance(result.observation, CallToolObservation)
-                assert result.observation.result == expected
-                total += result.reward or 0.0
-            assert result.done and total == 1.0
+            assert await play_tool_calls(env, steps[1:]) == 1.0

@@ -25,6 +25,7 @@ from tests.helpers.trainer_script import (
     TRAJECTORIES,
     ScriptedModel,
     ability,
+    call_as_tool_agent_loop,
     hermes,
     model_text,
     oracle_turns,
@@ -470,16 +471,8 @@ async def test_the_tool_against_verl_stand_ins(runtime: str, verl_stand_ins: dic
             tools_kwargs={"any": {"create_kwargs": {"ability": ability(recorded)}}},
         )
         rewards = []
-        for action, observation in recorded["steps"]:  # as ToolAgentLoop._call_tool: create, execute, release
-            call = json.loads(action)
-            tool = tools[call["name"]]
-            instance_id, _ = await tool.create(create_kwargs={})
-            try:
-                response, reward, _ = await tool.execute(
-                    instance_id, call["parameters"], agent_data=agent_data
-                )
-            finally:
-                await tool.release(instance_id)
+        for action, observation in recorded["steps"]:
+            response, reward = await call_as_tool_agent_loop(tools, action, agent_data)
             assert response.text == observation
             rewards.append(reward)
             if len(rewards) == 1:  # one session for the episode, across tool instances

@@ -25,7 +25,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.helpers.trainer_script import ScriptedModel, ability, chatml_tokenizer, hermes, trajectory
+from tests.helpers.trainer_script import (
+    ScriptedModel,
+    ability,
+    call_as_tool_agent_loop,
+    chatml_tokenizer,
+    hermes,
+    trajectory,
+)
 
 REQUIRED = os.environ.get("CODEGYM_TESTS_REQUIRE_TRAINERS") == "1"
 RUNTIME = os.environ.get("CODEGYM_TEST_RUNTIME", "").strip()
@@ -281,16 +288,8 @@ async def test_the_tool_keeps_one_session_per_request_id_and_closes_it_at_the_en
             tools_kwargs: ClassVar = {"Observe": {"create_kwargs": {"ability": ability(recorded)}}}
 
         rewards, session_id = [], ""
-        for action, observation in recorded["steps"]:  # as ToolAgentLoop._call_tool: create, execute, release
-            call = json.loads(action)
-            tool = tools[call["name"]]
-            instance_id, _ = await tool.create(create_kwargs={})
-            try:
-                response, reward, _ = await tool.execute(
-                    instance_id, call["parameters"], agent_data=AgentData
-                )
-            finally:
-                await tool.release(instance_id)
+        for action, observation in recorded["steps"]:
+            response, reward = await call_as_tool_agent_loop(tools, action, AgentData)
             session_id = session_id or CodeGymTool._sessions[AgentData.request_id].session_id
             assert response.text == observation
             rewards.append(reward)

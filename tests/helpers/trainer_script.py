@@ -152,3 +152,16 @@ def chatml_tokenizer(*special: str, template: str = CHATML_TEMPLATE) -> Any:
     )
     tokenizer.chat_template = template
     return tokenizer
+
+
+async def call_as_tool_agent_loop(tools: dict[str, Any], action: str, agent_data: Any) -> tuple[Any, float]:
+    """One recorded action through verl `BaseTool`s as verl's `ToolAgentLoop._call_tool` drives
+    them: a tool instance created, executed once and released, for every single call."""
+    call = json.loads(action)
+    tool = tools[call["name"]]
+    instance_id, _ = await tool.create(create_kwargs={})
+    try:
+        response, reward, _ = await tool.execute(instance_id, call["parameters"], agent_data=agent_data)
+    finally:
+        await tool.release(instance_id)
+    return response, reward
