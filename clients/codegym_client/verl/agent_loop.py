@@ -78,7 +78,11 @@ def verl_tool_parser(format: str, tokenizer: Tokenizer) -> ParseToolCalls:
     verl 0.9's parsers take the tools (`extract_tool_calls(ids, tools)`: the XML formats type the
     arguments by them), 0.8's take ids only. Tools verl's schema model refuses (a parameter with
     no JSON type, as an unannotated one renders) are not given: the parser reads the calls as text."""
-    parser = ToolParser.get_tool_parser(format, tokenizer)
+    return _parse_with(ToolParser.get_tool_parser(format, tokenizer))
+
+
+def _parse_with(parser: Any) -> ParseToolCalls:
+    """`run_episode`'s parse function over one of verl's `ToolParser` instances."""
     takes_tools = "tools" in inspect.signature(parser.extract_tool_calls).parameters
     schemas: dict[str, Any] = {}
 
@@ -190,21 +194,20 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
         self.max_tool_response_length = int(multi_turn.get("max_tool_response_length") or 0)
         self.truncate_side = str(multi_turn.get("tool_response_truncate_side") or "middle")
         self.format = str(format or multi_turn.get("format") or "hermes")
+        # verl's parser for the format, made once as ToolAgentLoop makes its own (none for `codegym`).
+        self.tool_parser = (
+            None if self.format == "codegym" else ToolParser.get_tool_parser(self.format, tokenizer)
+        )
 
     def _parser(self) -> ParseToolCalls:
-        if self.format == "codegym":
+        if self.tool_parser is None:
             return text_tool_parser("codegym", self.tokenizer)
-        return verl_tool_parser(self.format, self.tokenizer)
+        return _parse_with(self.tool_parser)
 
     def _stop_token_ids(self) -> list[int]:
         """The parser's stop tokens (verl 0.9: e.g. Gemma 4's `<tool_call|>`), which verl's
         `ToolAgentLoop` adds to the sampling parameters so that generation halts after a call."""
-        if self.format == "codegym":
-            return []
-        return [
-            int(t)
-            for t in getattr(ToolParser.get_tool_parser(self.format, self.tokenizer), "stop_token_ids", [])
-        ]
+        return [int(t) for t in getattr(self.tool_parser, "stop_token_ids", None) or []]
 
     def _renderer(self) -> Renderer:
         if hasattr(self, "ct_build_initial_tokens"):  # verl >= 0.9
