@@ -44,6 +44,34 @@ JAILS_ALIVE = Gauge("codegym_sandbox_jails_alive", "Jails running")
 RESIDENT_STEPS = Counter(
     "codegym_sandbox_resident_steps_total", "Steps served by a session's resident process"
 )
+COLD_STEPS = Counter(
+    "codegym_sandbox_cold_steps_total",
+    "Steps that ran cold (fork, unpickle), by cause: new (no process held the session here), "
+    "stale (the process held another state), full (no room: served one-shot)",
+    ["cause"],
+)
+EVICTIONS = Counter(
+    "codegym_sandbox_evictions_total",
+    "Resident processes ended, by reason: release (session closed), done (episode over), "
+    "room (made room for another), idle, failed (a step failed in it), stale",
+    ["reason"],
+)
+RESIDENTS = Gauge("codegym_sandbox_residents", "Resident session processes held by this worker's jails")
+RESIDENT_CAPACITY = Gauge(
+    "codegym_sandbox_resident_capacity",
+    "Resident sessions this worker's memory budget holds at their measured cost",
+)
+RESIDENT_BUDGET_BYTES = Gauge(
+    "codegym_sandbox_resident_budget_bytes",
+    "Memory this worker may spend on resident sessions (--resident-memory-mb)",
+)
+RESIDENT_COST_BYTES = Gauge(
+    "codegym_sandbox_resident_cost_bytes", "Measured memory of one resident session (private pages, mean)"
+)
+SANDBOX_QUEUE_DEPTH = Gauge("codegym_sandbox_queue_depth", "Operations waiting for a jail")
+SANDBOX_REFUSALS = Counter(
+    "codegym_sandbox_refusals_total", "Operations refused with CAPACITY (worker queue full)"
+)
 
 LLM_REQUESTS = Counter(
     "codegym_llm_requests_total", "HTTP requests to the LLM endpoint (retries included)", ["stage"]
@@ -57,6 +85,15 @@ LLM_CACHE_HITS = Counter(
 SESSIONS_OPEN = Gauge("codegym_runtime_sessions_open", "Open sessions in this runtime's store")
 SESSIONS_EXPIRED = Counter("codegym_runtime_sessions_expired_total", "Sessions dropped after their idle time")
 STEPS = Counter("codegym_runtime_steps_total", "Steps, by outcome (ok or the step error code)", ["outcome"])
+STEPS_IN_FLIGHT = Gauge("codegym_runtime_steps_in_flight", "Steps admitted and not yet answered")
+ADMISSION_REFUSALS = Counter(
+    "codegym_runtime_admission_refusals_total",
+    "Calls refused with CAPACITY, by limit: sessions (max open), steps (in flight), queue (a worker's queue)",
+    ["limit"],
+)
+WORKER_QUEUE_DEPTH = Gauge(
+    "codegym_runtime_worker_queue_depth", "Operations queued for sandbox workers, not yet sent"
+)
 
 PIPELINE_OUTCOMES = Counter(
     "codegym_pipeline_stage_outcomes_total",

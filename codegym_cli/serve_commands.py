@@ -56,8 +56,10 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
             defaults=RequestLimits(args.wall_ms, args.cpu_ms, args.memory_mb, args.output_bytes),
             maximum=MAX_LIMITS,
             max_pending=args.max_pending,
+            resident_memory_mb=args.resident_memory_mb,
             resident_cap=args.resident_cap,
             resident_idle_s=args.resident_idle_s,
+            admit_idle_s=args.admit_idle_s,
         )
         await serve(worker)
 
@@ -214,16 +216,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="operations queued or running before RESOURCE_EXHAUSTED (0 = 256 per jail)",
     )
     sandbox.add_argument(
+        "--resident-memory-mb",
+        type=int,
+        default=0,
+        help="memory this worker spends on resident sessions (live envs kept between steps), shared by "
+        "its jails; each jail holds its share divided by what a resident is measured to cost. Set it "
+        "from the pod's memory limit; 0 = half the memory this worker may use (its cgroup limit, else "
+        "the machine's)",
+    )
+    sandbox.add_argument(
         "--resident-cap",
         type=int,
-        default=JailSettings.resident_cap,
-        help="resident sessions per jail (live envs kept between steps; least recently used evicted)",
+        default=0,
+        help="most resident sessions per jail whatever the budget (0 = what the budget holds)",
     )
     sandbox.add_argument(
         "--resident-idle-s",
         type=float,
         default=JailSettings.resident_idle_s,
         help="idle time after which a resident session is evicted",
+    )
+    sandbox.add_argument(
+        "--admit-idle-s",
+        type=float,
+        default=JailSettings.admit_idle_s,
+        help="when a jail is full, a resident idle this long gives its place to a newcomer (which "
+        "otherwise runs cold, one-shot); longer than an agent's turn, so playing episodes stay warm",
     )
     sandbox.add_argument("--log-level", default="INFO", help="logging level")
     sandbox.set_defaults(func=_serve_sandbox)

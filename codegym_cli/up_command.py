@@ -21,6 +21,7 @@ from pathlib import Path
 from codegym.grpcutil import wait_serving
 from codegym.library import Library, default_library_path
 from codegym.procs import RedisServer, ServerProcess, codegym_command
+from sandbox_worker.residency import default_budget_mb
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -119,6 +120,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                 str(port),
                 "--jails",
                 str(args.jails),
+                # The workers share this machine: each gets its part of the resident budget.
+                "--resident-memory-mb",
+                str(args.resident_memory_mb or default_budget_mb(args.workers)),
             ]
             children.append(Child(f"sandbox worker {i + 1}", worker_args))
         workers = [c.address for c in children]
@@ -191,6 +195,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="redis://HOST:PORT/N for the sessions (default: in memory; a private redis-server for --runtimes > 1)",
     )
     up.add_argument("--jails", type=int, default=os.cpu_count() or 2, help="jails per worker")
+    up.add_argument(
+        "--resident-memory-mb",
+        type=int,
+        default=0,
+        help="memory each worker spends on resident sessions (0 = half of this machine's, shared by the workers)",
+    )
     up.add_argument("--host", default="127.0.0.1", help="address every server binds")
     up.add_argument("--port", type=int, default=50051, help="runtime port (0 = any free port)")
     up.add_argument(

@@ -70,9 +70,10 @@ MAX_LIMITS = RequestLimits(wall_ms=60_000, cpu_ms=60_000, memory_mb=1024, output
 class JailLimits:
     """Whole-jail limits: they bound a jail's zygote plus the request it is serving."""
 
+    # On top of these, a jail gets room for its resident sessions (`JailSettings.resident_cap`
+    # processes, three fds each in the zygote, its share of the resident memory budget).
     memory_mb: int = 1536
-    # Resident sessions hold a process each and three fds in the zygote (64 per jail by default);
-    # the rest of the pids leave a step room to fork (and a fork bomb room to fail).
+    # What a request may start (and a fork bomb is stopped at).
     pids: int = 128
     open_files: int = 512
     file_size_mb: int = 1
@@ -151,7 +152,8 @@ def build_jail_config(
         rlimit_as_type=RLimitType.INF,
         rlimit_cpu_type=RLimitType.INF,
         rlimit_fsize=limits.file_size_mb,
-        rlimit_nofile=limits.open_files,
+        # The zygote holds three fds per resident session (two pipes' ends and a pidfd).
+        rlimit_nofile=limits.open_files + 3 * settings.resident_cap,
         rlimit_nproc=limits.pids,
         rlimit_nproc_type=RLimitType.VALUE,
         rlimit_stack=8,
@@ -174,13 +176,17 @@ def build_jail_config(
         MountPt(src="/dev/null", dst="/dev/null", is_bind=True, rw=True, is_dir=False),
         MountPt(src="/dev/urandom", dst="/dev/urandom", is_bind=True, rw=False, is_dir=False),
     ]
+    # The jail's whole memory and process count: what a request may use, plus the resident
+    # sessions its share of the worker's budget holds (one process each).
+    memory = (limits.memory_mb + settings.resident_memory_mb) * 1024 * 1024
+    pids = limits.pids + settings.resident_cap
     if cgroups == "v1":
-        cfg.cgroup_mem_max = limits.memory_mb * 1024 * 1024
+        cfg.cgroup_mem_max = memory
         cfg.cgroup_mem_parent = "CODEGYM"
-        cfg.cgroup_pids_max = limits.pids
+        cfg.cgroup_pids_max = pids
         cfg.cgroup_pids_parent = "CODEGYM"
     elif cgroups == "v2":
         cfg.use_cgroupv2 = True
-        cfg.cgroup_mem_max = limits.memory_mb * 1024 * 1024
-        cfg.cgroup_pids_max = limits.pids
+        cfg.cgroup_mem_max = memory
+        cfg.cgroup_pids_max = pids
     return cfg

@@ -18,16 +18,25 @@ from pathlib import Path
 from typing import Any
 
 from codegym.metrics import (
+    COLD_STEPS,
+    EVICTIONS,
     JAILS_ALIVE,
     JAILS_RESTARTED,
+    RESIDENT_BUDGET_BYTES,
+    RESIDENT_CAPACITY,
+    RESIDENT_COST_BYTES,
     RESIDENT_STEPS,
+    RESIDENTS,
     SANDBOX_OPERATION_SECONDS,
     SANDBOX_OPERATIONS,
+    SANDBOX_QUEUE_DEPTH,
     SANDBOX_RETRIES,
 )
 from sandbox_worker.inside.settings import JailSettings
 from sandbox_worker.jail import Jail, JailDied, make_workdir
 from sandbox_worker.limits import JailLimits, detect_cgroups, isolation_summary
+from sandbox_worker.residency import Residency, default_budget_mb, sample_cost
+from sandbox_worker.scheduling import COLD, OTHER, RESIDENT, JailScheduler
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +57,18 @@ def maybe_outside_fault(result: dict[str, Any]) -> bool:
 
 # Sessions remembered per worker (a hint each; the oldest are forgotten first).
 AFFINITY_SIZE = 100_000
+EVICTION_REASONS = frozenset({"release", "done", "room", "idle", "failed", "stale"})
+# How often the cost of a resident session is measured again.
+COST_SAMPLE_S = 5.0
+
+
+def priority(request: dict[str, Any], pinned: bool) -> int:
+    """Steps of sessions this worker holds first, other steps next, everything else last."""
+    if request.get("op") == "release":
+        return RESIDENT  # frees memory, costs nothing
+    if request.get("op") == "step":
+        return RESIDENT if pinned else COLD
+    return OTHER
 
 
 class JailPool:
@@ -56,28 +77,40 @@ class JailPool:
         size: int,
         limits: JailLimits | None = None,
         *,
-        resident_cap: int = JailSettings.resident_cap,
+        resident_memory_mb: int = 0,
+        resident_cap: int = 0,
         resident_idle_s: float = JailSettings.resident_idle_s,
+        admit_idle_s: float = JailSettings.admit_idle_s,
     ) -> None:
+        """`resident_memory_mb`: memory the worker spends on resident sessions (0: a default from
+        the memory it may use); `resident_cap`: most residents per jail whatever the budget (0:
+        what the budget holds at the least a resident costs)."""
         self.size = size
         self.limits = limits or JailLimits()
+        self.residency = Residency.for_budget(resident_memory_mb or default_budget_mb(), size, resident_cap)
         # Told to every jail once, at its start: they hold for every operation.
-        self.settings = JailSettings(resident_cap=resident_cap, resident_idle_s=resident_idle_s)
+        self.settings = JailSettings(
+            resident_cap=self.residency.ceiling,
+            resident_idle_s=resident_idle_s,
+            admit_idle_s=admit_idle_s,
+            resident_memory_mb=self.residency.jail_budget_bytes // (1024 * 1024),
+        )
         self.cgroups = detect_cgroups()
         self.isolation = isolation_summary(self.cgroups)
         self.workdir: Path = make_workdir()
         self.jails: list[Jail] = []
-        self._free = asyncio.Condition()
-        self._busy: set[int] = set()
-        self._ready: set[int] = set()
+        self.scheduler = JailScheduler(lambda idle: min(idle, key=lambda i: self.pinned[i]))
         self.affinity: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.pinned: collections.Counter[int] = collections.Counter()
+        # Resident sessions each jail said it holds in its last answer.
+        self.residents: dict[int, int] = {}
         self.resident_steps = 0
         self._ids = itertools.count(1)
         self.replaced = 0
         self.operations = 0
         self._closed = False
         self._restarts: set[asyncio.Task[None]] = set()
+        self._sampler: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if not self.cgroups:
@@ -91,9 +124,35 @@ class JailPool:
             # A failed start leaves nothing behind: no jail running, no work folder in /tmp.
             await self.close()
             raise
-        self._ready = set(range(self.size))
+        for index in range(self.size):
+            self.scheduler.up(index)
         JAILS_ALIVE.set_function(lambda: self.alive)
-        log.info("%d jails ready (%s)", self.size, self.isolation)
+        SANDBOX_QUEUE_DEPTH.set_function(lambda: self.scheduler.depth)
+        RESIDENTS.set_function(lambda: sum(self.residents.values()))
+        RESIDENT_CAPACITY.set_function(lambda: self.residency.cap() * self.size)
+        RESIDENT_COST_BYTES.set_function(lambda: self.residency.cost_bytes)
+        RESIDENT_BUDGET_BYTES.set(self.residency.budget_bytes)
+        self._sampler = asyncio.get_running_loop().create_task(self._sample_costs())
+        log.info(
+            "%d jails ready (%s); resident budget %d MiB: %d sessions per jail at %.1f MiB each until measured",
+            self.size,
+            self.isolation,
+            self.residency.budget_bytes >> 20,
+            self.residency.cap(),
+            self.residency.cost_bytes / (1 << 20),
+        )
+
+    async def _sample_costs(self) -> None:
+        """Measure what a resident session costs, now and then, off the event loop."""
+        while not self._closed:
+            await asyncio.sleep(COST_SAMPLE_S)
+            pids = [j.pid for j in self.jails if j.pid is not None and j.alive]
+            try:
+                cost = await asyncio.to_thread(sample_cost, pids)
+            except Exception:  # a measurement is never worth a worker
+                log.exception("measuring resident sessions failed")
+                continue
+            self.residency.measured(cost)
 
     @property
     def alive(self) -> int:
@@ -123,8 +182,9 @@ class JailPool:
 
     async def _execute_once(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
         session = str(request.get("session") or "")
-        jail = await self._acquire(self.affinity.get(session) if session else None)
-        request = {**request, "id": next(self._ids)}
+        home = self.affinity.get(session) if session else None
+        jail = self.jails[await self.scheduler.acquire(home, priority(request, home is not None))]
+        request = {**request, "id": next(self._ids), "cap": self.residency.cap()}
         op = str(request.get("op", ""))
         started = time.perf_counter()
         try:
@@ -145,14 +205,31 @@ class JailPool:
         self.operations += 1
         SANDBOX_OPERATIONS.labels(op, str(result.get("status", ""))).inc()
         SANDBOX_OPERATION_SECONDS.labels(op).observe(time.perf_counter() - started)
+        self._account(jail.index, result, home)
+        if session:
+            self._pin(session, jail.index if result.pop("held", False) else None)
+            self.resident_steps += bool(result.get("resident"))
+        self.scheduler.release(jail.index)
+        return result
+
+    def _account(self, index: int, result: dict[str, Any], home: int | None) -> None:
+        """What the jail said about its residents: how many it holds, why a step ran cold, what it
+        ended since its last answer."""
+        residents = result.pop("residents", None)
+        if isinstance(residents, int):
+            self.residents[index] = residents
+        evictions = result.pop("evictions", None)
+        if isinstance(evictions, dict):
+            for reason, count in evictions.items():
+                if isinstance(count, int) and reason in EVICTION_REASONS:
+                    EVICTIONS.labels(reason).inc(count)
+        cold = result.pop("cold", None)
         if result.get("resident"):
             RESIDENT_STEPS.inc()
-        if session:
-            kept = result.get("status") == "ok" and request.get("op") != "release"
-            self._pin(session, jail.index if kept else None)
-            self.resident_steps += bool(result.get("resident"))
-        await self._release(jail)
-        return result
+        elif cold in ("absent", "stale", "full"):
+            # Absent from a jail this worker had it in: it was evicted (or the jail restarted).
+            cause = "evicted" if cold == "absent" and home is not None else cold
+            COLD_STEPS.labels("new" if cause == "absent" else cause).inc()
 
     def _pin(self, session: str, index: int | None) -> None:
         old = self.affinity.pop(session, None)
@@ -166,30 +243,9 @@ class JailPool:
             _, dropped = self.affinity.popitem(last=False)
             self.pinned[dropped] -= 1
 
-    async def _acquire(self, want: int | None) -> Jail:
-        """The wanted jail when it is up (waiting while it is busy), else the idle jail with fewest sessions."""
-        async with self._free:
-            while True:
-                if want is not None and want in self._ready:
-                    if want not in self._busy:
-                        self._busy.add(want)
-                        return self.jails[want]
-                else:
-                    idle = [i for i in self._ready if i not in self._busy]
-                    if idle:
-                        index = min(idle, key=lambda i: self.pinned[i])
-                        self._busy.add(index)
-                        return self.jails[index]
-                await self._free.wait()
-
-    async def _release(self, jail: Jail) -> None:
-        async with self._free:
-            self._busy.discard(jail.index)
-            self._free.notify_all()
-
     def _replace(self, jail: Jail) -> None:
-        self._ready.discard(jail.index)
-        self._busy.discard(jail.index)
+        self.scheduler.down(jail.index)
+        self.residents.pop(jail.index, None)
         if self._closed:
             return
         task = asyncio.get_running_loop().create_task(self._restart(jail))
@@ -209,13 +265,13 @@ class JailPool:
                 continue
             self.replaced += 1
             JAILS_RESTARTED.inc()
-            async with self._free:
-                self._ready.add(jail.index)
-                self._free.notify_all()
+            self.scheduler.up(jail.index)
             return
 
     async def close(self) -> None:
         self._closed = True
+        if self._sampler is not None:
+            self._sampler.cancel()
         for task in list(self._restarts):
             task.cancel()
         await asyncio.gather(*(j.kill() for j in self.jails))

@@ -31,10 +31,19 @@ class SandboxWorker:
         defaults: RequestLimits = DEFAULT_LIMITS,
         maximum: RequestLimits = MAX_LIMITS,
         max_pending: int = 0,
-        resident_cap: int = JailSettings.resident_cap,
+        resident_memory_mb: int = 0,
+        resident_cap: int = 0,
         resident_idle_s: float = JailSettings.resident_idle_s,
+        admit_idle_s: float = JailSettings.admit_idle_s,
     ) -> None:
-        self.pool = JailPool(jails, jail_limits, resident_cap=resident_cap, resident_idle_s=resident_idle_s)
+        self.pool = JailPool(
+            jails,
+            jail_limits,
+            resident_memory_mb=resident_memory_mb,
+            resident_cap=resident_cap,
+            resident_idle_s=resident_idle_s,
+            admit_idle_s=admit_idle_s,
+        )
         self.servicer = SandboxServicer(
             self.pool, defaults=defaults, maximum=maximum, max_pending=max_pending
         )

@@ -43,8 +43,9 @@ class Resident:
         self.pidfd = os.pidfd_open(pid)
 
     def exited(self) -> bool:
-        ready, _, _ = select.select([self.pidfd], [], [], 0)
-        return bool(ready)
+        poller = select.poll()
+        poller.register(self.pidfd, select.POLLIN)
+        return bool(poller.poll(0))
 
 
 def limit_cpu(step_cpu_ms: int) -> None:

@@ -12,11 +12,16 @@ from typing import Any
 
 @dataclass(frozen=True)
 class JailSettings:
-    # Resident sessions per jail, and how long one may sit idle before its process is ended.
+    # Most resident sessions a jail may hold (its pid, fd and uid limits are sized from it); the
+    # worker tells each request the cap its memory budget allows at the measured cost, below this.
     resident_cap: int = 64
     resident_idle_s: float = 300.0
     # A resident session idle this long may give its place to a new one when the jail is full.
-    admit_idle_s: float = 2.0
+    # Longer than a model's turn: trainers step each episode every few seconds, and a shorter
+    # threshold would let newcomers evict sessions that are still playing (every step cold).
+    admit_idle_s: float = 60.0
+    # This jail's share of the worker's resident budget (its memory limit is sized with it).
+    resident_memory_mb: int = 0
     # Compiled sources the zygote keeps (least recently used out first); the worker mirrors it.
     code_cache_size: int = 128
     # Largest result a child may report.

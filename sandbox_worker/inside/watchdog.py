@@ -17,7 +17,7 @@ from .frames import HEADER
 
 # What the zygote itself adds to a result (whether it reaped the child) and what the worker adds (a
 # jail that died): a child that wrote them into its own result would steer its own handling.
-ZYGOTE_KEYS = ("reaped", "jail_died", "id")
+ZYGOTE_KEYS = ("reaped", "jail_died", "id", "residents", "evictions", "cold", "held")
 
 
 def child_status(
@@ -85,13 +85,17 @@ def collect(
     if pidfd is None:
         pidfd = os.pidfd_open(pid)
     exited = False
+    poller = select.poll()
+    poller.register(res_r, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
     try:
         while need is None or len(buf) < need:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 timed_out = True
                 break
-            ready, _, _ = select.select([res_r, pidfd], [], [], remaining)
+            # poll, not select: a jail with many resident sessions has fds past FD_SETSIZE.
+            ready = {fd for fd, _ in poller.poll(remaining * 1000)}
             if res_r in ready:
                 chunk = os.read(res_r, 1 << 20)
                 if not chunk:

@@ -13,6 +13,7 @@ import gc
 import hashlib
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -45,8 +46,6 @@ PRELOAD = (
     "string",
     "typing",
 )
-# Highest fd a forked child may have inherited (the jail's RLIMIT_NOFILE is below it).
-MAX_FDS = 1024
 
 
 def single_threaded(pid: int) -> bool:
@@ -59,6 +58,13 @@ def single_threaded(pid: int) -> bool:
         return len(os.listdir(f"/proc/{pid}/task")) == 1
     except OSError:
         return False
+
+
+def fd_ceiling() -> int:
+    """One past the highest fd this process can hold (its RLIMIT_NOFILE, which nsjail sets)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limits = [n for n in (soft, hard) if 0 < n < (1 << 24)]
+    return max(limits) if limits else 1 << 16
 
 
 class Zygote:
@@ -76,6 +82,12 @@ class Zygote:
         self.codes: collections.OrderedDict[str, types.CodeType] = collections.OrderedDict()
         self.spare: tuple[int, int, int] | None = None
         self.residents: collections.OrderedDict[str, Resident] = collections.OrderedDict()
+        # Residency the worker's memory budget allows at the measured cost (each request says).
+        self.cap = settings.resident_cap
+        # Residents ended since the last answer, by reason: told to the worker with the next one.
+        self.evictions: collections.Counter[str] = collections.Counter()
+        # Sessions whose process ends after the answer (their episode is over).
+        self.finished: list[str] = []
         self.seen_last_pid = -2
         self.since_scan = 0
         self.last_uid = 0
@@ -106,7 +118,9 @@ class Zygote:
             low, high = sorted((req_r, res_w))
             os.closerange(3, low)
             os.closerange(low + 1, high)
-            os.closerange(high + 1, MAX_FDS)
+            # Every fd above: the zygote holds three per resident session, thousands of them in a
+            # large jail (closerange is one close_range call, whatever the span).
+            os.closerange(high + 1, fd_ceiling())
             try:
                 child_main(req_r, res_w, self.codes, self.base_vm_bytes)
             finally:
@@ -171,26 +185,46 @@ class Zygote:
 
     def serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
         """Run one request; return its result and the one-shot child to reap after answering."""
+        result, pid = self._serve(req)
+        result["residents"] = len(self.residents)
+        if req.get("session") and req.get("op") in ("step", "create"):
+            result["held"] = (
+                str(req["session"]) in self.residents and str(req["session"]) not in self.finished
+            )
+        if self.evictions:
+            result["evictions"] = dict(self.evictions)
+            self.evictions.clear()
+        return result, pid
+
+    def _serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
         op = req.get("op")
+        cap = req.get("cap")
+        if isinstance(cap, int) and cap >= 0:
+            self.cap = min(cap, self.settings.resident_cap)
         if op == "release":
-            self.evict(str(req.get("session") or ""))
+            self.evict(str(req.get("session") or ""), "release")
             return {"status": "ok"}, None
         key = str(req.get("session") or "") if op in ("step", "create") else ""
+        cold = ""
         if key and op == "create":
             # The new session lives on in the process that built it: its first step is resident.
-            self.evict(key)
+            self.evict(key, "stale")
             req["resident"] = True
         elif key:
             # The worker sends the state's sha256 with every session step; none never matches.
             version = str(req.get("state_sha") or "")
             held = self.residents.get(key)
+            cold = "absent"
             if held is not None:
                 if held.version == version and not held.exited():
                     return self.serve_resident(key, held, req), None
-                self.evict(key)
+                self.evict(key, "stale")
+                cold = "stale"
             req["resident"] = True
         if key and not self.admit():
             req["resident"] = False
+            if cold:
+                cold = "full"
         problem = self.check_source(req)
         if problem is not None:
             return problem, None
@@ -206,11 +240,14 @@ class Zygote:
         with contextlib.suppress(OSError):
             frames.write_all(req_w, frames.encode(req))
         result = collect(pid, res_r, started, req["limits"], self.settings.max_result_bytes)
+        if cold:
+            result["cold"] = cold
         if (
             key
             and not result.get("reaped")
             and result.get("status") == "ok"
             and result.get("state_sha")
+            and not result.get("done")
             and single_threaded(pid)
         ):
             self.residents[key] = Resident(pid, req_w, res_r, str(result.pop("state_sha")), self.spare_uid)
@@ -242,31 +279,41 @@ class Zygote:
             held.version = str(result.pop("state_sha"))
             held.last_used = time.monotonic()
             result["resident"] = True
+            if result.get("done"):
+                # The episode is over: its process would only hold memory (a Reset runs cold).
+                self.finished.append(key)
             return result
         # Failed: the child's copy is not the committed state any more; the next step runs cold.
         result.pop("state_sha", None)
-        self.evict(key)
+        self.evict(key, "failed")
         return result
 
     def admit(self) -> bool:
         """Room for one more resident session: free, or made by evicting one idle for a while.
 
         When more sessions step than a jail can hold, evicting the least recently used one for
-        every newcomer would make every step cold and pay a process teardown on top; instead
-        the newcomer runs one-shot until a resident has sat idle for `settings.admit_idle_s`.
+        every newcomer would make every step cold (every session comes back after all the others,
+        as in a trainer's batch) and pay a process teardown on top; instead the newcomer runs
+        one-shot, and the residents stay, until one has sat idle for `settings.admit_idle_s`
+        (longer than an agent's turn: a session that idle has most likely been abandoned). The
+        sessions that fit stay warm, the rest run cold: the hit rate is budget over working set,
+        never zero.
         """
-        if len(self.residents) < self.settings.resident_cap:
+        if len(self.residents) < self.cap:
             return True
+        if not self.residents:
+            return False
         oldest_key, oldest = next(iter(self.residents.items()))
         if time.monotonic() - oldest.last_used < self.settings.admit_idle_s:
             return False
-        self.evict(oldest_key)
+        self.evict(oldest_key, "room")
         return True
 
-    def evict(self, key: str) -> None:
+    def evict(self, key: str, reason: str) -> None:
         held = self.residents.pop(key, None)
         if held is None:
             return
+        self.evictions[reason] += 1
         # By its pidfd, not its pid: a pid reaped meanwhile may belong to another process by now.
         with contextlib.suppress(ProcessLookupError, OSError):
             signal.pidfd_send_signal(held.pidfd, signal.SIGKILL)
@@ -285,14 +332,18 @@ class Zygote:
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-        cap = self.settings.resident_cap
-        idle_s = self.settings.resident_idle_s
-        now = time.monotonic()
-        for key, held in list(self.residents.items()):
-            if now - held.last_used > idle_s:
-                self.evict(key)
-        while len(self.residents) > cap:
-            self.evict(next(iter(self.residents)))
+        for key in self.finished:
+            self.evict(key, "done")
+        self.finished.clear()
+        # Least recently used first: only the idle head of the order is looked at.
+        idle_since = time.monotonic() - self.settings.resident_idle_s
+        while self.residents:
+            key, held = next(iter(self.residents.items()))
+            if held.last_used > idle_since:
+                break
+            self.evict(key, "idle")
+        while len(self.residents) > self.cap:
+            self.evict(next(iter(self.residents)), "room")
         self.since_scan += 1
         if last_pid() != self.seen_last_pid or self.since_scan >= FULL_SCAN_EVERY:
             keep = {held.pid for held in self.residents.values()}

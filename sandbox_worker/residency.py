@@ -1,0 +1,140 @@
+"""How many resident sessions a worker keeps: a memory budget divided by what one really costs.
+
+A resident session is a forked interpreter holding one live environment. What it costs is the
+memory no other process shares with it (its private pages: copy-on-write copies of the zygote's
+pages its own code touched, its own objects), its page tables, and the kernel's per-process
+structures. That cost depends on the environments served, so it is measured on the live
+processes (`sample_cost`, every few seconds, off the event loop) instead of assumed; the cap each
+jail is told with every request is its share of the budget divided by that cost. Until a sample
+exists the cost is taken as `DEFAULT_COST` (measured with the sample environments, rounded up).
+
+The budget is the operator's (`--resident-memory-mb`, from the pod's memory limit); without one it
+is a share of the memory this worker may use (`default_budget_mb`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox_worker.limits import ID_SPAN
+
+log = logging.getLogger(__name__)
+
+MIB = 1024 * 1024
+# What one resident session cost with the sample environments on Python 3.12 (about 2.1 MiB of
+# private pages, 0.16 MiB of page tables), rounded up: the estimate before the first sample.
+DEFAULT_COST = 3 * MIB
+# No resident session costs less than this: the jail's pid, fd and id limits are sized for the
+# budget divided by it.
+MIN_COST = 1 * MIB
+# The kernel's own per-process memory (task, kernel stack, files, signal handlers), not in smaps.
+KERNEL_PER_PROCESS = 32 * 1024
+# Most resident sessions one jail holds by default. A jail's fork gets slower as it holds more
+# processes (measured: the zygote's fork 1.0 ms with 250 residents, 2.7 ms with 1,000, 8.6 ms with
+# 2,000), and every cold step and create forks: past this, more jails per worker serve better.
+JAIL_CEILING = 1024
+# Processes sampled per jail and measurement.
+SAMPLE = 16
+# Share of the memory available to the worker spent on residents when the operator sets nothing.
+DEFAULT_SHARE = 0.5
+
+
+def memory_limit_bytes() -> int:
+    """The memory this process may use: its cgroup's limit (v2 or v1) when set, else the machine's."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        with contextlib.suppress(OSError, ValueError):
+            text = Path(path).read_text().strip()
+            if text != "max" and int(text) < (1 << 60):
+                return int(text)
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return 4096 * MIB
+
+
+def default_budget_mb(workers_on_machine: int = 1) -> int:
+    """Half the memory this worker may use, shared with the other workers of the same machine."""
+    return max(64, int(memory_limit_bytes() * DEFAULT_SHARE / max(1, workers_on_machine) / MIB))
+
+
+@dataclass
+class Residency:
+    """A worker's resident budget, the measured cost of one resident, and each jail's cap."""
+
+    budget_bytes: int
+    jails: int
+    ceiling: int
+    cost_bytes: int = DEFAULT_COST
+
+    @classmethod
+    def for_budget(cls, budget_mb: int, jails: int, ceiling: int = 0) -> Residency:
+        """`ceiling`: the most residents a jail may hold whatever the budget (0: `JAIL_CEILING`);
+        never more than the budget holds at `MIN_COST`, nor than the ids a jail can hand out."""
+        budget = max(0, budget_mb) * MIB
+        # Each process of a jail needs an id of its own: leave room for the one-shot ones.
+        structural = max(1, min(ID_SPAN - 256, budget // max(1, jails) // MIN_COST))
+        return cls(budget, jails, min(ceiling if ceiling > 0 else JAIL_CEILING, structural))
+
+    @property
+    def jail_budget_bytes(self) -> int:
+        return self.budget_bytes // max(1, self.jails)
+
+    def cap(self) -> int:
+        """Residents one jail may hold now: its share of the budget at the measured cost."""
+        return max(0, min(self.ceiling, self.jail_budget_bytes // max(1, self.cost_bytes)))
+
+    def measured(self, cost: int | None) -> None:
+        if cost:
+            self.cost_bytes = max(MIN_COST // 4, cost)
+
+
+def _stat_ppid(pid: str) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_cost(pid: int) -> int | None:
+    """Private pages + page tables + the kernel's per-process memory of one process, in bytes."""
+    private = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    private += int(line.split()[1])
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmPTE:"):
+                    private += int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return private * 1024 + KERNEL_PER_PROCESS
+
+
+def sample_cost(jail_pids: list[int]) -> int | None:
+    """Mean cost of the session processes (the zygotes' children) under the given nsjail pids.
+
+    Reads /proc (the worker is outside the jails' pid namespaces and sees every process); runs in a
+    thread, a few times a minute. None when no jail holds a session process yet.
+    """
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            ppid = _stat_ppid(name)
+            if ppid is not None:
+                children.setdefault(ppid, []).append(int(name))
+    sessions: list[int] = []
+    for jail in jail_pids:
+        for zygote in children.get(jail, []):
+            found = children.get(zygote, [])
+            sessions += random.sample(found, min(SAMPLE, len(found)))
+    costs = [c for c in (process_cost(pid) for pid in sessions) if c]
+    return sum(costs) // len(costs) if costs else None
