@@ -17,6 +17,7 @@ import grpc
 
 from codegym.common.v1 import common_pb2
 from codegym.errors import Reason, Refusal, guarded
+from codegym.metrics import SANDBOX_REFUSALS
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from sandbox_worker.cache import SourceCache
@@ -102,7 +103,8 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         self.defaults = defaults
         self.maximum = maximum
         self.max_pending = max_pending or pool.size * 256
-        self.pending = 0
+        # One token per operation admitted and not yet answered.
+        self.pending: set[object] = set()
         self.draining = False
 
     def _request(self, op: pb.Operation) -> tuple[dict[str, Any], int] | pb.OperationResult:
@@ -210,10 +212,11 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
     def _admit(self, count: int) -> None:
         if self.draining:
             raise Refusal(Reason.UNAVAILABLE, "worker is draining; retry on another worker")
-        if self.pending + count > self.max_pending:
+        if len(self.pending) + count > self.max_pending:
+            SANDBOX_REFUSALS.inc()
             raise Refusal(
                 Reason.CAPACITY,
-                f"worker overloaded: {self.pending} operations pending (max {self.max_pending}); retry later",
+                f"worker overloaded: {len(self.pending)} operations pending (max {self.max_pending}); retry later",
                 retry_after_ms=50,
             )
 
@@ -222,13 +225,14 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExecuteResponse:
         self._admit(1)
-        self.pending += 1
+        token = object()
+        self.pending.add(token)
         try:
             return pb.ExecuteResponse(result=await self.run(self._request(request.operation)))
         except BadOperation as exc:
             raise Refusal(Reason.INVALID_REQUEST, str(exc)) from None
         finally:
-            self.pending -= 1
+            self.pending.discard(token)
 
     @guarded
     async def ExecuteBatch(
@@ -242,17 +246,22 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             prepared = [self._request(op) for op in request.operations]
         except BadOperation as exc:
             raise Refusal(Reason.INVALID_REQUEST, f"operation rejected: {exc}") from None
-        limit = asyncio.Semaphore(request.max_parallel or self.pool.size)
+        # Without a cap of its own the batch's operations all wait for the jails at once, so the
+        # pool serves them by priority (a resident step before a create) and on every free jail.
+        limit = asyncio.Semaphore(request.max_parallel) if request.max_parallel else None
 
         async def one(item: tuple[dict[str, Any], int] | pb.OperationResult) -> pb.OperationResult:
+            if limit is None:
+                return await self.run(item)
             async with limit:
                 return await self.run(item)
 
-        self.pending += count
+        tokens = [object() for _ in prepared]
+        self.pending.update(tokens)
         try:
             results = await asyncio.gather(*(one(item) for item in prepared))
         finally:
-            self.pending -= count
+            self.pending.difference_update(tokens)
         return pb.ExecuteBatchResponse(results=results)
 
     @guarded

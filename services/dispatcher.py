@@ -29,6 +29,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
@@ -68,26 +69,46 @@ async def sourced(
     return result
 
 
+class QueueFull(Exception):
+    """A worker's queue holds as many operations as it may: the runtime answers CAPACITY."""
+
+
 class WorkerQueue:
     """Coalesces concurrent operations bound for one worker into `ExecuteBatch` calls.
 
     No operation waits for company: while fewer than `max_in_flight` calls are out, an operation
     goes at once; otherwise it queues, and everything queued goes in one call as soon as a call
     returns. At 32 sessions most steps then share a call with others, which saves a gRPC round
-    trip's CPU per step on both sides of the runtime → worker hop.
+    trip's CPU per step on both sides of the runtime → worker hop. A call is answered when its
+    last operation is, so steps and creates never share one (`SandboxDispatcher` keeps a queue of
+    each per worker): a burst of creates must not hold the answers of steps. At most `max_queued`
+    operations wait; past that `submit` raises `QueueFull` instead of queueing without bound.
     """
 
-    def __init__(self, stub: sb_grpc.SandboxServiceStub, max_in_flight: int = 2, max_batch: int = 64) -> None:
+    def __init__(
+        self,
+        stub: sb_grpc.SandboxServiceStub,
+        max_in_flight: int = 2,
+        max_batch: int = 64,
+        max_queued: int = 4096,
+    ) -> None:
         self.stub = stub
         self.max_in_flight = max_in_flight
         self.max_batch = max_batch
+        self.max_queued = max_queued
         self.pending: list[tuple[sb.Operation, asyncio.Future[sb.OperationResult]]] = []
-        self.in_flight = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.calls = 0
         self.operations = 0
 
+    @property
+    def in_flight(self) -> int:
+        """Calls out: the tasks sending them."""
+        return len(self.tasks)
+
     async def submit(self, op: sb.Operation) -> sb.OperationResult:
+        if len(self.pending) >= self.max_queued:
+            raise QueueFull(f"{len(self.pending)} operations queued for this worker")
         future: asyncio.Future[sb.OperationResult] = asyncio.get_running_loop().create_future()
         self.pending.append((op, future))
         if self.in_flight < self.max_in_flight:
@@ -96,10 +117,14 @@ class WorkerQueue:
 
     def _launch(self) -> None:
         batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
-        self.in_flight += 1
         task = asyncio.get_running_loop().create_task(self._send(batch))
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if self.pending and self.in_flight < self.max_in_flight:
+            self._launch()
 
     async def _send(self, batch: list[tuple[sb.Operation, asyncio.Future[sb.OperationResult]]]) -> None:
         ops = [op for op, _ in batch]
@@ -128,10 +153,6 @@ class WorkerQueue:
                     future.set_exception(exc)
             if not isinstance(exc, Exception):
                 raise
-        finally:
-            self.in_flight -= 1
-            if self.pending and self.in_flight < self.max_in_flight:
-                self._launch()
 
 
 def worker_addresses(addresses: str | Sequence[str]) -> list[str]:
@@ -142,6 +163,15 @@ def worker_addresses(addresses: str | Sequence[str]) -> list[str]:
     if len(items) < 2 or any("://" in a or a.startswith("dns:") for a in items):
         return []
     return items
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One worker's channel, and its queues: steps apart from everything else."""
+
+    channel: grpc.aio.Channel
+    steps: WorkerQueue
+    others: WorkerQueue
 
 
 class SandboxUnavailable(RuntimeError):
@@ -159,16 +189,22 @@ class SandboxDispatcher:
         self.channel = aio_channel(addresses, [SANDBOX_SERVICE], health_service=SANDBOX_SERVICE)
         self.stub = sb_grpc.SandboxServiceStub(self.channel)
         self.attempts = attempts
-        self.workers: dict[str, tuple[grpc.aio.Channel, WorkerQueue]] = {}
+        self.workers: dict[str, Worker] = {}
         for address in worker_addresses(addresses):
             channel = aio_channel(address, [SANDBOX_SERVICE], retry=False, health_service=SANDBOX_SERVICE)
-            self.workers[address] = (channel, WorkerQueue(sb_grpc.SandboxServiceStub(channel)))
+            stub = sb_grpc.SandboxServiceStub(channel)
+            self.workers[address] = Worker(channel, WorkerQueue(stub), WorkerQueue(stub))
         self.down_until: dict[str, float] = {}
+
+    @property
+    def queued(self) -> int:
+        """Operations waiting in the runtime for a call to a worker."""
+        return sum(len(w.steps.pending) + len(w.others.pending) for w in self.workers.values())
 
     async def close(self) -> None:
         await self.channel.close()
-        for channel, _ in self.workers.values():
-            await channel.close()
+        for worker in self.workers.values():
+            await worker.channel.close()
 
     def order(self, key: str) -> list[str]:
         """The workers in the session's rendezvous order: the first is its home."""
@@ -197,11 +233,11 @@ class SandboxDispatcher:
                 now = time.monotonic()
                 home = next((a for a in self.order(key) if self.down_until.get(a, 0.0) <= now), None)
                 if home is not None:
-                    await self.workers[home][1].submit(op)
+                    await self.workers[home].steps.submit(op)
             else:
                 await self.stub.Execute(sb.ExecuteRequest(operation=op), timeout=DEADLINE_SLACK_S)
-        except grpc.aio.AioRpcError as exc:
-            log.debug("release of %s failed: %s", key, exc.code().name)
+        except (grpc.aio.AioRpcError, QueueFull) as exc:
+            log.debug("release of %s failed: %s", key, exc)
 
     async def _pinned(self, op: sb.Operation, source: str, key: str) -> sb.OperationResult | None:
         """The result from the first worker of the session's order that takes the call; None if none did."""
@@ -209,7 +245,8 @@ class SandboxDispatcher:
         for address in self.order(key):
             if self.down_until.get(address, 0.0) > now:
                 continue
-            queue = self.workers[address][1]
+            worker = self.workers[address]
+            queue = worker.steps if op.WhichOneof("kind") == "step" else worker.others
             try:
                 return await sourced(queue.submit, op, source)
             except grpc.aio.AioRpcError as exc:

@@ -19,7 +19,9 @@ from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from tests.conftest import ENV_DIR, EXAMPLES
 from tests.helpers.hostile import HOSTILE_TEMPLATE
+from tests.helpers.processes import jailed, wait_until
 from tests.helpers.servers import ServerProcess
+from tests.test_metrics import metrics_address, scrape
 
 TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
 SOURCES = {p.stem: p.read_text() for p in ENV_DIR.glob("*__*Env.py")}
@@ -254,8 +256,11 @@ def test_a_released_session_is_dropped_and_its_next_step_runs_cold(stub: pb_grpc
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+ADMIT_IDLE_S = 0.3
+
+
 def test_a_full_jail_keeps_its_residents_and_evicts_only_idle_ones() -> None:
-    worker = start_worker("--resident-cap", "1")
+    worker = start_worker("--resident-cap", "1", "--admit-idle-s", str(ADMIT_IDLE_S))
     try:
         with grpc.insecure_channel(worker.address) as channel:
             stub = pb_grpc.SandboxServiceStub(channel)
@@ -277,7 +282,7 @@ def test_a_full_jail_keeps_its_residents_and_evicts_only_idle_ones() -> None:
             # Room for one: the first session stays warm; the newcomer runs cold instead of
             # evicting a session that is still stepping.
             assert all(resident_a) and not any(resident_b)
-            time.sleep(2.2)  # `a` idle past the admission threshold: `b` may take its place
+            time.sleep(ADMIT_IDLE_S * 1.5)  # `a` idle past the admission threshold: `b` may take its place
             action_b, obs_b = next(steps_b)
             assert b.step(action_b).observation == obs_b
             action_b, obs_b = next(steps_b)
@@ -285,5 +290,65 @@ def test_a_full_jail_keeps_its_residents_and_evicts_only_idle_ones() -> None:
             action_a, obs_a = next(steps_a)
             evicted = a.step(action_a)
             assert not evicted.resident and evicted.observation == obs_a
+    finally:
+        assert worker.stop() == 0
+
+
+def test_a_finished_episode_frees_its_process_and_a_reset_still_works() -> None:
+    worker = start_worker()
+    try:
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            line = next(t for t in TRAJECTORIES if len(t["steps"]) >= 3)
+            config = json.dumps(line["config"])
+            session = Session(stub, "finishing", SOURCES[line["env_id"]], config, resident_create=True)
+            # The spare, and the session's own process.
+            wait_until(lambda: len(jailed(worker.pid)) == 2, 10, "the session's process and the spare")
+            *playing, (last_action, last_observation) = line["steps"]
+            for action, observation in playing:
+                assert session.step(action).observation == observation
+            assert len(jailed(worker.pid)) == 2
+            last = session.step(last_action)
+            assert last.done and last.resident and last.observation == last_observation
+            # The episode is over: its process goes once the answer is out.
+            wait_until(lambda: len(jailed(worker.pid)) == 1, 10, "the finished session's process to end")
+            reset = session.execute(
+                pb.Operation(
+                    source=pb.SourceRef(code=session.source),
+                    reset=pb.ResetOp(state=session.state, config_json=config),
+                )
+            )
+            assert reset.status == pb.STATUS_OK and reset.observation == line["first"]
+    finally:
+        assert worker.stop() == 0
+
+
+def test_a_worker_holds_only_the_residents_its_memory_budget_pays_for() -> None:
+    # 4 MiB for one jail: one resident at what one costs (about 2.5 MiB measured, 3 MiB assumed).
+    worker = start_worker("--resident-memory-mb", "4", "--metrics-port", "0")
+    try:
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            lines = [t for t in TRAJECTORIES if len(t["steps"]) >= 5][:2]
+            sessions = [
+                Session(
+                    stub, f"budget-{i}", SOURCES[t["env_id"]], json.dumps(t["config"]), resident_create=True
+                )
+                for i, t in enumerate(lines)
+            ]
+            served = [[], []]
+            for step in range(4):
+                for i, (session, line) in enumerate(zip(sessions, lines, strict=True)):
+                    action, observation = line["steps"][step]
+                    result = session.step(action)
+                    assert result.status == pb.STATUS_OK and result.observation == observation
+                    served[i].append(result.resident)
+            # The first keeps its process; the second, with no room, runs cold every time and
+            # leaves no process behind (only the first's and the spare are there).
+            assert served == [[True] * 4, [False] * 4]
+            assert len(jailed(worker.pid)) == 2
+            figures = scrape(metrics_address(worker))
+            assert figures['codegym_sandbox_cold_steps_total{cause="full"}'] == 4
+            assert figures["codegym_sandbox_resident_budget_bytes"] == 4 * 1024 * 1024
     finally:
         assert worker.stop() == 0

@@ -34,10 +34,18 @@ from codegym.errors import (
 )
 from codegym.library import EnvRecord
 from codegym.logs import SESSION_ID
+from codegym.metrics import (
+    ADMISSION_REFUSALS,
+    SESSIONS_EXPIRED,
+    SESSIONS_OPEN,
+    STEPS,
+    STEPS_IN_FLIGHT,
+    WORKER_QUEUE_DEPTH,
+)
 from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
-from services.dispatcher import SandboxDispatcher, SandboxUnavailable
+from services.dispatcher import QueueFull, SandboxDispatcher, SandboxUnavailable
 from services.runtime.catalog import Catalog, tool_specs
 from services.runtime.outcomes import action_digest, env_failed, recorded_reply, step_error
 from services.runtime.requests import action_text, config_json, shown
@@ -47,6 +55,11 @@ from services.runtime.streaming import batch_step, step_stream
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
+# Step outcomes as counted in codegym_runtime_steps_total: "ok" or the step error's name.
+STEP_OUTCOMES = {
+    value.number: value.name.removeprefix("STEP_ERROR_CODE_").lower()
+    for value in rt.StepErrorCode.DESCRIPTOR.values
+}
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,10 @@ class RuntimeConfig:
     max_action_bytes: int = 64 * 1024
     max_batch: int = 1024
     retry_after_ms: int = 1_000
+    # Steps admitted (running or waiting for a worker) at once; past it a step is refused with
+    # CAPACITY and `step_retry_after_ms` instead of queueing behind work it would time out on.
+    max_steps_in_flight: int = 8192
+    step_retry_after_ms: int = 100
 
 
 def session_seed(session_id: str) -> int:
@@ -87,6 +104,10 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self.dispatcher = dispatcher
         self.config = config or RuntimeConfig()
         self.releases: set[asyncio.Task[None]] = set()
+        # One token per step admitted and not yet answered.
+        self.steps_in_flight: set[object] = set()
+        STEPS_IN_FLIGHT.set_function(lambda: len(self.steps_in_flight))
+        WORKER_QUEUE_DEPTH.set_function(lambda: self.dispatcher.queued)
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -123,6 +144,13 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         the environment's answer."""
         try:
             return await self.dispatcher.execute(op, record.source, key)
+        except QueueFull as exc:
+            ADMISSION_REFUSALS.labels("queue").inc()
+            raise Refusal(
+                Reason.CAPACITY,
+                f"the sandbox workers are busy ({exc}); retry later",
+                self.config.step_retry_after_ms,
+            ) from None
         except SandboxUnavailable as exc:
             raise Refusal(Reason.UNAVAILABLE, str(exc), self.config.retry_after_ms) from None
         except grpc.aio.AioRpcError as exc:
@@ -153,6 +181,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         if await self.store.count() >= self.config.max_sessions:
             await self._expire()
             if await self.store.count() >= self.config.max_sessions:
+                ADMISSION_REFUSALS.labels("sessions").inc()
                 raise Refusal(
                     Reason.CAPACITY,
                     f"session limit reached ({self.config.max_sessions} open); close finished sessions or retry",
@@ -203,6 +232,23 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         return action_text(request, record.tool_names, self.config.max_action_bytes)
 
     async def _step(self, request: rt.StepRequest) -> rt.StepResponse:
+        if len(self.steps_in_flight) >= self.config.max_steps_in_flight:
+            ADMISSION_REFUSALS.labels("steps").inc()
+            raise Refusal(
+                Reason.CAPACITY,
+                f"{len(self.steps_in_flight)} steps in flight (max {self.config.max_steps_in_flight}); retry later",
+                self.config.step_retry_after_ms,
+            )
+        token = object()
+        self.steps_in_flight.add(token)
+        try:
+            reply = await self._step_admitted(request)
+        finally:
+            self.steps_in_flight.discard(token)
+        STEPS.labels(STEP_OUTCOMES.get(reply.error.code, "error") if reply.HasField("error") else "ok").inc()
+        return reply
+
+    async def _step_admitted(self, request: rt.StepRequest) -> rt.StepResponse:
         session_id = request.session_id
         SESSION_ID.set(session_id[:64])
         await self._session(session_id)
@@ -276,6 +322,10 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     Reason.STEP_CONFLICT,
                     f"session {shown(session_id)} moved on while this step ran; the step was not applied",
                 )
+            if session.truncated:
+                # The environment does not know the episode ended: free its process now (the
+                # worker ends it by itself when the environment says done).
+                self._release(session_id)
             return reply
 
     async def _reset(self, request: rt.ResetRequest) -> rt.ResetResponse:
@@ -314,7 +364,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             return rt.ResetResponse(observation=result.observation)
 
     async def _expire(self) -> None:
-        for session_id in await self.store.expire(self.config.session_ttl_s):
+        expired = await self.store.expire(self.config.session_ttl_s)
+        SESSIONS_EXPIRED.inc(len(expired))
+        for session_id in expired:
             self._release(session_id)
 
     async def reaper(self) -> None:
@@ -324,6 +376,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             await asyncio.sleep(interval)
             with contextlib.suppress(Exception):
                 await self._expire()
+                SESSIONS_OPEN.set(await self.store.count())
 
     # ---- RPCs ---------------------------------------------------------------------------------
 

@@ -596,7 +596,7 @@ class ExecuteBatchRequest(_message.Message):
     OPERATIONS_FIELD_NUMBER: _builtins.int
     MAX_PARALLEL_FIELD_NUMBER: _builtins.int
     max_parallel: _builtins.int
-    """Parallelism cap for this batch; 0 = the worker's jail count."""
+    """Parallelism cap for this batch; 0 = none of its own (the worker's jails bound it)."""
     @_builtins.property
     def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Operation]:
         """Independent operations."""
