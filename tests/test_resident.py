@@ -307,7 +307,7 @@ def test_a_finished_episode_frees_its_process_and_a_reset_still_works() -> None:
             *playing, (last_action, last_observation) = line["steps"]
             for action, observation in playing:
                 assert session.step(action).observation == observation
-            assert len(jailed(worker.pid)) == 2
+            wait_until(lambda: len(jailed(worker.pid)) == 2, 10, "the session's process and the spare")
             last = session.step(last_action)
             assert last.done and last.resident and last.observation == last_observation
             # The episode is over: its process goes once the answer is out.
@@ -346,7 +346,7 @@ def test_a_worker_holds_only_the_residents_its_memory_budget_pays_for() -> None:
             # The first keeps its process; the second, with no room, runs cold every time and
             # leaves no process behind (only the first's and the spare are there).
             assert served == [[True] * 4, [False] * 4]
-            assert len(jailed(worker.pid)) == 2
+            wait_until(lambda: len(jailed(worker.pid)) == 2, 10, "the first session's process and the spare")
             figures = scrape(metrics_address(worker))
             assert figures['codegym_sandbox_cold_steps_total{cause="full"}'] == 4
             assert figures["codegym_sandbox_resident_budget_bytes"] == 4 * 1024 * 1024
