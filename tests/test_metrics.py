@@ -18,6 +18,7 @@ from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym_client.runtime_client import RuntimeClient
 from tests.conftest import ENV_DIR
 from tests.helpers.fake_llm import ScriptedLLM
+from tests.helpers.processes import sleeping_in_jails, wait_until
 from tests.helpers.servers import ServerProcess, start_workers
 
 
@@ -68,6 +69,36 @@ def test_sandbox_worker_metrics_count_rpcs_and_operations() -> None:
     assert moved('codegym_sandbox_operations_total{op="run_script",status="env_error"}') == 1
     assert after["codegym_sandbox_jails_alive"] == 1
     assert moved('codegym_rpc_seconds_count{method="Execute"}') == 3
+
+
+def test_an_operation_whose_caller_gave_up_while_it_waited_is_not_run() -> None:
+    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", "--metrics-port", "0"])
+    try:
+        address = metrics_address(worker)
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            slow = pb.Operation(
+                source=pb.SourceRef(code="import time\ntime.sleep(1.5)"), run_script=pb.RunScriptOp()
+            )
+            busy = stub.Execute.future(pb.ExecuteRequest(operation=slow), timeout=30)
+            wait_until(lambda: sleeping_in_jails(worker.pid), 10, "the slow script to hold the one jail")
+            late = pb.Operation(source=pb.SourceRef(code="print('late')"), run_script=pb.RunScriptOp())
+            try:
+                stub.Execute(pb.ExecuteRequest(operation=late), timeout=0.3)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert busy.result().result.status == pb.STATUS_OK
+            # Once the jail is free the late one is dropped unrun, and the jail serves the next.
+            after = pb.Operation(source=pb.SourceRef(code="print('next')"), run_script=pb.RunScriptOp())
+            assert stub.Execute(pb.ExecuteRequest(operation=after), timeout=30).result.stdout == "next\n"
+        values = scrape(address)
+    finally:
+        assert worker.stop() == 0
+    # Cancelled with its call while it waited: the two others ran, it never did.
+    ran = {
+        k: v for k, v in values.items() if k.startswith('codegym_sandbox_operations_total{op="run_script"')
+    }
+    assert ran == {'codegym_sandbox_operations_total{op="run_script",status="ok"}': 2}
 
 
 def test_synthesis_metrics_count_llm_requests_and_tokens(tmp_path: object) -> None:
