@@ -106,6 +106,13 @@ bench:
 	$(PY) bench/eval_bench.py
 	$(PY) bench/scale_bench.py
 
+# Rollouts shaped as a trainer drives them (think time between steps, thousands of episodes in
+# flight), a base commit beside the working tree: e.g. `make bench-rollouts ROLLOUT_ARGS=--quick`
+# (a smoke test of a few minutes); every option in `$(PY) bench/rollout_bench.py --help`.
+.PHONY: bench-rollouts
+bench-rollouts:
+	$(PY) bench/rollout_bench.py $(ROLLOUT_ARGS)
+
 # The main job on the embedded defaults: `codegym up` in the background (library built from the
 # sample environments on first run), `codegym demo` against it, then everything stopped.
 up:
