@@ -79,6 +79,7 @@ def _serve_runtime(args: argparse.Namespace) -> int:
         session_ttl_s=args.session_ttl_s,
         default_max_steps=args.max_steps,
         step_timeout_ms=args.step_timeout_ms,
+        max_steps_in_flight=args.max_steps_in_flight,
     )
 
     async def main() -> None:
@@ -271,6 +272,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="idle time before a session expires",
     )
     runtime.add_argument("--max-steps", type=int, default=defaults.default_max_steps, help="default step cap")
+    runtime.add_argument(
+        "--max-steps-in-flight",
+        type=int,
+        default=defaults.max_steps_in_flight,
+        help="steps running or waiting for a worker at once; past it a step is refused with CAPACITY "
+        "and a retry-after hint instead of queueing behind work it would time out on",
+    )
     runtime.add_argument(
         "--step-timeout-ms", type=int, default=defaults.step_timeout_ms, help="default deadline of one step"
     )
