@@ -19,7 +19,7 @@ from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from tests.conftest import ENV_DIR, EXAMPLES
 from tests.helpers.hostile import HOSTILE_TEMPLATE
-from tests.helpers.processes import jailed, wait_until
+from tests.helpers.processes import jailed, stat_fields, wait_until
 from tests.helpers.servers import ServerProcess
 from tests.test_metrics import metrics_address, scrape
 
@@ -294,6 +294,11 @@ def test_a_full_jail_keeps_its_residents_and_evicts_only_idle_ones() -> None:
         assert worker.stop() == 0
 
 
+def live_in_jails(root: int) -> list[int]:
+    """The jailed processes that still run (a killed one may wait a request to be reaped)."""
+    return [pid for pid in jailed(root) if (stat_fields(pid) or ["Z"])[0] not in ("Z", "X")]
+
+
 def test_a_finished_episode_frees_its_process_and_a_reset_still_works() -> None:
     worker = start_worker()
     try:
@@ -303,15 +308,17 @@ def test_a_finished_episode_frees_its_process_and_a_reset_still_works() -> None:
             config = json.dumps(line["config"])
             session = Session(stub, "finishing", SOURCES[line["env_id"]], config, resident_create=True)
             # The spare, and the session's own process.
-            wait_until(lambda: len(jailed(worker.pid)) == 2, 10, "the session's process and the spare")
+            wait_until(lambda: len(live_in_jails(worker.pid)) == 2, 10, "the session's process and the spare")
             *playing, (last_action, last_observation) = line["steps"]
             for action, observation in playing:
                 assert session.step(action).observation == observation
-            wait_until(lambda: len(jailed(worker.pid)) == 2, 10, "the session's process and the spare")
+            wait_until(lambda: len(live_in_jails(worker.pid)) == 2, 10, "the session's process and the spare")
             last = session.step(last_action)
             assert last.done and last.resident and last.observation == last_observation
             # The episode is over: its process goes once the answer is out.
-            wait_until(lambda: len(jailed(worker.pid)) == 1, 10, "the finished session's process to end")
+            wait_until(
+                lambda: len(live_in_jails(worker.pid)) == 1, 10, "the finished session's process to end"
+            )
             reset = session.execute(
                 pb.Operation(
                     source=pb.SourceRef(code=session.source),
@@ -346,7 +353,9 @@ def test_a_worker_holds_only_the_residents_its_memory_budget_pays_for() -> None:
             # The first keeps its process; the second, with no room, runs cold every time and
             # leaves no process behind (only the first's and the spare are there).
             assert served == [[True] * 4, [False] * 4]
-            wait_until(lambda: len(jailed(worker.pid)) == 2, 10, "the first session's process and the spare")
+            wait_until(
+                lambda: len(live_in_jails(worker.pid)) == 2, 10, "the first session's process and the spare"
+            )
             figures = scrape(metrics_address(worker))
             assert figures['codegym_sandbox_cold_steps_total{cause="full"}'] == 4
             assert figures["codegym_sandbox_resident_budget_bytes"] == 4 * 1024 * 1024

@@ -88,14 +88,18 @@ class Zygote:
         self.evictions: collections.Counter[str] = collections.Counter()
         # Sessions whose process ends after the answer (their episode is over).
         self.finished: list[str] = []
+        # Processes killed and not yet reaped, by pidfd, with their ids (held until they are gone).
+        self.dying: dict[int, int] = {}
         self.seen_last_pid = -2
         self.since_scan = 0
         self.last_uid = 0
         self.spare_uid = 0
 
     def allocate_uid(self) -> int:
-        """An id for the next process: none a live resident session or the spare holds."""
+        """An id for the next process: none a live resident session, the spare or a process not yet
+        reaped holds."""
         held = {r.uid for r in self.residents.values()}
+        held.update(self.dying.values())
         if self.spare is not None:
             held.add(self.spare_uid)
         for _ in range(Jail.id_span):
@@ -314,24 +318,44 @@ class Zygote:
         if held is None:
             return
         self.evictions[reason] += 1
-        # By its pidfd, not its pid: a pid reaped meanwhile may belong to another process by now.
-        with contextlib.suppress(ProcessLookupError, OSError):
-            signal.pidfd_send_signal(held.pidfd, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(held.pid, 0)
-        for fd in (held.req_w, held.res_r, held.pidfd):
+        for fd in (held.req_w, held.res_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self.bury(held.pidfd, held.uid)
+
+    def bury(self, pidfd: int, uid: int) -> None:
+        """Kill a process and leave its reaping for later (`reap`): its exit, the teardown of its
+        memory, then runs beside the next request instead of before it.
+
+        By its pidfd, not its pid: a pid reaped meanwhile (a leftover sweep reaps any child) may
+        belong to another process by now."""
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        self.dying[pidfd] = uid
+
+    def reap(self) -> None:
+        """Reap the killed processes that have exited (never waiting for one)."""
+        for pidfd in list(self.dying):
+            try:
+                gone = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG) is not None
+            except ChildProcessError:
+                gone = True  # reaped by a leftover sweep
+            if gone:
+                os.close(pidfd)
+                del self.dying[pidfd]
 
     def cleanup(self, req: dict[str, Any], pid: int | None) -> None:
         """After answering: reap the child, kill whatever else ran, evict idle sessions, fork the next spare."""
         if pid is not None:
             # It has answered: whatever it still does (a sleep after writing its own result) must
-            # not hold the jail, so it is killed before it is reaped.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+            # not hold the jail, so it is killed (not reaped yet: its pid cannot be reused before).
+            try:
+                self.bury(os.pidfd_open(pid), self.spare_uid)
+            except OSError:  # no pidfd to be had (fds exhausted): kill and reap it now
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
         for key in self.finished:
             self.evict(key, "done")
         self.finished.clear()
@@ -352,6 +376,7 @@ class Zygote:
             kill_leftovers(keep)
             self.since_scan = 0
         wipe_tmp()
+        self.reap()
         self.touch(str(req.get("sha", "")))
         if self.spare is None:
             self.prefork()

@@ -41,62 +41,85 @@ async def step_stream(
     entry: Entry,
     max_batch: int,
 ) -> AsyncIterator[rt.StepStreamResponse]:
-    """Run every step sent as it arrives (at most `max_batch` at once) and answer each when done.
+    """Run every step sent as it arrives and answer each when done, with back-pressure.
 
-    A request that cannot be decoded is answered INVALID_ARGUMENT in the stream when the server
-    decodes leniently (`add_to_server`); otherwise it ends the request side, and the call ends
-    INVALID_ARGUMENT once the steps already sent are answered.
+    A request takes one of `max_batch` slots before it is read, and its answer gives it back only
+    once gRPC has taken the answer (the `yield` returned): at most `max_batch` steps are running,
+    waiting for their session's earlier step, or answered and not yet sent. With every slot taken
+    the server reads no more requests, and HTTP/2 flow control holds the client's sends: a caller
+    that does not read its answers stops the runtime from running its steps, instead of making it
+    run and hold all of them.
+
+    Steps of one session run in the order sent (each waits for the one before it), so their
+    answers come in that order. A request that cannot be decoded is answered INVALID_ARGUMENT in
+    the stream (holding a slot like a step) when the server decodes leniently (`add_to_server`);
+    otherwise it ends the request side, and the call ends INVALID_ARGUMENT once the steps already
+    sent are answered. The client going away cancels the steps still running.
     """
-    answers: asyncio.Queue[rt.StepStreamResponse | None] = asyncio.Queue()
+    max_batch = max(1, max_batch)
     slots = asyncio.Semaphore(max_batch)
+    # Every answer queued holds a slot, so the queue never has more than `max_batch` answers, and
+    # the one place left is for the final None: `put_nowait` never waits nor fails (if it failed,
+    # the accounting would be wrong, and the call ends INTERNAL).
+    answers: asyncio.Queue[rt.StepStreamResponse | None] = asyncio.Queue(maxsize=max_batch + 1)
     running: set[asyncio.Task[None]] = set()
-    latest: dict[str, asyncio.Task[None]] = {}
+    latest: dict[str, asyncio.Task[None]] = {}  # each session's last step still running
     broken: list[str] = []
 
     async def one(item: rt.StepStreamRequest, before: asyncio.Task[None] | None) -> None:
-        if before is not None:
-            await asyncio.wait([before])  # this session's earlier step first
+        """Run one step on the slot taken for it; its answer keeps the slot until it is sent."""
+        queued = False
         try:
+            if before is not None:
+                await asyncio.wait([before])  # this session's earlier step first
             response, code, message = await entry(item.step)
+            answer = rt.StepStreamResponse(session_id=item.step.session_id, tag=item.tag)
+            if response is None:
+                answer.code, answer.message = code, message
+            else:
+                answer.response.CopyFrom(response)
+            answers.put_nowait(answer)
+            queued = True
         finally:
-            slots.release()
-        answer = rt.StepStreamResponse(session_id=item.step.session_id, tag=item.tag)
-        if response is None:
-            answer.code, answer.message = code, message
-        else:
-            answer.response.CopyFrom(response)
-        await answers.put(answer)
+            if not queued:
+                slots.release()
 
-    def forget(task: asyncio.Task[None]) -> None:
-        for sid, last in list(latest.items()):
-            if last is task:
-                del latest[sid]
+    def start(item: rt.StepStreamRequest) -> None:
+        sid = item.step.session_id
+        task = asyncio.get_running_loop().create_task(one(item, latest.get(sid)))
+        latest[sid] = task
+        running.add(task)
+        task.add_done_callback(running.discard)
+        task.add_done_callback(lambda done: latest.pop(sid) if latest.get(sid) is done else None)
 
     async def read() -> None:
         try:
-            try:
-                async for item in request_iterator:
-                    if isinstance(item, Undecodable):
-                        code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-                        await answers.put(rt.StepStreamResponse(code=code, message=clipped(item.reason)))
-                        continue
-                    await slots.acquire()
-                    sid = item.step.session_id
-                    task = asyncio.get_running_loop().create_task(one(item, latest.get(sid)))
-                    latest[sid] = task
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                    task.add_done_callback(forget)
-            except DecodeError as exc:  # gRPC decodes lazily here: the request side ends
-                broken.append(f"a request is not a valid StepStreamRequest: {exc}")
+            requests = aiter(request_iterator)
+            while True:
+                await slots.acquire()  # the next request's slot, before reading it
+                try:
+                    item = await anext(requests)
+                except StopAsyncIteration:
+                    slots.release()
+                    break
+                except DecodeError as exc:  # gRPC decodes lazily here: the request side ends
+                    slots.release()
+                    broken.append(f"a request is not a valid StepStreamRequest: {exc}")
+                    break
+                if isinstance(item, Undecodable):
+                    code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+                    answers.put_nowait(rt.StepStreamResponse(code=code, message=clipped(item.reason)))
+                else:
+                    start(item)
             await asyncio.gather(*list(running))
         finally:
-            await answers.put(None)
+            answers.put_nowait(None)
 
     reader = asyncio.get_running_loop().create_task(read())
     try:
         while (answer := await answers.get()) is not None:
             yield answer
+            slots.release()  # gRPC has taken the answer
         await reader
         if broken:
             raise Refusal(Reason.INVALID_REQUEST, broken[0])
