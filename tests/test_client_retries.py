@@ -346,6 +346,45 @@ def test_the_clients_table_is_the_servers() -> None:
         assert error.retryable == reason.value.retry.startswith(("yes", "after retry-after"))
 
 
+def table_rows(text: str, header: str) -> dict[str, list[str]]:
+    """The rows of the markdown table under `header`, by their first cell's name."""
+    lines = text[text.index(header) :].splitlines()
+    rows: dict[str, list[str]] = {}
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip().strip("`") for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells
+    return rows
+
+
+def test_the_written_tables_are_the_table() -> None:
+    """The client's docstring and the README list every reason, with the same infrastructure
+    answer the errors give."""
+    documented = {
+        "client": {
+            name: cells[4] for name, cells in table_rows(errors_doc(), "| reason              |").items()
+        },
+        "README": {
+            name: cells[4]
+            for name, cells in table_rows(
+                (ROOT / "README.md").read_text(), "| reason (`codegym-reason`) |"
+            ).items()
+        },
+    }
+    for where, rows in documented.items():
+        assert set(rows) == set(REASONS), where
+        for name, (code, kind) in REASONS.items():
+            error = kind(code, "x", "Step", ((REASON_TRAILER, name),))
+            assert rows[name] == ("yes" if error.infrastructure else "no"), (where, name)
+
+
+def errors_doc() -> str:
+    import codegym_client.errors as client_errors
+
+    return client_errors.__doc__ or ""
+
+
 def refused(call: Callable[[], Any]) -> CodeGymError:
     with pytest.raises(CodeGymError) as info:
         call()

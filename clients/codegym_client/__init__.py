@@ -34,11 +34,14 @@ from codegym_client.errors import (
     CodeGymError,
     EnvFailed,
     EnvNotFound,
+    EpisodeEnded,
+    InfrastructureFailure,
     InvalidRequest,
     RuntimeUnavailable,
     SessionDone,
     SessionNotFound,
     StepConflict,
+    is_infrastructure,
 )
 from codegym_client.online import OnlineGymEnv
 from codegym_client.requests import DEFAULT_TARGET, ActionLike, create_request, step_request
@@ -59,6 +62,8 @@ __all__ = [
     "CodeGymError",
     "EnvFailed",
     "EnvNotFound",
+    "EpisodeEnded",
+    "InfrastructureFailure",
     "InvalidRequest",
     "OnlineGymEnv",
     "RemoteEnv",
@@ -68,6 +73,7 @@ __all__ = [
     "SessionNotFound",
     "StepConflict",
     "StepStream",
+    "is_infrastructure",
     "create_request",
     "from_tool_calls",
     "parse_function_call",

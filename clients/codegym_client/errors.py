@@ -4,23 +4,30 @@ A call a server refuses raises a `CodeGymError` subclass chosen by the `codegym-
 every CodeGym server sends with a refusal, or by the status code when there is none (an older
 server, or a failure on the way):
 
-| reason              | status              | exception           | retry                     |
-|---------------------|---------------------|---------------------|---------------------------|
-| `INVALID_REQUEST`   | INVALID_ARGUMENT    | `InvalidRequest`    | never                     |
-| `ENV_NOT_FOUND`     | NOT_FOUND           | `EnvNotFound`       | never                     |
-| `SESSION_NOT_FOUND` | NOT_FOUND           | `SessionNotFound`   | never                     |
-| `SESSION_DONE`      | FAILED_PRECONDITION | `SessionDone`       | never (Reset first)       |
-| `ENV_FAILED`        | FAILED_PRECONDITION | `EnvFailed`         | never                     |
-| `STEP_CONFLICT`     | ABORTED             | `StepConflict`      | after reading the session |
-| `CAPACITY`          | RESOURCE_EXHAUSTED  | `CapacityExceeded`  | after `retry_after_s`     |
-| `UNAVAILABLE`       | UNAVAILABLE         | `RuntimeUnavailable`| yes, any replica          |
-| `UPSTREAM_REJECTED` | FAILED_PRECONDITION | `CodeGymError`      | never (synthesis only)    |
-| `INTERNAL`          | INTERNAL            | `CodeGymError`      | never                     |
+| reason              | status              | exception           | retry                     | infrastructure |
+|---------------------|---------------------|---------------------|---------------------------|----------------|
+| `INVALID_REQUEST`   | INVALID_ARGUMENT    | `InvalidRequest`    | never                     | no             |
+| `ENV_NOT_FOUND`     | NOT_FOUND           | `EnvNotFound`       | never                     | no             |
+| `SESSION_NOT_FOUND` | NOT_FOUND           | `SessionNotFound`   | never                     | yes            |
+| `SESSION_DONE`      | FAILED_PRECONDITION | `SessionDone`       | never (Reset first)       | no             |
+| `ENV_FAILED`        | FAILED_PRECONDITION | `EnvFailed`         | never                     | no             |
+| `STEP_CONFLICT`     | ABORTED             | `StepConflict`      | after reading the session | yes            |
+| `CAPACITY`          | RESOURCE_EXHAUSTED  | `CapacityExceeded`  | after `retry_after_s`     | yes            |
+| `UNAVAILABLE`       | UNAVAILABLE         | `RuntimeUnavailable`| yes, any replica          | yes            |
+| `OUTCOME_UNKNOWN`   | UNAVAILABLE         | `RuntimeUnavailable`| only with the step index  | yes            |
+| `UPSTREAM_REJECTED` | FAILED_PRECONDITION | `CodeGymError`      | never (synthesis only)    | no             |
+| `INTERNAL`          | INTERNAL            | `CodeGymError`      | never                     | yes            |
 
-Each error has `reason` (the row's name), `retryable` and `retry_after_s`, and is also a
-`grpc.RpcError` with `code()`, `details()` and `trailing_metadata()`, so code written against raw
-gRPC errors keeps working. The servers' side of the table is `codegym/errors.py`, which takes the
-trailer names from here; a test keeps the rows equal.
+Each error has `reason` (the row's name), `retryable`, `infrastructure` and `retry_after_s`, and
+is also a `grpc.RpcError` with `code()`, `details()` and `trailing_metadata()`, so code written
+against raw gRPC errors keeps working. The servers' side of the table is `codegym/errors.py`,
+which takes the trailer names from here; a test keeps the rows equal.
+
+`infrastructure`: the call failed for a reason that is neither the agent's nor the environment's
+(a runtime or worker down, full, or broken, or the session of an episode the caller owns lost or
+moved by a replica): an episode it ends says nothing about the policy, so a trainer must not
+learn from it (drop it, never score it 0). `is_infrastructure` answers the same for any exception
+a call raised (a failure on the way, with no status from the runtime, is one too).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 import grpc
 
 __all__ = [
+    "INFRASTRUCTURE_REASONS",
     "REASONS",
     "REASON_TRAILER",
     "RETRY_AFTER_TRAILER",
@@ -40,11 +48,14 @@ __all__ = [
     "CodeGymError",
     "EnvFailed",
     "EnvNotFound",
+    "EpisodeEnded",
+    "InfrastructureFailure",
     "InvalidRequest",
     "RuntimeUnavailable",
     "SessionDone",
     "SessionNotFound",
     "StepConflict",
+    "is_infrastructure",
     "raises_typed",
     "reason_sent",
     "typed_error",
@@ -101,6 +112,7 @@ class CodeGymError(grpc.RpcError):
         # Only infrastructure and capacity refusals clear up by themselves; every other reason
         # fails the same way again until the request or the session changes.
         self.retryable = self.reason in RETRYABLE_REASONS
+        self.infrastructure = self.reason in INFRASTRUCTURE_REASONS
         super().__init__(f"{code.name}: {details}" if details else code.name)
 
     def code(self) -> grpc.StatusCode:
@@ -196,6 +208,11 @@ REASONS: dict[str, tuple[grpc.StatusCode, type[CodeGymError]]] = {
     "INTERNAL": (grpc.StatusCode.INTERNAL, CodeGymError),
 }
 RETRYABLE_REASONS = frozenset({"UNAVAILABLE", "CAPACITY"})
+# The reasons that are not the agent's nor the environment's doing (the table's last column);
+# "" is a status outside the table (UNKNOWN, a proxy's answer): not the environment's either.
+INFRASTRUCTURE_REASONS = frozenset(
+    {"UNAVAILABLE", "OUTCOME_UNKNOWN", "CAPACITY", "INTERNAL", "STEP_CONFLICT", "SESSION_NOT_FOUND", ""}
+)
 
 # The fallback for a status that came without a reason (NOT_FOUND and FAILED_PRECONDITION depend
 # on the RPC, see `error_class`).
@@ -220,6 +237,25 @@ def error_class(code: grpc.StatusCode, reason: str, method: str) -> type[CodeGym
     if code == grpc.StatusCode.FAILED_PRECONDITION and method in ENV_RESET_METHODS:
         return EnvFailed  # create and reset have no finished episode to refuse
     return BY_CODE.get(code, CodeGymError)
+
+
+def is_infrastructure(exc: BaseException) -> bool:
+    """Whether a call's failure is the infrastructure's (see the table): a typed error by its
+    reason, any other gRPC failure (the way to the runtime broke) always."""
+    if isinstance(exc, CodeGymError):
+        return exc.infrastructure
+    return isinstance(exc, grpc.RpcError | InfrastructureFailure)
+
+
+class InfrastructureFailure(BaseException):
+    """The runtime could not serve the episode (unavailable after the client's retries, the
+    session lost, a call refused): not the environment's answer, so never an observation. A
+    `BaseException` because trainers' tool loops (TRL's `_tool_call_loop`) catch every `Exception`
+    a tool raises and show it to the model; `__cause__` is the client's error."""
+
+
+class EpisodeEnded(RuntimeError):
+    """A tool was called after the episode ended (done or truncated), or before any `reset`."""
 
 
 def retry_after_s(trailers: Iterable[tuple[str, str | bytes]]) -> float | None:

@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from codegym_client.errors import CodeGymError
+from codegym_client.errors import CodeGymError, EpisodeEnded, InfrastructureFailure
 from codegym_client.requests import DEFAULT_TARGET
 from codegym_client.runtime_client import RuntimeClient
 
@@ -72,17 +72,6 @@ ABILITY_PREFIX = "codegym_v1"
 RESERVED = frozenset({"reset", "get_reward"})  # the names TRL does not take as tools
 
 ToolSchema = dict[str, Any]  # an OpenAI tool definition: {"type": "function", "function": {...}}
-
-
-class InfrastructureFailure(BaseException):
-    """The runtime could not serve the episode (unavailable after the client's retries, the
-    session lost, a call refused): not the environment's answer, so never an observation. A
-    `BaseException` because TRL's `_tool_call_loop` catches every `Exception` a tool raises and
-    shows it to the model; `__cause__` is the client's error."""
-
-
-class EpisodeEnded(RuntimeError):
-    """A tool was called after the episode ended (done or truncated), or before any `reset`."""
 
 
 def ability_env_id(ability: str) -> str:
@@ -239,7 +228,7 @@ class CodeGymEnvironment:
         try:
             created = self._session.client().create_session(ability=ability, max_steps=self._max_steps)
         except CodeGymError as exc:
-            if exc.reason in ("UNAVAILABLE", "CAPACITY", "INTERNAL", ""):
+            if exc.infrastructure:
                 raise InfrastructureFailure(f"CreateSession failed: {exc.reason or exc}") from exc
             raise  # EnvNotFound, EnvFailed, InvalidRequest: the data is wrong, the same call fails again
         with self._session.lock:

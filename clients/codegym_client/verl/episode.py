@@ -43,7 +43,7 @@ import grpc
 
 from codegym_client.actions import ActionParseError, parse_function_calls
 from codegym_client.async_client import AsyncRuntimeClient
-from codegym_client.errors import CodeGymError
+from codegym_client.errors import INFRASTRUCTURE_REASONS, CodeGymError
 
 __all__ = [
     "INFRASTRUCTURE_REASONS",
@@ -64,7 +64,6 @@ log = logging.getLogger(__name__)
 
 # CreateSession refusals that are the service's doing, not the row's (as in codegym_client.trl):
 # anything else (EnvNotFound, EnvFailed, InvalidRequest) means the data is wrong and is raised.
-INFRASTRUCTURE_REASONS = frozenset({"UNAVAILABLE", "CAPACITY", "INTERNAL", ""})
 
 ToolCall = tuple[str, str]  # (name, arguments as JSON text), as verl's FunctionCall carries them
 # (the turn's token ids outside <think>, the session's tool schemas) -> the turn's calls
@@ -350,7 +349,7 @@ async def run_episode(
         try:
             created = await client.create_session(ability=ability, max_steps=max_steps)
         except CodeGymError as exc:
-            if exc.reason not in INFRASTRUCTURE_REASONS:
+            if not exc.infrastructure:
                 raise  # the row is wrong (unknown env, a config its env cannot start): fails again
             return _failed(episode, "CreateSession", exc)
         except grpc.RpcError as exc:

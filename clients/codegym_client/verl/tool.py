@@ -48,10 +48,9 @@ from uuid import uuid4
 
 import grpc
 
-from codegym_client.errors import CodeGymError
+from codegym_client.errors import CodeGymError, EpisodeEnded, InfrastructureFailure
 from codegym_client.requests import DEFAULT_TARGET
-from codegym_client.trl import EpisodeEnded, InfrastructureFailure
-from codegym_client.verl.episode import INFRASTRUCTURE_REASONS, shared_client
+from codegym_client.verl.episode import shared_client
 
 __all__ = ["CodeGymTool", "EpisodeEnded", "InfrastructureFailure"]
 
@@ -113,7 +112,7 @@ class CodeGymTool(BaseTool):  # type: ignore[misc,valid-type]  # verl is importe
                 try:
                     created = await client.create_session(ability=ability, max_steps=self.max_steps)
                 except CodeGymError as exc:
-                    if exc.reason in INFRASTRUCTURE_REASONS:
+                    if exc.infrastructure:
                         raise InfrastructureFailure(f"CreateSession failed: {exc.reason or exc}") from exc
                     raise
                 except grpc.RpcError as exc:
