@@ -1,7 +1,8 @@
 """Sending operations to sandbox workers (shared by the runtime and verification services).
 
 One gRPC channel with `round_robin` over every worker address (or one `dns:///` name), client-side
-health checking so draining workers get no new calls, and retries on UNAVAILABLE. Retrying is safe
+health checking so draining workers get no new calls, and retries on UNAVAILABLE (here, with
+back-off, `attempts` sends in all: the channel itself does not retry). Retrying is safe
 because every operation is a pure function of (source, state, input, seed): a step lost with a
 worker gives the same result when re-run on another one.
 
@@ -186,7 +187,9 @@ class SandboxDispatcher:
     """Runs operations on whichever worker the channel picks. Create inside the running loop."""
 
     def __init__(self, addresses: str | Sequence[str], *, attempts: int = 6) -> None:
-        self.channel = aio_channel(addresses, [SANDBOX_SERVICE], health_service=SANDBOX_SERVICE)
+        # One layer retries: this class (`attempts`, with back-off), never the channel under it
+        # too (its policy would multiply every attempt here by its own).
+        self.channel = aio_channel(addresses, [SANDBOX_SERVICE], retry=False, health_service=SANDBOX_SERVICE)
         self.stub = sb_grpc.SandboxServiceStub(self.channel)
         self.attempts = attempts
         self.workers: dict[str, Worker] = {}
