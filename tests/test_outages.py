@@ -1,0 +1,90 @@
+"""Riding out an outage (codegym_client/outages.py): a call made while the runtime is down is
+sent again with back-off and succeeds once a runtime serves its address again; a failure that
+does not clear by itself is raised at once; a wait that runs out raises the last error.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from codegym.library import Library
+from codegym_client import EnvNotFound, RuntimeClient, RuntimeUnavailable
+from codegym_client.outages import ride_out
+from tests.conftest import ENV_DIR, EXAMPLES
+from tests.helpers.processes import port_free, wait_until
+from tests.helpers.servers import ServerProcess, start_runtime, start_workers
+
+ENV = "Sample_0001_I__MaxSubarraySumEnv"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("outages") / "library.db"
+    with Library(path) as lib:
+        lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+    return path
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[list[ServerProcess]]:
+    started = start_workers(1)
+    yield started
+    for worker in started:
+        assert worker.stop() == 0
+
+
+def test_a_call_made_during_an_outage_succeeds_once_the_runtime_is_back(
+    library: Path, workers: list[ServerProcess], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="codegym_client.outages")
+    port = free_port()
+    results: list[object] = []
+    # The runtime is down when the call is made: nothing listens on its address yet.
+    with RuntimeClient(f"127.0.0.1:{port}", timeout_s=5, attempts=1) as client:
+        caller = threading.Thread(
+            target=lambda: results.append(
+                ride_out(lambda: client.create_session(env_id=ENV, config={"nums": [1, 2]}), "create", 60)
+            )
+        )
+        caller.start()
+        # The outage: the call failed and says what it waits for before a runtime serves the address.
+        wait_until(lambda: "cannot serve it now" in caplog.text, 30, "the call to wait out the outage")
+        assert not results
+        runtime = start_runtime(library, workers, "--port", str(port))
+        try:
+            caller.join(60)
+            assert len(results) == 1
+            session = results[0].session_id  # type: ignore[attr-defined]
+            assert client.get_session(session).step_index == 0
+        finally:
+            assert runtime.stop() == 0
+    wait_until(lambda: port_free(port), 10, "the runtime's port to be free")
+
+
+def test_a_failure_that_does_not_clear_is_raised_at_once_and_a_wait_that_runs_out_raises(
+    library: Path, workers: list[ServerProcess]
+) -> None:
+    runtime = start_runtime(library, workers)
+    try:
+        with RuntimeClient(runtime.address, timeout_s=5) as client:
+            started = time.monotonic()
+            with pytest.raises(EnvNotFound):
+                ride_out(lambda: client.create_session(env_id="NoSuchEnv", config={}), "create", 60)
+            assert time.monotonic() - started < 5
+    finally:
+        assert runtime.stop() == 0
+    with RuntimeClient(runtime.address, timeout_s=1, attempts=1) as client, pytest.raises(RuntimeUnavailable):
+        ride_out(lambda: client.create_session(env_id=ENV, config={"nums": [1]}), "create", 2)
