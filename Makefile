@@ -113,6 +113,12 @@ bench:
 bench-rollouts:
 	$(PY) bench/rollout_bench.py $(ROLLOUT_ARGS)
 
+# Episodes through the trainer paths while runtimes, workers, the gateway and Redis fail on a
+# schedule (20 minutes by default; `SOAK_ARGS="--minutes 3"` for a short one).
+.PHONY: soak
+soak:
+	$(PY) bench/soak.py $(SOAK_ARGS)
+
 # The main job on the embedded defaults: `codegym up` in the background (library built from the
 # sample environments on first run), `codegym demo` against it, then everything stopped.
 up:
