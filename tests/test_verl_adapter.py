@@ -1,5 +1,6 @@
 """The verl adapter (`codegym_client.verl`) against a real runtime and sandbox worker serving the sample
-library. The episode driver (`run_episode`, what `CodeGymAgentLoop.run` plays) runs with a scripted
+library (and, for an outage the episode waits out, runtime replicas sharing their sessions in
+Redis). The episode driver (`run_episode`, what `CodeGymAgentLoop.run` plays) runs with a scripted
 `generate` replaying recorded oracle trajectories as hermes tool calls (tests/helpers/trainer_script.py).
 No verl, no torch: `CodeGymAgentLoop` and `CodeGymTool` run here against stand-ins of verl 0.8's
 interfaces; tests/test_verl_real.py runs them in verl itself (`make test-trainers`)."""
@@ -7,8 +8,12 @@ interfaces; tests/test_verl_real.py runs them in verl itself (`make test-trainer
 from __future__ import annotations
 
 import json
+import logging
+import re
+import signal
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,9 +22,11 @@ import pytest
 
 from codegym.library import Library
 from codegym_client import AsyncRuntimeClient, EnvNotFound, SessionNotFound
+from codegym_client.errors import InfrastructureFailure
 from codegym_client.verl import run_episode, text_tool_parser, tool_config, visible_text
 from tests.conftest import ENV_DIR, EXAMPLES
-from tests.helpers.servers import ServerProcess
+from tests.helpers.processes import wait_until
+from tests.helpers.servers import Redis, ServerProcess
 from tests.helpers.trainer_script import (
     TOKENIZER,
     TRAJECTORIES,
@@ -202,7 +209,9 @@ async def test_an_unreachable_runtime_ends_the_episode_flagged_without_an_observ
     # Unreachable from the start: no session, no model turn, the flag.
     async with AsyncRuntimeClient(f"127.0.0.1:{free_port()}", timeout_s=2, attempts=2) as client:
         model = ScriptedModel(["never"])
-        episode = await run_episode(client, ability(TRAJECTORIES[0]), tokenizer=TOKENIZER, generate=model)
+        episode = await run_episode(
+            client, ability(TRAJECTORIES[0]), tokenizer=TOKENIZER, generate=model, outage_wait_s=0
+        )
     assert episode.infrastructure_failure and episode.stop == "infrastructure"
     assert "UNAVAILABLE" in episode.failure_reason
     assert (model.prompts, episode.response_ids, episode.session_id, episode.reward) == ([], [], "", 0.0)
@@ -224,7 +233,9 @@ async def test_an_unreachable_runtime_ends_the_episode_flagged_without_an_observ
     prompts: list[str] = []
     try:
         async with AsyncRuntimeClient(server.address, timeout_s=2, attempts=2) as client:
-            episode = await run_episode(client, ability(recorded), tokenizer=TOKENIZER, generate=generate)
+            episode = await run_episode(
+                client, ability(recorded), tokenizer=TOKENIZER, generate=generate, outage_wait_s=0
+            )
     finally:
         if not stopped:
             server.stop()
@@ -451,6 +462,7 @@ async def test_the_agent_loop_against_verl_stand_ins(runtime: str, verl_stand_in
         dataset_config=wrap(config=Conf()),
         target=f"127.0.0.1:{free_port()}",
         timeout_s=2,
+        outage_wait_s=0,
     )
     before = len(requests)
     output = await down.run({"temperature": 1.0}, **row)
@@ -486,3 +498,202 @@ async def test_the_tool_against_verl_stand_ins(runtime: str, verl_stand_ins: dic
         instance_id, _ = await tools["Observe"].create()
         with pytest.raises(EpisodeEnded):
             await tools["Observe"].execute(instance_id, {}, agent_data=agent_data)
+
+
+# -- outages, failed rows, the tool's bound ------------------------------------------------------------
+
+
+class ScriptedServer:
+    """`AsyncLLMServerManager.generate` answered by a scripted model; `before(k)` runs before the
+    k-th model turn (from 1) is answered: the moment a test breaks the runtime."""
+
+    def __init__(self, model: ScriptedModel, before: Callable[[int], None] = lambda _: None) -> None:
+        self.model = model
+        self.before = before
+        self.turns = 0
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
+    ) -> Any:
+        self.turns += 1
+        self.before(self.turns)
+        return await self.model(prompt_ids)
+
+
+def stand_in_loop(target: str, server: ScriptedServer, **kwargs: Any) -> Any:
+    """`CodeGymAgentLoop` as verl builds it, on the stand-ins (tool messages not truncated)."""
+    from codegym_client.verl import CodeGymAgentLoop
+
+    config = Conf(
+        actor_rollout_ref={
+            "rollout": {
+                "response_length": 1 << 20,
+                "multi_turn": {"format": "hermes", "max_assistant_turns": None},
+            }
+        }
+    )
+    wrap = SimpleNamespace
+    return CodeGymAgentLoop(
+        wrap(config=config),
+        server,
+        TOKENIZER,
+        None,
+        dataset_config=wrap(config=Conf()),
+        target=target,
+        **kwargs,
+    )
+
+
+def observed(model: ScriptedModel, recorded: dict[str, Any]) -> None:
+    """Each model turn after the first saw the recorded observation of the call before it."""
+    for k, (_, observation) in enumerate(recorded["steps"][:-1]):
+        expected = f"<tool_response>\n{observation}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        assert model.prompts[k + 1].endswith(expected), k
+
+
+async def test_a_row_an_infrastructure_fault_ended_has_no_token_to_train_on(
+    library: Path, worker: ServerProcess, verl_stand_ins: dict[str, Any]
+) -> None:
+    """The runtime stops for good after two steps; the third step's wait (1 s here) runs out. The
+    row verl gets keeps the model's turns (for verl's logs) with a mask of zeros: no gradient, and
+    the codegym_* estimators leave it out of its group (tests/test_verl_real.py)."""
+    recorded = trajectory("Sample_0001_I__MaxSubarraySumEnv", 27)
+    server = start_runtime(library, worker)
+    stopped = False
+
+    def before(turn: int) -> None:
+        nonlocal stopped
+        if turn == 3:
+            assert server.stop() == 0
+            stopped = True
+
+    model = ScriptedModel(oracle_turns(recorded))
+    try:
+        loop = stand_in_loop(server.address, ScriptedServer(model, before), timeout_s=2, outage_wait_s=1)
+        output = await loop.run(
+            {}, ability=ability(recorded), raw_prompt=[{"role": "user", "content": "Go."}]
+        )
+    finally:
+        if not stopped:
+            server.stop()
+    fields = output.extra_fields
+    assert fields["codegym_infrastructure_failure"] is True and fields["codegym_stop"] == "infrastructure"
+    assert fields["codegym_failure_reason"].startswith("Step: UNAVAILABLE"), fields["codegym_failure_reason"]
+    assert (output.reward_score, fields["codegym_steps"]) == (0.0, 2)
+    assert len(output.response_ids) == len(output.response_mask) > 0
+    assert set(output.response_mask) == {0}
+    text = TOKENIZER.decode(output.response_ids)
+    assert text.count("<tool_response>") == 2 and text.endswith(oracle_turns(recorded)[2])
+    assert "unavailable" not in text.lower()
+
+
+async def test_an_outage_shorter_than_the_wait_costs_no_episode(
+    library: Path, worker: ServerProcess, verl_stand_ins: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The runtime (sessions in Redis) is SIGKILLed after two steps; once the third step says it
+    waits out the outage, a runtime comes back on the same address. The episode goes on in its
+    session, each turn seeing the recorded observation, and reaches reward 1."""
+    caplog.set_level(logging.WARNING, logger="codegym_client.outages")
+    recorded = trajectory("Sample_0001_I__MaxSubarraySumEnv", 27)
+    redis = Redis()
+
+    def replica(port: int = 0) -> ServerProcess:
+        return ServerProcess(
+            ["serve", "runtime", "--port", str(port), "--library", str(library), "--sandbox", worker.address,
+             "--sessions", redis.url]
+        )  # fmt: skip
+
+    first = replica()
+    port = int(first.address.rsplit(":", 1)[1])
+    killed = threading.Event()
+    second: list[ServerProcess] = []
+    failures: list[BaseException] = []
+
+    def before(turn: int) -> None:
+        if turn == 3:  # two steps played, the third about to be sent
+            first.proc.send_signal(signal.SIGKILL)
+            assert first.proc.wait(10) == -signal.SIGKILL
+            killed.set()
+
+    def come_back() -> None:
+        try:
+            wait_until(
+                lambda: killed.is_set() and "cannot serve it now" in caplog.text, 120, "the step to wait"
+            )
+            second.append(replica(port))
+        except BaseException as exc:  # reported by the test's thread
+            failures.append(exc)
+
+    restarter = threading.Thread(target=come_back, daemon=True)
+    restarter.start()
+    model = ScriptedModel(oracle_turns(recorded))
+    try:
+        loop = stand_in_loop(first.address, ScriptedServer(model, before), timeout_s=5, outage_wait_s=120)
+        output = await loop.run({}, ability=ability(recorded))
+        restarter.join(120)
+        assert not failures and second
+        fields = output.extra_fields
+        assert fields["codegym_infrastructure_failure"] is False, fields["codegym_failure_reason"]
+        assert (output.reward_score, fields["codegym_stop"]) == (1.0, "done")
+        assert fields["codegym_steps"] == len(recorded["steps"])
+        observed(model, recorded)
+        masked = [t for t, m in zip(output.response_ids, output.response_mask, strict=True) if m]
+        assert TOKENIZER.decode(masked) == "".join(oracle_turns(recorded))
+        # The third step (index 2) is the one that waited; the session was closed afterwards.
+        waited = re.search(r"CodeGym Step 2 of session (\w+)", caplog.text)
+        assert waited, caplog.text
+        async with AsyncRuntimeClient(second[0].address, timeout_s=30) as client:
+            with pytest.raises(SessionNotFound):
+                await client.get_session(waited.group(1))
+    finally:
+        killed.set()
+        restarter.join(120)
+        first.stop()
+        for server in second:
+            assert server.stop() == 0
+        redis.stop()
+
+
+async def test_the_tool_holds_at_most_max_sessions_and_closes_the_least_recently_used(
+    runtime: str, verl_stand_ins: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """`max_sessions: 2` and three episodes: the third's first call closes the first's session in the
+    runtime (with a log line); the first episode cannot go on, the others do."""
+    from codegym_client.verl import CodeGymTool
+
+    caplog.set_level(logging.WARNING, logger="codegym_client.verl.tool")
+    recorded = trajectory("Sample_0001_I__MaxSubarraySumEnv", 27)
+    (first_action, first_observation), (second_action, second_observation) = recorded["steps"][:2]
+    async with AsyncRuntimeClient(runtime, timeout_s=30) as client:
+        schemas = [json.loads(t.json_schema) for t in (await client.get_env(recorded["env_id"])).tools]
+        tools = {
+            s["function"]["name"]: CodeGymTool({"target": runtime, "max_sessions": 2}, s) for s in schemas
+        }
+        episodes = [
+            SimpleNamespace(
+                request_id=f"episode-{name}-{id(tools)}",
+                tools_kwargs={"any": {"create_kwargs": {"ability": ability(recorded)}}},
+            )
+            for name in "abc"
+        ]
+        sessions = []
+        for agent_data in episodes:
+            response, _ = await call_as_tool_agent_loop(tools, first_action, agent_data)
+            assert response.text == first_observation
+            sessions.append(CodeGymTool._sessions[agent_data.request_id].session_id)
+        assert list(CodeGymTool._sessions) == [e.request_id for e in episodes[1:]]
+        with pytest.raises(SessionNotFound):
+            await client.get_session(sessions[0])
+        assert [(await client.get_session(s)).step_index for s in sessions[1:]] == [1, 1]
+        assert f"closing session {sessions[0]} of episode {episodes[0].request_id}" in caplog.text
+        with pytest.raises(InfrastructureFailure, match="max_sessions=2"):
+            await call_as_tool_agent_loop(tools, second_action, episodes[0])
+        response, _ = await call_as_tool_agent_loop(tools, second_action, episodes[1])
+        assert response.text == second_observation
+        # b was used last now: a fourth episode would close c's session first.
+        assert list(CodeGymTool._sessions) == [episodes[2].request_id, episodes[1].request_id]
+        await next(iter(tools.values())).close_all()
+        assert not CodeGymTool._sessions
+        for session_id in sessions[1:]:
+            with pytest.raises(SessionNotFound):
+                await client.get_session(session_id)

@@ -304,6 +304,7 @@ async def test_an_unreachable_runtime_is_flagged_in_the_output_and_no_model_turn
     server = ServerManager(ScriptedModel(plain_turns(recorded), TOKENIZER))
     entry = our_entry(f"127.0.0.1:{free_port()}")
     entry.timeout_s = 2
+    entry.outage_wait_s = 0  # no outage to wait out: nothing listens there
     loop = instantiate(entry, trainer_config(), server)
     output = await loop.run({}, ability=ability(recorded), raw_prompt=PROMPT)
     assert output.extra_fields["codegym_infrastructure_failure"] is True
@@ -323,7 +324,7 @@ def test_the_launch_script_overrides_compose_against_verls_trainer_config() -> N
     from hydra import compose, initialize_config_dir
 
     script = (ROOT / "examples" / "verl" / "train_grpo.sh").read_text()
-    lines = re.findall(r"^\s{4}([\w.]+=\S+) \\$", script, re.MULTILINE)
+    lines = re.findall(r"^\s{4}([+\w.]+=\S+) \\$", script, re.MULTILINE)
     values = {'"$DATA': "data", '"$HERE': str(AGENT_LOOP_YAML.parent), '"$MODEL"': "Qwen/Qwen3-4B"}
     overrides = []
     for line in lines:
@@ -339,3 +340,51 @@ def test_the_launch_script_overrides_compose_against_verls_trainer_config() -> N
     assert Path(rollout.agent.agent_loop_config_path) == AGENT_LOOP_YAML
     assert rollout.agent.default_agent_loop == AGENT_NAME and rollout.multi_turn.format == "hermes"
     assert [e.name for e in OmegaConf.load(rollout.agent.agent_loop_config_path)] == [AGENT_NAME]
+    # The estimator that leaves failed rows out of their group, registered in verl's driver (every
+    # Ray worker of the job) by the setup hook the script gives Ray.
+    assert config.algorithm.adv_estimator == "codegym_grpo"
+    hook = config.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook
+    module, _, function = hook.rpartition(".")
+    assert callable(getattr(importlib.import_module(module), function))
+
+
+def test_codegym_grpo_is_verls_grpo_without_the_rows_that_have_no_token_to_train_on() -> None:
+    """Through verl's own `compute_advantage`: a row with an all-zero response mask (what the loop
+    hands verl for an infrastructure failure) gets advantage 0, and every other row gets exactly
+    what verl's GRPO gives it in a batch without the failed rows; verl's plain GRPO would have
+    measured them against the failed row's 0."""
+    import numpy as np
+    import torch
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    from codegym_client.verl.advantage import register
+
+    assert "codegym_grpo" in register() and "codegym_grpo" in register()  # idempotent
+    # Groups a, b (4 rollouts, one failed), c (2 rollouts, one failed) and d (all failed).
+    uids = np.array(["a"] * 4 + ["b"] * 4 + ["c"] * 2 + ["d"] * 2, dtype=object)
+    scores = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    failed = [1, 6, 9, 10, 11]
+    length = 5
+    mask = torch.ones(len(scores), length)
+    mask[:, -1] = 0  # padding
+    mask[failed] = 0
+    rewards = torch.zeros(len(scores), length)
+    rewards[torch.arange(len(scores)), length - 2] = torch.tensor(scores)
+    config = OmegaConf.create({"norm_adv_by_std_in_grpo": True})
+
+    def advantages(name: str, rows: list[int]) -> Any:
+        data = DataProto.from_dict(
+            tensors={"token_level_rewards": rewards[rows], "response_mask": mask[rows]},
+            non_tensors={"uid": uids[rows]},
+        )
+        return compute_advantage(data, adv_estimator=name, config=config).batch["advantages"]
+
+    everyone = list(range(len(scores)))
+    kept = [i for i in everyone if i not in failed]
+    ours = advantages("codegym_grpo", everyone)
+    assert torch.count_nonzero(ours[failed]) == 0
+    assert torch.allclose(ours[kept], advantages("grpo", kept))
+    assert not torch.allclose(advantages("grpo", everyone)[kept], ours[kept])  # the baseline it shifted
+    # c is left with one rollout: verl's rule for a group of one (mean 0, std 1), its score.
+    assert torch.allclose(ours[8], scores[8] * mask[8])

@@ -6,13 +6,19 @@
 # template from the session, so the prompt does not list them twice.) Then, on the GPU machine with verl:
 #   pip install '/path/to/checkout/clients[verl]'
 #   bash examples/verl/train_grpo.sh trainer.n_gpus_per_node=8
+# A row an infrastructure fault ended (after the agent loop waited out the outage, outage_wait_s in
+# codegym_agent_loop.yaml) comes with a response mask of zeros: no gradient. codegym_grpo is verl's
+# GRPO on the other rows, so that it does not shift its group's baseline either; verl computes
+# advantages in its driver, where the Ray worker setup hook registers it
+# (codegym_client/verl/advantage.py).
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 DATA="${DATA:-data}"
 MODEL="${MODEL:-Qwen/Qwen3-4B}"
 
 python3 -m verl.trainer.main_ppo \
-    algorithm.adv_estimator=grpo \
+    algorithm.adv_estimator=codegym_grpo \
+    ++ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=codegym_client.verl.advantage.register \
     data.train_files="$DATA/codegym.parquet" \
     data.val_files="$DATA/codegym.val.parquet" \
     data.train_batch_size=64 \

@@ -12,6 +12,9 @@ Modules, so that importing this package needs neither verl nor torch:
 - `agent_loop`: `CodeGymAgentLoop(AgentLoopBase)`, registered as `codegym_agent`. Imports verl.
 - `tool`: `CodeGymTool(BaseTool)`, for `ToolAgentLoop` users, keyed by request id; its docstring
   lists its limits. Imports verl.
+- `advantage`: `register()` adds `codegym_grpo` (and the other group estimators) to verl's
+  registry: verl's estimator without the rows an infrastructure fault ended (mask all zeros), so
+  they do not shift their group's baseline. Imports verl when `register()` runs.
 
 `CodeGymAgentLoop`, `CodeGymTool` and `verl_tool_parser` are importable from here too, on first
 use (which imports verl).

@@ -26,6 +26,15 @@ the sampling parameters as `ToolAgentLoop` adds them. With verl 0.9 the token st
 loop's own Continuous Token builder (`ct_build_initial_tokens`, `ct_merge_assistant_token`,
 `ct_merge_context_msg`: the model family's boundary tokens, as `ToolAgentLoop` gets them); verl 0.8
 has none, and the episode renders with the chat template as 0.8's `ToolAgentLoop` does.
+
+Infrastructure faults. The episode's runtime calls wait out an outage for `outage_wait_s` (10
+minutes by default) before they give up. A row they end (or the session lost) is handed to verl with
+`codegym_infrastructure_failure` set, reward 0 and a response mask of zeros: verl multiplies every
+loss term (policy, KL, entropy) by the mask, so the row gives no gradient. Its 0 would still enter
+its group's baseline under verl's group estimators (they read every row's score, masked or not):
+`algorithm.adv_estimator=codegym_grpo` (codegym_client/verl/advantage.py, registered in verl's
+driver by a Ray worker setup hook) leaves rows with an all-zero mask out of their group. The loop
+logs a warning once per process when the trainer runs one of verl's group estimators directly.
 """
 
 from __future__ import annotations
@@ -37,7 +46,9 @@ import logging
 from typing import Any
 from uuid import uuid4
 
+from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S
 from codegym_client.requests import DEFAULT_TARGET
+from codegym_client.verl.advantage import GROUPED, PREFIX
 from codegym_client.verl.episode import (
     ChatTemplateRenderer,
     ParseToolCalls,
@@ -70,6 +81,24 @@ AgentLoopBase, AgentLoopOutput, register = _from_verl(
 (OpenAIFunctionToolSchema,) = _from_verl("verl.tools.schemas", "OpenAIFunctionToolSchema")
 
 AGENT_NAME = "codegym_agent"
+_warned_estimators: set[str] = set()
+
+
+def _warn_about_estimator(config: Any) -> None:
+    """Once per process and estimator: a group estimator of verl's own would put the 0 of a row an
+    infrastructure fault ended into its group's baseline (its gradient is masked either way)."""
+    algorithm = config.get("algorithm") if hasattr(config, "get") else None
+    name = str(algorithm.get("adv_estimator") or "") if algorithm is not None else ""
+    if name in GROUPED and name not in _warned_estimators:
+        _warned_estimators.add(name)
+        log.warning(
+            "algorithm.adv_estimator=%s: a row an infrastructure fault ended gives no gradient (its mask "
+            "is zeros), but its reward 0 still enters its group's mean and std; use %s%s "
+            "(codegym_client.verl.advantage) to leave it out",
+            name,
+            PREFIX,
+            name,
+        )
 
 
 def verl_tool_parser(format: str, tokenizer: Tokenizer) -> ParseToolCalls:
@@ -154,16 +183,18 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
     `timeout_s` (per runtime call), `max_turns` (model turns; default: the rollout's
     `multi_turn.max_assistant_turns`, else the response length and the env's step cap bound it),
     `max_steps` (the session's step cap; 0: the runtime's), `format` (default: the rollout's
-    `multi_turn.format`; `codegym` parses CodeGym's text protocol). The rollout's
+    `multi_turn.format`; `codegym` parses CodeGym's text protocol), `outage_wait_s` (how long a
+    runtime call waits out an outage before the row is an infrastructure failure; 600). The rollout's
     `multi_turn.max_user_turns`, `max_tool_response_length` and `tool_response_truncate_side` hold
     as in `ToolAgentLoop`; the caps are checked right after a model turn, whose calls then do not run.
 
     The row needs `ability`; `raw_prompt` (verl's rendering of the `prompt` column) is the prompt,
     given the session's tools through the chat template (export with `--tools json`, so the prompt
     does not list them a second time). Output: `reward_score` is the environment's final reward;
-    `extra_fields` carry `codegym_infrastructure_failure` (drop those rows: the runtime failed, not
-    the model), `codegym_failure_reason`, `codegym_stop`, `codegym_done`, `codegym_truncated`,
-    `codegym_steps`, `codegym_env_id`. Text only: a processor (vision models) is not used.
+    `extra_fields` carry `codegym_infrastructure_failure` (the runtime failed, not the model: the
+    row's response mask is all zeros and its reward 0), `codegym_failure_reason`, `codegym_stop`,
+    `codegym_done`, `codegym_truncated`, `codegym_steps`, `codegym_env_id`. Text only: a processor
+    (vision models) is not used.
     """
 
     def __init__(
@@ -178,13 +209,16 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
         max_turns: int | None = None,
         max_steps: int = 0,
         format: str | None = None,
+        outage_wait_s: float = DEFAULT_OUTAGE_WAIT_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(trainer_config, server_manager, tokenizer, processor, **kwargs)
+        _warn_about_estimator(self.config)
         rollout = self.config.actor_rollout_ref.rollout
         multi_turn = rollout.multi_turn
         self.target = target
         self.timeout_s = timeout_s
+        self.outage_wait_s = float(outage_wait_s)
         self.response_length = int(rollout.response_length)
         self.max_turns = int(
             max_turns if max_turns is not None else multi_turn.get("max_assistant_turns") or 0
@@ -257,12 +291,17 @@ class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl 
             max_steps=self.max_steps,
             chat_template_kwargs=self.apply_chat_template_kwargs,
             renderer=renderer,
+            outage_wait_s=self.outage_wait_s,
         )
         prompt_ids, response_ids, mask = episode.prompt_ids, episode.response_ids, episode.response_mask
         if not prompt_ids:  # the session never opened: the row's prompt, for verl's padding
             prompt_ids = (await renderer.prompt(messages, [])).token_ids
         if not response_ids:  # nothing generated: one masked token, as verl pads an empty response
             response_ids, mask = [int(self.tokenizer.pad_token_id or 0)], [0]
+        if episode.infrastructure_failure:
+            # The runtime failed, not the model: the row keeps its tokens (for verl's logs and
+            # traces) but none is trained on, and the group estimators codegym_* leave it out.
+            mask = [0] * len(response_ids)
         metrics: dict[str, Any] = dict(episode.metrics)
         if preempted:
             metrics["num_preempted"] = sum(preempted)

@@ -21,14 +21,20 @@ messages that would pass it are not appended). What it adds:
 - tool calls read from the turn's text outside `<think>...</think>` (verl's hermes parser reads them
   anywhere, so a call the model only thought about would be run);
 - `reward` is the environment's final reward (1.0 for a right answer);
-- an infrastructure fault (the runtime unavailable after the client's retries, the session lost, a
-  step refused) ends the episode with `infrastructure_failure` set and its reason: the fault's text
-  is never a tool message, so it never reaches the model or the trajectory.
+- an outage is waited out: creating the session, each step (sent with its step index, so that a
+  resend the runtime already applied is answered from its record, never applied twice) and the
+  close go through `ride_out_async` (codegym_client/outages.py) for `outage_wait_s` (10 minutes by
+  default), with back-off and a log line saying what they wait for, while the failure is one that
+  clears by itself (the runtime unavailable or full, the way to it broken);
+- an infrastructure fault that does not clear (the session lost, a step refused) or outlasts the
+  wait ends the episode with `infrastructure_failure` set and its reason: the fault's text is
+  never a tool message, so it never reaches the model or the trajectory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -44,6 +50,7 @@ import grpc
 from codegym_client.actions import ActionParseError, parse_function_calls
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.errors import INFRASTRUCTURE_REASONS, CodeGymError
+from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, ride_out_async
 
 __all__ = [
     "INFRASTRUCTURE_REASONS",
@@ -112,7 +119,8 @@ class Episode:
 
     def extra_fields(self) -> dict[str, Any]:
         """What `CodeGymAgentLoop` puts in `AgentLoopOutput.extra_fields` (one column each in
-        verl's batch): drop or mask rows with `codegym_infrastructure_failure` before training."""
+        verl's batch). A row with `codegym_infrastructure_failure` is handed to verl with a
+        response mask of zeros (`CodeGymAgentLoop.run`): no gradient from it."""
         return {
             "codegym_infrastructure_failure": self.infrastructure_failure,
             "codegym_failure_reason": self.failure_reason,
@@ -320,6 +328,7 @@ async def run_episode(
     max_steps: int = 0,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     renderer: Renderer | None = None,
+    outage_wait_s: float = DEFAULT_OUTAGE_WAIT_S,
 ) -> Episode:
     """Play one episode of `ability` (`codegym_v1@{code_id}__{Env}@{config}`) in one session.
 
@@ -339,6 +348,9 @@ async def run_episode(
       state: they are steps one after the other; the default, 1, is CodeGym's one call per step).
     - `renderer`: how the token stream grows (default: `ChatTemplateRenderer(tokenizer,
       chat_template_kwargs)`).
+    - `outage_wait_s`: how long each runtime call waits out a failure that clears by itself before
+      the episode ends as an infrastructure failure (the operator's setting; 0: the client's own
+      resends only).
     """
     render = renderer or ChatTemplateRenderer(tokenizer, chat_template_kwargs)
     parse = parse_tool_calls or text_tool_parser("hermes", tokenizer)
@@ -347,7 +359,11 @@ async def run_episode(
 
     try:
         try:
-            created = await client.create_session(ability=ability, max_steps=max_steps)
+            created = await ride_out_async(
+                lambda: client.create_session(ability=ability, max_steps=max_steps),
+                f"CodeGym CreateSession ({ability[:200]})",
+                outage_wait_s,
+            )
         except CodeGymError as exc:
             if not exc.infrastructure:
                 raise  # the row is wrong (unknown env, a config its env cannot start): fails again
@@ -355,6 +371,7 @@ async def run_episode(
         except grpc.RpcError as exc:
             return _failed(episode, "CreateSession", exc)
         episode.session_id, episode.env_id = created.session_id, created.env_id
+        step_index = 0  # the session's step index: what its next step applies to
         tools = [json.loads(t.json_schema) for t in created.tools]
         conversation = [dict(m) for m in messages or ()]
         if not conversation:
@@ -398,11 +415,16 @@ async def run_episode(
             started = time.monotonic()
             for name, arguments in calls[: max(1, max_calls_per_turn)]:
                 action = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-                try:
-                    result = await client.step(episode.session_id, action)
+                try:  # with its index: a resend the runtime applied already is answered, not applied
+                    result = await ride_out_async(
+                        functools.partial(client.step, episode.session_id, action, step_index=step_index),
+                        f"CodeGym Step {step_index} of session {episode.session_id}",
+                        outage_wait_s,
+                    )
                 except grpc.RpcError as exc:  # every CodeGymError is one: not the model's doing
                     _failed(episode, "Step", exc)
                     break
+                step_index = int(result.step_index)
                 episode.steps += 1
                 episode.reward = float(result.reward)
                 content = _truncate(
@@ -433,8 +455,13 @@ async def run_episode(
         return episode
     finally:
         if episode.session_id:
+            # An episode a fault ended has waited out the outage once already: one try then.
+            wait_s = 0.0 if episode.infrastructure_failure else outage_wait_s
+            session_id = episode.session_id
             try:
-                await client.close_session(episode.session_id)
+                await ride_out_async(
+                    lambda: client.close_session(session_id), f"CodeGym CloseSession {session_id}", wait_s
+                )
             except (grpc.RpcError, ValueError, RuntimeError) as exc:  # idle expiry reclaims it
                 log.warning("could not close CodeGym session %s: %s", episode.session_id, exc)
 

@@ -14,15 +14,23 @@ Limits (what `ToolAgentLoop` does not tell a tool, and what follows):
   the turn cap, the response length) leaves its session open until `CodeGymTool.close_idle()`
   (called at every `create`, closing sessions idle for `idle_s`, default 600 s), `close_all()`, or
   the runtime's own idle expiry (`--session-ttl-s`, 30 min by default).
+- **Sessions held.** At most `max_sessions` (default 4096) per process, counted from the sessions
+  held: opening one more closes the least recently used one (not in a call) in the runtime, with a
+  warning. Set it above the episodes a rollout worker plays at once: a later call of an evicted
+  episode raises `InfrastructureFailure` (it cannot go on in a new session).
 - **Reward.** `ToolAgentLoop` puts each call's tool reward in `extra_fields["tool_rewards"]` and
   never sets `reward_score` nor calls `calc_reward`; the step that ends the episode returns the
   final reward as its tool reward (others 0.0), so the episode's reward is the sum of
   `tool_rewards`: read it in your reward function (verl's reward loop gets `tool_extra_fields`).
-- **Infrastructure faults.** `ToolAgentLoop` turns every `Exception` a tool raises into a tool
-  message for the model ("Error when executing tool: ..."). So a fault of the runtime (unavailable
-  after the client's retries, the session lost) raises `InfrastructureFailure`, a `BaseException`:
-  it fails the rollout batch instead of putting the outage in the training data. A call after the
-  episode ended raises `EpisodeEnded` (an ordinary error, which the model is shown).
+- **Infrastructure faults.** An outage is waited out first: creating the session, each step (sent
+  with its step index, so a resend the runtime applied already is answered from its record) and
+  the close are sent again with back-off for `outage_wait_s` (default 600 s) while the failure
+  clears by itself. `ToolAgentLoop` turns every `Exception` a tool raises into a tool message for
+  the model ("Error when executing tool: ..."), and a tool has no way to drop its rollout or mask
+  it (it returns a response, a reward and metrics; the loop builds the mask). So a fault that
+  outlasts the wait or does not clear (the session lost) raises `InfrastructureFailure`, a
+  `BaseException`: it fails the rollout batch instead of putting the outage in the training data.
+  A call after the episode ended raises `EpisodeEnded` (an ordinary error, which the model is shown).
 - **Tool calls in `<think>`.** The tool parser of `ToolAgentLoop` runs on the whole turn, reasoning
   included; nothing a tool can do about it. `CodeGymAgentLoop` ignores them.
 - **Tool sets.** `ToolAgentLoop` shows every row the tools of its tool config file: one
@@ -40,15 +48,17 @@ episode finds it through `agent_data.tools_kwargs`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
+import logging
 import time
+from collections import OrderedDict
 from typing import Any, ClassVar
 from uuid import uuid4
 
 import grpc
 
 from codegym_client.errors import CodeGymError, EpisodeEnded, InfrastructureFailure
+from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, ride_out_async
 from codegym_client.requests import DEFAULT_TARGET
 from codegym_client.verl.episode import shared_client
 
@@ -59,7 +69,10 @@ __all__ = ["CodeGymTool", "EpisodeEnded", "InfrastructureFailure"]
 BaseTool = importlib.import_module("verl.tools.base_tool").BaseTool
 ToolResponse = importlib.import_module("verl.tools.schemas").ToolResponse
 
-ENDED_KEPT = 10_000  # ended episodes remembered (request id -> reward), to answer late calls
+log = logging.getLogger(__name__)
+
+ENDED_KEPT = 10_000  # ended and evicted episodes remembered (request id), to answer late calls
+DEFAULT_MAX_SESSIONS = 4096  # sessions one process holds at most (config key `max_sessions`)
 
 
 class _Session:
@@ -68,15 +81,18 @@ class _Session:
         self.session_id = ""
         self.used = time.monotonic()
         self.target = ""
+        self.step_index = 0  # what the session's next step applies to
 
 
 class CodeGymTool(BaseTool):  # type: ignore[misc,valid-type]  # verl is imported by name: Any
     """One CodeGym tool (its schema from the tool config), stepping the episode's session (see the
     module's docstring for its limits). Config keys: `target` (`HOST:PORT`), `timeout_s`, `idle_s`,
-    `max_steps`."""
+    `max_steps`, `outage_wait_s`, `max_sessions`."""
 
-    _sessions: ClassVar[dict[str, _Session]] = {}  # request id -> the episode's session
+    # request id -> the episode's session, least recently used first
+    _sessions: ClassVar[OrderedDict[str, _Session]] = OrderedDict()
     _ended: ClassVar[dict[str, float]] = {}  # request id -> final reward
+    _evicted: ClassVar[dict[str, str]] = {}  # request id -> the session closed to make room
 
     def __init__(self, config: dict[str, Any], tool_schema: Any) -> None:
         super().__init__(config, tool_schema)
@@ -84,6 +100,9 @@ class CodeGymTool(BaseTool):  # type: ignore[misc,valid-type]  # verl is importe
         self.timeout_s = float(config.get("timeout_s") or 60.0)
         self.idle_s = float(config.get("idle_s") or 600.0)
         self.max_steps = int(config.get("max_steps") or 0)
+        wait = config.get("outage_wait_s")
+        self.outage_wait_s = float(DEFAULT_OUTAGE_WAIT_S if wait is None else wait)
+        self.max_sessions = max(1, int(config.get("max_sessions") or DEFAULT_MAX_SESSIONS))
         self._abilities: dict[str, str] = {}  # instance id -> ability from create_kwargs
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, Any]:
@@ -101,7 +120,16 @@ class CodeGymTool(BaseTool):  # type: ignore[misc,valid-type]  # verl is importe
         request_id = str(getattr(agent_data, "request_id", "") or instance_id)
         if request_id in self._ended:
             raise EpisodeEnded(f"the episode has ended: {self.name} was not run")
-        session = self._sessions.setdefault(request_id, _Session())
+        if request_id in self._evicted:
+            raise InfrastructureFailure(
+                f"the session of episode {request_id} ({self._evicted[request_id]}) was closed to keep "
+                f"CodeGymTool within max_sessions={self.max_sessions}: raise it above the episodes in flight"
+            )
+        session = self._sessions.get(request_id)
+        if session is None:
+            session = self._sessions[request_id] = _Session()
+            await self._make_room(keep=request_id)
+        self._sessions.move_to_end(request_id)
         client = shared_client(self.target, self.timeout_s)
         async with session.lock:
             session.used = time.monotonic()
@@ -110,7 +138,11 @@ class CodeGymTool(BaseTool):  # type: ignore[misc,valid-type]  # verl is importe
                 if not ability:
                     raise ValueError("no 'ability' in the row's tools_kwargs create_kwargs")
                 try:
-                    created = await client.create_session(ability=ability, max_steps=self.max_steps)
+                    created = await ride_out_async(
+                        lambda: client.create_session(ability=ability, max_steps=self.max_steps),
+                        f"CodeGym CreateSession ({ability[:200]})",
+                        self.outage_wait_s,
+                    )
                 except CodeGymError as exc:
                     if exc.infrastructure:
                         raise InfrastructureFailure(f"CreateSession failed: {exc.reason or exc}") from exc
@@ -118,10 +150,17 @@ class CodeGymTool(BaseTool):  # type: ignore[misc,valid-type]  # verl is importe
                 except grpc.RpcError as exc:
                     raise InfrastructureFailure(f"CreateSession failed: {exc}") from exc
                 session.session_id, session.target = created.session_id, self.target
-            try:
-                result = await client.step(session.session_id, {"name": self.name, "parameters": parameters})
+            action = {"name": self.name, "parameters": parameters}
+            index = session.step_index
+            try:  # with its index: a resend the runtime applied already is answered, not applied
+                result = await ride_out_async(
+                    lambda: client.step(session.session_id, action, step_index=index),
+                    f"CodeGym Step {index} of session {session.session_id}",
+                    self.outage_wait_s,
+                )
             except grpc.RpcError as exc:  # every CodeGymError is one: the runtime's doing, not the model's
                 raise InfrastructureFailure(f"Step failed: {getattr(exc, 'reason', '') or exc}") from exc
+            session.step_index = int(result.step_index)
             ended = bool(result.done or result.truncated)
             if ended:
                 self._remember_end(request_id, float(result.reward))
@@ -145,14 +184,42 @@ class CodeGymTool(BaseTool):  # type: ignore[misc,valid-type]  # verl is importe
         while len(cls._ended) > ENDED_KEPT:
             cls._ended.pop(next(iter(cls._ended)))
 
+    async def _make_room(self, keep: str) -> None:
+        """Close least recently used sessions (none in a call, not `keep`'s) while more than
+        `max_sessions` are held; their episodes (most likely ones verl cut short) cannot go on."""
+        while len(self._sessions) > self.max_sessions:
+            victim = next((r for r, s in self._sessions.items() if r != keep and not s.lock.locked()), None)
+            if victim is None:
+                log.warning("CodeGymTool holds %d sessions, all in a call: none closed", len(self._sessions))
+                return
+            session = self._sessions[victim]
+            log.warning(
+                "CodeGymTool holds %d sessions (max_sessions=%d): closing session %s of episode %s, "
+                "unused for %.0f s",
+                len(self._sessions),
+                self.max_sessions,
+                session.session_id or "(not opened)",
+                victim,
+                time.monotonic() - session.used,
+            )
+            self._evicted[victim] = session.session_id
+            while len(self._evicted) > ENDED_KEPT:
+                self._evicted.pop(next(iter(self._evicted)))
+            await self._close(victim)
+
     async def _close(self, request_id: str) -> None:
         session = self._sessions.pop(request_id, None)
         if session is None or not session.session_id:
             return
-        with contextlib.suppress(grpc.RpcError):  # else the runtime's idle expiry reclaims it
-            await shared_client(session.target or self.target, self.timeout_s).close_session(
-                session.session_id
+        client = shared_client(session.target or self.target, self.timeout_s)
+        try:
+            await ride_out_async(
+                lambda: client.close_session(session.session_id),
+                f"CodeGym CloseSession {session.session_id}",
+                self.outage_wait_s,
             )
+        except grpc.RpcError as exc:  # the runtime's idle expiry reclaims it
+            log.warning("could not close CodeGym session %s: %s", session.session_id, exc)
 
     async def close_idle(self, idle_s: float) -> None:
         """Close the sessions no call has used for `idle_s` seconds (episodes verl cut short)."""
