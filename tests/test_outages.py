@@ -12,11 +12,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from codegym.library import Library
 from codegym_client import EnvNotFound, RuntimeClient, RuntimeUnavailable
-from codegym_client.outages import ride_out
+from codegym_client.errors import REASON_TRAILER, SessionNotFound
+from codegym_client.outages import clears_by_itself, ride_out
 from tests.conftest import ENV_DIR, EXAMPLES
 from tests.helpers.processes import port_free, wait_until
 from tests.helpers.servers import ServerProcess, start_runtime, start_workers
@@ -88,3 +90,18 @@ def test_a_failure_that_does_not_clear_is_raised_at_once_and_a_wait_that_runs_ou
         assert runtime.stop() == 0
     with RuntimeClient(runtime.address, timeout_s=1, attempts=1) as client, pytest.raises(RuntimeUnavailable):
         ride_out(lambda: client.create_session(env_id=ENV, config={"nums": [1]}), "create", 2)
+
+
+def test_a_step_whose_outcome_is_unknown_is_waited_out_like_an_outage() -> None:
+    """OUTCOME_UNKNOWN (the runtime's store failed while it committed a step) clears by itself as
+    the store comes back, and every call sent through `ride_out` carries its step index, so the
+    runtime answers it again from its record: it is waited out. A lost session is not."""
+    outcome = RuntimeUnavailable(
+        grpc.StatusCode.UNAVAILABLE, "commit failed", "Step", ((REASON_TRAILER, "OUTCOME_UNKNOWN"),)
+    )
+    assert outcome.reason == "OUTCOME_UNKNOWN" and not outcome.retryable
+    assert clears_by_itself(outcome)
+    lost = SessionNotFound(
+        grpc.StatusCode.NOT_FOUND, "gone", "Step", ((REASON_TRAILER, "SESSION_NOT_FOUND"),)
+    )
+    assert not clears_by_itself(lost)

@@ -27,6 +27,7 @@ from codegym_client.trl import (
     CodeGymEnvironment,
     CodeGymSpec,
     EpisodeEnded,
+    EpisodeFailed,
     InfrastructureFailure,
     environment_class,
 )
@@ -199,33 +200,53 @@ print(json.dumps([env._session.session_id for env in pool]))
             client.get_session(session_id)
 
 
-def test_an_unreachable_runtime_raises_and_is_never_an_observation(spec: CodeGymSpec) -> None:
-    classes = spec.environment_factory
-    assert isinstance(classes, dict)
+def test_an_unreachable_runtime_fails_the_episode_unscored_and_then_a_reset_ends_the_run(
+    runtime: str,
+) -> None:
+    """With no wait (`outage_wait_s=0`): a step the runtime cannot serve fails the episode (the
+    tool raises an `Exception`, which TRL shows to the model, and `get_reward()` is None, which TRL
+    leaves unscored); a reset the runtime cannot serve ends the run (a `BaseException`)."""
     trajectory = TRAJECTORIES[0]
-    env = classes[trajectory["env_id"]]()
-    env.reset(ability=ability(trajectory["env_id"], trajectory["config"]))
+    row = {"ability": ability(trajectory["env_id"], trajectory["config"])}
+    spec = CodeGymSpec(runtime, instances=[row], outage_wait_s=0)
+    factory = spec.environment_factory
+    assert isinstance(factory, type)
+    env = factory()
+    env.reset(**row)
     live = env._session.session_id
     dead = RuntimeClient("127.0.0.1:9", timeout_s=2, attempts=1)
     env._session.client = lambda: dead
     first = json.loads(trajectory["steps"][0][0])
     tool = getattr(env, first["name"])
-    with pytest.raises(InfrastructureFailure) as failed:
-        try:  # what TRL's _tool_call_loop does: any Exception becomes a {"error": ...} tool message
-            tool(**first["parameters"])
-        except Exception:
-            pytest.fail("the failure was catchable as an observation")
+    with pytest.raises(EpisodeFailed) as failed:
+        tool(**first["parameters"])
+    assert isinstance(failed.value, Exception)  # TRL's tool loop shows it as {"error": ...}
     assert isinstance(failed.value.__cause__, RuntimeUnavailable)
-    with pytest.raises(InfrastructureFailure):
-        env.get_reward()
+    assert env.get_reward() is None
+    with pytest.raises(EpisodeFailed):  # the episode stays failed: nothing is sent
+        tool(**first["parameters"])
     with pytest.raises(InfrastructureFailure):  # reset, with the runtime still unreachable
-        env.reset(ability=ability(trajectory["env_id"], trajectory["config"]))
+        try:
+            env.reset(**row)
+        except Exception:
+            pytest.fail("a reset the runtime cannot serve was an ordinary Exception")
     dead.close()
     spec.client().close_session(live)  # the dead client could not close it
 
 
-def test_library_rows_and_one_class_when_the_tool_sets_agree(runtime: str) -> None:
+def test_library_rows_and_one_class_when_the_tool_sets_agree(
+    runtime: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+    get_env = RuntimeClient.get_env
+
+    def counting(self: RuntimeClient, env_id: str) -> Any:
+        asked.append(env_id)
+        return get_env(self, env_id)
+
+    monkeypatch.setattr(RuntimeClient, "get_env", counting)
     spec = CodeGymSpec(runtime, library="Sample_0006_", instruction="Use the tools.")
+    assert asked == ["Sample_0006_I__ArrayGcdEnv"]  # once per environment: tasks and tools
     factory = spec.environment_factory
     assert isinstance(factory, type) and issubclass(factory, CodeGymEnvironment)
     assert factory.__name__ == "ArrayGcdEnv"
@@ -251,13 +272,16 @@ class RecordingClient:
 
     def __init__(self) -> None:
         self.actions: list[dict[str, Any]] = []
+        self.indexes: list[int | None] = []  # the step index each step was sent with
 
     def create_session(self, **kwargs: Any) -> Any:
         return SimpleNamespace(session_id="s1", task_text="Task.", observation="")
 
-    def step(self, session_id: str, action: str) -> Any:
+    def step(self, session_id: str, action: str, *, step_index: int | None = None) -> Any:
         self.actions.append(json.loads(action))
-        return SimpleNamespace(observation="ok", reward=0.0, done=False, truncated=False)
+        self.indexes.append(step_index)
+        index = len(self.actions)
+        return SimpleNamespace(observation="ok", reward=0.0, done=False, truncated=False, step_index=index)
 
     def close_session(self, session_id: str) -> bool:
         return True
@@ -294,6 +318,8 @@ def test_optional_nested_and_union_parameters_render_and_send_as_written() -> No
     assert env.reset(ability="codegym_v1@X_1__GridEnv@{}") == "Task."
     assert env.Mark(cells=[[1]], label="a", anything=None) == "ok"
     assert fake.actions == [{"name": "Mark", "parameters": {"cells": [[1]], "label": "a", "anything": None}}]
+    assert env.Mark(cells=[], label=1, anything=1) == "ok"
+    assert fake.indexes == [0, 1]  # each step with the session's index, from the replies
     with pytest.raises(ValueError):  # a tool TRL would not take as one
         environment_class("Bad", [{"function": {"name": "reset", "description": "x"}}], lambda: fake)  # type: ignore[arg-type, return-value]
 

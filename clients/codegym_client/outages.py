@@ -6,9 +6,9 @@ clients' own resends (`resend.py`) cover a lost reply, a few seconds; a runtime 
 restarting or the way to the cluster down lasts longer, and ending an episode (or, in TRL, the run)
 then would be the wrong answer to a fault that clears by itself. So the trainer adapters wrap
 each call in `ride_out` / `ride_out_async`: while the failure is one that clears up by itself
-(`UNAVAILABLE`, `CAPACITY`, a failure on the way with no answer from the runtime), the call is
-sent again after a back-off (1 s doubling to 30 s), with a log line saying what it waits for,
-until `wait_s` (the operator's setting, 10 minutes by default) has passed; then the last error is
+(`UNAVAILABLE`, `CAPACITY`, `OUTCOME_UNKNOWN`, a failure on the way with no answer from the
+runtime), the call is sent again after a back-off (1 s doubling to 30 s), with a log line saying
+what it waits for, until `wait_s` (the operator's setting, 10 minutes by default) has passed; then the last error is
 raised. Every other error is raised at once: it fails the same way again.
 
 Only calls that may be sent twice go through here: creating a session (an orphan expires), a
@@ -44,10 +44,16 @@ TRANSIENT_CODES = frozenset(
 
 
 def clears_by_itself(exc: BaseException) -> bool:
-    """Whether the same call may succeed later as it is: the runtime unavailable or full, or the
-    way to it broken (a status with no reason from the runtime)."""
+    """Whether the same call may succeed later as it is: the runtime unavailable or full, its
+    store failing while it committed a step (`OUTCOME_UNKNOWN`: the calls sent here carry their
+    step index, so the runtime answers a repeat from its record), or the way to it broken (a
+    status with no reason from the runtime)."""
     if isinstance(exc, CodeGymError):
-        return exc.retryable or (exc.reason == "" and exc.code() in TRANSIENT_CODES)
+        return (
+            exc.retryable
+            or exc.reason == "OUTCOME_UNKNOWN"
+            or (exc.reason == "" and exc.code() in TRANSIENT_CODES)
+        )
     if isinstance(exc, grpc.RpcError):
         code = exc.code() if callable(getattr(exc, "code", None)) else None
         return code in TRANSIENT_CODES

@@ -20,10 +20,16 @@ Built to what TRL's `trl/trainer/grpo_trainer.py` does with an environment facto
   string `reset` returns is appended to the prompt's last user message. Here `reset` closes the
   instance's previous session and opens one from the row's `ability`.
 - `_tool_call_loop` calls `tool(**arguments)` and turns any `Exception` a tool raises into a
-  `{"error": ...}` tool message the model sees. An infrastructure fault must not become one, so a
-  tool raises `InfrastructureFailure`, a `BaseException` (as `KeyboardInterrupt` is), which stops
-  the step instead. A tool called after the episode ended raises `EpisodeEnded` (an ordinary
-  error: the model's doing, shown to it).
+  `{"error": ...}` tool message the model sees; it has no way to end one rollout early (the model
+  goes on until it stops calling tools, `max_tool_calling_iterations` or `max_completion_length`).
+  A tool called after the episode ended raises `EpisodeEnded` (an ordinary error: the model's
+  doing, shown to it). `reset` is called outside any `try`: what it raises ends the training step.
+- Rewards: a reward function's `None` becomes NaN (`_calculate_rewards`), and a rollout for which
+  every reward function gave NaN is "unscorable": it is left out of its group's mean and std, and
+  its advantage is set to 0 (`torch.nan_to_num`), so it moves the policy by nothing of its own.
+  (Its tokens still count in the `dapo` loss's token normalizer, and in the KL term when
+  `beta > 0`; TRL offers no way to drop them.) `GRPOTrainer` passes `environments=` (the rollouts'
+  instances) to every reward function.
 - An environment that defines `get_reward()` owns its reward: TRL adds a reward column calling it
   once per rollout. So `CodeGymSpec.reward_funcs` is an empty list (extend it with shaping rewards
   of your own); passing a reward function of the final reward too would count it twice.
@@ -31,9 +37,28 @@ Built to what TRL's `trl/trainer/grpo_trainer.py` does with an environment facto
   `environment_factory` is a dict keyed by env id when the dataset's environments have different
   tool sets, and one class otherwise.
 
+Outages and failures. Every runtime call an environment makes (create, step, close) goes through
+`codegym_client.outages.ride_out` for `outage_wait_s` (10 minutes by default): an outage shorter
+than that costs latency, not the episode. Steps are sent with their step index, so a step sent
+again after a lost reply is answered from the runtime's record, never applied twice. The
+environments of one spec share the wait: an outage is counted from the first call it failed, and
+once it has lasted `outage_wait_s` every further call is sent once. Then:
+
+- a step that fails for a reason other than the model's (the outage outlasted the wait, the
+  session was lost, e.g. by a runtime restarted with sessions in memory, a refused step) ends
+  that episode only: the tool raises `EpisodeFailed` (TRL shows it to the model; every later
+  tool of the episode raises it at once) and `get_reward()` returns None, so TRL leaves the
+  rollout unscored (above). Reward functions of your own must give None for it too, or TRL
+  scores it with theirs: wrap them in `skip_failed_episodes`.
+- `reset` that cannot open a session because the runtime has served nothing for the whole wait
+  raises `InfrastructureFailure`, a `BaseException`: the run ends, as the last resort. Any other
+  infrastructure failure at create (the runtime answered INTERNAL, say) fails that episode
+  only, as a step's does.
+
 Sessions: a session ends when its episode ends (the step that ends it closes it), on the next
 `reset`, when the instance is collected (`weakref.finalize`) and at interpreter exit (the same
-finalizer, run by `atexit`), so a run leaves none open in the runtime.
+finalizer, run by `atexit`), so a run leaves none open in the runtime. The finalizer sends its
+close once (an exit does not wait out an outage: the runtime's idle expiry reclaims what it missed).
 
 Needs nothing beyond the client: `datasets`, when importable, makes `train_dataset` a
 `datasets.Dataset` (else a list of dicts); `transformers` is only TRL's.
@@ -41,18 +66,23 @@ Needs nothing beyond the client: `datasets`, when importable, makes `train_datas
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
 import keyword
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import grpc
 
 from codegym_client.errors import CodeGymError, EpisodeEnded, InfrastructureFailure
+from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, clears_by_itself, ride_out
 from codegym_client.requests import DEFAULT_TARGET
 from codegym_client.runtime_client import RuntimeClient
 
@@ -61,9 +91,11 @@ __all__ = [
     "CodeGymEnvironment",
     "CodeGymSpec",
     "EpisodeEnded",
+    "EpisodeFailed",
     "InfrastructureFailure",
     "ToolSchema",
     "environment_class",
+    "skip_failed_episodes",
 ]
 
 log = logging.getLogger(__name__)
@@ -174,22 +206,81 @@ def _tool_method(schema: ToolSchema) -> Callable[..., str]:
 
 # -- The environment -----------------------------------------------------------------------------
 
+T = TypeVar("T")
+
+
+class EpisodeFailed(EpisodeEnded):
+    """The runtime could not serve this episode (an outage longer than `outage_wait_s`, the session
+    lost, a refused call): not the model's doing. A tool raises it (TRL shows it to the model as a
+    tool error: its loop cannot end one rollout), and so does every later tool of the episode,
+    at once; `get_reward()` returns None, so TRL leaves the rollout unscored. `__cause__` is the
+    client's error."""
+
+
+class _Outage:
+    """The runtime's outage as the environments of one spec see it: since when their calls have
+    failed for a reason that clears by itself (None: the last call was answered). The calls share
+    one wait: an outage is counted from the first call it failed, so a batch of rollouts waits
+    `wait_s` once, not once per rollout; after that each call is sent once (with the client's own
+    resends) until a call is answered."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = max(0.0, float(wait_s))
+        self.lock = threading.Lock()
+        self.since: float | None = None
+
+    def remaining(self) -> float:
+        with self.lock:
+            if self.since is None:
+                return self.wait_s
+            return max(0.0, self.since + self.wait_s - time.monotonic())
+
+    def saw(self, exc: BaseException | None) -> None:
+        """A call's outcome: answered (`exc` None, or a refusal that does not clear by itself:
+        the runtime is up) or not."""
+        with self.lock:
+            if exc is None or not clears_by_itself(exc):
+                self.since = None
+            elif self.since is None:
+                self.since = time.monotonic()
+
+    def call(self, call: Callable[[], T], what: str, wait_s: float | None = None) -> T:
+        """`call()` riding out an outage for what is left of the wait (or `wait_s`)."""
+
+        def attempt() -> T:
+            try:
+                result = call()
+            except grpc.RpcError as exc:
+                self.saw(exc)
+                raise
+            self.saw(None)
+            return result
+
+        return ride_out(attempt, what, self.remaining() if wait_s is None else wait_s)
+
 
 class _Session:
     """The session an instance holds, closable without the instance (its finalizer holds this)."""
 
-    def __init__(self, client: Callable[[], RuntimeClient]) -> None:
+    def __init__(self, client: Callable[[], RuntimeClient], outage: _Outage) -> None:
         self.client = client
+        self.outage = outage
         self.session_id = ""
         self.lock = threading.Lock()
 
-    def close(self) -> None:
+    def close(self, wait_s: float | None = None) -> None:
+        """Close the session, riding out an outage for what is left of the wait (`wait_s`: at most
+        that long; the finalizer sends it once, so that an exit does not wait out an outage)."""
         with self.lock:
             session_id, self.session_id = self.session_id, ""
         if not session_id:
             return
         try:
-            self.client().close_session(session_id)
+            self.outage.call(
+                lambda: self.client().close_session(session_id),
+                f"CodeGym CloseSession of session {session_id}",
+                wait_s,
+            )
         except CodeGymError as exc:  # the runtime's idle expiry reclaims it
             log.warning("could not close CodeGym session %s: %s", session_id, exc)
         except ValueError:  # the channel was closed (interpreter exit): the session expires
@@ -206,57 +297,98 @@ class CodeGymEnvironment:
     tool_schemas: tuple[ToolSchema, ...] = ()
     _client_factory: Callable[[], RuntimeClient]
     _max_steps: int = 0
+    _outage: _Outage
 
     def __init__(self) -> None:
         # Opens nothing: TRL builds one instance just to read its tools.
-        self._session = _Session(type(self)._client_factory)
-        self._finalizer = weakref.finalize(self, self._session.close)  # also runs at exit (atexit)
+        self._session = _Session(type(self)._client_factory, type(self)._outage)
+        # Also runs at exit (atexit): one send, no outage wait there.
+        self._finalizer = weakref.finalize(self, self._session.close, 0.0)
         self._done = False
         self._reward = 0.0
+        self._step_index = 0  # the session's step index, from the runtime's replies
         self._failure: BaseException | None = None
 
     def reset(self, **row: Any) -> str:
         """Start an episode on the row's `ability`; returns the task text and the first observation."""
         self._session.close()
-        self._done, self._reward, self._failure = False, 0.0, None
+        self._done, self._reward, self._step_index, self._failure = False, 0.0, 0, None
         ability = row.get("ability")
         if not isinstance(ability, str):
             raise ValueError("the row has no 'ability' (codegym_v1@{code_id}__{Env}@{config})")
         env_id = ability_env_id(ability)
         if self.env_ids and env_id not in self.env_ids:
             raise ValueError(f"{type(self).__name__} plays {sorted(self.env_ids)}, not {env_id}")
+        client = self._session.client()
         try:
-            created = self._session.client().create_session(ability=ability, max_steps=self._max_steps)
+            created = self._session.outage.call(
+                lambda: client.create_session(ability=ability, max_steps=self._max_steps),
+                f"CodeGym CreateSession of {env_id}",
+            )
         except CodeGymError as exc:
-            if exc.infrastructure:
-                raise InfrastructureFailure(f"CreateSession failed: {exc.reason or exc}") from exc
-            raise  # EnvNotFound, EnvFailed, InvalidRequest: the data is wrong, the same call fails again
+            if not exc.infrastructure:
+                raise  # EnvNotFound, EnvFailed, InvalidRequest: the data is wrong, the same call fails again
+            if clears_by_itself(exc):  # the runtime has served nothing for the whole wait
+                log.error(
+                    "CodeGym CreateSession of %s: the runtime served no call for outage_wait_s=%g s (%s); "
+                    "ending the run",
+                    env_id,
+                    self._session.outage.wait_s,
+                    exc.reason or exc,
+                )
+                raise InfrastructureFailure(
+                    f"CreateSession failed: {exc.reason or exc} (the runtime served no call for "
+                    f"outage_wait_s={self._session.outage.wait_s:g} s)"
+                ) from exc
+            self._fail("CreateSession", exc)
+            return (
+                f"The environment could not be started ({exc.reason or 'runtime error'}); "
+                "this episode is not scored."
+            )
         with self._session.lock:
             self._session.session_id = created.session_id
         text = created.task_text
         return f"{text}\n\n{created.observation}" if created.observation else text
 
-    def get_reward(self) -> float:
-        """The episode's reward (the final one once it ended: 1.0 for a right answer)."""
+    def get_reward(self) -> float | None:
+        """The episode's reward (the final one once it ended: 1.0 for a right answer); None when
+        the runtime failed the episode (TRL then leaves the rollout unscored)."""
         if self._failure is not None:
-            raise InfrastructureFailure("the episode failed in the runtime") from self._failure
+            return None
         return self._reward
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        """End the episode as failed by the infrastructure: unscored, its session closed."""
+        self._failure = exc
+        log.error(
+            "CodeGym %s failed (%s): the episode ends unscored (get_reward() is None)",
+            what,
+            getattr(exc, "reason", "") or exc,
+        )
+        self._session.close()
 
     def _call_tool(self, name: str, arguments: dict[str, Any]) -> str:
         if self._failure is not None:
-            raise InfrastructureFailure("the episode failed in the runtime") from self._failure
+            raise EpisodeFailed(f"the episode failed in the runtime: {name} was not run") from self._failure
         session_id = self._session.session_id
         if self._done:
             raise EpisodeEnded(f"the episode has ended: {name} was not run")
         if not session_id:
             raise EpisodeEnded("no episode: reset() first")
-        action = {"name": name, "parameters": arguments}
-        try:
-            response = self._session.client().step(session_id, json.dumps(action, ensure_ascii=False))
-        except CodeGymError as exc:
-            self._failure = exc
-            self._session.close()
-            raise InfrastructureFailure(f"Step failed in the runtime: {exc.reason or exc}") from exc
+        action = json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
+        index = self._step_index
+        client = self._session.client()
+        try:  # with its index: a step sent again that the runtime applied already is answered, not applied
+            response = self._session.outage.call(
+                lambda: client.step(session_id, action, step_index=index),
+                f"CodeGym Step {index} of session {session_id}",
+            )
+        except CodeGymError as exc:  # the request is ours, not the model's: never its doing
+            self._fail(f"Step {index} of session {session_id}", exc)
+            raise EpisodeFailed(
+                f"the CodeGym runtime could not serve this episode ({exc.reason or exc}); it is not scored"
+            ) from exc
+        self._step_index = int(response.step_index)
         self._reward = float(response.reward)
         if response.done or response.truncated:
             self._done = True
@@ -265,6 +397,35 @@ class CodeGymEnvironment:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} session={self._session.session_id or None}>"
+
+
+def skip_failed_episodes(reward_func: Callable[..., Any]) -> Callable[..., Any]:
+    """A reward function of your own (sync or async), giving None for the rollouts whose CodeGym
+    episode failed in the runtime: TRL leaves a rollout unscored only when every reward function
+    gives None, so a shaping reward next to `get_reward` must be wrapped in this. Reads the
+    `environments` TRL passes to reward functions (without them, the rewards pass unchanged)."""
+
+    def blank(rewards: Sequence[Any], environments: Any) -> list[Any]:
+        if environments is None:
+            return list(rewards)
+        return [
+            None if isinstance(env, CodeGymEnvironment) and env._failure is not None else reward
+            for reward, env in zip(rewards, environments, strict=True)
+        ]
+
+    if inspect.iscoroutinefunction(reward_func):
+
+        @functools.wraps(reward_func)
+        async def scored_async(*args: Any, **kwargs: Any) -> list[Any]:
+            return blank(await reward_func(*args, **kwargs), kwargs.get("environments"))
+
+        return scored_async
+
+    @functools.wraps(reward_func)
+    def scored(*args: Any, **kwargs: Any) -> list[Any]:
+        return blank(reward_func(*args, **kwargs), kwargs.get("environments"))
+
+    return scored
 
 
 def _class_name(env_id: str) -> str:
@@ -280,13 +441,17 @@ def environment_class(
     *,
     env_ids: Iterable[str] = (),
     max_steps: int = 0,
+    outage_wait_s: float = DEFAULT_OUTAGE_WAIT_S,
+    outage: _Outage | None = None,
 ) -> type[CodeGymEnvironment]:
-    """A `CodeGymEnvironment` subclass with one method per tool of `tool_schemas`."""
+    """A `CodeGymEnvironment` subclass with one method per tool of `tool_schemas`; its calls ride
+    out an outage for `outage_wait_s` (classes given one `outage` share its wait instead)."""
     namespace: dict[str, Any] = {
         "env_ids": frozenset(env_ids),
         "tool_schemas": tuple(tool_schemas),
         "_client_factory": staticmethod(client_factory),
         "_max_steps": max_steps,
+        "_outage": outage if outage is not None else _Outage(outage_wait_s),
         "__module__": __name__,
         "__doc__": f"CodeGym environment {', '.join(sorted(env_ids)) or name} for TRL: one method per tool.",
     }
@@ -337,6 +502,12 @@ class CodeGymSpec:
     - `environment_factory`: a class (one set of tools) or a dict {env id: class}; call it for an
       instance. `environment_classes` maps every env id to its class.
     - `reward_funcs`: `[]`: the environments own their reward (`get_reward`), which TRL adds itself.
+      Reward functions of your own go in wrapped in `skip_failed_episodes`.
+
+    `outage_wait_s` (an operator's setting, 10 minutes by default): how long the environments' calls
+    ride out an outage of the runtime before its failure ends anything (see the module docstring:
+    a failed episode is left unscored; a `reset` after an outage of the whole wait ends the run).
+    Building a spec (`GetEnv`, `ListEnvs`) does not wait: a runtime missing at start is an error.
     """
 
     def __init__(
@@ -349,6 +520,7 @@ class CodeGymSpec:
         max_steps: int = 0,
         timeout_s: float = 60.0,
         client: RuntimeClient | None = None,
+        outage_wait_s: float = DEFAULT_OUTAGE_WAIT_S,
     ) -> None:
         if (instances is None) == (library is None or library is False):
             raise ValueError("give exactly one of instances= and library=")
@@ -356,18 +528,27 @@ class CodeGymSpec:
         self._client = client
         self._client_lock = threading.Lock()
         self._timeout_s = timeout_s
+        self.outage_wait_s = outage_wait_s
+        self._outage = _Outage(outage_wait_s)  # one wait for all of the spec's environments
+        self._envs: dict[str, Any] = {}  # GetEnv's answers, asked once per environment
         rows = _read_instances(instances) if instances is not None else self._library_rows(library)
         if not rows:
             raise ValueError("no tasks: the instances or the library selection is empty")
         env_ids = list(dict.fromkeys(ability_env_id(str(r.get("ability", ""))) for r in rows))
         schemas = {env_id: self._tool_schemas(env_id) for env_id in env_ids}
+        self._envs.clear()  # their task lists are the rows now
         tool_sets = {json.dumps(s, sort_keys=True) for s in schemas.values()}
         self.environment_classes: dict[str, type[CodeGymEnvironment]] = {}
         self.environment_factory: type[CodeGymEnvironment] | dict[str, type[CodeGymEnvironment]]
         if len(tool_sets) == 1:  # one set of tools: one class plays every row
             name = _class_name(env_ids[0]) if len(env_ids) == 1 else "CodeGymEnv"
             shared = environment_class(
-                name, schemas[env_ids[0]], self.client, env_ids=env_ids, max_steps=max_steps
+                name,
+                schemas[env_ids[0]],
+                self.client,
+                env_ids=env_ids,
+                max_steps=max_steps,
+                outage=self._outage,
             )
             self.environment_classes = dict.fromkeys(env_ids, shared)
             self.environment_factory = shared
@@ -379,7 +560,12 @@ class CodeGymSpec:
                     name = _class_name(env_id.replace("__", "_"))
                 names.add(name)
                 self.environment_classes[env_id] = environment_class(
-                    name, schemas[env_id], self.client, env_ids=[env_id], max_steps=max_steps
+                    name,
+                    schemas[env_id],
+                    self.client,
+                    env_ids=[env_id],
+                    max_steps=max_steps,
+                    outage=self._outage,
                 )
             self.environment_factory = dict(self.environment_classes)
         multi = isinstance(self.environment_factory, dict)
@@ -410,9 +596,15 @@ class CodeGymSpec:
             return [dict(r) for r in self.rows]
         return datasets.Dataset.from_list(self.rows)
 
+    def _get_env(self, env_id: str) -> Any:
+        """GetEnv's answer for `env_id`, asked once (library rows and tool schemas both need it)."""
+        env = self._envs.get(env_id)
+        if env is None:
+            env = self._envs[env_id] = self.client().get_env(env_id)
+        return env
+
     def _tool_schemas(self, env_id: str) -> list[ToolSchema]:
-        env = self.client().get_env(env_id)
-        return [json.loads(t.json_schema) for t in env.tools]
+        return [json.loads(t.json_schema) for t in self._get_env(env_id).tools]
 
     def _library_rows(self, library: bool | str | Sequence[str] | None) -> list[dict[str, Any]]:
         client = self.client()
@@ -423,6 +615,6 @@ class CodeGymSpec:
             env_ids = list(library or [])
         rows = []
         for env_id in env_ids:
-            for task in client.get_env(env_id).tasks:
+            for task in self._get_env(env_id).tasks:
                 rows.append({"ability": f"{ABILITY_PREFIX}@{env_id}@{task.config_json}"})
         return rows
