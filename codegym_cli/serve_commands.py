@@ -153,6 +153,7 @@ def _serve_openenv(args: argparse.Namespace) -> int:
         ping_timeout_s=args.ping_timeout_s if args.ping_timeout_s > 0 else None,
         max_message_bytes=args.max_message_bytes,
         env=args.env,
+        grace_s=args.grace_s,
     )
     run_server(lambda: serve(config, args.host, args.port))
     return 0
@@ -369,6 +370,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="serve one environment (ENV_ID), as an OpenEnv server does: its tools are listed before any "
         "reset, and a reset naming no task plays its task config number seed %% count (verifiers' "
         "OpenEnvEnv); resets may still name any environment",
+    )
+    openenv.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        help="on SIGTERM (a rolling update): refuse new sockets and episodes (/health answers 503), "
+        "let open episodes step to their end for this long, then close the rest and exit",
     )
     openenv.add_argument("--log-level", default="INFO", help="logging level")
     openenv.set_defaults(func=_serve_openenv)

@@ -6,6 +6,11 @@ that dies is started again on the same port, after a back-off, while the others 
 worker). The set stops on Ctrl-C/SIGTERM, or when a server dies too often to be kept up. However
 this command ends (SIGKILL and OOM kills included), every process it started ends with it: each
 child has `PR_SET_PDEATHSIG`, and a worker's jails die with the worker (see `codegym.procs`).
+
+OpenEnv gateways (`codegym serve openenv`) in front of the first runtime: `--openenv-port` starts
+the multi-environment one (resets name their environment), and each `--openenv-env ENV_ID[=PORT]`
+a one-environment gateway (`--env ENV_ID`, what verifiers' OpenEnvEnv needs: its tools are listed
+before any reset), each on its own port and printed with its address.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from codegym.procs import RedisServer, ServerProcess, codegym_command
 from sandbox_worker.residency import default_budget_mb
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+GATEWAY_STOP_S = 45.0  # a gateway's default --grace-s (30 s) and its closing, before SIGKILL
 
 
 def build_default_library(path: Path) -> None:
@@ -54,6 +60,23 @@ class Child(ServerProcess):
 
 # The one redis-server starter (the tests use it too); `bench/scale_bench.py` imports this name.
 PrivateRedis = RedisServer
+
+
+def env_gateways(specs: list[str], library: Path) -> list[tuple[str, int]]:
+    """`--openenv-env ENV_ID[=PORT]` values as (environment, port; 0 = any free port), each
+    environment checked against the library so a typo fails here, not at a trainer's first reset."""
+    gateways: list[tuple[str, int]] = []
+    with Library(library) as lib:
+        for spec in specs:
+            env_id, _, port = spec.partition("=")
+            if not port.isdigit() and port:
+                raise SystemExit(f"codegym up: --openenv-env {spec!r}: expected ENV_ID or ENV_ID=PORT")
+            if lib.get(env_id) is None:
+                raise SystemExit(f"codegym up: --openenv-env {env_id!r} is not in the library {library}")
+            if any(env_id == seen for seen, _ in gateways):
+                raise SystemExit(f"codegym up: --openenv-env {env_id!r} is given twice")
+            gateways.append((env_id, int(port or 0)))
+    return gateways
 
 
 class Supervisor:
@@ -99,6 +122,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     library = Path(args.library)
     if not library.exists():
         build_default_library(library)
+    one_env = env_gateways(args.openenv_env, library)
     children: list[Child] = []
     cleanup: list[Callable[[], object]] = []
     stopping = []
@@ -145,13 +169,21 @@ def cmd_up(args: argparse.Namespace) -> int:
             children.append(runtimes[-1])
         for child in children:
             wait_serving(child.address)
-        if args.openenv_port >= 0:  # the OpenEnv gateway (WebSocket, not gRPC) in front of the first runtime
-            openenv_args = ["serve", "openenv", "--host", args.host, "--port", str(args.openenv_port)]
-            children.append(Child("openenv gateway", [*openenv_args, "--runtime", runtimes[0].address]))
+        # The OpenEnv gateways (WebSocket, not gRPC) in front of the first runtime.
+        gateways: list[Child] = []
+        openenv_args = ["serve", "openenv", "--host", args.host, "--runtime", runtimes[0].address]
+        if args.openenv_port >= 0:
+            gateways.append(Child("openenv gateway", [*openenv_args, "--port", str(args.openenv_port)]))
+        for env_id, port in one_env:
+            argv = [*openenv_args, "--env", env_id, "--port", str(port)]
+            gateways.append(Child(f"openenv gateway {env_id}", argv))
+        children += gateways
         print(f"runtime listening on {','.join(r.address for r in runtimes)}", flush=True)
         for child in children:
             if child not in runtimes or len(runtimes) > 1:
                 print(f"{child.name} at {child.address} (pid {child.proc.pid})", flush=True)
+        for child in gateways:
+            print(f"  {child.name}: OpenEnv base_url http://{child.address}", flush=True)
         print(f"library {library}; Ctrl-C stops everything", flush=True)
         supervisor = Supervisor(children)
         while not stopping:
@@ -166,8 +198,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"codegym up: {exc}; its reason is printed above", file=sys.stderr, flush=True)
         return 1
     finally:
+        # The gateways drain first, all at once (each lets open episodes end, up to its --grace-s),
+        # while the runtime and workers behind them still serve.
+        for child in children:
+            if child.name.startswith("openenv gateway") and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
         for child in reversed(children):
-            child.stop()
+            child.stop(timeout_s=GATEWAY_STOP_S if child.name.startswith("openenv gateway") else 20.0)
         for stop in cleanup:
             stop()
         if children:
@@ -211,5 +248,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=-1,
         help="also start the OpenEnv gateway (codegym serve openenv) on this port (-1 = off, 0 = any free port)",
+    )
+    up.add_argument(
+        "--openenv-env",
+        action="append",
+        default=[],
+        metavar="ENV_ID[=PORT]",
+        help="also start a one-environment OpenEnv gateway (codegym serve openenv --env ENV_ID) on PORT "
+        "(default: any free port), as verifiers' OpenEnvEnv needs; repeat for more environments",
     )
     up.set_defaults(func=cmd_up)

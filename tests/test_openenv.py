@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import re
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -14,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openenv.core.env_server.mcp_types import ListToolsObservation
+from openenv.core.env_server.mcp_types import CallToolAction, ListToolsObservation
 from openenv.core.generic_client import GenericEnvClient
 from openenv.core.mcp_client import MCPToolClient
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from codegym.library import Library
+from codegym.procs import codegym_command
 from codegym_cli.oracle import read_trajectories
 from codegym_client.errors import SessionNotFound
 from codegym_client.runtime_client import RuntimeClient
@@ -286,17 +291,24 @@ def one_env_gateway(runtime: str) -> Iterator[str]:
         assert proc.stop() == 0, proc.text[-3000:]
 
 
-async def test_one_env_gateway_plays_verifiers_openenv_sequence(
+def recorded_seeds(runtime_client: RuntimeClient, env_id: str) -> dict[int, dict[str, Any]]:
+    """The `seed`s a one-environment gateway plays a recorded oracle episode of (a seed picks the
+    task config number seed % count), with the recorded trajectory."""
+    tasks = [t.config_json for t in runtime_client.get_env(env_id).tasks]
+    recorded = {json.dumps(t["config"], sort_keys=True): t for t in read_trajectories(EXAMPLES / "trajectories.jsonl")
+                if t["env_id"] == env_id and t["reward"] == 1.0}  # fmt: skip
+    keys = [json.dumps(json.loads(c), sort_keys=True) for c in tasks]
+    return {i: recorded[key] for i, key in enumerate(keys) if key in recorded}
+
+
+async def test_one_env_gateway_plays_mcp_tool_client_sequence(
     one_env_gateway: str, runtime_client: RuntimeClient
 ) -> None:
-    """verifiers' OpenEnvEnv (MCP mode): connect, list the tools once before any reset (they
-    become the prompt's tools for every row), reset with a seed only, then one CallToolAction per
-    tool call, the episode's reward being the sum of the step rewards."""
+    """OpenEnv's MCPToolClient against a one-environment gateway (the older verifiers OpenEnvEnv,
+    in MCP mode): list the tools once before any reset, reset with a seed only, then one
+    CallToolAction per tool call, the episode's reward being the sum of the step rewards."""
     tasks = [t.config_json for t in runtime_client.get_env(ONE_ENV).tasks]
-    recorded = {json.dumps(t["config"], sort_keys=True): t for t in read_trajectories(EXAMPLES / "trajectories.jsonl")
-                if t["env_id"] == ONE_ENV and t["reward"] == 1.0}  # fmt: skip
-    seed = next(i for i, c in enumerate(tasks) if json.dumps(json.loads(c), sort_keys=True) in recorded)
-    trajectory = recorded[json.dumps(json.loads(tasks[seed]), sort_keys=True)]
+    seed, trajectory = next(iter(recorded_seeds(runtime_client, ONE_ENV).items()))
     async with MCPToolClient(base_url=one_env_gateway) as env:
         tools = await env.list_tools()  # before any reset
         expected = {t.name for t in runtime_client.get_env(ONE_ENV).tools}
@@ -312,3 +324,311 @@ async def test_one_env_gateway_plays_verifiers_openenv_sequence(
         named = await generic.reset(config=json.loads(tasks[0]))
         session = runtime_client.get_session(named.metadata["session_id"])
         assert session.env_id == ONE_ENV
+
+
+# verifiers 0.4's OpenEnvEnv (`verifiers.v1.tasksets.openenv`, `pip install 'verifiers[openenv]'`),
+# mirrored call for call without installing verifiers: its `run` opens a GenericEnvClient on the
+# taskset's `base_url`, GETs /schema, and when the action is titled CallToolAction (ours is) steps
+# {"type": "list_tools"} BEFORE the reset, every episode, for the tools it offers the model
+# (`available_tools` in the action schema of every user turn); then `reset(**resets[i])`; then each
+# model reply, parsed by `parse_action`, is one `step`, the rewards summed until `done`.
+
+
+def verifiers_parse_action(message: str, action_schema: dict[str, Any]) -> dict[str, Any]:
+    """verifiers.v1.tasksets.openenv.taskset.parse_action (0.4.0), as it is."""
+    message = message.strip()
+    if message.startswith("```") and message.endswith("```"):
+        message = "\n".join(message.splitlines()[1:-1]).strip()
+    try:
+        action = json.loads(message)
+    except json.JSONDecodeError:
+        action = message
+    if isinstance(action, dict):
+        return action
+    required = action_schema.get("required", [])
+    if len(required) != 1:
+        raise ValueError("non-object actions require exactly one required field")
+    return {required[0]: action}
+
+
+async def verifiers_episode(
+    base_url: str, reset: dict[str, Any], replies: list[str]
+) -> tuple[list[dict[str, Any]], float, bool, list[dict[str, Any]]]:
+    """One task of verifiers' OpenEnvEnv.run, the model's replies given: (the tools it offered the
+    model, the summed reward, whether the episode ended, the observations it showed the model)."""
+    client = GenericEnvClient(base_url=base_url)
+    total = 0.0
+    shown: list[dict[str, Any]] = []
+    async with client:
+        http_base = client._base_url.replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+        status, schema = await asyncio.to_thread(http, f"{http_base}/schema")
+        assert status == 200
+        action_schema = schema["action"]
+        tools: list[dict[str, Any]] = []
+        if action_schema.get("title") in {"Action", "CallToolAction", "ListToolsAction"}:
+            result = await client.step({"type": "list_tools"})
+            tools = result.observation["tools"]
+            action_schema = CallToolAction.model_json_schema() | {"available_tools": tools}
+        result = await client.reset(**reset)
+        # The user turn: {"observation", "action_schema"} as JSON (it must serialize).
+        shown.append(
+            json.loads(json.dumps({"observation": result.observation, "action_schema": action_schema}))
+        )
+        for reply in replies:
+            if result.done:
+                break
+            result = await client.step(verifiers_parse_action(reply, action_schema))
+            total += result.reward or 0.0
+            if result.done:
+                break
+            shown.append({"observation": result.observation})
+    return tools, total, bool(result.done), shown
+
+
+def model_replies(trajectory: dict[str, Any]) -> list[str]:
+    """A recorded oracle episode as the model's replies: CallToolAction JSON, one per step (the
+    second fenced, as models often answer)."""
+    replies = []
+    for i, (action, _) in enumerate(trajectory["steps"]):
+        parsed = json.loads(action)
+        call = {"type": "call_tool", "tool_name": parsed["name"], "arguments": parsed["parameters"]}
+        text = json.dumps(call)
+        replies.append(f"```json\n{text}\n```" if i == 1 else text)
+    return replies
+
+
+async def test_verifiers_openenv_env_plays_a_one_env_gateway_to_reward_1(
+    one_env_gateway: str, gateway: str, runtime_client: RuntimeClient
+) -> None:
+    """The README's verifiers configuration: `[env.taskset] id = "openenv"`, `base_url` a
+    `codegym serve openenv --env ENV_ID` gateway, `resets = [{seed = ...}, ...]`."""
+    env_tools = {t.name for t in runtime_client.get_env(ONE_ENV).tools}
+    seeds = recorded_seeds(runtime_client, ONE_ENV)
+    count = len(runtime_client.get_env(ONE_ENV).tasks)
+    played = 0
+    for seed, trajectory in list(seeds.items())[:3]:
+        for reset in ({"seed": seed}, {"seed": seed + count}):  # seed % count: the same task
+            tools, total, done, shown = await verifiers_episode(
+                one_env_gateway, reset, model_replies(trajectory)
+            )
+            assert {t["name"] for t in tools} == env_tools  # offered to the model before the reset
+            assert all(t["input_schema"]["type"] == "object" for t in tools)
+            assert shown[0]["observation"]["observation"] == trajectory["first"]
+            assert done and total == 1.0, (seed, total)
+            played += 1
+    assert played >= 2
+    # verifiers' default `resets = [{}]`: any one of the environment's tasks.
+    tools, _, _, shown = await verifiers_episode(one_env_gateway, {}, [])
+    assert tools and shown[0]["observation"]["metadata"]["env_id"] == ONE_ENV
+    # The multi-environment gateway cannot know the tools before the reset: the model would be
+    # offered none (why verifiers needs one gateway per environment).
+    row, _ = rows(1)[0]
+    tools, _, _, shown = await verifiers_episode(gateway, row, [])
+    assert tools == [] and shown[0]["observation"]["tools"]
+
+
+# The session count and a rolling update ------------------------------------------------------
+
+
+def metrics_address(proc: ServerProcess) -> str:
+    wait_true(lambda: re.search(r"metrics on (127\.0\.0\.1:\d+)", proc.text) is not None, 10, "metrics")
+    found = re.search(r"metrics on (127\.0\.0\.1:\d+)", proc.text)
+    assert found is not None
+    return found.group(1)
+
+
+def sessions_gauge(address: str) -> float:
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    found = re.search(r"^codegym_openenv_sessions_open (\S+)$", text, re.MULTILINE)
+    assert found is not None, text[:2000]
+    return float(found.group(1))
+
+
+def mcp_call(base: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
+    status, answer = http(f"{base}/mcp", "POST", body)
+    assert status == 200, answer
+    return answer
+
+
+async def reset_on(ws: ClientConnection, row: dict[str, Any]) -> dict[str, Any]:
+    await ws.send(json.dumps({"type": "reset", "data": row}))
+    return json.loads(await ws.recv())
+
+
+async def test_concurrent_close_and_tool_call_keep_the_session_count(
+    runtime: str, runtime_client: RuntimeClient
+) -> None:
+    """A production-mode MCP session (HTTP token, socket attached, reset on the socket) closed
+    while an HTTP `tools/call` steps it, many times and many ways: the gauge never goes below
+    zero or above the limit and settles on the sessions really open in the runtime; then
+    `--max-sessions N` admits N sessions and refuses the next with CAPACITY_REACHED."""
+    (row, steps), *_ = rows(1)
+    limit = 3
+    proc = start_gateway(runtime, "--max-sessions", str(limit), "--metrics-port", "0")
+    try:
+        base, url = f"http://{proc.address}", f"ws://{proc.address}/ws"
+        metrics = metrics_address(proc)
+        kept = await connect(url)  # one session open throughout
+        kept_session = (await reset_on(kept, row))["data"]["metadata"]["session_id"]
+        action = steps[0][0]
+        raced: list[str] = []
+        seen: list[float] = []
+        rng = random.Random(25)
+        for i in range(40):
+            token = (await asyncio.to_thread(mcp_call, base, "openenv/session/create", {}))["result"][
+                "session_id"
+            ]
+            ws = await connect(f"{url}?session_id={token}")
+            raced.append((await reset_on(ws, row))["data"]["metadata"]["session_id"])
+            call = {"name": action["name"], "arguments": action["parameters"], "session_id": token}
+            calls = [asyncio.to_thread(mcp_call, base, "tools/call", call) for _ in range(1 + i % 2)]
+
+            async def close(how: int = i % 4, ws: ClientConnection = ws, token: str = token) -> None:
+                await asyncio.sleep(rng.uniform(0, 0.004))
+                if how == 1:  # OpenEnv's MCP close first (the session then closes with its socket)
+                    await asyncio.to_thread(mcp_call, base, "openenv/session/close", {"session_id": token})
+                if how == 2:  # the socket dropped without a close frame
+                    ws.transport.abort()
+                    return
+                if how == 3:  # a close message
+                    await ws.send(json.dumps({"type": "close"}))
+                await ws.close()
+
+            answers = await asyncio.gather(*calls, close())
+            for answer in answers[:-1]:  # a step's result, or a session error: never a crash
+                assert isinstance(answer, dict) and ("result" in answer or "error" in answer), answer
+            seen.append(await asyncio.to_thread(sessions_gauge, metrics))
+        assert min(seen) >= 0 and max(seen) <= limit, seen
+
+        def settled() -> bool:
+            return sessions_gauge(metrics) == 1 and all(session_gone(runtime_client, s) for s in raced)
+
+        await asyncio.to_thread(wait_true, settled, 10, "the count to settle on the one open session")
+        runtime_client.get_session(kept_session)  # the one the count says is open is open
+        await kept.close()
+        await asyncio.to_thread(wait_true, lambda: sessions_gauge(metrics) == 0, 10, "the count to reach 0")
+
+        # N + 1 open attempts, one after another: the last refused, the others fine.
+        held = [await connect(url) for _ in range(limit + 1)]
+        answers = [await reset_on(ws, row) for ws in held]
+        assert [a["type"] for a in answers] == ["observation"] * limit + ["error"], answers
+        assert answers[-1]["data"]["code"] == "CAPACITY_REACHED"
+        assert answers[-1]["data"]["max_sessions"] == limit
+        assert await asyncio.to_thread(sessions_gauge, metrics) == limit
+        for ws in held:
+            await ws.close()
+        await asyncio.to_thread(wait_true, lambda: sessions_gauge(metrics) == 0, 10, "the count to reach 0")
+        # ... and all at once: exactly one refused.
+        held = [await connect(url) for _ in range(limit + 1)]
+        answers = await asyncio.gather(*(reset_on(ws, row) for ws in held))
+        assert sorted(a["type"] for a in answers) == ["error"] + ["observation"] * limit, answers
+        assert [a["data"]["code"] for a in answers if a["type"] == "error"] == ["CAPACITY_REACHED"]
+        for ws in held:
+            await ws.close()
+        await asyncio.to_thread(wait_true, lambda: sessions_gauge(metrics) == 0, 10, "the count to reach 0")
+    finally:
+        assert proc.stop() == 0, proc.text[-3000:]
+
+
+async def step_on(ws: ClientConnection, action: dict[str, Any]) -> dict[str, Any]:
+    await ws.send(json.dumps({"type": "step", "data": action}))
+    return json.loads(await ws.recv())
+
+
+async def test_sigterm_lets_open_episodes_finish(runtime: str, runtime_client: RuntimeClient) -> None:
+    """A rolling update: after SIGTERM the gateway refuses new sockets and episodes (/health 503),
+    an open episode steps to its end, one left unfinished is closed (told why, close code 1012)
+    when `--grace-s` runs out, and the process exits 0 soon after."""
+    (row, steps), *_ = rows(1)
+    grace = 6.0
+    proc = start_gateway(runtime, "--grace-s", str(grace))
+    try:
+        base, url = f"http://{proc.address}", f"ws://{proc.address}/ws"
+        playing, idle = await connect(url), await connect(url)
+        sessions = [(await reset_on(ws, row))["data"]["metadata"]["session_id"] for ws in (playing, idle)]
+        half = len(steps) // 2
+        for action, expected in steps[:half]:
+            assert (await step_on(playing, action))["data"]["observation"]["result"] == expected
+        start = time.monotonic()
+        proc.proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(
+            wait_true, lambda: http(f"{base}/health")[0] == 503, 3, "/health to say draining"
+        )
+        assert http(f"{base}/health") == (503, {"status": "draining"})
+        with pytest.raises(InvalidStatus) as refused:
+            await connect(url)
+        assert refused.value.response.status_code == 503
+        # The open episode steps to its end.
+        for i, (action, expected) in enumerate(steps[half:]):
+            answer = (await step_on(playing, action))["data"]
+            assert answer["observation"]["result"] == expected
+            assert answer["done"] is (half + i == len(steps) - 1)
+        assert answer["reward"] == 1.0
+        # A new episode on the same socket is refused: the client goes to another replica.
+        refusal = (await reset_on(playing, row))["data"]
+        assert refusal["code"] == "CAPACITY_REACHED" and refusal["reason"] == "DRAINING", refusal
+        # The idle socket's episode never ends: closed when the grace runs out, told why.
+        said = json.loads(await asyncio.wait_for(idle.recv(), grace + 5))
+        took = time.monotonic() - start
+        assert said["type"] == "error" and "shutting down" in said["data"]["message"], said
+        assert grace - 0.5 <= took <= grace + 3, took
+        with pytest.raises(ConnectionClosed):
+            await idle.recv()
+        assert idle.close_code == 1012
+        code = await asyncio.to_thread(proc.proc.wait, 15)
+        exited = time.monotonic() - start
+        assert code == 0 and exited <= grace + 5, (code, exited, proc.text[-3000:])
+        assert all(session_gone(runtime_client, s) for s in sessions)
+        assert "Traceback" not in proc.text and "grace of 6 s over: closing 1 episodes" in proc.text, (
+            proc.text
+        )
+    finally:
+        proc.stop()
+
+    # Episodes that all end before the grace: the gateway exits then, not at the end of the grace.
+    proc = start_gateway(runtime)  # the default grace: 30 s
+    try:
+        url = f"ws://{proc.address}/ws"
+        async with connect(url) as ws:
+            await reset_on(ws, row)
+            start = time.monotonic()
+            proc.proc.send_signal(signal.SIGTERM)
+            for action, expected in steps:
+                assert (await step_on(ws, action))["data"]["observation"]["result"] == expected
+        code = await asyncio.to_thread(proc.proc.wait, 35)
+        assert code == 0 and time.monotonic() - start < 5, (code, time.monotonic() - start)
+    finally:
+        proc.stop()
+
+
+async def test_codegym_up_starts_one_gateway_per_environment(tmp_path: Path) -> None:
+    """`codegym up --openenv-env ENV_ID[=PORT]`: one `--env` gateway per environment, each on its
+    own port and printed with its address, each offering its environment's tools before a reset
+    (verifiers' sequence); an environment the library lacks stops `up` with a message."""
+    other = "Sample_0001_I__MaxSubarraySumEnv"
+    library = tmp_path / "lib.db"
+    args = ["up", "--library", str(library), "--port", "0", "--workers", "1", "--jails", "1",
+            "--openenv-env", ONE_ENV, "--openenv-env", other]  # fmt: skip
+    up = ServerProcess(args, timeout=120)
+    try:
+        await asyncio.to_thread(wait_true, lambda: "Ctrl-C stops everything" in up.text, 60, "codegym up")
+        urls = dict(re.findall(r"openenv gateway (\S+): OpenEnv base_url (http://\S+)", up.text))
+        assert set(urls) == {ONE_ENV, other}, up.text
+        assert len(set(urls.values())) == 2
+        with RuntimeClient(up.address, timeout_s=60) as client:
+            for env_id, url in urls.items():
+                tools, _, done, shown = await verifiers_episode(url, {"seed": 0}, [])
+                assert {t["name"] for t in tools} == {t.name for t in client.get_env(env_id).tools}
+                assert shown[0]["observation"]["metadata"]["env_id"] == env_id and not done
+    finally:
+        assert up.stop() == 0, up.text[-3000:]
+    proc = await asyncio.create_subprocess_exec(
+        *codegym_command(
+            ["up", "--library", str(library), "--port", "0", "--openenv-env", "Nope_1_I__NoEnv"]
+        ),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    said, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode != 0 and b"'Nope_1_I__NoEnv' is not in the library" in said, said

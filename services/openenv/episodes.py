@@ -1,7 +1,13 @@
 """A socket's episode: reset opens a runtime session from OpenEnv's reset data (CodeGym's
 `ability`, or `env` + `config`), steps translate OpenEnv's tool-call actions (and our native
 `{"name", "parameters"}`) to runtime steps, and `state` reports the episode. `Gateway` inherits
-this; it provides the runtime client, the config, the session count and closing an episode.
+this; it provides the runtime client, the config, the set of connections holding a session and
+closing an episode.
+
+The session count is never kept by hand: it is `len(held)`, the connections that hold a runtime
+session or are creating one (a slot is taken before the create, so concurrent resets cannot pass
+`--max-sessions` together). Adding and discarding are idempotent, so no path can count a session
+twice or drive the count below zero; every change to a connection's episode happens under its lock.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from services.openenv.protocol import (
 
 class Episodes:
     config: GatewayConfig
-    sessions: int
+    held: set[Connection]  # connections holding (or creating) a runtime session
+    draining: bool = False  # SIGTERM: no new sessions
     fixed: FixedEnv | None = None  # the --env environment, read from the runtime on first use
 
     @property
@@ -87,15 +94,22 @@ class Episodes:
             raise GatewayError(VALIDATION_ERROR, "episode_id is a string of at most 255 characters")
         # A second reset on one socket ends the first episode (TRL reuses clients).
         await self._close_episode(conn)
-        if self.sessions >= self.config.max_sessions:
+        if self.draining:
             raise GatewayError(
                 CAPACITY_REACHED,
-                f"the gateway holds {self.sessions} sessions, its limit (--max-sessions): retry later",
-                active_sessions=self.sessions,
+                "DRAINING: the gateway is shutting down and starts no new episode; reconnect (the "
+                "Service routes to another replica) and reset there",
+                reason="DRAINING",
+                retryable=True,
+            )
+        if len(self.held) >= self.config.max_sessions:
+            raise GatewayError(
+                CAPACITY_REACHED,
+                f"the gateway holds {len(self.held)} sessions, its limit (--max-sessions): retry later",
+                active_sessions=len(self.held),
                 max_sessions=self.config.max_sessions,
             )
-        self.sessions += 1
-        metrics.SESSIONS.set(self.sessions)
+        self.held.add(conn)  # the slot is taken before the create: concurrent resets count it
         try:
             if ability:
                 created = await self.runtime.create_session(ability=ability, seed=seed, max_steps=max_steps)
@@ -104,12 +118,10 @@ class Episodes:
                     env_id=env_id, config=config, seed=seed, max_steps=max_steps
                 )
         except CodeGymError as exc:
-            self.sessions -= 1
-            metrics.SESSIONS.set(self.sessions)
+            self.held.discard(conn)
             raise from_runtime(exc) from None
         except BaseException:
-            self.sessions -= 1
-            metrics.SESSIONS.set(self.sessions)
+            self.held.discard(conn)
             raise
         episode = Episode(
             session_id=created.session_id,
@@ -195,10 +207,9 @@ class Episodes:
             response = await self.runtime.step(episode.session_id, action)
         except CodeGymError as exc:
             metrics.STEPS.labels(exc.reason).inc()
-            if isinstance(exc, SessionNotFound):  # expired in the runtime: forget it
+            if isinstance(exc, SessionNotFound) and conn.episode is episode:  # expired: forget it
                 conn.episode = None
-                self.sessions -= 1
-                metrics.SESSIONS.set(self.sessions)
+                self.held.discard(conn)
             raise from_runtime(exc) from None
         code = response.error.code if response.HasField("error") else 0
         metrics.STEPS.labels(STEP_ERROR_NAMES.get(code, "ok")).inc()

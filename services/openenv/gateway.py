@@ -5,7 +5,15 @@ Stateless: every session lives in the runtime; a socket holds at most one runtim
 time (a second `reset` closes the first), and a closed, dropped or idle socket closes it. The only
 thing kept here is routing: which socket holds which runtime session, and the HTTP MCP session
 tokens OpenEnv's production-mode MCP client opens before it attaches a socket (`/mcp`,
-`openenv/session/create`); both die with the socket or the idle limit.
+`openenv/session/create`); both die with the socket or the idle limit. The session count (for
+`--max-sessions` and the `codegym_openenv_sessions_open` gauge) is the size of the set of
+connections holding one, not a counter kept by hand; a connection's episode changes only under its
+lock (steps, resets and every close alike).
+
+Stopping (SIGTERM, a rolling update: `drain`): the gateway stops taking new sockets, MCP sessions
+and episodes (`/health` answers 503 "draining", so readiness takes it out of the Service), lets the
+sockets it holds step their episodes to the end for up to `--grace-s`, then closes what is left
+with an error message and close code 1012 (service restart), and exits.
 
 Wire format (as `openenv.core.env_server.http_server` serves it): a client sends
 `{"type": "reset"|"step"|"state"|"close"|"mcp", "data": ...}`; the server answers
@@ -38,6 +46,7 @@ from codegym_client.errors import (
 from services.openenv import metrics
 from services.openenv.episodes import Episodes
 from services.openenv.protocol import (
+    CAPACITY_REACHED,
     EXECUTION_ERROR,
     INVALID_JSON,
     SCHEMAS,
@@ -62,8 +71,10 @@ class Gateway(Episodes):
         self.config = config
         self.client: AsyncRuntimeClient | None = None
         self.connections: set[Connection] = set()
-        self.sessions = 0  # runtime sessions held (or being created) by sockets
+        self.held: set[Connection] = set()  # connections holding (or creating) a runtime session
         self.tokens: dict[str, Connection] = {}  # HTTP MCP session tokens
+        self.draining = False
+        metrics.SESSIONS.set_function(lambda: len(self.held))
         self._reaper: asyncio.Task[None] | None = None
         self.app = Starlette(
             routes=[
@@ -99,10 +110,51 @@ class Gateway(Episodes):
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
-        for conn in list(self.connections):
+        for conn in [*self.connections, *self.tokens.values()]:
             await self._release(conn)
+        self.tokens.clear()
         if self.client is not None:
             await self.client.close()
+
+    @property
+    def sessions(self) -> int:
+        """Runtime sessions held (or being created) by this gateway's connections."""
+        return len(self.held)
+
+    def in_play(self) -> int:
+        """Connections with an episode not over (or being created), or a request in flight."""
+        playing = {c for c in self.held if c.episode is None or not c.episode.done}
+        playing.update(c for c in self.connections if c.busy or c.lock.locked())
+        return len(playing)
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop as a rolling update wants: take no new socket, MCP session or episode, let the
+        episodes in play step to their end for up to `grace_s` seconds, then close what is left
+        (each socket told why, close code 1012). The caller then stops the server."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        log.info(
+            "draining: %d sockets, %d episodes in play; no new sessions; up to %g s",
+            len(self.connections),
+            self.in_play(),
+            grace_s,
+        )
+        while self.in_play() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        left = self.in_play()
+        if left:
+            log.warning("grace of %g s over: closing %d episodes still in play", grace_s, left)
+        message = f"the gateway is shutting down (grace of {grace_s:g} s over): session closed; reconnect"
+        ends = [self._end_socket(c, message, 1012, "shutting down") for c in list(self.connections)]
+        ends += [self._release(c) for c in list(self.tokens.values())]
+        self.tokens.clear()
+        if ends:
+            # A step still in flight (up to the runtime timeout) must not hold the exit for long.
+            _, pending = await asyncio.wait([asyncio.ensure_future(e) for e in ends], timeout=10)
+            for task in pending:
+                task.cancel()
+        log.info("drained: %d sessions left", len(self.held))
 
     @property
     def runtime(self) -> AsyncRuntimeClient:
@@ -116,43 +168,51 @@ class Gateway(Episodes):
             await asyncio.sleep(period)
             now = time.monotonic()
             for conn in list(self.connections):
-                if conn.busy or now - conn.last_active <= limit:
+                if conn.busy or conn.lock.locked() or now - conn.last_active <= limit:
                     continue
                 metrics.REAPED.inc()
                 log.info("closing a socket idle for %.0f s", now - conn.last_active)
-                await self._release(conn)
-                ws = conn.websocket
-                if ws is not None and ws.application_state == WebSocketState.CONNECTED:
-                    with contextlib.suppress(Exception):
-                        await ws.send_text(
-                            error_text(SESSION_ERROR, f"idle for more than {limit:g} s: session closed")
-                        )
-                        await ws.close(code=1001, reason="idle")
+                await self._end_socket(conn, f"idle for more than {limit:g} s: session closed", 1001, "idle")
             for token, conn in list(self.tokens.items()):
-                if conn.websocket is None and now - conn.last_active > limit:
+                if conn.websocket is None and not conn.lock.locked() and now - conn.last_active > limit:
                     self.tokens.pop(token, None)
                     await self._release(conn)
 
+    async def _end_socket(self, conn: Connection, message: str, code: int, reason: str) -> None:
+        """Close a socket's session, then tell the client why and close the socket."""
+        await self._release(conn)
+        ws = conn.websocket
+        if ws is not None and ws.application_state == WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):
+                await ws.send_text(error_text(SESSION_ERROR, message))
+                await ws.close(code=code, reason=reason)
+
     async def _release(self, conn: Connection) -> None:
-        """Close the socket's runtime session (idempotent; never raises)."""
+        """Close the connection's runtime session (idempotent; never raises). Under the
+        connection's lock, as a step or a reset: a step in flight finishes first, and no path
+        closes an episode another is using."""
         conn.closed = True
         self.connections.discard(conn)
-        await self._close_episode(conn)
+        async with conn.lock:
+            await self._close_episode(conn)
 
     async def _close_episode(self, conn: Connection) -> None:
+        """Close the episode the connection holds; the caller holds `conn.lock`."""
         episode, conn.episode = conn.episode, None
         if episode is None:
             return
-        self.sessions -= 1
-        metrics.SESSIONS.set(self.sessions)
         try:
             await asyncio.wait_for(self.runtime.close_session(episode.session_id), 30)
         except (CodeGymError, TimeoutError) as exc:
             log.warning("closing session %s: %s", episode.session_id, exc)
+        finally:
+            self.held.discard(conn)
 
     # HTTP routes ------------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
+        if self.draining:  # readiness: out of the Service while open episodes finish
+            return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "healthy"})
 
     async def metadata(self, request: Request) -> Response:
@@ -200,22 +260,20 @@ class Gateway(Episodes):
         if method == "openenv/session/create":
             if conn is not None:
                 return rpc_result(rid, {"session_id": conn.token or "ws"})
+            if self.draining:
+                return rpc_error(rid, -32000, "CAPACITY_REACHED: DRAINING: the gateway is shutting down")
             if len(self.tokens) >= 2 * self.config.max_sessions:
                 return rpc_error(rid, -32000, "CAPACITY_REACHED: too many open MCP sessions")
             token = uuid.uuid4().hex
             self.tokens[token] = Connection(websocket=None, token=token)
             return rpc_result(rid, {"session_id": token})
+        if method == "openenv/session/close":
+            return await self._close_token(rid, str(params.get("session_id", "")), conn)
         if conn is None:
             conn = self.tokens.get(str(params.get("session_id", "")))
             if conn is None:
                 return rpc_error(rid, -32602, f"Unknown session_id: {params.get('session_id')!r}")
         conn.last_active = time.monotonic()
-        if method == "openenv/session/close":
-            token = str(params.get("session_id", ""))
-            self.tokens.pop(token, None)
-            if conn.websocket is None:
-                await self._release(conn)
-            return rpc_result(rid, {"session_id": token, "closed": True})
         if method == "tools/list":
             try:
                 tools = await self._listed_tools(conn)
@@ -246,15 +304,42 @@ class Gateway(Episodes):
             )
         return rpc_error(rid, -32601, f"Method not found: {method}")
 
+    async def _close_token(self, rid: Any, token: str, caller: Connection | None) -> dict[str, Any]:
+        """`openenv/session/close`, as OpenEnv's server answers it: a session attached to a socket
+        closes with that socket (its token is gone at once); a detached one closes now, under its
+        lock, so a `tools/call` in flight on it finishes first."""
+        target = self.tokens.get(token)
+        if target is None:
+            return rpc_error(rid, -32602, f"Unknown session_id: {token!r}")
+        if target is caller:
+            return rpc_error(rid, -32600, "Cannot close active WebSocket-managed session via MCP method")
+        self.tokens.pop(token, None)
+        if target.websocket is not None:
+            return rpc_result(rid, {"session_id": token, "closed": False, "closing": True})
+        await self._release(target)
+        return rpc_result(rid, {"session_id": token, "closed": True})
+
     # WebSocket ----------------------------------------------------------------------------------
 
     async def websocket(self, ws: WebSocket) -> None:
+        if self.draining:  # refused at the handshake: the client connects to another replica
+            metrics.ERRORS.labels(CAPACITY_REACHED).inc()
+            try:
+                await ws.send_denial_response(
+                    JSONResponse(
+                        {"error": "the gateway is shutting down: connect again", "code": CAPACITY_REACHED},
+                        status_code=503,
+                    )
+                )
+            except RuntimeError:  # a server without the denial-response extension: 403
+                await ws.close(code=1013)
+            return
         await ws.accept()
         token = ws.query_params.get("session_id", "")
         if token:
             conn = self.tokens.get(token)
-            if conn is None or conn.websocket is not None:
-                why = "unknown" if conn is None else "already attached"
+            if conn is None or conn.websocket is not None or conn.closed:
+                why = "unknown" if conn is None or conn.closed else "already attached"
                 await ws.send_text(error_text(SESSION_ERROR, f"session_id {token!r} is {why}"))
                 await ws.close()
                 return

@@ -64,8 +64,11 @@ class GatewayConfig:
     name: str = "codegym"
     # One environment per gateway (`--env`), as an OpenEnv server is one environment: its tools are
     # listed before any reset, and a reset naming no task plays one of its task configs, chosen by
-    # `seed` (verifiers' OpenEnvEnv lists tools first and resets with a seed only).
+    # `seed` (verifiers' OpenEnvEnv lists the tools before each reset, then resets with the
+    # arguments of its `resets` config, e.g. {"seed": 3}).
     env: str = ""
+    # SIGTERM: how long open episodes may go on stepping before their sockets are closed.
+    grace_s: float = 30.0
 
 
 @dataclass

@@ -1,5 +1,10 @@
 """Run the OpenEnv gateway with uvicorn on a socket bound here (port 0 picks one), and print
-`openenv gateway listening on HOST:PORT` once it serves (the process helpers wait for it)."""
+`openenv gateway listening on HOST:PORT` once it serves (the process helpers wait for it).
+
+SIGTERM (or Ctrl-C) drains first (`Gateway.drain`): no new sockets or episodes, the open ones
+step to their end for up to `--grace-s`, then the rest are closed and the process exits 0. A
+second Ctrl-C stops at once; a second SIGTERM changes nothing (the grace is already bounded).
+"""
 
 from __future__ import annotations
 
@@ -54,9 +59,23 @@ async def serve(config: GatewayConfig, host: str = "127.0.0.1", port: int = 8000
     server = QuietServer(uvicorn_config(gateway))
     sock = bind(host, port)
     loop = asyncio.get_running_loop()
+    draining: list[asyncio.Task[None]] = []
+
+    async def drain_then_exit() -> None:
+        try:
+            await gateway.drain(config.grace_s)
+        finally:
+            server.should_exit = True
+
+    def on_signal(sig: int) -> None:
+        if not draining:
+            draining.append(loop.create_task(drain_then_exit()))
+        elif sig == signal.SIGINT:  # a second Ctrl-C: no more grace
+            server.should_exit = True
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+            loop.add_signal_handler(sig, on_signal, sig)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not task.done():
         await asyncio.sleep(0.01)
