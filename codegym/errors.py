@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError, Message
 
 # The trailers' names and each reason's status and exception are the client's (the servers depend
 # on the client package, never the reverse).
-from codegym_client.errors import REASON_TRAILER, REASONS, RETRY_AFTER_TRAILER
+from codegym_client.errors import INFRASTRUCTURE_REASONS, REASON_TRAILER, REASONS, RETRY_AFTER_TRAILER
 
 log = logging.getLogger(__name__)
 
@@ -242,13 +242,15 @@ class Undecodable:
 def table_markdown() -> str:
     """The table as the README shows it (a test keeps the two equal)."""
     lines = [
-        "| reason (`codegym-reason`) | gRPC status | client exception | retry | meaning |",
-        "|---|---|---|---|---|",
+        "| reason (`codegym-reason`) | gRPC status | client exception | retry | infrastructure | meaning |",
+        "|---|---|---|---|---|---|",
     ]
     for reason in Reason:
         row = reason.value
+        infrastructure = "yes" if reason.name in INFRASTRUCTURE_REASONS else "no"
         lines.append(
-            f"| `{reason.name}` | `{row.code.name}` | `{row.client_error}` | {row.retry} | {row.meaning} |"
+            f"| `{reason.name}` | `{row.code.name}` | `{row.client_error}` | {row.retry} | {infrastructure} "
+            f"| {row.meaning} |"
         )
     return "\n".join(lines)
 

@@ -556,6 +556,8 @@ async def test_sigterm_lets_open_episodes_finish(runtime: str, runtime_client: R
             wait_true, lambda: http(f"{base}/health")[0] == 503, 3, "/health to say draining"
         )
         assert http(f"{base}/health") == (503, {"status": "draining"})
+        # Liveness stays green: a draining gateway is not a hung one.
+        assert http(f"{base}/live") == (200, {"status": "draining"})
         with pytest.raises(InvalidStatus) as refused:
             await connect(url)
         assert refused.value.response.status_code == 503

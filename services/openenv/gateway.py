@@ -79,6 +79,7 @@ class Gateway(Episodes):
         self.app = Starlette(
             routes=[
                 Route("/health", self.health),
+                Route("/live", self.live),
                 Route("/metadata", self.metadata),
                 Route("/schema", self.schema),
                 Route("/state", self.http_state),
@@ -209,6 +210,10 @@ class Gateway(Episodes):
             self.held.discard(conn)
 
     # HTTP routes ------------------------------------------------------------------------------
+
+    async def live(self, request: Request) -> Response:
+        """Liveness: the process answers, draining or not (a drain must not look like a hang)."""
+        return JSONResponse({"status": "draining" if self.draining else "healthy"})
 
     async def health(self, request: Request) -> Response:
         if self.draining:  # readiness: out of the Service while open episodes finish
