@@ -69,7 +69,10 @@ class PathTally:
 
     finished: int = 0
     shaped: int = 0
+    # Episodes that ended mid-way by an error, by reason.
     lost: Counter[str] = field(default_factory=Counter)
+    # Episodes that could not start (refused or no server at connect), by reason: sent again.
+    not_started: Counter[str] = field(default_factory=Counter)
     steps: int = 0
     examples: list[str] = field(default_factory=list)
 
@@ -235,8 +238,10 @@ async def openenv_rollout(
     while time.monotonic() < until:
         line = rng.choice(lines)
         episode = WsEpisode(stack.gateway_url())
+        started = False
         try:
             await episode.create(line)
+            started = True
             for index, (action, expected) in enumerate(line["steps"]):
                 await asyncio.sleep(rng.uniform(0.5, 1.5) * think_s)
                 observation = await episode.step(action)
@@ -247,14 +252,9 @@ async def openenv_rollout(
                     break
             else:
                 tally.finished += 1
-        except (Failed, Refused) as exc:
-            tally.lost[str(exc).split(":", 1)[0]] += 1
-            await asyncio.sleep(1)
-        except OSError as exc:  # the socket dropped (the gateway restarted)
-            tally.lost[type(exc).__name__] += 1
-            await asyncio.sleep(1)
-        except Exception as exc:  # websockets' ConnectionClosed and kin
-            tally.lost[type(exc).__name__] += 1
+        except Exception as exc:  # an error frame, the socket dropped or refused (websockets' kin)
+            reason = str(exc).split(":", 1)[0] if isinstance(exc, Failed | Refused) else type(exc).__name__
+            (tally.lost if started else tally.not_started)[reason] += 1
             await asyncio.sleep(1)
         finally:
             await episode.close()
@@ -284,7 +284,10 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line]) -> dic
     return {
         "minutes": args.minutes,
         "faults": faults_log,
-        "paths": {name: vars(t) | {"lost": dict(t.lost)} for name, t in tallies.items()},
+        "paths": {
+            name: vars(t) | {"lost": dict(t.lost), "not_started": dict(t.not_started)}
+            for name, t in tallies.items()
+        },
         "sessions_left_open": left_open,
         "memory_mib": {"start": memory_start, "end": stack.memory_mib()},
     }
@@ -320,10 +323,11 @@ def main() -> None:
     print(f"soak of {report['minutes']:g} min, faults: {len(report['faults'])}")
     for entry in report["faults"]:
         print(f"  {entry}")
-    print(f"{'path':<8} {'finished':>8} {'shaped':>6} {'steps':>7}  lost")
+    print(f"{'path':<8} {'finished':>8} {'shaped':>6} {'steps':>7}  lost mid-episode / could not start")
     for name, tally in report["paths"].items():
         print(
-            f"{name:<8} {tally['finished']:>8} {tally['shaped']:>6} {tally['steps']:>7}  {tally['lost'] or 0}"
+            f"{name:<8} {tally['finished']:>8} {tally['shaped']:>6} {tally['steps']:>7}  "
+            f"{tally['lost'] or 0} / {tally['not_started'] or 0}"
         )
         for example in tally["examples"][:5]:
             print(f"         shaped: {example}")

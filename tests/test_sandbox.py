@@ -624,7 +624,9 @@ def _sleeper(seconds: float) -> pb.ExecuteRequest:
     source = f"import time\ntime.sleep({seconds})\n"
     return pb.ExecuteRequest(
         operation=pb.Operation(
-            source=pb.SourceRef(code=source), run_script=pb.RunScriptOp(), limits=pb.Limits(wall_ms=5000)
+            source=pb.SourceRef(code=source),
+            run_script=pb.RunScriptOp(),
+            limits=pb.Limits(wall_ms=int(seconds * 1000) + 5000),
         )
     )
 
@@ -658,7 +660,8 @@ def test_drain_finishes_running_work_and_refuses_new_work() -> None:
     server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.SandboxServiceStub(channel)
-        running = stub.Execute.future(_sleeper(2.0), timeout=30)
+        # Long enough to still run after the checks below on a loaded machine, within the 5 s grace.
+        running = stub.Execute.future(_sleeper(4.0), timeout=30)
         wait_until(lambda: bool(sleeping_in_jails(server.pid)), 20, "the request to start")
         server.proc.send_signal(signal.SIGTERM)
         # Draining: the worker no longer answers SERVING (its refusals start before that).
