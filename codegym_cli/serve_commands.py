@@ -337,7 +337,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "codegym serve openenv --runtime 127.0.0.1:50051 --port 8000",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    openenv.add_argument("--runtime", required=True, help="runtime address HOST:PORT")
+    openenv.add_argument(
+        "--runtime",
+        required=True,
+        help="runtime address HOST:PORT, several comma-separated (replicas sharing sessions in Redis), "
+        "or a dns:/// name: the gateway balances over them and skips one that is down",
+    )
     openenv.add_argument("--host", default="127.0.0.1", help="address to bind")
     openenv.add_argument("--port", type=int, default=8000, help="port (0 = any free port)")
     openenv.add_argument(

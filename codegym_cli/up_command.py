@@ -169,9 +169,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             children.append(runtimes[-1])
         for child in children:
             wait_serving(child.address)
-        # The OpenEnv gateways (WebSocket, not gRPC) in front of the first runtime.
+        # The OpenEnv gateways (WebSocket, not gRPC) in front of every runtime replica: their client
+        # balances over them, so a replica restarting (sessions in Redis) costs the gateway nothing.
         gateways: list[Child] = []
-        openenv_args = ["serve", "openenv", "--host", args.host, "--runtime", runtimes[0].address]
+        every_runtime = ",".join(r.address for r in runtimes)
+        openenv_args = ["serve", "openenv", "--host", args.host, "--runtime", every_runtime]
         if args.openenv_port >= 0:
             gateways.append(Child("openenv gateway", [*openenv_args, "--port", str(args.openenv_port)]))
         for env_id, port in one_env:
