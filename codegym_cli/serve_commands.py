@@ -60,6 +60,7 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
             resident_cap=args.resident_cap,
             resident_idle_s=args.resident_idle_s,
             admit_idle_s=args.admit_idle_s,
+            resident_sample_s=args.resident_sample_s,
         )
         await serve(worker)
 
@@ -237,6 +238,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=JailSettings.resident_idle_s,
         help="idle time after which a resident session is evicted",
+    )
+    sandbox.add_argument(
+        "--resident-sample-s",
+        type=float,
+        default=5.0,
+        help="how often the memory of a resident session is measured again (until then it is taken as 3 MiB)",
     )
     sandbox.add_argument(
         "--admit-idle-s",

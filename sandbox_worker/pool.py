@@ -81,10 +81,13 @@ class JailPool:
         resident_cap: int = 0,
         resident_idle_s: float = JailSettings.resident_idle_s,
         admit_idle_s: float = JailSettings.admit_idle_s,
+        cost_sample_s: float = COST_SAMPLE_S,
     ) -> None:
         """`resident_memory_mb`: memory the worker spends on resident sessions (0: a default from
         the memory it may use); `resident_cap`: most residents per jail whatever the budget (0:
-        what the budget holds at the least a resident costs)."""
+        what the budget holds at the least a resident costs); `cost_sample_s`: how often what a
+        resident costs is measured again."""
+        self.cost_sample_s = cost_sample_s
         self.size = size
         self.limits = limits or JailLimits()
         self.residency = Residency.for_budget(resident_memory_mb or default_budget_mb(), size, resident_cap)
@@ -145,7 +148,7 @@ class JailPool:
     async def _sample_costs(self) -> None:
         """Measure what a resident session costs, now and then, off the event loop."""
         while not self._closed:
-            await asyncio.sleep(COST_SAMPLE_S)
+            await asyncio.sleep(self.cost_sample_s)
             pids = [j.pid for j in self.jails if j.pid is not None and j.alive]
             try:
                 cost = await asyncio.to_thread(sample_cost, pids)

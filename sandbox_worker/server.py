@@ -11,7 +11,7 @@ from codegym.grpcutil import ManagedServer
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from sandbox_worker.inside.settings import JailSettings
 from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits
-from sandbox_worker.pool import JailPool
+from sandbox_worker.pool import COST_SAMPLE_S, JailPool
 from sandbox_worker.service import SandboxServicer
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,7 @@ class SandboxWorker:
         resident_cap: int = 0,
         resident_idle_s: float = JailSettings.resident_idle_s,
         admit_idle_s: float = JailSettings.admit_idle_s,
+        resident_sample_s: float = COST_SAMPLE_S,
     ) -> None:
         self.pool = JailPool(
             jails,
@@ -43,6 +44,7 @@ class SandboxWorker:
             resident_cap=resident_cap,
             resident_idle_s=resident_idle_s,
             admit_idle_s=admit_idle_s,
+            cost_sample_s=resident_sample_s,
         )
         self.servicer = SandboxServicer(
             self.pool, defaults=defaults, maximum=maximum, max_pending=max_pending

@@ -331,8 +331,9 @@ def test_a_finished_episode_frees_its_process_and_a_reset_still_works() -> None:
 
 
 def test_a_worker_holds_only_the_residents_its_memory_budget_pays_for() -> None:
-    # 4 MiB for one jail: one resident at what one costs (about 2.5 MiB measured, 3 MiB assumed).
-    worker = start_worker("--resident-memory-mb", "4", "--metrics-port", "0")
+    # 4 MiB for one jail: one resident at the 3 MiB a resident is taken to cost until measured (not
+    # measured again during the test: a sample that caught only the spare could make it cheaper).
+    worker = start_worker("--resident-memory-mb", "4", "--resident-sample-s", "3600", "--metrics-port", "0")
     try:
         with grpc.insecure_channel(worker.address) as channel:
             stub = pb_grpc.SandboxServiceStub(channel)
@@ -359,5 +360,39 @@ def test_a_worker_holds_only_the_residents_its_memory_budget_pays_for() -> None:
             figures = scrape(metrics_address(worker))
             assert figures['codegym_sandbox_cold_steps_total{cause="full"}'] == 4
             assert figures["codegym_sandbox_resident_budget_bytes"] == 4 * 1024 * 1024
+    finally:
+        assert worker.stop() == 0
+
+
+def test_what_a_resident_costs_is_measured_on_the_live_processes() -> None:
+    worker = start_worker("--resident-sample-s", "0.2", "--metrics-port", "0")
+    try:
+        address = metrics_address(worker)
+        assumed = scrape(address)["codegym_sandbox_resident_cost_bytes"]
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            lines = [t for t in TRAJECTORIES if len(t["steps"]) >= 2][:4]
+            for i, line in enumerate(lines):
+                session = Session(
+                    stub,
+                    f"cost-{i}",
+                    SOURCES[line["env_id"]],
+                    json.dumps(line["config"]),
+                    resident_create=True,
+                )
+                assert session.step(line["steps"][0][0]).resident
+
+            def measured() -> float:
+                return scrape(address)["codegym_sandbox_resident_cost_bytes"]
+
+            wait_until(lambda: measured() != assumed, 20, "a measurement of the residents")
+            figures = scrape(address)
+            cost = figures["codegym_sandbox_resident_cost_bytes"]
+            # Private pages and page tables of a forked interpreter that ran a step: megabytes.
+            assert 256 * 1024 <= cost <= 64 * 1024 * 1024
+            assert figures["codegym_sandbox_residents"] == 4
+            # The budget (half this machine's memory) holds more than the jail's ceiling at that cost.
+            budget = figures["codegym_sandbox_resident_budget_bytes"]
+            assert figures["codegym_sandbox_resident_capacity"] == min(1024, budget // cost)
     finally:
         assert worker.stop() == 0
