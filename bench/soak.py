@@ -193,58 +193,63 @@ FAULT_ACTIONS: dict[str, Callable[[Stack], Awaitable[None]]] = {
 }
 
 
-async def client_rollout(
-    client: AsyncRuntimeClient, lines: list[Line], tally: PathTally, think_s: float, until: float, seed: int
+class RidingEpisode:
+    """A session through the async client as the trainer adapters drive it: every call riding out
+    outages, each step sent with its index (a repeat is answered from the record)."""
+
+    def __init__(self, client: AsyncRuntimeClient) -> None:
+        self.client = client
+        self.session = ""
+        self.index = 0
+
+    async def create(self, line: Line) -> None:
+        client = self.client
+        created = await ride_out_async(
+            lambda: client.create_session(env_id=line["env_id"], config=line["config"]), "create"
+        )
+        self.session, self.index = created.session_id, 0
+
+    async def step(self, action: str) -> str:
+        session, index = self.session, self.index
+        reply = await ride_out_async(lambda: self.client.step(session, action, step_index=index), "step")
+        self.index += 1
+        return str(reply.observation)
+
+    async def close(self) -> None:
+        if self.session:
+            session, self.session = self.session, ""
+            with contextlib.suppress(Exception):
+                await ride_out_async(lambda: self.client.close_session(session), "close", 60)
+
+
+def failure_reason(exc: Exception) -> str:
+    if isinstance(exc, CodeGymError):
+        return exc.reason or type(exc).__name__
+    if isinstance(exc, Failed | Refused):  # an OpenEnv error frame
+        return str(exc).split(":", 1)[0]
+    return type(exc).__name__  # the socket dropped or was refused (websockets' kin)
+
+
+async def rollout(
+    episode: Callable[[], RidingEpisode | WsEpisode],
+    lines: list[Line],
+    tally: PathTally,
+    think_s: float,
+    until: float,
+    seed: int,
 ) -> None:
-    """Episodes through the async client, every call riding out outages as the adapters do."""
+    """Episodes one after the other on one path, each observation compared with its recording."""
     rng = random.Random(seed)
     while time.monotonic() < until:
         line = rng.choice(lines)
-        session = ""
-        try:
-            created = await ride_out_async(
-                lambda line=line: client.create_session(env_id=line["env_id"], config=line["config"]),
-                "create",
-            )
-            session = created.session_id
-            for index, (action, expected) in enumerate(line["steps"]):
-                await asyncio.sleep(rng.uniform(0.5, 1.5) * think_s)
-                reply = await ride_out_async(
-                    lambda action=action, index=index, session=session: client.step(
-                        session, action, step_index=index
-                    ),
-                    "step",
-                )
-                tally.steps += 1
-                if reply.observation != expected:
-                    tally.shaped += 1
-                    tally.examples.append(f"{line['env_id']} step {index}: {reply.observation[:80]!r}")
-                    break
-            else:
-                tally.finished += 1
-        except CodeGymError as exc:
-            tally.lost[exc.reason or type(exc).__name__] += 1
-        finally:
-            if session:
-                with contextlib.suppress(Exception):
-                    await ride_out_async(lambda session=session: client.close_session(session), "close", 60)
-
-
-async def openenv_rollout(
-    stack: Stack, lines: list[Line], tally: PathTally, think_s: float, until: float, seed: int
-) -> None:
-    """Episodes as OpenEnv's EnvClient plays them, a WebSocket each."""
-    rng = random.Random(seed)
-    while time.monotonic() < until:
-        line = rng.choice(lines)
-        episode = WsEpisode(stack.gateway_url())
+        playing = episode()
         started = False
         try:
-            await episode.create(line)
+            await playing.create(line)
             started = True
             for index, (action, expected) in enumerate(line["steps"]):
                 await asyncio.sleep(rng.uniform(0.5, 1.5) * think_s)
-                observation = await episode.step(action)
+                observation = await playing.step(action)
                 tally.steps += 1
                 if observation != expected:
                     tally.shaped += 1
@@ -252,12 +257,11 @@ async def openenv_rollout(
                     break
             else:
                 tally.finished += 1
-        except Exception as exc:  # an error frame, the socket dropped or refused (websockets' kin)
-            reason = str(exc).split(":", 1)[0] if isinstance(exc, Failed | Refused) else type(exc).__name__
-            (tally.lost if started else tally.not_started)[reason] += 1
+        except Exception as exc:
+            (tally.lost if started else tally.not_started)[failure_reason(exc)] += 1
             await asyncio.sleep(1)
         finally:
-            await episode.close()
+            await playing.close()
 
 
 async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line]) -> dict[str, Any]:
@@ -267,14 +271,13 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line]) -> dic
     memory_start = stack.memory_mib()
     async with AsyncRuntimeClient(",".join(stack.runtimes), timeout_s=60) as client:
         await client.wait_ready(60)
+        paths: dict[str, Callable[[], RidingEpisode | WsEpisode]] = {
+            "client": lambda: RidingEpisode(client),
+            "openenv": lambda: WsEpisode(stack.gateway_url()),
+        }
         tasks = [
-            asyncio.create_task(client_rollout(client, lines, tallies["client"], args.think_s, until, i))
-            for i in range(args.rollouts)
-        ]
-        tasks += [
-            asyncio.create_task(
-                openenv_rollout(stack, lines, tallies["openenv"], args.think_s, until, 1000 + i)
-            )
+            asyncio.create_task(rollout(make, lines, tallies[name], args.think_s, until, seed * 1000 + i))
+            for seed, (name, make) in enumerate(paths.items())
             for i in range(args.rollouts)
         ]
         faults = FAULTS if args.faults == "all" else tuple(f for f in args.faults.split(",") if f)

@@ -7,6 +7,8 @@ UNAVAILABLE and counts the calls it received (what a real worker does when it is
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 import pytest
 
@@ -19,19 +21,19 @@ class Unavailable(sb_grpc.SandboxServiceServicer):
     def __init__(self) -> None:
         self.calls = 0
 
+    async def refuse(self, context: grpc.aio.ServicerContext) -> Any:
+        self.calls += 1
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
+
     async def Execute(
         self, request: sb.ExecuteRequest, context: grpc.aio.ServicerContext
     ) -> sb.ExecuteResponse:
-        self.calls += 1
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
-        raise AssertionError("abort returns no answer")
+        return await self.refuse(context)
 
     async def ExecuteBatch(
         self, request: sb.ExecuteBatchRequest, context: grpc.aio.ServicerContext
     ) -> sb.ExecuteBatchResponse:
-        self.calls += 1
-        await context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
-        raise AssertionError("abort returns no answer")
+        return await self.refuse(context)
 
 
 @pytest.mark.parametrize("batch", [False, True])

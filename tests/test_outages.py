@@ -6,7 +6,6 @@ does not clear by itself is raised at once; a wait that runs out raises the last
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import grpc
 import pytest
 
 from codegym.library import Library
+from codegym.procs import free_port
 from codegym_client import EnvNotFound, RuntimeClient, RuntimeUnavailable
 from codegym_client.errors import REASON_TRAILER, SessionNotFound
 from codegym_client.outages import clears_by_itself, ride_out
@@ -24,12 +24,6 @@ from tests.helpers.processes import port_free, wait_until
 from tests.helpers.servers import ServerProcess, start_runtime, start_workers
 
 ENV = "Sample_0001_I__MaxSubarraySumEnv"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from codegym.library import Library
+from codegym.procs import free_port
 from codegym_client import RuntimeClient, RuntimeUnavailable, SessionNotFound
 from codegym_client.trl import (
     CodeGymEnvironment,
@@ -41,12 +41,6 @@ RUNTIME_ENVS = ROOT / "tests" / "fixtures" / "runtime_envs"
 ABILITY = f"codegym_v1@{COUNTER}@{json.dumps({'target': 5})}"
 ROW = {"prompt": [{"role": "user", "content": ""}], "ability": ABILITY, "env_id": COUNTER}
 FIRST = "Counter at 0; reach 5."
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
