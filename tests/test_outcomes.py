@@ -22,7 +22,7 @@ from codegym.library import Library
 from codegym_client import AsyncRuntimeClient
 from codegym_client.runtime_client import EnvFailed, RuntimeClient, StepConflict
 from tests.conftest import ROOT
-from tests.helpers.processes import CLOCK_NANOSLEEP, children, syscall, wait_until
+from tests.helpers.processes import CLOCK_NANOSLEEP, children, stat_fields, syscall, wait_until
 from tests.helpers.servers import ServerProcess
 
 COUNTER = "Test_0001_I__CounterEnv"
@@ -95,9 +95,19 @@ def test_a_step_whose_process_is_killed_from_outside_runs_again_cold_with_the_sa
 
     wait_until(started, 20, "the step to start sleeping")
     # Everything the zygote runs dies, as an OOM kill or an operator would do it: nothing of it is
-    # the environment's doing. The spare first: killed after the session's process, it could be
-    # killed while running the retry, which is a second fault.
-    for pid in [p for p in children(zygote) if p not in sleeping] + sleeping:
+    # the environment's doing. The spare first, and dead before the session's process is killed: a
+    # SIGKILL takes effect when the process next runs, so a spare still dying could be handed the
+    # retry and die under it, which is a second fault.
+    others = [p for p in children(zygote) if p not in sleeping]
+    for pid in others:
+        os.kill(pid, signal.SIGKILL)
+
+    def dead(pid: int) -> bool:
+        fields = stat_fields(pid)
+        return fields is None or fields[0] in ("Z", "X")
+
+    wait_until(lambda: all(dead(pid) for pid in others), 20, "the spare to die")
+    for pid in sleeping:
         os.kill(pid, signal.SIGKILL)
     stepping.join(30)
     (reply,) = replies
