@@ -2,7 +2,7 @@
 
 A training run lives for hours through deploys, scale-in and blips. This runs `codegym up
 --runtimes 2 --workers 2 --openenv-port 0` over a Redis of its own (an append-only file, so a
-restarted Redis keeps its sessions) and plays recorded oracle trajectories (examples/trajectories.jsonl)
+restarted Redis keeps its sessions) and plays recorded oracle trajectories (codegym/samples/trajectories.jsonl)
 through each path, with think time between steps, while a schedule of faults runs in a loop:
 
   rolling restart   each runtime replica sent SIGTERM in turn (`codegym up` starts it again on
@@ -13,15 +13,27 @@ through each path, with think time between steps, while a schedule of faults run
   gateway restart   the OpenEnv gateway sent SIGTERM
   redis restart     Redis stopped and started again on its port and file
 
-Paths: `client` (the async client, as the trainer adapters drive it: every call through
-`codegym_client.outages.ride_out_async`, steps sent with their index) and `openenv` (a WebSocket
-per episode, as OpenEnv's EnvClient opens them). TRL's `environment_factory` and verl's agent loop
-run in their own venv (`make test-trainers`) and are not driven here yet.
+Paths, each with `--rollouts` episodes in flight:
+
+  client   the async client as the trainer adapters drive it: every call through
+           `codegym_client.outages.ride_out_async`, steps sent with their index
+  trl      TRL's `environment_factory` contract: `CodeGymSpec`'s environment class, one instance
+           per rollout, `reset(**row)` then its tool methods, called from threads as TRL's tool
+           loop calls them (the adapter's own outage wait, `--outage-wait-s`)
+  verl     verl's episode (`codegym_client.verl.run_episode`, what `CodeGymAgentLoop` runs) with a
+           scripted model that thinks, then answers the recorded action as a hermes tool call
+  openenv  a WebSocket per episode through the gateway, as OpenEnv's EnvClient opens them
+
+The trainers themselves are not imported (they need torch: `make test-trainers` runs them against
+the same adapters); what reaches them is what is counted here.
 
 Per path it reports episodes finished; episodes **shaped** by a fault (an observation that differs
-from the recording: must be 0); episodes lost (ended by an error, with the reasons); and at the
-end the sessions left open in Redis (must be 0 once every episode closed its own) and the PSS of
-every server at start and end.
+from the recording: must be 0 — a trainer cannot tell it from a true one); episodes **failed** by
+the infrastructure and marked so the trainer does not learn from them (TRL: `get_reward()` is
+None; verl: `infrastructure_failure`, its row masked); episodes lost (an error escaped to the
+trainer: a TRL `InfrastructureFailure` ends the run, an exception out of verl's episode fails its
+worker; must be 0 on the trainer paths); and at the end the sessions left open in Redis (must be 0
+once every episode closed its own) and the PSS of every server at start and end.
 
     .venv/bin/python bench/soak.py [--minutes 20] [--rollouts 16] [--think-s 1] [--faults all]
 """
@@ -31,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import re
@@ -40,8 +53,10 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,11 +67,15 @@ from bench.rollout_bench import Failed, Refused, WsEpisode  # noqa: E402
 from codegym.procs import RedisServer, ServerProcess  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
-from codegym_client.errors import CodeGymError  # noqa: E402
+from codegym_client.errors import CodeGymError, EpisodeEnded, InfrastructureFailure  # noqa: E402
 from codegym_client.outages import ride_out_async  # noqa: E402
+from codegym_client.trl import CodeGymSpec, EpisodeFailed  # noqa: E402
+from codegym_client.verl import run_episode  # noqa: E402
+from tests.helpers.trainer_script import TOKENIZER, ability, oracle_turns  # noqa: E402
 
 Line = dict[str, Any]
 FAULTS = ("rolling", "kill", "drain", "freeze", "gateway", "redis")
+PATHS = ("client", "trl", "verl", "openenv")
 # A server's line in `codegym up`'s output: at start and after each restart.
 SERVER_LINE = re.compile(r"(runtime \d+|sandbox worker \d+|openenv gateway) (?:back )?at (\S+) \(pid (\d+)\)")
 FREEZE_S = 15.0
@@ -69,7 +88,9 @@ class PathTally:
 
     finished: int = 0
     shaped: int = 0
-    # Episodes that ended mid-way by an error, by reason.
+    # Episodes the infrastructure failed, marked for the trainer not to learn from, by reason.
+    failed: Counter[str] = field(default_factory=Counter)
+    # Episodes that ended mid-way by an error that reached the trainer, by reason.
     lost: Counter[str] = field(default_factory=Counter)
     # Episodes that could not start (refused or no server at connect), by reason: sent again.
     not_started: Counter[str] = field(default_factory=Counter)
@@ -222,16 +243,64 @@ class RidingEpisode:
                 await ride_out_async(lambda: self.client.close_session(session), "close", 60)
 
 
-def failure_reason(exc: Exception) -> str:
+class Unscored(Exception):
+    """The episode failed in the infrastructure and the trainer is told so (not an error)."""
+
+
+class RunEnded(Exception):
+    """What would end the trainer's run (TRL: an `InfrastructureFailure` out of a tool call)."""
+
+
+class TrlEpisode:
+    """One rollout of TRL's `environment_factory` contract: an instance of the spec's class for
+    the row's environment, `reset(**row)`, then a tool method per recorded action, each called from
+    a thread as TRL's tool loop calls them (the adapter is synchronous)."""
+
+    def __init__(self, spec: CodeGymSpec, pool: ThreadPoolExecutor) -> None:
+        self.spec = spec
+        self.pool = pool
+        self.env: Any = None
+
+    async def _call(self, call: Callable[[], Any]) -> Any:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, call)
+        except InfrastructureFailure as exc:  # a BaseException: TRL's loop would not catch it
+            raise RunEnded(f"InfrastructureFailure: {exc}") from exc
+
+    async def create(self, line: Line) -> None:
+        self.env = self.spec.environment_classes[line["env_id"]]()
+        env = self.env
+        await self._call(lambda: env.reset(ability=ability(line)))
+        if env.get_reward() is None:  # CreateSession failed: the row is not scored
+            raise Unscored(failure_reason(env._failure))  # the adapter's own record of why
+
+    async def step(self, action: str) -> str:
+        call = json.loads(action)
+        method = getattr(self.env, call["name"])
+        try:
+            return str(await self._call(lambda: method(**call["parameters"])))
+        except EpisodeFailed as exc:  # TRL shows the error text; get_reward() None leaves it unscored
+            assert self.env.get_reward() is None
+            raise Unscored(failure_reason(exc.__cause__ or exc)) from exc
+
+    async def close(self) -> None:
+        if self.env is not None:  # as at exit or when TRL drops the instance: one send, no wait
+            env, self.env = self.env, None
+            await asyncio.get_running_loop().run_in_executor(self.pool, env._finalizer)
+
+
+def failure_reason(exc: BaseException | None) -> str:
     if isinstance(exc, CodeGymError):
         return exc.reason or type(exc).__name__
     if isinstance(exc, Failed | Refused):  # an OpenEnv error frame
         return str(exc).split(":", 1)[0]
+    if isinstance(exc, Unscored | RunEnded):
+        return str(exc)
     return type(exc).__name__  # the socket dropped or was refused (websockets' kin)
 
 
 async def rollout(
-    episode: Callable[[], RidingEpisode | WsEpisode],
+    episode: Callable[[], RidingEpisode | WsEpisode | TrlEpisode],
     lines: list[Line],
     tally: PathTally,
     think_s: float,
@@ -257,6 +326,10 @@ async def rollout(
                     break
             else:
                 tally.finished += 1
+        except Unscored as exc:
+            tally.failed[str(exc)] += 1
+        except EpisodeEnded as exc:  # the adapter ended the episode before its recording did
+            tally.lost[f"EpisodeEnded: {exc}"] += 1
         except Exception as exc:
             (tally.lost if started else tally.not_started)[failure_reason(exc)] += 1
             await asyncio.sleep(1)
@@ -264,31 +337,117 @@ async def rollout(
             await playing.close()
 
 
+class ThinkingModel:
+    """verl's `generate` for one episode: thinks (a pause drawn around `think_s`), then answers the
+    recorded action as a hermes tool call."""
+
+    def __init__(self, line: Line, rng: random.Random, think_s: float) -> None:
+        self.turns = oracle_turns(line)
+        self.rng = rng
+        self.think_s = think_s
+
+    async def __call__(self, prompt_ids: list[int]) -> Any:
+        await asyncio.sleep(self.rng.uniform(0.5, 1.5) * self.think_s)
+        text = self.turns.pop(0) if self.turns else "I give up.<|im_end|>"
+        return SimpleNamespace(token_ids=TOKENIZER.encode(text), log_probs=None)
+
+
+async def verl_rollout(
+    client: AsyncRuntimeClient,
+    lines: list[Line],
+    tally: PathTally,
+    think_s: float,
+    until: float,
+    seed: int,
+    outage_wait_s: float,
+) -> None:
+    """verl's episodes one after the other: what `CodeGymAgentLoop` hands verl, checked: the tool
+    messages the model saw against the recording, a failure flagged (its row masked), nothing
+    raised (an exception out of an agent loop fails verl's worker)."""
+    rng = random.Random(seed)
+    while time.monotonic() < until:
+        line = rng.choice(lines)
+        try:
+            episode = await run_episode(
+                client,
+                ability(line),
+                tokenizer=TOKENIZER,
+                generate=ThinkingModel(line, rng, think_s),
+                outage_wait_s=outage_wait_s,
+            )
+        except Exception as exc:
+            tally.lost[failure_reason(exc)] += 1
+            await asyncio.sleep(1)
+            continue
+        tally.steps += episode.steps
+        seen = [str(m["content"]) for m in episode.messages if m.get("role") == "tool"]
+        expected = [observation for _, observation in line["steps"]]
+        wrong = [i for i, (got, want) in enumerate(zip(seen, expected, strict=False)) if got != want]
+        if wrong:
+            tally.shaped += 1
+            tally.examples.append(f"{line['env_id']} step {wrong[0]}: {seen[wrong[0]][:80]!r}")
+        elif episode.infrastructure_failure:
+            tally.failed[episode.failure_reason or "infrastructure"] += 1
+        elif episode.done and len(seen) == len(expected):
+            tally.finished += 1
+        else:
+            tally.lost[f"stop={episode.stop}"] += 1
+
+
 async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line]) -> dict[str, Any]:
     until = time.monotonic() + args.minutes * 60
-    tallies = {"client": PathTally(), "openenv": PathTally()}
+    chosen = PATHS if args.paths == "all" else tuple(p for p in args.paths.split(",") if p)
+    tallies = {name: PathTally() for name in chosen}
     faults_log: list[str] = []
     memory_start = stack.memory_mib()
-    async with AsyncRuntimeClient(",".join(stack.runtimes), timeout_s=60) as client:
+    target = ",".join(stack.runtimes)
+    # Each trainer path has its own client, as separate trainer processes would.
+    async with (
+        AsyncRuntimeClient(target, timeout_s=60) as client,
+        AsyncRuntimeClient(target, timeout_s=60) as verl_client,
+    ):
         await client.wait_ready(60)
-        paths: dict[str, Callable[[], RidingEpisode | WsEpisode]] = {
+        spec = CodeGymSpec(
+            target,
+            instances=[{"ability": ability(line)} for line in lines],
+            outage_wait_s=args.outage_wait_s,
+        )
+        pool = ThreadPoolExecutor(max_workers=max(1, args.rollouts), thread_name_prefix="trl")
+        paths: dict[str, Callable[[], RidingEpisode | WsEpisode | TrlEpisode]] = {
             "client": lambda: RidingEpisode(client),
+            "trl": lambda: TrlEpisode(spec, pool),
             "openenv": lambda: WsEpisode(stack.gateway_url()),
         }
-        tasks = [
-            asyncio.create_task(rollout(make, lines, tallies[name], args.think_s, until, seed * 1000 + i))
-            for seed, (name, make) in enumerate(paths.items())
-            for i in range(args.rollouts)
-        ]
+        tasks = []
+        for seed, name in enumerate(chosen):
+            for i in range(args.rollouts):
+                if name == "verl":
+                    play = verl_rollout(
+                        verl_client,
+                        lines,
+                        tallies[name],
+                        args.think_s,
+                        until,
+                        seed * 1000 + i,
+                        args.outage_wait_s,
+                    )
+                else:
+                    play = rollout(paths[name], lines, tallies[name], args.think_s, until, seed * 1000 + i)
+                tasks.append(asyncio.create_task(play))
         faults = FAULTS if args.faults == "all" else tuple(f for f in args.faults.split(",") if f)
         tasks.append(asyncio.create_task(fault_loop(stack, list(faults), until - 30, faults_log)))
-        await asyncio.gather(*tasks)
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            pool.shutdown(wait=True)
+            spec.client().close()
     left_open = await sessions_left(stack.redis.url)
     return {
         "minutes": args.minutes,
         "faults": faults_log,
         "paths": {
-            name: vars(t) | {"lost": dict(t.lost), "not_started": dict(t.not_started)}
+            name: vars(t)
+            | {"failed": dict(t.failed), "lost": dict(t.lost), "not_started": dict(t.not_started)}
             for name, t in tallies.items()
         },
         "sessions_left_open": left_open,
@@ -314,8 +473,14 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, default=16, help="episodes in flight per path")
     parser.add_argument("--think-s", type=float, default=1.0, help="mean think time before each step")
     parser.add_argument("--faults", default="all", help=f"comma list of {', '.join(FAULTS)}, or all")
+    parser.add_argument("--paths", default="all", help=f"comma list of {', '.join(PATHS)}, or all")
+    parser.add_argument(
+        "--outage-wait-s", type=float, default=600.0, help="the trainer adapters' outage wait (their default)"
+    )
     args = parser.parse_args()
-    lines = [t for t in read_trajectories(ROOT / "examples" / "trajectories.jsonl") if t.get("steps")]
+    lines = [
+        t for t in read_trajectories(ROOT / "codegym" / "samples" / "trajectories.jsonl") if t.get("steps")
+    ]
     workdir = Path(tempfile.mkdtemp(prefix="codegym-soak-"))
     os.chmod(workdir, 0o755)
     stack = Stack(workdir)
@@ -326,11 +491,11 @@ def main() -> None:
     print(f"soak of {report['minutes']:g} min, faults: {len(report['faults'])}")
     for entry in report["faults"]:
         print(f"  {entry}")
-    print(f"{'path':<8} {'finished':>8} {'shaped':>6} {'steps':>7}  lost mid-episode / could not start")
+    print(f"{'path':<8} {'finished':>8} {'shaped':>6} {'steps':>7}  failed (marked) / lost / could not start")
     for name, tally in report["paths"].items():
         print(
             f"{name:<8} {tally['finished']:>8} {tally['shaped']:>6} {tally['steps']:>7}  "
-            f"{tally['lost'] or 0} / {tally['not_started'] or 0}"
+            f"{tally['failed'] or 0} / {tally['lost'] or 0} / {tally['not_started'] or 0}"
         )
         for example in tally["examples"][:5]:
             print(f"         shaped: {example}")
