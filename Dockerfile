@@ -14,19 +14,18 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/codegym
 WORKDIR /src
 COPY pyproject.toml README.md ./
-# The generated protobuf code is committed under codegym/*/v1 (and the client's copy under
-# clients/codegym_client/api) and installed with the packages. The server distribution depends on
+# The generated protobuf code is committed (the runtime API under clients/codegym_client/api, the
+# server-only APIs under codegym/*/v1) and installed with the packages. The server distribution depends on
 # the client distribution (clients/), installed from its path in the same command.
 COPY clients ./clients
 COPY codegym ./codegym
 COPY sandbox_worker ./sandbox_worker
 COPY services ./services
 COPY codegym_cli ./codegym_cli
+# The sample environments that `codegym up`, `codegym demo` and the synthesis prompts read are
+# package data of the server distribution (codegym/samples): installed with it.
 RUN /opt/codegym/bin/pip install --no-cache-dir ./clients ".[server]" \
     && /opt/codegym/bin/codegym --help >/dev/null
-# The synthesis prompts (services/synthesis/prompts.py) and `codegym up`/`demo` read the sample
-# environments from `examples/` beside the installed packages.
-COPY examples /opt/codegym/lib/python3.12/site-packages/examples
 
 # ---- app: what every role runs -----------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS app

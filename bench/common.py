@@ -1,14 +1,21 @@
-"""Benchmark helpers: a bare gRPC echo server for the baseline, percentiles, process-tree memory."""
+"""Benchmark helpers: a bare gRPC echo server for the baseline, percentiles, timing, and the CPU and
+memory of process trees.
+
+Process trees are read from /proc through `codegym.proctree`, which the tests share; it is imported
+inside the functions that use it, not at the top, as `codegym.procs` is: this file also runs as
+the bare echo server, whose footprint is the floor.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import resource
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
 
 import grpc
 
@@ -37,8 +44,7 @@ def start_process(args: list[str]) -> tuple[subprocess.Popen[str], str]:
     """`python ARGS...` once it prints `listening on HOST:PORT`: (its process, that address).
 
     The shared server lifecycle (`codegym.procs`): the process dies with the benchmark however the
-    benchmark ends, and its output keeps being drained so it never blocks on a full pipe. Imported
-    here, not at the top: this file also runs as the bare echo server, whose footprint is the floor.
+    benchmark ends, and its output keeps being drained so it never blocks on a full pipe.
     """
     from codegym.procs import ServerProcess
 
@@ -82,26 +88,56 @@ async def closed_loop(
     return len(latencies) / (time.perf_counter() - started), latencies
 
 
-def _children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
+class CoroutineCpu:
+    """Awaits a coroutine, summing the CPU time of this thread spent inside its own frames (`cpu`).
+
+    Every resumption of the coroutine (one `send`/`throw` into it) is timed with thread_time, so
+    the work other coroutines do on the event loop while this one waits is not counted.
+    """
+
+    __slots__ = ("coro", "cpu")
+
+    def __init__(self, coro: Awaitable[Any]) -> None:
+        self.coro = coro
+        self.cpu = 0.0
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        inner = self.coro.__await__()
+        resume: Callable[[Any], Any] = inner.send
+        value: Any = None
+        while True:
+            started = time.thread_time()
             try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    return children
+                yielded = resume(value)
+            except StopIteration as done:
+                self.cpu += time.thread_time() - started
+                return done.value
+            except BaseException:
+                self.cpu += time.thread_time() - started
+                raise
+            self.cpu += time.thread_time() - started
+            try:
+                value = yield yielded
+                resume = inner.send
+            except GeneratorExit:
+                inner.close()
+                raise
+            except BaseException as exc:  # CancelledError and the like go on into the coroutine
+                value, resume = exc, inner.throw
 
 
-def _cpu_ticks(pid: int, reaped: bool) -> int:
-    """utime + stime (+ cutime + cstime: children it already reaped) of one process, in clock ticks."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    own = int(fields[11]) + int(fields[12])
-    return own + (int(fields[13]) + int(fields[14]) if reaped else 0)
+def rusage_cpu_s(who: int = resource.RUSAGE_SELF) -> float:
+    """User + system CPU seconds of this process (every thread), or of its reaped children."""
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
+def tree_cpu_s(root_pids: list[int]) -> float:
+    """User + system CPU seconds of processes and all their descendants, reaped children included."""
+    from codegym import proctree
+
+    ticks = sum(proctree.cpu_ticks(pid, reaped=True) for pid in proctree.descendants(root_pids))
+    return ticks / proctree.CLK_TCK
 
 
 def cpu_by_role(up_pid: int) -> dict[str, float]:
@@ -111,55 +147,39 @@ def cpu_by_role(up_pid: int) -> dict[str, float]:
     reaped ones included through their parent's cutime); workers and the runtime count only their
     own process.
     """
-    import os
+    from codegym import proctree
 
-    tick = os.sysconf("SC_CLK_TCK")
-    children = _children()
+    links = proctree.children_by_parent()
     roles = {"runtime": 0, "worker": 0, "jail": 0}
-    for pid in children.get(up_pid, []):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
+    for pid in links.get(up_pid, []):
+        cmd = proctree.cmdline(pid)
+        if cmd is None:
             continue
-        if b"runtime" in cmd:
-            roles["runtime"] += _cpu_ticks(pid, reaped=False)
-        elif b"sandbox" in cmd:
-            roles["worker"] += _cpu_ticks(pid, reaped=False)
-            stack = list(children.get(pid, []))
-            while stack:
-                child = stack.pop()
-                stack.extend(children.get(child, []))
-                roles["jail"] += _cpu_ticks(child, reaped=True)
-    return {role: ticks / tick for role, ticks in roles.items()}
+        if "runtime" in cmd:
+            roles["runtime"] += proctree.cpu_ticks(pid, reaped=False)
+        elif "sandbox" in cmd:
+            roles["worker"] += proctree.cpu_ticks(pid, reaped=False)
+            jailed = proctree.descendants(links.get(pid, []), links)
+            roles["jail"] += sum(proctree.cpu_ticks(child, reaped=True) for child in jailed)
+    return {role: ticks / proctree.CLK_TCK for role, ticks in roles.items()}
 
 
 def zygote_children_memory_kb() -> tuple[int, float, float]:
     """(count, mean USS, mean PSS) in KiB of the processes the jails' zygotes forked: resident
     sessions plus one spare per jail. USS (private pages) is what each one costs on its own."""
-    children = _children()
-    zygotes = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if b"/sandbox/zygote.py" in (entry / "cmdline").read_bytes():
-                    zygotes.append(int(entry.name))
-            except OSError:
-                continue
+    from codegym import proctree
+
+    links = proctree.children_by_parent()
+    zygotes = [pid for pid in proctree.pids() if "/sandbox/zygote.py" in (proctree.cmdline(pid) or "")]
     uss: list[int] = []
     pss: list[int] = []
     for zygote in zygotes:
-        for pid in children.get(zygote, []):
-            private = proportional = 0
-            try:
-                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                    if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                        private += int(line.split()[1])
-                    elif line.startswith("Pss:"):
-                        proportional += int(line.split()[1])
-            except OSError:
+        for pid in links.get(zygote, []):
+            memory = proctree.memory_kb(pid)
+            if memory is None:
                 continue
-            uss.append(private)
-            pss.append(proportional)
+            uss.append(memory.get("Private_Clean", 0) + memory.get("Private_Dirty", 0))
+            pss.append(memory.get("Pss", 0))
     if not uss:
         return 0, 0.0, 0.0
     return len(uss), sum(uss) / len(uss), sum(pss) / len(pss)
@@ -167,27 +187,14 @@ def zygote_children_memory_kb() -> tuple[int, float, float]:
 
 def tree_memory_kb(root_pid: int) -> tuple[int, int]:
     """(RSS, PSS) in KiB summed over a process and all its descendants; PSS splits shared pages fairly."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
+    from codegym import proctree
+
     rss = pss = 0
-    stack = [root_pid]
-    while stack:
-        pid = stack.pop()
-        stack.extend(children.get(pid, []))
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Rss:"):
-                    rss += int(line.split()[1])
-                elif line.startswith("Pss:"):
-                    pss += int(line.split()[1])
-        except OSError:
-            continue
+    for pid in proctree.descendants([root_pid]):
+        memory = proctree.memory_kb(pid)
+        if memory is not None:
+            rss += memory.get("Rss", 0)
+            pss += memory.get("Pss", 0)
     return rss, pss
 
 

@@ -2,7 +2,7 @@
 
 The Evaluator of codegym_cli/evaluation.py runs in-process, as `codegym eval` runs it, against a
 zero-latency scripted OpenAI-compatible server (tests/helpers/fake_llm.py, in a thread of this
-process, as the tests run it) that replays the oracle trajectories of examples/trajectories.jsonl.
+process, as the tests run it) that replays the oracle trajectories of codegym/samples/trajectories.jsonl.
 Per concurrency level it prints episodes/s, turns/s and wall time, and splits every turn into
   (a) the runtime Step call (AsyncRuntimeClient.step, from call to return),
   (b) the LLM call (LLMGateway.chat; includes the scripted server's own cost, reported apart),
@@ -37,14 +37,14 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import cpu_by_role, median, pct, start_process  # noqa: E402
+from bench.common import CoroutineCpu, cpu_by_role, median, pct, start_process  # noqa: E402
 from codegym.library import Library  # noqa: E402
 from codegym.llm import LLMGateway, LLMSettings, StageParams  # noqa: E402
 from codegym_cli.eval_results import summarize  # noqa: E402
@@ -54,53 +54,16 @@ from codegym_cli.evaluation import (  # noqa: E402
     run_episodes,
     tasks_from_library,
 )
-from codegym_client.runtime_client import AsyncRuntimeClient  # noqa: E402
+from codegym_cli.oracle import read_trajectories  # noqa: E402
+from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 from tests.helpers.agents import oracle_agent  # noqa: E402
 from tests.helpers.fake_llm import Reply, ScriptedLLM  # noqa: E402
 
-EXAMPLES = ROOT / "examples"
+EXAMPLES = ROOT / "codegym" / "samples"
 
 
 def ms(seconds: float) -> str:
     return f"{seconds * 1000:.3f}"
-
-
-class Timed:
-    """Awaits a coroutine, summing the CPU time of this thread spent inside its own frames.
-
-    Every resumption of the coroutine (one `send`/`throw` into it) is timed with thread_time, so
-    the work other coroutines do on the event loop while this one waits is not counted.
-    """
-
-    __slots__ = ("coro", "cpu")
-
-    def __init__(self, coro: Awaitable[Any]) -> None:
-        self.coro = coro
-        self.cpu = 0.0
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        inner = self.coro.__await__()
-        resume: Callable[[Any], Any] = inner.send
-        value: Any = None
-        while True:
-            started = time.thread_time()
-            try:
-                yielded = resume(value)
-            except StopIteration as done:
-                self.cpu += time.thread_time() - started
-                return done.value
-            except BaseException:
-                self.cpu += time.thread_time() - started
-                raise
-            self.cpu += time.thread_time() - started
-            try:
-                value = yield yielded
-                resume = inner.send
-            except GeneratorExit:
-                inner.close()
-                raise
-            except BaseException as exc:  # CancelledError and the like go on into the coroutine
-                value, resume = exc, inner.throw
 
 
 class Meter:
@@ -159,7 +122,7 @@ def instrument(evaluator: Evaluator, meter: Meter) -> None:
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             meter.enter(what)
             started = time.perf_counter()
-            coro = Timed(call(*args, **kwargs))
+            coro = CoroutineCpu(call(*args, **kwargs))
             try:
                 return await coro
             finally:
@@ -224,10 +187,6 @@ class Discard(list[dict[str, Any]]):
         pass
 
 
-def read_trajectories(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 async def replay_steps(
     address: str, trajectories: list[dict[str, Any]], sessions: int, total: int, max_s: float
 ) -> tuple[float, list[float]]:
@@ -257,6 +216,81 @@ async def replay_steps(
         return len(latencies) / (time.perf_counter() - started), latencies
 
 
+def eval_gateway(base_url: str, concurrency: int) -> tuple[LLMGateway, StageParams]:
+    """The LLM gateway and sampling parameters `codegym eval` builds, pointed at the scripted server."""
+    settings = LLMSettings(
+        base_url=base_url, api_key="x", model="scripted", timeout_s=60.0, max_concurrency=concurrency
+    )
+    params = StageParams(model="scripted", temperature=1.0, top_p=1.0, max_tokens=1024, samples=1)
+    return LLMGateway(settings, cache=None), params
+
+
+async def play_capped(
+    evaluator: Evaluator,
+    tasks: list[EvalTask],
+    samples: int,
+    concurrency: int,
+    max_s: float,
+    out: Path,
+    up_pid: int,
+    server: ServerMeter,
+) -> dict[str, Any]:
+    """The measured phase: the episodes played (capped at `max_s`) with the CPU of every process."""
+    server.reset()
+    up_before = cpu_by_role(up_pid)
+    process_before, thread_before = time.process_time(), time.thread_time()
+    started = time.perf_counter()
+    capped = False
+    try:
+        await asyncio.wait_for(run_episodes(evaluator, tasks, samples, out, concurrency), max_s)
+    except TimeoutError:
+        capped = True
+    wall = time.perf_counter() - started
+    process_cpu = time.process_time() - process_before
+    loop_thread_cpu = time.thread_time() - thread_before
+    up_after = cpu_by_role(up_pid)
+    return {
+        "capped": capped,
+        "wall": wall,
+        "process_cpu": process_cpu,
+        "loop_thread_cpu": loop_thread_cpu,
+        "up": {role: up_after[role] - up_before[role] for role in up_after},
+    }
+
+
+def read_records(out: Path, samples: int) -> dict[str, Any]:
+    """What the run wrote: its episodes, the attempts that failed outside the agent (runtime,
+    endpoint; kept apart from episodes), the end reasons, and the cost of an episode's record."""
+    path = out / "episodes.jsonl"
+    episodes = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    failed_path = out / "failures.jsonl"
+    failures = (
+        [json.loads(line) for line in failed_path.read_text().splitlines()] if failed_path.exists() else []
+    )
+    started = time.thread_time()
+    record_bytes = sum(len(json.dumps(e, ensure_ascii=False)) + 1 for e in episodes)
+    record_cpu = time.thread_time() - started
+    return {
+        "episodes": episodes,
+        "failures": failures,
+        "end_reasons": summarize(path, samples, "scripted")["overall"].get("end_reasons", {})
+        if episodes
+        else {},
+        "record_bytes": record_bytes,
+        "record_cpu": record_cpu,
+    }
+
+
+def server_figures(server: ServerMeter) -> dict[str, Any]:
+    return {
+        "connections": server.connections,
+        "requests": server.requests,
+        "cpu": server.cpu,
+        "wall": server.wall,
+        "script_cpu": server.script_cpu,
+    }
+
+
 async def play(
     address: str,
     base_url: str,
@@ -270,65 +304,23 @@ async def play(
 ) -> dict[str, Any]:
     """One `codegym eval` run, in-process and instrumented (capped at `max_s`); its figures."""
     out.mkdir(parents=True)
-    settings = LLMSettings(
-        base_url=base_url, api_key="x", model="scripted", timeout_s=60.0, max_concurrency=concurrency
-    )
-    params = StageParams(model="scripted", temperature=1.0, top_p=1.0, max_tokens=1024, samples=1)
-    gateway = LLMGateway(settings, cache=None)  # as `codegym eval` builds it
+    gateway, params = eval_gateway(base_url, concurrency)
     meter = Meter()
-    capped = False
     try:
         async with AsyncRuntimeClient(address, timeout_s=60.0) as runtime:
             await runtime.wait_ready()
             evaluator = Evaluator(runtime, gateway, params, tool_mode="text")
             instrument(evaluator, meter)
-            server.reset()
-            up_before = cpu_by_role(up_pid)
-            process_before, thread_before = time.process_time(), time.thread_time()
-            started = time.perf_counter()
-            try:
-                await asyncio.wait_for(run_episodes(evaluator, tasks, samples, out, concurrency), max_s)
-            except TimeoutError:
-                capped = True
-            wall = time.perf_counter() - started
-            process_cpu = time.process_time() - process_before
-            loop_thread_cpu = time.thread_time() - thread_before
-            up_after = cpu_by_role(up_pid)
+            measured = await play_capped(evaluator, tasks, samples, concurrency, max_s, out, up_pid, server)
     finally:
         await gateway.close()
-    path = out / "episodes.jsonl"
-    episodes = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    # Attempts that failed outside the agent (runtime, endpoint) are kept apart from episodes.
-    failed_path = out / "failures.jsonl"
-    failures = (
-        [json.loads(line) for line in failed_path.read_text().splitlines()] if failed_path.exists() else []
-    )
-    started = time.thread_time()
-    record_bytes = sum(len(json.dumps(e, ensure_ascii=False)) + 1 for e in episodes)
-    record_cpu = time.thread_time() - started
     return {
         "total": len(tasks) * samples,
-        "capped": capped,
-        "wall": wall,
-        "episodes": episodes,
-        "failures": failures,
-        "end_reasons": summarize(path, samples, "scripted")["overall"].get("end_reasons", {})
-        if episodes
-        else {},
+        **measured,
+        **read_records(out, samples),
         "meter": meter,
         "retries": gateway.usage["agent"].retries,
-        "process_cpu": process_cpu,
-        "loop_thread_cpu": loop_thread_cpu,
-        "record_bytes": record_bytes,
-        "record_cpu": record_cpu,
-        "server": {
-            "connections": server.connections,
-            "requests": server.requests,
-            "cpu": server.cpu,
-            "wall": server.wall,
-            "script_cpu": server.script_cpu,
-        },
-        "up": {role: up_after[role] - up_before[role] for role in up_after},
+        "server": server_figures(server),
     }
 
 
@@ -347,27 +339,15 @@ def share(part: float, whole: float) -> str:
     return f"{100 * part / whole:.2f} %" if whole > 0 else "-"
 
 
-def rows_of(run: dict[str, Any], baseline: tuple[float, list[float]]) -> list[tuple[str, str]]:
-    meter: Meter = run["meter"]
-    step, chat, loop = meter.wall["step"], meter.wall["chat"], meter.loop_wall
-    turns = len(step)  # steps made, finished episodes or not
-    per_turn = 1000 / max(1, turns)  # seconds in total -> ms per turn
-    a, c = mean(step), mean(loop)
-    base_rate, base = baseline
-    srv = run["server"]
-    per_request = 1000 / max(1, srv["requests"])
-    cpu = meter.cpu
-    own = cpu["step"] + cpu["chat"] + cpu["loop"] + cpu["session"]
-    up = run["up"]
-    up_total = sum(up.values())
+Rows = list[tuple[str, str]]
+
+
+def throughput_rows(run: dict[str, Any]) -> Rows:
+    """Episodes and turns played, and how fast."""
+    turns = len(run["meter"].wall["step"])  # steps made, finished episodes or not
     episodes = run["episodes"]
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(run["end_reasons"].items())) or "-"
     finished_turns = sum(e["turns"] for e in episodes)
-
-    def client_cpu(low: int, high: int) -> str:
-        picked = [cpu for turn, cpu in meter.chat_cpu_by_turn if low <= turn <= high]
-        return f"{ms(mean(picked))}" if picked else "-"
-
     return [
         (
             "episodes finished of planned (end reasons)",
@@ -378,6 +358,18 @@ def rows_of(run: dict[str, Any], baseline: tuple[float, list[float]]) -> list[tu
         ("episodes/s", f"{len(episodes) / run['wall']:.2f}"),
         ("turns/s", f"{turns / run['wall']:.0f}"),
         ("LLM retries (scripted server refusing connections)", f"{run['retries']}"),
+    ]
+
+
+def turn_rows(run: dict[str, Any], baseline: tuple[float, list[float]]) -> Rows:
+    """A turn's wall time split: (a) the runtime step, (b) the LLM call, (c) the agent loop."""
+    meter: Meter = run["meter"]
+    step, chat, loop = meter.wall["step"], meter.wall["chat"], meter.loop_wall
+    a, c = mean(step), mean(loop)
+    base_rate, base = baseline
+    srv = run["server"]
+    per_request = 1000 / max(1, srv["requests"])
+    return [
         ("(a) runtime step ms: mean / p50 / p99", spread(step)),
         ("(a0) same, runtime alone (oracle replay, LLM idle)", spread(base)),
         ("  (a0) steps measured, steps/s", f"{len(base)}, {base_rate:.0f}"),
@@ -394,12 +386,39 @@ def rows_of(run: dict[str, Any], baseline: tuple[float, list[float]]) -> list[tu
         ("(c) / (a), mean  [target < 10 %]", share(c, a)),
         ("(c) / (a0), mean", share(c, mean(base))),
         ("(c) / (a), p50", share(median(loop), median(step)) if loop else "-"),
+    ]
+
+
+def episode_cost_rows(run: dict[str, Any]) -> Rows:
+    """Per episode: its session calls, and its record in episodes.jsonl."""
+    meter: Meter = run["meter"]
+    episodes = run["episodes"]
+    finished_turns = sum(e["turns"] for e in episodes)
+    return [
         ("create + close session ms per episode (mean)", ms(2 * mean(meter.wall["session"]))),
         (
             "episode record (episodes.jsonl): KiB each; json.dumps CPU ms/turn",
             f"{run['record_bytes'] / 1024 / max(1, len(episodes)):.1f}; "
             f"{run['record_cpu'] * 1000 / max(1, finished_turns):.3f}",
         ),
+    ]
+
+
+def cpu_rows(run: dict[str, Any]) -> Rows:
+    """CPU per turn: this process split by thread and by call, and `codegym up` by role."""
+    meter: Meter = run["meter"]
+    per_turn = 1000 / max(1, len(meter.wall["step"]))  # seconds in total -> ms per turn
+    srv = run["server"]
+    cpu = meter.cpu
+    own = cpu["step"] + cpu["chat"] + cpu["loop"] + cpu["session"]
+    up = run["up"]
+    up_total = sum(up.values())
+
+    def client_cpu(low: int, high: int) -> str:
+        picked = [cpu for turn, cpu in meter.chat_cpu_by_turn if low <= turn <= high]
+        return f"{ms(mean(picked))}" if picked else "-"
+
+    return [
         ("CPU ms per turn, bench process (process_time)", f"{run['process_cpu'] * per_turn:.3f}"),
         ("  event-loop thread (thread_time)", f"{run['loop_thread_cpu'] * per_turn:.3f}"),
         ("    (a) inside the step call (gRPC client)", f"{cpu['step'] * per_turn:.3f}"),
@@ -428,75 +447,118 @@ def rows_of(run: dict[str, Any], baseline: tuple[float, list[float]]) -> list[tu
     ]
 
 
-async def run(args: argparse.Namespace) -> None:
-    workdir = Path(tempfile.mkdtemp(prefix="codegym-eval-bench-"))
+def rows_of(run: dict[str, Any], baseline: tuple[float, list[float]]) -> Rows:
+    """Every figure of one concurrency level, as (name, value) rows."""
+    return throughput_rows(run) + turn_rows(run, baseline) + episode_cost_rows(run) + cpu_rows(run)
+
+
+def build_library(workdir: Path) -> tuple[Path, dict[str, str]]:
+    """A library of the sample environments and tasks: (its path, each env's task text)."""
     library = workdir / "library.db"
-    columns: list[tuple[int, list[tuple[str, str]]]] = []
-    try:
-        with Library(library) as lib:
-            lib.import_paths([EXAMPLES / "envs", EXAMPLES / "tasks.jsonl"])
-            task_texts = {r.env_id: r.task_text for r in lib.load_all().values()}
-        all_tasks = tasks_from_library(library, "text")
-        tasks = all_tasks[: args.tasks]
-        random.Random(0).shuffle(tasks)  # a run cut by --max-seconds still mixes every environment
-        warm: dict[str, EvalTask] = {}
-        for task in all_tasks:
-            warm.setdefault(task.env_id, task)
-        trajectories = [t for t in read_trajectories(Path(args.trajectories)) if t.get("steps")]
-        up, address = start_process(
-            ["-m", "codegym_cli.cli", "up", "--library", str(library), "--port", "0", "--workers", "2"]
+    with Library(library) as lib:
+        lib.import_paths([EXAMPLES / "envs", EXAMPLES / "tasks.jsonl"])
+        task_texts = {r.env_id: r.task_text for r in lib.load_all().values()}
+    return library, task_texts
+
+
+def pick_tasks(library: Path, count: int) -> tuple[list[EvalTask], list[EvalTask]]:
+    """(the first `count` tasks in a fixed shuffled order, one task of every environment)."""
+    all_tasks = tasks_from_library(library, "text")
+    tasks = all_tasks[:count]
+    random.Random(0).shuffle(tasks)  # a run cut by --max-seconds still mixes every environment
+    warm: dict[str, EvalTask] = {}
+    for task in all_tasks:
+        warm.setdefault(task.env_id, task)
+    return tasks, list(warm.values())
+
+
+async def warm_up(
+    address: str, llm: ScriptedLLM, warm: list[EvalTask], out: Path, up_pid: int, server: ServerMeter
+) -> None:
+    """Every environment's source cached on both workers; fails unless the oracle solved something."""
+    warmed = await play(address, llm.base_url, warm, 1, 8, 60, out, up_pid, server)
+    if not warmed["end_reasons"].get("solved"):
+        failed: dict[str, Any] = next(
+            iter(warmed["failures"] + [e for e in warmed["episodes"] if e["end_reason"] != "solved"]),
+            {},
         )
-        try:
-            with ScriptedLLM(oracle_agent(trajectories, task_texts)) as llm:
-                # http.server listens with a backlog of 5: more connects at once get refused and
-                # retried after a 1 s back-off, which would be the scripted server's doing, not the loop's.
-                llm.server.socket.listen(256)
-                server = ServerMeter(llm)
-                # Warm up: every environment's source cached on both workers.
-                warmed = await play(
-                    address, llm.base_url, list(warm.values()), 1, 8, 60, workdir / "warm", up.pid, server
-                )
-                if not warmed["end_reasons"].get("solved"):
-                    failed: dict[str, Any] = next(
-                        iter(
-                            warmed["failures"]
-                            + [e for e in warmed["episodes"] if e["end_reason"] != "solved"]
-                        ),
-                        {},
-                    )
-                    raise RuntimeError(
-                        f"warm-up: the oracle solved nothing; first error: {failed.get('error')}"
-                    )
-                for concurrency in args.concurrency:
-                    baseline = await replay_steps(address, trajectories, concurrency, 2000, 5.0)
-                    result = await play(
-                        address,
-                        llm.base_url,
-                        tasks,
-                        args.samples,
-                        concurrency,
-                        args.max_seconds,
-                        workdir / f"c{concurrency}",
-                        up.pid,
-                        server,
-                    )
-                    columns.append((concurrency, rows_of(result, baseline)))
-                    print(f"... concurrency {concurrency} done", file=sys.stderr, flush=True)
-        finally:
-            up.send_signal(signal.SIGTERM)
-            up.wait(30)
+        raise RuntimeError(f"warm-up: the oracle solved nothing; first error: {failed.get('error')}")
+
+
+async def measure_levels(
+    args: argparse.Namespace,
+    address: str,
+    llm: ScriptedLLM,
+    tasks: list[EvalTask],
+    trajectories: list[dict[str, Any]],
+    workdir: Path,
+    up_pid: int,
+    server: ServerMeter,
+) -> list[tuple[int, Rows]]:
+    """Per concurrency level: the runtime alone, then the eval run; the rows of each level."""
+    columns: list[tuple[int, Rows]] = []
+    for concurrency in args.concurrency:
+        baseline = await replay_steps(address, trajectories, concurrency, 2000, 5.0)
+        result = await play(
+            address,
+            llm.base_url,
+            tasks,
+            args.samples,
+            concurrency,
+            args.max_seconds,
+            workdir / f"c{concurrency}",
+            up_pid,
+            server,
+        )
+        columns.append((concurrency, rows_of(result, baseline)))
+        print(f"... concurrency {concurrency} done", file=sys.stderr, flush=True)
+    return columns
+
+
+async def measure(args: argparse.Namespace, workdir: Path) -> tuple[int, list[tuple[int, Rows]]]:
+    """(tasks played, the rows of every concurrency level): `codegym up` and the scripted server
+    started, warmed up, measured, stopped."""
+    library, task_texts = build_library(workdir)
+    tasks, warm = pick_tasks(library, args.tasks)
+    trajectories = [t for t in read_trajectories(Path(args.trajectories)) if t.get("steps")]
+    up, address = start_process(
+        ["-m", "codegym_cli.cli", "up", "--library", str(library), "--port", "0", "--workers", "2"]
+    )
+    try:
+        with ScriptedLLM(oracle_agent(trajectories, task_texts)) as llm:
+            # http.server listens with a backlog of 5: more connects at once get refused and
+            # retried after a 1 s back-off, which would be the scripted server's doing, not the loop's.
+            llm.server.socket.listen(256)
+            server = ServerMeter(llm)
+            await warm_up(address, llm, warm, workdir / "warm", up.pid, server)
+            columns = await measure_levels(args, address, llm, tasks, trajectories, workdir, up.pid, server)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        up.send_signal(signal.SIGTERM)
+        up.wait(30)
+    return len(tasks), columns
+
+
+def print_table(args: argparse.Namespace, tasks: int, columns: list[tuple[int, Rows]]) -> None:
+    """One line per figure, one column per concurrency level."""
     names = [name for name, _ in columns[0][1]]
     width = max(len(n) for n in names)
     value_width = max(len(v) for _, rows in columns for _, v in rows)
     print(
-        f"{len(tasks)} tasks x {args.samples} samples, oracle agent (scripted OpenAI-compatible server in "
+        f"{tasks} tasks x {args.samples} samples, oracle agent (scripted OpenAI-compatible server in "
         f"this process), text tool mode, codegym up with 2 sandbox workers, cap {args.max_seconds:.0f} s"
     )
     print(f"{'figure':<{width}}  " + "  ".join(f"{f'concurrency {c}':>{value_width}}" for c, _ in columns))
     for i, name in enumerate(names):
         print(f"{name:<{width}}  " + "  ".join(f"{rows[i][1]:>{value_width}}" for _, rows in columns))
+
+
+async def run(args: argparse.Namespace) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="codegym-eval-bench-"))
+    try:
+        tasks, columns = await measure(args, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print_table(args, tasks, columns)
 
 
 def main() -> None:

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from codegym import proctree
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -48,19 +50,6 @@ def add_worktree(commit: str, label: str) -> Path:
     path.rmdir()
     git("worktree", "add", "--detach", str(path), commit)
     return path
-
-
-def _proc_table() -> dict[int, tuple[int, bytes]]:
-    table: dict[int, tuple[int, bytes]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            except (OSError, IndexError, ValueError):
-                continue
-            table[int(entry.name)] = (ppid, cmd)
-    return table
 
 
 class Evidence:
@@ -87,32 +76,25 @@ class Evidence:
             self.sample()
 
     def sample(self) -> None:
-        table = _proc_table()
-        children: dict[int, list[int]] = {}
-        for pid, (ppid, _) in table.items():
-            children.setdefault(ppid, []).append(pid)
-        stack, tree = [self.root_pid], set()
-        while stack:
-            pid = stack.pop()
-            tree.add(pid)
-            stack.extend(children.get(pid, []))
-        for pid in tree:
-            ppid, cmd = table.get(pid, (0, b""))
+        links = proctree.children_by_parent()
+        parents = {child: parent for parent, children in links.items() for child in children}
+        for pid in set(proctree.descendants([self.root_pid], links)):
+            cmd = proctree.cmdline(pid) or ""
             try:
-                if b"codegym_cli.cli" in cmd:
+                if "codegym_cli.cli" in cmd:
                     self.cwds.add(os.readlink(f"/proc/{pid}/cwd"))
-                if b"--config" in cmd and b"/sandbox/zygote.py" not in cmd:
-                    cfg = cmd.split(b"--config", 1)[1].split()[0].decode()
+                if "--config" in cmd and "/sandbox/zygote.py" not in cmd:
+                    cfg = cmd.split("--config", 1)[1].split()[0]
                     for block in re.findall(r"mount\s*\{([^}]*)\}", Path(cfg).read_text()):
                         src = re.search(r'\bsrc:\s*"([^"]+)"', block)
                         dst = re.search(r'\bdst:\s*"([^"]+)"', block)
                         if src and dst and dst.group(1).startswith("/sandbox"):
                             self.jail_code.add(src.group(1))
-                if b"/sandbox/zygote.py" in table.get(ppid, (0, b""))[1]:
+                if "/sandbox/zygote.py" in (proctree.cmdline(parents.get(pid, 0)) or ""):
                     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                         if line.startswith("Uid:"):
                             self.child_uids.add(int(line.split()[1]))
-            except (OSError, IndexError, UnicodeDecodeError):
+            except (OSError, IndexError):
                 continue
 
     def summary(self) -> dict[str, Any]:

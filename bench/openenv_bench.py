@@ -4,7 +4,7 @@ same run, interleaved per level.
 
 Starts a sandbox worker, a runtime on a library built from the sample environments, and
 `codegym serve openenv`, all on loopback; every client replays recorded oracle episodes
-(examples/trajectories.jsonl): open a session, step through the episode, close it. Only steps are
+(codegym/samples/trajectories.jsonl): open a session, step through the episode, close it. Only steps are
 timed. Usage:
 
     .venv/bin/python -m bench.openenv_bench [--clients 1 32] [--seconds 10] [--rounds 2]
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def episodes() -> list[tuple[str, list[dict[str, Any]]]]:
     out = []
-    for t in read_trajectories(ROOT / "examples" / "trajectories.jsonl"):
+    for t in read_trajectories(ROOT / "codegym" / "samples" / "trajectories.jsonl"):
         ability = f"codegym_v1@{t['env_id']}@{json.dumps(t['config'])}"
         out.append((ability, [json.loads(action) for action, _ in t["steps"]]))
     return out
@@ -111,7 +111,9 @@ async def run(args: argparse.Namespace) -> None:
     folder = Path(tempfile.mkdtemp(prefix="openenv-bench-"))
     library = folder / "library.db"
     with Library(library) as lib:
-        lib.import_paths([ROOT / "examples" / "envs", ROOT / "examples" / "tasks.jsonl"])
+        lib.import_paths(
+            [ROOT / "codegym" / "samples" / "envs", ROOT / "codegym" / "samples" / "tasks.jsonl"]
+        )
     servers: list[ServerProcess] = []
 
     def start(*argv: str) -> ServerProcess:

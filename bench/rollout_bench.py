@@ -2,7 +2,7 @@
 
 A trainer does not step back to back: each rollout waits for its model between steps (the think
 time), so thousands of episodes are in flight while few steps are. Here a rollout replays recorded
-oracle trajectories (examples/trajectories.jsonl, lines with steps): create a session, then for
+oracle trajectories (codegym/samples/trajectories.jsonl, lines with steps): create a session, then for
 each recorded step think a time drawn uniformly in [0.5 T, 1.5 T], send the action and compare the
 observation with the recording, then close the session and start the next episode. Step latency is
 the step call alone (capacity refusals resent after their `retry_after_s` included), never the
@@ -40,7 +40,6 @@ import math
 import os
 import random
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -56,7 +55,8 @@ from typing import Any, Protocol
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import _children, cpu_by_role, median, pct, tree_memory_kb  # noqa: E402
+from bench.common import cpu_by_role, median, pct, rusage_cpu_s, tree_memory_kb  # noqa: E402
+from codegym import proctree  # noqa: E402
 from codegym.procs import ServerProcess  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
@@ -140,7 +140,7 @@ def base_worktree(rev: str) -> Iterator[Path]:
     """REV checked out (`git worktree add --detach`) in a temp dir, removed however the bench ends.
 
     The temp dir is made traversable by others: the jails run as other uids and mount
-    sandbox_worker/inside from the imported package's path.
+    the jail's package (codegym/inside) from the imported package's path.
     """
     folder = Path(tempfile.mkdtemp(prefix="codegym-rollout-base-"))
     folder.chmod(0o755)
@@ -174,22 +174,13 @@ def stack_specs(args: argparse.Namespace, cleanup: contextlib.ExitStack, workdir
 
 
 def tree_pids(root: int) -> set[int]:
-    """A process and its descendants now (bench.common's /proc walk)."""
-    children = _children()
-    found, stack = set(), [root]
-    while stack:
-        pid = stack.pop()
-        found.add(pid)
-        stack.extend(children.get(pid, []))
-    return found
+    """A process and its descendants now."""
+    return set(proctree.descendants([root]))
 
 
 def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    fields = proctree.stat_fields(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def make_sure_gone(pids: set[int], name: str) -> None:
@@ -465,12 +456,6 @@ class Load:
                 await asyncio.sleep(max(DEFAULT_RETRY_S, self.think_s))
 
 
-def own_cpu_s() -> float:
-    """CPU seconds of this process (the load generator), every thread included."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def memory_read(pid: int) -> tuple[int, float]:
     """Whole-tree PSS in KiB, and the CPU the read itself cost (taken off the generator's CPU)."""
     started = time.thread_time()
@@ -559,7 +544,7 @@ async def measure(stack: Stack, lines: list[Line], plan: Plan) -> Figures:
 
 async def observe(stack: Stack, tally: Tally, window_s: float, read_memory: bool) -> Figures:
     """The window: steps answered in it, the stack's CPU over it, its PSS read halfway through."""
-    cpu_before, gen_before = cpu_by_role(stack.pid), own_cpu_s()
+    cpu_before, gen_before = cpu_by_role(stack.pid), rusage_cpu_s()
     tally.window_start = time.monotonic()
     tally.window_end = tally.window_start + window_s
     pss_kb, read_cpu = None, 0.0
@@ -567,7 +552,7 @@ async def observe(stack: Stack, tally: Tally, window_s: float, read_memory: bool
         await asyncio.sleep(window_s / 2)
         pss_kb, read_cpu = await asyncio.to_thread(memory_read, stack.pid)
     await asyncio.sleep(max(0.0, tally.window_end - time.monotonic()))
-    cpu_after, gen_after = cpu_by_role(stack.pid), own_cpu_s()
+    cpu_after, gen_after = cpu_by_role(stack.pid), rusage_cpu_s()
     steps = tally.in_window["steps"]
     cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_after}
     stack_cpu = sum(cpu.values())
@@ -940,7 +925,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=120.0, help="time cap of each measurement")
     parser.add_argument("--max-episodes", type=int, default=50_000, help="episode cap of each measurement")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--trajectories", type=Path, default=ROOT / "examples" / "trajectories.jsonl")
+    parser.add_argument(
+        "--trajectories", type=Path, default=ROOT / "codegym" / "samples" / "trajectories.jsonl"
+    )
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     parser.add_argument(
         "--quick",

@@ -1,6 +1,6 @@
 """Runtime benchmark: oracle trajectories replayed through `codegym up` (1 runtime, 2 workers).
 
-Replays the recorded oracle trajectories of the sample environments (examples/trajectories.jsonl)
+Replays the recorded oracle trajectories of the sample environments (codegym/samples/trajectories.jsonl)
 with 1, 8, 32 and 256 concurrent sessions, then holds many open sessions and measures memory.
 Every figure is printed beside a bare gRPC echo measured in the same run at the same concurrency.
 
@@ -35,9 +35,10 @@ from bench.common import (  # noqa: E402
     tree_memory_kb,
     zygote_children_memory_kb,
 )
-from codegym.runtime.v1 import runtime_service_pb2 as rt  # noqa: E402
+from codegym import proctree  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
-from codegym_client.runtime_client import AsyncRuntimeClient  # noqa: E402
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt  # noqa: E402
+from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 
 
 def ms(seconds: float) -> str:
@@ -167,15 +168,9 @@ async def hold_sessions(client: AsyncRuntimeClient, count: int, max_s: float) ->
 
 
 def runtime_pid(up_pid: int) -> int:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == up_pid and b"serve runtime" in cmd:
-                return int(entry.name)
+    for pid in proctree.children_by_parent().get(up_pid, []):
+        if "serve runtime" in (proctree.cmdline(pid) or ""):
+            return pid
     raise RuntimeError("runtime process not found")
 
 
@@ -324,7 +319,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--trajectories", default=str(ROOT / "examples" / "trajectories.jsonl"))
+    parser.add_argument("--trajectories", default=str(ROOT / "codegym" / "samples" / "trajectories.jsonl"))
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 32, 256])
     parser.add_argument("--steps", type=int, default=3000, help="steps measured per concurrency level")
     parser.add_argument("--max-seconds", type=float, default=60.0, help="time cap per level")

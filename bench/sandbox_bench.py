@@ -27,7 +27,7 @@ from codegym.contract.source import method_source  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc  # noqa: E402
 
-ENV = ROOT / "examples" / "envs" / "Sample_0001_I__MaxSubarraySumEnv.py"
+ENV = ROOT / "codegym" / "samples" / "envs" / "Sample_0001_I__MaxSubarraySumEnv.py"
 ACTION = '{"name": "GetElement", "parameters": {"index": 2}}'
 
 

@@ -27,7 +27,7 @@ from bench.common import median, start_process  # noqa: E402
 from bench.runtime_bench import replay  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_cli.up_command import PrivateRedis  # noqa: E402
-from codegym_client.runtime_client import AsyncRuntimeClient  # noqa: E402
+from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 
 TOPOLOGIES = [
     # (label, workers, runtimes, sessions in Redis)
@@ -50,7 +50,9 @@ async def measure(
 
 
 def run(args: argparse.Namespace) -> None:
-    trajectories = [t for t in read_trajectories(ROOT / "examples" / "trajectories.jsonl") if t.get("steps")]
+    trajectories = [
+        t for t in read_trajectories(ROOT / "codegym" / "samples" / "trajectories.jsonl") if t.get("steps")
+    ]
     workdir = Path(tempfile.mkdtemp(prefix="codegym-scale-bench-"))
     rows = []
     for label, workers, runtimes, use_redis in TOPOLOGIES:

@@ -45,17 +45,17 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import median, start_process  # noqa: E402
-from codegym.common.v1 import common_pb2 as cm  # noqa: E402
+from bench.common import median, rusage_cpu_s, start_process, tree_cpu_s  # noqa: E402
 from codegym.contract import sha256_text  # noqa: E402
 from codegym.contract.source import method_source  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc  # noqa: E402
 from codegym.verification.v1 import verification_service_pb2 as vf  # noqa: E402
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc  # noqa: E402
+from codegym_client.api.common.v1 import common_pb2 as cm  # noqa: E402
 from tests.helpers.sample_configs import sample_configs  # noqa: E402
 
-ENV = ROOT / "examples" / "envs" / "Sample_0001_I__MaxSubarraySumEnv.py"
+ENV = ROOT / "codegym" / "samples" / "envs" / "Sample_0001_I__MaxSubarraySumEnv.py"
 ENV_CLASS = "MaxSubarraySumEnv"
 WORKERS = 2  # sandbox workers started, and naive processes run at a time (the machine has 2 cores)
 CANDIDATES = 10
@@ -63,7 +63,6 @@ TESTS = 30
 # The limits CheckSolvability uses by default, for the ExecuteBatch matrix.
 CASE_LIMITS = sb.Limits(wall_ms=10_000, cpu_ms=10_000, memory_mb=256)
 MAX_STEPS = 1_024
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # One (candidate, test) case the naive way: a fresh interpreter imports the env file, builds the
 # env from its config, puts the candidate in place of solve() and prints the reward.
@@ -110,36 +109,38 @@ def candidate_sets(source: str, configs: list[dict[str, Any]]) -> tuple[list[str
     return all_pass, full
 
 
-def tree_cpu_s(root_pids: list[int]) -> float:
-    """User + system CPU seconds of processes and all their descendants, reaped children included."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            stats[int(entry.name)] = fields
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    ticks = 0
-    stack = list(root_pids)
-    while stack:
-        pid = stack.pop()
-        stack.extend(children.get(pid, []))
-        fields = stats.get(pid)
-        if fields:
-            ticks += sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-    return ticks / CLK_TCK
+@dataclass
+class Inputs:
+    """What the measurements send: the env, its test configs, and the two candidate sets."""
+
+    source: str
+    sha: str
+    configs: list[dict[str, Any]]
+    tasks: list[cm.TaskConfig]
+    all_pass: list[str]  # 10 copies of the env's solve()
+    full: list[str]  # 9 wrong on the last test only, then the env's solve()
+    matrix: list[tuple[int, int]]  # every (candidate, test)
 
 
-def rusage_cpu_s(who: int) -> float:
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
+def prepare_inputs() -> Inputs:
+    source = ENV.read_text()
+    configs = sample_configs(ENV_CLASS, TESTS, seed=0)
+    all_pass, full = candidate_sets(source, configs)
+    return Inputs(
+        source=source,
+        sha=sha256_text(source),
+        configs=configs,
+        tasks=[cm.TaskConfig(config_json=json.dumps(c)) for c in configs],
+        all_pass=all_pass,
+        full=full,
+        matrix=[(c, t) for c in range(CANDIDATES) for t in range(TESTS)],
+    )
 
 
 @dataclass
-class Timed:
+class Measured:
+    """One call measured: the walls of its timed runs, its last response, and CPU per call."""
+
     walls: list[float]
     last: Any
     servers_cpu_s: float  # per call
@@ -150,7 +151,8 @@ class Timed:
         return median(self.walls)
 
 
-async def timed(call: Callable[[], Awaitable[Any]], runs: int, server_pids: list[int]) -> Timed:
+async def measure(call: Callable[[], Awaitable[Any]], runs: int, server_pids: list[int]) -> Measured:
+    """`runs` timed calls after one warm-up; the servers' CPU from /proc, the bench's from getrusage."""
     await call()  # warm-up
     servers0, bench0 = tree_cpu_s(server_pids), rusage_cpu_s(resource.RUSAGE_SELF)
     walls = []
@@ -160,7 +162,179 @@ async def timed(call: Callable[[], Awaitable[Any]], runs: int, server_pids: list
         last = await call()
         walls.append(time.perf_counter() - t)
     servers1, bench1 = tree_cpu_s(server_pids), rusage_cpu_s(resource.RUSAGE_SELF)
-    return Timed(walls, last, (servers1 - servers0) / runs, (bench1 - bench0) / runs)
+    return Measured(walls, last, (servers1 - servers0) / runs, (bench1 - bench0) / runs)
+
+
+def start_servers(jails: int, procs: list[subprocess.Popen[str]]) -> tuple[list[str], str]:
+    """WORKERS sandbox workers and a verification service over them: (workers' addresses, its address).
+
+    Each process is added to `procs` as soon as it runs, so the caller stops every one started
+    even when a later one fails to start.
+    """
+    addrs = []
+    for _ in range(WORKERS):
+        worker, addr = start_process(
+            [
+                "-m",
+                "codegym_cli.cli",
+                "serve",
+                "sandbox",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--jails",
+                str(jails),
+            ]
+        )
+        procs.append(worker)
+        addrs.append(addr)
+    verification, vaddr = start_process(
+        [
+            "-m",
+            "codegym_cli.cli",
+            "serve",
+            "verification",
+            "--sandbox",
+            ",".join(addrs),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+        ]
+    )
+    procs.append(verification)
+    return addrs, vaddr
+
+
+def stop_servers(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def solvability_call(
+    vstub: vf_grpc.VerificationServiceStub, inputs: Inputs, candidates: list[str]
+) -> Callable[[], Awaitable[vf.CheckSolvabilityResponse]]:
+    request = vf.CheckSolvabilityRequest(
+        env_source=inputs.source, tasks=inputs.tasks, solve_sources=candidates
+    )
+    return lambda: vstub.CheckSolvability(request, timeout=300)
+
+
+def batch_operations(inputs: Inputs, cases: list[tuple[int, int]]) -> list[sb.Operation]:
+    """The `full` candidates on `cases` as solve operations; the first one carries the source."""
+    ops = [
+        sb.Operation(
+            source=sb.SourceRef(sha256=inputs.sha),
+            limits=CASE_LIMITS,
+            solve=sb.SolveOp(
+                config_json=inputs.tasks[t].config_json, solve_source=inputs.full[c], max_steps=MAX_STEPS
+            ),
+        )
+        for c, t in cases
+    ]
+    ops[0].source.code = inputs.source  # the worker caches it before running the rest
+    return ops
+
+
+def matrix_call(
+    wstubs: list[sb_grpc.SandboxServiceStub], inputs: Inputs
+) -> Callable[[], Awaitable[dict[tuple[int, int], sb.OperationResult]]]:
+    """The matrix split over the workers (alternate cases), one ExecuteBatch each, at once."""
+    shares = [inputs.matrix[w::WORKERS] for w in range(WORKERS)]
+    requests = [sb.ExecuteBatchRequest(operations=batch_operations(inputs, share)) for share in shares]
+
+    async def execute_matrix() -> dict[tuple[int, int], sb.OperationResult]:
+        responses = await asyncio.gather(
+            *(stub.ExecuteBatch(req, timeout=300) for stub, req in zip(wstubs, requests, strict=True))
+        )
+        return {
+            case: result
+            for share, response in zip(shares, responses, strict=True)
+            for case, result in zip(share, response.results, strict=True)
+        }
+
+    return execute_matrix
+
+
+def validate_call(
+    vstub: vf_grpc.VerificationServiceStub, inputs: Inputs
+) -> Callable[[], Awaitable[vf.ValidateUnitTestsResponse]]:
+    request = vf.ValidateUnitTestsRequest(env_source=inputs.source, tasks=inputs.tasks)
+    return lambda: vstub.ValidateUnitTests(request, timeout=120)
+
+
+@dataclass
+class ServiceRuns:
+    allpass: Measured  # CheckSolvability, every candidate the env's solve()
+    fullm: Measured  # CheckSolvability, the full matrix
+    batch: Measured  # ExecuteBatch of the full matrix straight to the workers
+    units: Measured  # ValidateUnitTests
+    negative: Measured  # CheckNegativeControls
+    determ5: Measured  # CheckDeterminism, default 5 tests
+    determ30: Measured  # CheckDeterminism, all tests
+    guess: Measured  # MeasureGuessability
+
+
+async def measure_checks(
+    vstub: vf_grpc.VerificationServiceStub,
+    inputs: Inputs,
+    units: vf.ValidateUnitTestsResponse,
+    runs: int,
+    pids: list[int],
+) -> tuple[Measured, Measured, Measured, Measured]:
+    """The checks after solvability, on the tests ValidateUnitTests found valid: negative controls,
+    determinism on 5 and on all tests, guessability."""
+    cases = [
+        vf.ShortcutCase(config_json=t.task.config_json, answer_json=t.answer_json)
+        for t in units.tests
+        if t.valid
+    ]
+    oracle = method_source(inputs.source, "solve")
+    config_jsons = [c.config_json for c in cases]
+
+    def controls() -> Awaitable[vf.CheckNegativeControlsResponse]:
+        request = vf.CheckNegativeControlsRequest(env_source=inputs.source, cases=cases)
+        return vstub.CheckNegativeControls(request, timeout=300)
+
+    def determinism(tests: int) -> Callable[[], Awaitable[vf.CheckDeterminismResponse]]:
+        request = vf.CheckDeterminismRequest(
+            env_source=inputs.source, solve_source=oracle, config_jsons=config_jsons, tests=tests
+        )
+        return lambda: vstub.CheckDeterminism(request, timeout=300)
+
+    def guessability() -> Awaitable[vf.MeasureGuessabilityResponse]:
+        return vstub.MeasureGuessability(vf.MeasureGuessabilityRequest(cases=cases), timeout=60)
+
+    negative = await measure(controls, runs, pids)
+    determ5 = await measure(determinism(5), runs, pids)
+    determ30 = await measure(determinism(TESTS), runs, pids)
+    guess = await measure(guessability, runs, pids)
+    return negative, determ5, determ30, guess
+
+
+async def measure_services(
+    inputs: Inputs, worker_addrs: list[str], vaddr: str, runs: int, pids: list[int]
+) -> ServiceRuns:
+    """Every verification call, and the matrix straight to the workers, measured in turn."""
+    async with grpc.aio.insecure_channel(vaddr) as vch:
+        vstub = vf_grpc.VerificationServiceStub(vch)
+        worker_channels = [grpc.aio.insecure_channel(a) for a in worker_addrs]
+        wstubs = [sb_grpc.SandboxServiceStub(ch) for ch in worker_channels]
+        allpass = await measure(solvability_call(vstub, inputs, inputs.all_pass), runs, pids)
+        fullm = await measure(solvability_call(vstub, inputs, inputs.full), runs, pids)
+        batch = await measure(matrix_call(wstubs, inputs), runs, pids)
+        units = await measure(validate_call(vstub, inputs), runs, pids)
+        checks = await measure_checks(vstub, inputs, units.last, runs, pids)
+        for ch in worker_channels:
+            await ch.close()
+    return ServiceRuns(allpass, fullm, batch, units, *checks)
 
 
 def outcome_summary(response: vf.CheckSolvabilityResponse) -> str:
@@ -199,307 +373,242 @@ async def naive_cases(
     return wall, rusage_cpu_s(resource.RUSAGE_CHILDREN) - cpu0, list(rewards)
 
 
-async def run(args: argparse.Namespace) -> list[tuple[str, dict[str, object]]]:
-    load_start = os.getloadavg()[0]  # other work on the machine skews every figure
-    source = ENV.read_text()
-    configs = sample_configs(ENV_CLASS, TESTS, seed=0)
-    tasks = [cm.TaskConfig(config_json=json.dumps(c)) for c in configs]
-    all_pass, full = candidate_sets(source, configs)
-    matrix = [(c, t) for c in range(CANDIDATES) for t in range(TESTS)]
-    sha = sha256_text(source)
+@dataclass
+class NaiveRun:
+    sample: list[tuple[int, int]]  # the (candidate, test) cases timed
+    wall: float
+    cpu: float  # of the processes, reaped
+    rewards: list[float | None]
 
-    procs: list[subprocess.Popen[str]] = []
-    tmp = tempfile.TemporaryDirectory(prefix="verification_bench_", dir="/tmp")
-    try:
-        addrs = []
-        jails = str(args.jails)
-        for _ in range(WORKERS):
-            worker, addr = start_process(
-                [
-                    "-m",
-                    "codegym_cli.cli",
-                    "serve",
-                    "sandbox",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    "0",
-                    "--jails",
-                    jails,
-                ]
-            )
-            procs.append(worker)
-            addrs.append(addr)
-        sandbox = ",".join(addrs)
-        verification, vaddr = start_process(
-            [
-                "-m",
-                "codegym_cli.cli",
-                "serve",
-                "verification",
-                "--sandbox",
-                sandbox,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-            ]
-        )
-        procs.append(verification)
-        pids = [p.pid for p in procs]
+    @property
+    def wall_per_case(self) -> float:
+        return self.wall / len(self.sample)
 
-        async with grpc.aio.insecure_channel(vaddr) as vch:
-            vstub = vf_grpc.VerificationServiceStub(vch)
-            worker_channels = [grpc.aio.insecure_channel(a) for a in addrs]
-            wstubs = [sb_grpc.SandboxServiceStub(ch) for ch in worker_channels]
+    @property
+    def cpu_per_case(self) -> float:
+        return self.cpu / len(self.sample)
 
-            def solvability(candidates: list[str]) -> Callable[[], Awaitable[vf.CheckSolvabilityResponse]]:
-                request = vf.CheckSolvabilityRequest(env_source=source, tasks=tasks, solve_sources=candidates)
-                return lambda: vstub.CheckSolvability(request, timeout=300)
 
-            def batch_ops(cases: list[tuple[int, int]]) -> list[sb.Operation]:
-                ops = [
-                    sb.Operation(
-                        source=sb.SourceRef(sha256=sha),
-                        limits=CASE_LIMITS,
-                        solve=sb.SolveOp(
-                            config_json=tasks[t].config_json, solve_source=full[c], max_steps=MAX_STEPS
-                        ),
-                    )
-                    for c, t in cases
-                ]
-                ops[0].source.code = source  # the worker caches it before running the rest
-                return ops
+async def measure_naive(inputs: Inputs, folder: Path, sample_size: int) -> NaiveRun:
+    """The naive way: a sample of the same matrix cases, one fresh process each (after one warm-up)."""
+    runner = folder / "naive_runner.py"
+    runner.write_text(NAIVE_RUNNER)
+    candidate_files = []
+    for i, candidate in enumerate(inputs.full):
+        path = folder / f"candidate_{i}.py"
+        path.write_text(candidate)
+        candidate_files.append(path)
+    sample = sorted(random.Random(0).sample(inputs.matrix, min(sample_size, len(inputs.matrix))))
+    await naive_cases(sample[:1], inputs.configs, candidate_files, runner)  # warm-up
+    wall, cpu, rewards = await naive_cases(sample, inputs.configs, candidate_files, runner)
+    return NaiveRun(sample, wall, cpu, rewards)
 
-            # The matrix split over the workers (alternate cases), one ExecuteBatch each, at once.
-            shares = [matrix[w::WORKERS] for w in range(WORKERS)]
-            batch_requests = [sb.ExecuteBatchRequest(operations=batch_ops(share)) for share in shares]
 
-            async def execute_matrix() -> dict[tuple[int, int], sb.OperationResult]:
-                responses = await asyncio.gather(
-                    *(
-                        stub.ExecuteBatch(req, timeout=300)
-                        for stub, req in zip(wstubs, batch_requests, strict=True)
-                    )
-                )
-                return {
-                    case: result
-                    for share, response in zip(shares, responses, strict=True)
-                    for case, result in zip(share, response.results, strict=True)
-                }
+Section = tuple[str, dict[str, object]]
 
-            def validate() -> Awaitable[vf.ValidateUnitTestsResponse]:
-                return vstub.ValidateUnitTests(
-                    vf.ValidateUnitTestsRequest(env_source=source, tasks=tasks), timeout=120
-                )
 
-            allpass = await timed(solvability(all_pass), args.runs, pids)
-            fullm = await timed(solvability(full), args.runs, pids)
-            batch = await timed(execute_matrix, args.runs, pids)
-            units = await timed(validate, args.runs, pids)
-            cases = [
-                vf.ShortcutCase(config_json=t.task.config_json, answer_json=t.answer_json)
-                for t in units.last.tests
-                if t.valid
-            ]
-            oracle = method_source(source, "solve")
-            config_jsons = [c.config_json for c in cases]
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 1)
 
-            def controls() -> Awaitable[vf.CheckNegativeControlsResponse]:
-                request = vf.CheckNegativeControlsRequest(env_source=source, cases=cases)
-                return vstub.CheckNegativeControls(request, timeout=300)
 
-            def determinism(tests: int) -> Callable[[], Awaitable[vf.CheckDeterminismResponse]]:
-                request = vf.CheckDeterminismRequest(
-                    env_source=source, solve_source=oracle, config_jsons=config_jsons, tests=tests
-                )
-                return lambda: vstub.CheckDeterminism(request, timeout=300)
+def wall_figures(t: Measured) -> dict[str, object]:
+    return {"wall_ms_p50": ms(t.wall), "wall_ms_min_max": f"{ms(min(t.walls))} / {ms(max(t.walls))}"}
 
-            def guessability() -> Awaitable[vf.MeasureGuessabilityResponse]:
-                return vstub.MeasureGuessability(vf.MeasureGuessabilityRequest(cases=cases), timeout=60)
 
-            negative = await timed(controls, args.runs, pids)
-            determ5 = await timed(determinism(5), args.runs, pids)
-            determ30 = await timed(determinism(TESTS), args.runs, pids)
-            guess = await timed(guessability, args.runs, pids)
-            for ch in worker_channels:
-                await ch.close()
+def cpu_figures(t: Measured) -> dict[str, object]:
+    return {"servers_cpu_ms_per_call": ms(t.servers_cpu_s), "bench_cpu_ms_per_call": ms(t.bench_cpu_s)}
 
-        # The naive way: a sample of the same 300 cases, one fresh process each.
-        runner = Path(tmp.name) / "naive_runner.py"
-        runner.write_text(NAIVE_RUNNER)
-        candidate_files = []
-        for i, candidate in enumerate(full):
-            path = Path(tmp.name) / f"candidate_{i}.py"
-            path.write_text(candidate)
-            candidate_files.append(path)
-        sample = sorted(random.Random(0).sample(matrix, min(args.naive_sample, len(matrix))))
-        await naive_cases(sample[:1], configs, candidate_files, runner)  # warm-up
-        naive_wall, naive_cpu, naive_rewards = await naive_cases(sample, configs, candidate_files, runner)
-    finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        tmp.cleanup()
 
-    results: dict[tuple[int, int], sb.OperationResult] = batch.last
-    needed = sum(1 for r in results.values() if r.status == sb.STATUS_SOURCE_NEEDED)
-    batch_rewarded = sum(1 for r in results.values() if r.status == sb.STATUS_OK and r.reward == 1.0)
-    agree = sum(
-        1
-        for case, reward in zip(sample, naive_rewards, strict=True)
-        if reward is not None and results[case].status == sb.STATUS_OK and reward == results[case].reward
+def setup_section(args: argparse.Namespace, load_start: float) -> Section:
+    return (
+        "setup",
+        {
+            "environment": f"{ENV_CLASS}: {CANDIDATES} solve() candidates × {TESTS} tests",
+            "servers": f"{WORKERS} × `serve sandbox --jails {args.jails}` + `serve verification`",
+            "timing": f"wall = median of {args.runs} calls after 1 warm-up; CPU per call",
+            "load_average_1m_start_end": f"{load_start:.2f} / {os.getloadavg()[0]:.2f}",
+        },
     )
-    n = len(matrix)
-    naive_per_case = naive_wall / len(sample)
-    naive_all = naive_per_case * n
-    naive_cpu_all = naive_cpu / len(sample) * n
-    ap: vf.CheckSolvabilityResponse = allpass.last
-    fm: vf.CheckSolvabilityResponse = fullm.last
+
+
+def solvability_figures(t: Measured) -> dict[str, object]:
+    r: vf.CheckSolvabilityResponse = t.last
+    return {
+        **wall_figures(t),
+        "verdict": f"{vf.Verdict.Name(r.verdict).removeprefix('VERDICT_')}, oracle {r.oracle_index}",
+        "candidates": outcome_summary(r),
+        "cases_run": r.cases_run,
+        "sandbox_cpu_ms_from_response": r.cpu_ms,
+        **cpu_figures(t),
+        "ms_per_case": round(ms(t.wall) / max(1, r.cases_run), 2),
+    }
+
+
+def batch_section(batch: Measured, n: int) -> Section:
+    results: dict[tuple[int, int], sb.OperationResult] = batch.last
+    rewarded = sum(1 for r in results.values() if r.status == sb.STATUS_OK and r.reward == 1.0)
+    return (
+        f"ExecuteBatch, {n} cases split over {WORKERS} workers (one call each, concurrent)",
+        {
+            **wall_figures(batch),
+            "cases_per_s": round(n / batch.wall, 1),
+            "ms_per_case": round(ms(batch.wall) / n, 2),
+            "reward_1": f"{rewarded}/{n} (expected {n - CANDIDATES + 1})",
+            "source_needed": sum(1 for r in results.values() if r.status == sb.STATUS_SOURCE_NEEDED),
+            "sandbox_cpu_ms_from_results": sum(r.usage.cpu_ms for r in results.values()),
+            **cpu_figures(batch),
+        },
+    )
+
+
+def validate_section(units: Measured) -> Section:
     vu: vf.ValidateUnitTestsResponse = units.last
-    batch_cpu = sum(r.usage.cpu_ms for r in results.values())
+    return (
+        f"ValidateUnitTests, {TESTS} configs",
+        {
+            **wall_figures(units),
+            "verdict": f"{vf.Verdict.Name(vu.verdict).removeprefix('VERDICT_')}, valid {vu.valid}/{TESTS}",
+            **cpu_figures(units),
+        },
+    )
 
-    def ms(seconds: float) -> float:
-        return round(seconds * 1000, 1)
 
-    def solvability_figures(t: Timed, r: vf.CheckSolvabilityResponse) -> dict[str, object]:
-        return {
-            "wall_ms_p50": ms(t.wall),
-            "wall_ms_min_max": f"{ms(min(t.walls))} / {ms(max(t.walls))}",
-            "verdict": f"{vf.Verdict.Name(r.verdict).removeprefix('VERDICT_')}, oracle {r.oracle_index}",
-            "candidates": outcome_summary(r),
-            "cases_run": r.cases_run,
-            "sandbox_cpu_ms_from_response": r.cpu_ms,
-            "servers_cpu_ms_per_call": ms(t.servers_cpu_s),
-            "bench_cpu_ms_per_call": ms(t.bench_cpu_s),
-            "ms_per_case": round(ms(t.wall) / max(1, r.cases_run), 2),
-        }
-
-    sections: list[tuple[str, dict[str, object]]] = [
+def check_sections(runs: ServiceRuns) -> list[Section]:
+    """The checks after solvability, each also as a multiple of CheckSolvability stopping at the oracle."""
+    negative, determ5, determ30, guess = runs.negative, runs.determ5, runs.determ30, runs.guess
+    checks: list[tuple[str, Measured, dict[str, object]]] = [
         (
-            "setup",
+            f"CheckNegativeControls, {TESTS} tests",
+            negative,
             {
-                "environment": f"{ENV_CLASS}: {CANDIDATES} solve() candidates × {TESTS} tests",
-                "servers": f"{WORKERS} × `serve sandbox --jails {args.jails}` + `serve verification`",
-                "timing": f"wall = median of {args.runs} calls after 1 warm-up; CPU per call",
-                "load_average_1m_start_end": f"{load_start:.2f} / {os.getloadavg()[0]:.2f}",
+                "wrong_answers": negative.last.controls,
+                "kinds": dict(negative.last.kinds),
+                "sandbox_runs": negative.last.runs,
+                "sandbox_cpu_ms_from_response": negative.last.cpu_ms,
             },
         ),
         (
+            "CheckDeterminism, default 5 tests (10 runs)",
+            determ5,
+            {"sandbox_runs": determ5.last.runs, "sandbox_cpu_ms_from_response": determ5.last.cpu_ms},
+        ),
+        (
+            f"CheckDeterminism, all {TESTS} tests ({2 * TESTS} runs)",
+            determ30,
+            {"sandbox_runs": determ30.last.runs, "sandbox_cpu_ms_from_response": determ30.last.cpu_ms},
+        ),
+        (
+            f"MeasureGuessability, {TESTS} tests (no sandbox)",
+            guess,
+            {"guess_rate": round(guess.last.guess_rate, 3)},
+        ),
+    ]
+    allpass = runs.allpass
+    return [
+        (
+            title,
+            {
+                **wall_figures(t),
+                "verdict": vf.Verdict.Name(t.last.verdict).removeprefix("VERDICT_"),
+                **extra,
+                **cpu_figures(t),
+                "wall_vs_solvability_stop_at_oracle": round(t.wall / allpass.wall, 2),
+                "servers_cpu_vs_solvability_stop_at_oracle": round(
+                    t.servers_cpu_s / max(1e-9, allpass.servers_cpu_s), 2
+                ),
+            },
+        )
+        for title, t, extra in checks
+    ]
+
+
+def naive_section(naive: NaiveRun, results: dict[tuple[int, int], sb.OperationResult], n: int) -> Section:
+    sampled = len(naive.sample)
+    agree = sum(
+        1
+        for case, reward in zip(naive.sample, naive.rewards, strict=True)
+        if reward is not None and results[case].status == sb.STATUS_OK and reward == results[case].reward
+    )
+    return (
+        f"naive: one fresh `python` per case, {WORKERS} at a time; {sampled} of {n} cases timed,"
+        f" extrapolated to {n}",
+        {
+            f"sample_wall_ms_{sampled}_cases": ms(naive.wall),
+            "ms_per_case": round(ms(naive.wall_per_case), 2),
+            f"wall_ms_{n}_cases_extrapolated": ms(naive.wall_per_case * n),
+            f"cpu_ms_{n}_cases_extrapolated": ms(naive.cpu_per_case * n),
+            "rewards_agree_with_sandbox": f"{agree}/{sampled}",
+        },
+    )
+
+
+def ratio_section(runs: ServiceRuns, naive: NaiveRun, n: int) -> Section:
+    allpass, fullm, batch = runs.allpass, runs.fullm, runs.batch
+    ap: vf.CheckSolvabilityResponse = allpass.last
+    fm: vf.CheckSolvabilityResponse = fullm.last
+    return (
+        "ratios (naive / verification, same cases; target ≥ 20× faster)",
+        {
+            f"wall_naive_over_executebatch_{n}": round(naive.wall_per_case * n / batch.wall, 1),
+            f"wall_naive_over_checksolvability_full_{fm.cases_run}": round(
+                naive.wall_per_case * fm.cases_run / fullm.wall, 1
+            ),
+            f"wall_naive_over_checksolvability_allpass_{ap.cases_run}": round(
+                naive.wall_per_case * ap.cases_run / allpass.wall, 1
+            ),
+            f"cpu_naive_over_executebatch_{n}_servers_plus_bench": round(
+                naive.cpu_per_case * n / (batch.servers_cpu_s + batch.bench_cpu_s), 1
+            ),
+            f"cpu_naive_over_checksolvability_full_{fm.cases_run}_servers_plus_bench": round(
+                naive.cpu_per_case * fm.cases_run / (fullm.servers_cpu_s + fullm.bench_cpu_s), 1
+            ),
+        },
+    )
+
+
+def report(
+    args: argparse.Namespace, inputs: Inputs, runs: ServiceRuns, naive: NaiveRun, load_start: float
+) -> list[Section]:
+    n = len(inputs.matrix)
+    return [
+        setup_section(args, load_start),
+        (
             "CheckSolvability, all 10 candidates = env's solve() (stops at candidate 0)",
-            solvability_figures(allpass, ap),
+            solvability_figures(runs.allpass),
         ),
         (
             "CheckSolvability, full matrix (candidates 0-8 wrong on the last test only)",
-            solvability_figures(fullm, fm),
+            solvability_figures(runs.fullm),
         ),
-        (
-            f"ExecuteBatch, {n} cases split over {WORKERS} workers (one call each, concurrent)",
-            {
-                "wall_ms_p50": ms(batch.wall),
-                "wall_ms_min_max": f"{ms(min(batch.walls))} / {ms(max(batch.walls))}",
-                "cases_per_s": round(n / batch.wall, 1),
-                "ms_per_case": round(ms(batch.wall) / n, 2),
-                "reward_1": f"{batch_rewarded}/{n} (expected {n - CANDIDATES + 1})",
-                "source_needed": needed,
-                "sandbox_cpu_ms_from_results": batch_cpu,
-                "servers_cpu_ms_per_call": ms(batch.servers_cpu_s),
-                "bench_cpu_ms_per_call": ms(batch.bench_cpu_s),
-            },
-        ),
-        (
-            f"ValidateUnitTests, {TESTS} configs",
-            {
-                "wall_ms_p50": ms(units.wall),
-                "wall_ms_min_max": f"{ms(min(units.walls))} / {ms(max(units.walls))}",
-                "verdict": f"{vf.Verdict.Name(vu.verdict).removeprefix('VERDICT_')}, valid {vu.valid}/{TESTS}",
-                "servers_cpu_ms_per_call": ms(units.servers_cpu_s),
-                "bench_cpu_ms_per_call": ms(units.bench_cpu_s),
-            },
-        ),
-        *[
-            (
-                title,
-                {
-                    "wall_ms_p50": ms(t.wall),
-                    "wall_ms_min_max": f"{ms(min(t.walls))} / {ms(max(t.walls))}",
-                    "verdict": vf.Verdict.Name(t.last.verdict).removeprefix("VERDICT_"),
-                    **extra,
-                    "servers_cpu_ms_per_call": ms(t.servers_cpu_s),
-                    "bench_cpu_ms_per_call": ms(t.bench_cpu_s),
-                    "wall_vs_solvability_stop_at_oracle": round(t.wall / allpass.wall, 2),
-                    "servers_cpu_vs_solvability_stop_at_oracle": round(
-                        t.servers_cpu_s / max(1e-9, allpass.servers_cpu_s), 2
-                    ),
-                },
-            )
-            for title, t, extra in (
-                (
-                    f"CheckNegativeControls, {TESTS} tests",
-                    negative,
-                    {
-                        "wrong_answers": negative.last.controls,
-                        "kinds": dict(negative.last.kinds),
-                        "sandbox_runs": negative.last.runs,
-                        "sandbox_cpu_ms_from_response": negative.last.cpu_ms,
-                    },
-                ),
-                (
-                    "CheckDeterminism, default 5 tests (10 runs)",
-                    determ5,
-                    {"sandbox_runs": determ5.last.runs, "sandbox_cpu_ms_from_response": determ5.last.cpu_ms},
-                ),
-                (
-                    f"CheckDeterminism, all {TESTS} tests ({2 * TESTS} runs)",
-                    determ30,
-                    {
-                        "sandbox_runs": determ30.last.runs,
-                        "sandbox_cpu_ms_from_response": determ30.last.cpu_ms,
-                    },
-                ),
-                (
-                    f"MeasureGuessability, {TESTS} tests (no sandbox)",
-                    guess,
-                    {"guess_rate": round(guess.last.guess_rate, 3)},
-                ),
-            )
-        ],
-        (
-            f"naive: one fresh `python` per case, {WORKERS} at a time; {len(sample)} of {n} cases timed,"
-            f" extrapolated to {n}",
-            {
-                f"sample_wall_ms_{len(sample)}_cases": ms(naive_wall),
-                "ms_per_case": round(ms(naive_per_case), 2),
-                f"wall_ms_{n}_cases_extrapolated": ms(naive_all),
-                f"cpu_ms_{n}_cases_extrapolated": ms(naive_cpu_all),
-                "rewards_agree_with_sandbox": f"{agree}/{len(sample)}",
-            },
-        ),
-        (
-            "ratios (naive / verification, same cases; target ≥ 20× faster)",
-            {
-                f"wall_naive_over_executebatch_{n}": round(naive_all / batch.wall, 1),
-                f"wall_naive_over_checksolvability_full_{fm.cases_run}": round(
-                    naive_per_case * fm.cases_run / fullm.wall, 1
-                ),
-                f"wall_naive_over_checksolvability_allpass_{ap.cases_run}": round(
-                    naive_per_case * ap.cases_run / allpass.wall, 1
-                ),
-                f"cpu_naive_over_executebatch_{n}_servers_plus_bench": round(
-                    naive_cpu_all / (batch.servers_cpu_s + batch.bench_cpu_s), 1
-                ),
-                f"cpu_naive_over_checksolvability_full_{fm.cases_run}_servers_plus_bench": round(
-                    naive_cpu / len(sample) * fm.cases_run / (fullm.servers_cpu_s + fullm.bench_cpu_s), 1
-                ),
-            },
-        ),
+        batch_section(runs.batch, n),
+        validate_section(runs.units),
+        *check_sections(runs),
+        naive_section(naive, runs.batch.last, n),
+        ratio_section(runs, naive, n),
     ]
-    return sections
+
+
+async def run(args: argparse.Namespace) -> list[Section]:
+    load_start = os.getloadavg()[0]  # other work on the machine skews every figure
+    inputs = prepare_inputs()
+    procs: list[subprocess.Popen[str]] = []
+    tmp = tempfile.TemporaryDirectory(prefix="verification_bench_", dir="/tmp")
+    try:
+        worker_addrs, vaddr = start_servers(args.jails, procs)
+        runs = await measure_services(inputs, worker_addrs, vaddr, args.runs, [p.pid for p in procs])
+        naive = await measure_naive(inputs, Path(tmp.name), args.naive_sample)
+    finally:
+        stop_servers(procs)
+        tmp.cleanup()
+    return report(args, inputs, runs, naive, load_start)
+
+
+def print_sections(sections: list[Section]) -> None:
+    width = max(len(k) for _, figures in sections for k in figures)
+    for title, figures in sections:
+        print(f"== {title}")
+        for key, value in figures.items():
+            print(f"  {key:<{width}}  {value}")
 
 
 def main() -> None:
@@ -513,13 +622,7 @@ def main() -> None:
     parser.add_argument(
         "--naive-sample", type=int, default=40, help="cases timed the naive way (extrapolated to 300)"
     )
-    args = parser.parse_args()
-    sections = asyncio.run(run(args))
-    width = max(len(k) for _, figures in sections for k in figures)
-    for title, figures in sections:
-        print(f"== {title}")
-        for key, value in figures.items():
-            print(f"  {key:<{width}}  {value}")
+    print_sections(asyncio.run(run(parser.parse_args())))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from codegym.library_import import Importing
+from codegym.library_import import add_task, import_paths, import_source
 from codegym.library_records import EnvRecord, ImportReport, TaskRecord, Tool, canonical_config
 
 # The records are part of the library's API (`from codegym.library import EnvRecord`).
@@ -57,8 +57,12 @@ CREATE INDEX IF NOT EXISTS tasks_env ON tasks(env_id);
 """
 
 
-class Library(Importing):
-    """A SQLite environment library. Cheap to open; not shared between threads."""
+class Library:
+    """A SQLite environment library. Cheap to open; not shared between threads.
+
+    Owns the connection and the schema; importing (library_import.py) is functions of the
+    connection, called from here.
+    """
 
     def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = Path(path)
@@ -95,11 +99,15 @@ class Library(Importing):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def import_paths(self, paths: Iterable[str | Path]) -> ImportReport:
+        """Import env files (`{code_id}__{Env}.py`), folders of them, and training-instance JSONL."""
+        return import_paths(self.db, paths)
+
     def add_tasks(self, tasks: Iterable[TaskRecord], origin: str = "") -> ImportReport:
         report = ImportReport()
         with self.db:
             for task in tasks:
-                self._add_task(task, origin, report)
+                add_task(self.db, task, origin, report)
         return report
 
     def put_environment(
@@ -117,7 +125,7 @@ class Library(Importing):
         the authority on which configs passed its filters.
         """
         with self.db:
-            report = self._import_source(env_id, source, task_text=task_text, metadata=metadata)
+            report = import_source(self.db, env_id, source, task_text=task_text, metadata=metadata)
             if report.skipped:
                 return report
             self.db.execute(
@@ -126,7 +134,7 @@ class Library(Importing):
             )
             self.db.execute("DELETE FROM tasks WHERE env_id = ?", (env_id,))
             for task in tasks:
-                self._add_task(task, "pipeline", report)
+                add_task(self.db, task, "pipeline", report)
         return report
 
     def get(self, env_id: str) -> EnvRecord | None:

@@ -26,13 +26,13 @@ from codegym_cli import (
 
 # One example per command, shown at the end of its --help.
 EXAMPLES = {
-    "env describe": "codegym env describe examples/envs/Sample_0006_I__ArrayGcdEnv.py --format json",
-    "env check": "codegym env check examples/envs/Sample_0006_I__ArrayGcdEnv.py",
-    "library import": "codegym library import examples/envs examples/tasks.jsonl --library lib.db",
+    "env describe": "codegym env describe codegym/samples/envs/Sample_0006_I__ArrayGcdEnv.py --format json",
+    "env check": "codegym env check codegym/samples/envs/Sample_0006_I__ArrayGcdEnv.py",
+    "library import": "codegym library import codegym/samples/envs codegym/samples/tasks.jsonl --library lib.db",
     "library list": "codegym library list --library lib.db --prefix Sample_",
     "library show": "codegym library show Sample_0006_I__ArrayGcdEnv --library lib.db",
     "library oracle": "codegym library oracle --library lib.db --out trajectories.jsonl",
-    "sandbox run": "codegym sandbox run examples/envs/Sample_0006_I__ArrayGcdEnv.py --op solve "
+    "sandbox run": "codegym sandbox run codegym/samples/envs/Sample_0006_I__ArrayGcdEnv.py --op solve "
     "--config '{\"nums\": [12, 18]}'",
     "serve sandbox": "codegym serve sandbox --port 50061 --jails 2",
     "serve runtime": "codegym serve runtime --library lib.db --sandbox 127.0.0.1:50061,127.0.0.1:50062",
@@ -41,9 +41,9 @@ EXAMPLES = {
     "serve openenv": "codegym serve openenv --runtime 127.0.0.1:50051 --port 8000",
     "up": "codegym up --port 0 --workers 2",
     "demo": "codegym demo --target 127.0.0.1:50051",
-    "synthesize": "codegym synthesize --problems examples/problems.jsonl --out synth-out "
+    "synthesize": "codegym synthesize --problems codegym/samples/problems.jsonl --out synth-out "
     "--llm-base-url http://127.0.0.1:8000/v1 --model scripted",
-    "pipeline run": "codegym pipeline run --problems examples/problems.jsonl --work run1 "
+    "pipeline run": "codegym pipeline run --problems codegym/samples/problems.jsonl --work run1 "
     "--llm-base-url http://127.0.0.1:8000/v1 --model scripted",
     "pipeline status": "codegym pipeline status --work run1 --problems",
     "export": "codegym export --library run1/library.db --out train.jsonl --split 0.1",

@@ -24,10 +24,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from codegym.samples import TRAJECTORIES
 from codegym_cli.oracle import read_trajectories
-from codegym_client.runtime_client import DEFAULT_TARGET, AsyncRuntimeClient, CodeGymError
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from codegym_client import DEFAULT_TARGET, AsyncRuntimeClient, CodeGymError
 
 
 @dataclass
@@ -262,7 +261,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--target", default=DEFAULT_TARGET, help="runtime address")
     demo.add_argument(
         "--trajectories",
-        default=str(EXAMPLES / "trajectories.jsonl"),
+        default=str(TRAJECTORIES),
         help="oracle trajectories (write them with 'codegym library oracle')",
     )
     demo.add_argument("--random-episodes", type=int, default=3, help="random-agent episodes per environment")

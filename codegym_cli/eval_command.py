@@ -40,7 +40,7 @@ from codegym_cli.evaluation import (
     tasks_from_library,
 )
 from codegym_cli.synthesize_command import add_llm_arguments, missing_api_key, settings_from
-from codegym_client.runtime_client import AsyncRuntimeClient, RuntimeUnavailable
+from codegym_client import AsyncRuntimeClient, RuntimeUnavailable
 
 
 def load_tasks(args: argparse.Namespace) -> list[EvalTask]:

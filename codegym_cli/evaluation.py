@@ -58,7 +58,7 @@ from codegym_cli.eval_results import (
 from codegym_cli.export import build_instances
 from codegym_client.actions import ActionParseError, from_tool_calls, parse_function_call
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
-from codegym_client.runtime_client import AsyncRuntimeClient
+from codegym_client.async_client import AsyncRuntimeClient
 
 END_REASONS = COUNTED_REASONS + FAILURE_REASONS
 MAX_ERROR_CHARS = 2000

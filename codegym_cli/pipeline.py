@@ -22,7 +22,6 @@ from typing import Any
 
 import grpc
 
-from codegym.common.v1 import common_pb2 as cm
 from codegym.library import Library, TaskRecord, canonical_config
 from codegym.metrics import PIPELINE_OUTCOMES
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
@@ -37,7 +36,8 @@ from codegym_cli.pipeline_state import (
     rejected,
     usage_fields,
 )
-from codegym_cli.pipeline_trust import CHECK_DEADLINE_S, TrustStages
+from codegym_cli.pipeline_trust import CHECK_DEADLINE_S, determinism, guessability, negative_controls
+from codegym_client.api.common.v1 import common_pb2 as cm
 from services.synthesis.problems import Problem
 
 STAGES = (
@@ -94,7 +94,7 @@ class PipelineConfig:
         return tuple(s for s in STAGES if not off.get(s, False))
 
 
-class Pipeline(TrustStages):
+class Pipeline:
     """Runs problems through the stages. Build inside the running loop."""
 
     def __init__(
@@ -325,6 +325,18 @@ class Pipeline(TrustStages):
             {**t, "solve_fc_round": r.solve_fc_round} for t, r in zip(tests, response.tasks, strict=True)
         ]
         return passed(data)
+
+    # The trust stages (pipeline_trust.py) take the stub and the settings they read.
+
+    async def _negative_controls(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
+        return await negative_controls(self.verification, self.config.solvability, done)
+
+    async def _determinism(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
+        tests = self.config.determinism_tests
+        return await determinism(self.verification, self.config.solvability, tests, done)
+
+    async def _guessability(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
+        return await guessability(self.verification, self.config.max_guess_rate, done)
 
     async def _filters(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
         env = done["environment"]

@@ -1,6 +1,6 @@
 """`codegym pipeline run|status`: problems in, a verified environment library out.
 
-    codegym pipeline run --problems examples/problems.jsonl --library lib.db --work run1 \\
+    codegym pipeline run --problems codegym/samples/problems.jsonl --library lib.db --work run1 \\
         --llm-base-url http://127.0.0.1:8000/v1 --model scripted
 
 Starts what is not given (sandbox workers, the verification service, the synthesis service with

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from sandbox_worker.inside.settings import JailSettings
+from codegym.inside.settings import JailSettings
 from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits
 
 

@@ -26,18 +26,16 @@ from pathlib import Path
 from codegym.grpcutil import wait_serving
 from codegym.library import Library, default_library_path
 from codegym.procs import RedisServer, ServerProcess, codegym_command
+from codegym.samples import ENVS, TASKS
 from sandbox_worker.residency import default_budget_mb
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 GATEWAY_STOP_S = 45.0  # a gateway's default --grace-s (30 s) and its closing, before SIGKILL
 
 
 def build_default_library(path: Path) -> None:
     """The sample environments and their task configs, imported on first run."""
-    if not (EXAMPLES / "envs").is_dir():
-        raise SystemExit(f"codegym up: no library at {path} and no examples folder to build one from")
     with Library(path) as library:
-        report = library.import_paths([EXAMPLES / "envs", EXAMPLES / "tasks.jsonl"])
+        report = library.import_paths([ENVS, TASKS])
         envs, tasks = library.counts()
     print(f"built library {path}: {envs} environments, {tasks} task configs", flush=True)
     for where, reason in report.skipped:

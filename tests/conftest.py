@@ -9,12 +9,15 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import jail_guard
+
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
+EXAMPLES = ROOT / "codegym" / "samples"  # the sample environments and their data (package data)
 ENV_DIR = EXAMPLES / "envs"
 FIXTURE_ENVS = ROOT / "tests" / "fixtures" / "envs"
 SHARED_DATA = ROOT / "tests" / "fixtures" / "data"
 PYTHON = sys.executable
+JAIL_WATCH = pytest.StashKey[Any]()
 
 
 def sample_env_paths() -> list[Path]:
@@ -30,12 +33,39 @@ def training_instances() -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "deployable: needs only a runtime serving the sample library; runs against CODEGYM_TEST_RUNTIME "
-        "when set (see tests/helpers/servers.py)",
-    )
+# The markers (`jail`, `slow`, `deployable`) are declared in pyproject.toml; `--strict-markers`.
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    """Watch an unmarked test for jails from before its fixtures start (tests/helpers/jail_guard.py)."""
+    if item.get_closest_marker("jail") is None and jail_guard.supported():
+        item.stash[JAIL_WATCH] = jail_guard.JailWatch()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Fail a test that started a jail but is not marked `jail` (its fixtures included)."""
+    try:
+        result = yield
+    finally:
+        watch = item.stash.get(JAIL_WATCH, None)
+        started = watch.stop() if watch is not None else []
+    if started:
+        pytest.fail(
+            "this test started a sandbox worker's jails but is not marked `jail`: add "
+            "@pytest.mark.jail (or a module-level pytestmark); nsjail processes seen: " + "; ".join(started),
+            pytrace=False,
+        )
+    return result
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """A test whose setup failed never ran its call: end its watch here."""
+    watch = item.stash.get(JAIL_WATCH, None)
+    if watch is not None:
+        watch.stop()
 
 
 @pytest.fixture(scope="session")

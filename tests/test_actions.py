@@ -159,7 +159,7 @@ def test_tool_calls_carry_arguments_as_text_or_as_an_object() -> None:
 def _runtime_parameters(text: str) -> dict[str, Any] | None:
     """The parameters the runtime runs the tool with for `text`, or None when it refuses it."""
     # Imported here, not skipped when missing: the server side must exist in this checkout.
-    from codegym.runtime.v1 import runtime_service_pb2 as rt
+    from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
     from services.runtime import requests
 
     canonical, error = requests.action_text(rt.StepRequest(action_json=text), ["GetCell"], 64 * 1024)

@@ -17,6 +17,8 @@ from tests.conftest import ROOT
 from tests.helpers.processes import sleeping_in_jails, wait_until
 from tests.helpers.servers import ServerProcess, start_runtime, start_workers
 
+pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
+
 COUNTER = "Test_0001_I__CounterEnv"
 RUNTIME_ENVS = ROOT / "tests" / "fixtures" / "runtime_envs"
 

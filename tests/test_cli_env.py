@@ -50,6 +50,7 @@ def test_describe_json_prints_tool_definitions() -> None:
     assert all(t["type"] == "function" for t in tools)
 
 
+@pytest.mark.slow  # one command line per sample env: over 10 s on 2 busy cores
 def test_check_passes_every_sample_env() -> None:
     for path in sample_env_paths():
         result = codegym("env", "check", str(path))

@@ -26,6 +26,13 @@ CLIENT = ROOT / "clients"
 PACKAGE = CLIENT / "codegym_client"
 README_TARGET = "127.0.0.1:50051"
 SERVER_PACKAGES = {"codegym", "codegym_cli", "services", "sandbox_worker", "clients"}
+# The adapters' modules and what they import beyond the client (an extra's, or the trainer's own).
+ADAPTED = {
+    "gym_env.py": {"gymnasium"},
+    "verl/agent_loop.py": {"verl"},
+    "verl/tool.py": {"verl"},
+    "verl/advantage.py": {"verl", "torch", "numpy"},
+}
 
 # Replays a recorded episode with the drop-in client (observations compared with the recording),
 # then reports the distributions and modules the venv has.
@@ -101,8 +108,8 @@ def run(argv: list[str], cwd: Path, timeout: float = 900) -> subprocess.Complete
 
 
 def test_the_client_package_imports_nothing_of_the_servers() -> None:
-    """Every module of the package imports the standard library, grpc, protobuf or itself (and the
-    gymnasium adapter gymnasium): the fence that keeps `pip install ./clients` a client."""
+    """Every module of the package imports the standard library, grpc, protobuf or itself (and each
+    adapter what it adapts, `ADAPTED`): the fence that keeps `pip install ./clients` a client."""
     allowed = set(sys.stdlib_module_names) | {"grpc", "google", "codegym_client"}
     for path in sorted(PACKAGE.rglob("*.py")):
         names: set[str] = set()
@@ -111,7 +118,7 @@ def test_the_client_package_imports_nothing_of_the_servers() -> None:
                 names |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names.add(node.module.split(".")[0])
-        extra = {"gymnasium"} if path.name == "gym_env.py" else set()
+        extra = ADAPTED.get(path.relative_to(PACKAGE).as_posix(), set())
         assert names <= allowed | extra, (path, names - allowed - extra)
 
 
@@ -126,6 +133,8 @@ def oldest_python() -> str | None:
 OLDEST = "3.10"
 
 
+@pytest.mark.slow
+@pytest.mark.jail
 @pytest.mark.parametrize("interpreter", ["this", OLDEST])
 def test_the_client_alone_runs_the_readme_example(tmp_path: Path, interpreter: str) -> None:
     assert f'requires-python = ">={OLDEST}"' in (CLIENT / "pyproject.toml").read_text()

@@ -26,7 +26,6 @@ import pytest
 from codegym import errors
 from codegym.contract import split_env_id
 from codegym.library import Library
-from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client import (
     AsyncRuntimeClient,
     CapacityExceeded,
@@ -40,6 +39,7 @@ from codegym_client import (
     SessionNotFound,
     StepConflict,
 )
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.errors import REASON_TRAILER, REASONS, RETRY_AFTER_TRAILER, reason_sent, typed_error
 from codegym_client.gym_env import RemoteEnv
 from codegym_client.online import OnlineGymEnv
@@ -125,6 +125,7 @@ def recorded() -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.jail
 def test_a_replica_killed_mid_replay_costs_no_episode(
     library: Path, workers: str, redis: Redis, recorded: list[dict[str, Any]]
 ) -> None:
@@ -247,6 +248,7 @@ def drive(driver: str, target: str, reached_slow: threading.Event) -> tuple[str,
         return remote.session_id, [*seen, observation]
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize("driver", DRIVERS)
 def test_a_step_lost_with_its_replica_is_sent_again_and_applied_once(
     driver: str, library: Path, workers: str, redis: Redis
@@ -297,6 +299,7 @@ def runtime(library: Path, workers: str, redis: Redis) -> Iterator[ServerProcess
         proc.stop()
 
 
+@pytest.mark.jail
 def test_a_step_sent_again_with_its_index_is_answered_from_the_record(runtime: ServerProcess) -> None:
     with RuntimeClient(runtime.address) as client:
         sid = client.create_session(env_id=COUNTER, config={"target": 5}).session_id
@@ -309,6 +312,7 @@ def test_a_step_sent_again_with_its_index_is_answered_from_the_record(runtime: S
         assert client.get_session(sid).step_index == 2
 
 
+@pytest.mark.jail
 def test_a_deadline_is_resent_once_then_raised(runtime: ServerProcess) -> None:
     """A step slower than the client's deadline: sent twice (the second time with its index), then
     `RuntimeUnavailable`; a hung runtime costs twice `timeout_s`, not `attempts` times. The step is
@@ -401,6 +405,7 @@ def assert_reason(
     assert isinstance(error, grpc.RpcError) and isinstance(error.__cause__, grpc.RpcError)
 
 
+@pytest.mark.jail
 def test_every_refusal_raises_the_exception_of_its_reason(runtime: ServerProcess, redis: Redis) -> None:
     with RuntimeClient(runtime.address) as client:
         assert_reason(refused(lambda: client.get_env("Nope_1_I__NoSuchEnv")), EnvNotFound, "ENV_NOT_FOUND")

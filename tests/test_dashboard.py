@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import generate_latest
 
 from codegym.library import Library
@@ -108,6 +109,7 @@ def test_dashboard_panels_are_well_formed() -> None:
     assert {v["name"] for v in dashboard["templating"]["list"]} >= {"datasource", "job", "pod"}
 
 
+@pytest.mark.jail
 def test_every_dashboard_metric_is_exported(tmp_path: Path) -> None:
     library = tmp_path / "library.db"
     with Library(library):

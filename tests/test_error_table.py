@@ -43,6 +43,7 @@ def reason_of(error: grpc.aio.AioRpcError) -> str:
     return str(dict(error.trailing_metadata() or ()).get(REASON_TRAILER, ""))
 
 
+@pytest.mark.jail
 async def test_the_sandbox_worker_answers_through_the_table(worker: ServerProcess) -> None:
     path = f"/{sb.DESCRIPTOR.services_by_name['SandboxService'].full_name}/Execute"
     error = await call_raw(worker.address, path, BAD_UTF8)
@@ -54,6 +55,7 @@ async def test_the_sandbox_worker_answers_through_the_table(worker: ServerProces
     assert "source" in (error.details() or "")
 
 
+@pytest.mark.jail
 async def test_the_verification_service_answers_through_the_table(worker: ServerProcess) -> None:
     server = VerificationServer(worker.address)
     await server.start()

@@ -170,6 +170,7 @@ def oracle_turns(instances: Path) -> list[int]:
     return lengths
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_oracle_agent_solves_every_task(
     runtime: str, instances: Path, task_texts: dict[str, str], tmp_path: Path
@@ -191,6 +192,7 @@ def test_oracle_agent_solves_every_task(
     assert len(episode["actions"]) == len(episode["observations"]) == episode["turns"]
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 @pytest.mark.parametrize(
     ("agent", "reason", "turns"),
@@ -217,6 +219,7 @@ def test_failing_agents_end_for_the_right_reason(
         assert all("maximum context length is 4096 tokens" in e["error"] for e in episodes)
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_native_tool_calls(runtime: str, library: Path, task_texts: dict[str, str], tmp_path: Path) -> None:
     with ScriptedLLM(oracle_agent(TRAJECTORIES, task_texts, native=True)) as llm:
@@ -242,6 +245,7 @@ def test_native_tool_calls(runtime: str, library: Path, task_texts: dict[str, st
     assert episode["messages"][-1]["role"] == "tool" and episode["messages"][-2]["tool_calls"]
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_an_endpoint_that_fails_first_is_retried(
     runtime: str, instances: Path, task_texts: dict[str, str], tmp_path: Path
@@ -256,6 +260,7 @@ def test_an_endpoint_that_fails_first_is_retried(
     assert requests == oracle_turns(one)[0] + 2
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_difficulty_scores_go_to_the_library_and_filter_the_export(
     runtime: str, library: Path, task_texts: dict[str, str], tmp_path: Path
@@ -288,6 +293,7 @@ def test_difficulty_scores_go_to_the_library_and_filter_the_export(
     assert easy == [] and "dropped 9 outside" in note
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_a_killed_run_resumes_without_replaying_finished_episodes(
     runtime: str, instances: Path, task_texts: dict[str, str], tmp_path: Path
@@ -326,6 +332,7 @@ def test_a_killed_run_resumes_without_replaying_finished_episodes(
     assert summary_of(out)["overall"]["end_reasons"] == {"solved": 24}
 
 
+@pytest.mark.jail
 def test_a_runtime_lost_mid_run_costs_a_rerun_not_a_figure(
     library: Path, sandbox: str, instances: Path, task_texts: dict[str, str], tmp_path: Path
 ) -> None:
@@ -412,6 +419,7 @@ def test_a_runtime_lost_mid_run_costs_a_rerun_not_a_figure(
     assert f"{len(replayed)} episodes played now ({len(replayed)} counted, 0 not counted)" in rerun.stdout
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_a_failing_endpoint_scores_nothing_and_is_played_again(
     runtime: str, library: Path, task_texts: dict[str, str], tmp_path: Path
@@ -466,6 +474,7 @@ def test_a_failing_endpoint_scores_nothing_and_is_played_again(
     assert [scores[name] for scores in scores_of(lib, "Sample_0003").values()] == [1.0] * 9
 
 
+@pytest.mark.jail
 def test_the_scripted_server_plays_the_sample_envs_as_their_oracle(sandbox: str, tmp_path: Path) -> None:
     """The default script (what `python -m tests.helpers.fake_llm` serves, as the README starts it)
     plays as an agent, on configs no trajectory was recorded for."""
@@ -569,6 +578,7 @@ def test_which_400s_are_a_context_overflow(body: dict[str, Any], overflow: bool)
     assert context_overflow(bad_request(body)) is overflow
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_an_overflow_at_the_first_turn_is_a_setting_not_an_episode(
     runtime: str, short_instances: Path, tmp_path: Path

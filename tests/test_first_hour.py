@@ -22,7 +22,7 @@ import pytest
 
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
-from tests.conftest import ROOT
+from tests.conftest import ENV_DIR, EXAMPLES, ROOT
 from tests.helpers.servers import ServerProcess
 
 
@@ -68,6 +68,7 @@ def tmp_under_tmp() -> Iterator[Path]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.jail
 def test_a_worker_whose_interpreter_lives_under_tmp_serves_and_keeps_scratch_clean(
     tmp_under_tmp: Path,
 ) -> None:
@@ -92,6 +93,7 @@ def test_a_worker_whose_interpreter_lives_under_tmp_serves_and_keeps_scratch_cle
         assert worker.stop() == 0
 
 
+@pytest.mark.jail
 def test_a_jail_that_cannot_start_says_why_in_one_line_and_leaves_nothing(tmp_under_tmp: Path) -> None:
     python = tmp_interpreter(tmp_under_tmp / "private", traversable=False)
     script = tmp_under_tmp / "hello.py"
@@ -125,6 +127,7 @@ def test_a_port_in_use_is_said_once_without_grpc_core_lines(tmp_path: Path) -> N
     assert "sandbox worker 1 did not start" in result.stderr
 
 
+@pytest.mark.jail
 def test_no_asyncio_warning_when_a_local_worker_stops(tmp_path: Path) -> None:
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
@@ -157,9 +160,7 @@ def test_library_commands_tell_the_truth_in_their_exit_codes(tmp_path: Path) -> 
 
 def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     library = tmp_path / "lib.db"
-    assert (
-        cli("library", "import", str(ROOT / "examples" / "envs"), "--library", str(library)).returncode == 0
-    )
+    assert cli("library", "import", str(ENV_DIR), "--library", str(library)).returncode == 0
     proc = subprocess.Popen(
         [sys.executable, "-m", "codegym_cli.cli", "library", "list", "--library", str(library)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
@@ -179,7 +180,7 @@ def test_an_unreachable_llm_endpoint_fails_in_seconds_with_one_line(tmp_path: Pa
         result = cli(
             "synthesize",
             "--problems",
-            str(ROOT / "examples" / "problems.jsonl"),
+            str(EXAMPLES / "problems.jsonl"),
             "--out",
             str(tmp_path / "o"),
             "--llm-base-url",
@@ -195,7 +196,7 @@ def test_an_unreachable_llm_endpoint_fails_in_seconds_with_one_line(tmp_path: Pa
 def test_a_remote_endpoint_without_a_key_is_refused_before_any_work(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     result = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "synthesize", "--problems", str(ROOT / "examples" / "problems.jsonl"),
+        [sys.executable, "-m", "codegym_cli.cli", "synthesize", "--problems", str(EXAMPLES / "problems.jsonl"),
          "--out", str(tmp_path / "o"), "--llm-base-url", "https://api.example.com/v1"],
         capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
     )  # fmt: skip
@@ -203,6 +204,7 @@ def test_a_remote_endpoint_without_a_key_is_refused_before_any_work(tmp_path: Pa
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.jail
 def test_sandbox_run_prints_numbers_as_numbers(tmp_path: Path) -> None:
     import json
 
@@ -241,6 +243,7 @@ def test_every_command_help_says_what_it_does_its_defaults_and_an_example() -> N
     assert fake.returncode == 0 and "usage:" in fake.stdout and "--port" in fake.stdout
 
 
+@pytest.mark.jail
 def test_a_worker_sweeps_the_folders_of_workers_that_were_killed(tmp_path: Path) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

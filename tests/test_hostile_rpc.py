@@ -25,8 +25,7 @@ import pytest
 
 from codegym.grpcutil import ManagedServer
 from codegym.library import load_library
-from codegym.runtime.v1 import runtime_service_pb2 as rt
-from codegym_client.runtime_client import (
+from codegym_client import (
     AsyncRuntimeClient,
     CapacityExceeded,
     CodeGymError,
@@ -38,6 +37,7 @@ from codegym_client.runtime_client import (
     SessionDone,
     SessionNotFound,
 )
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.dispatcher import SandboxDispatcher
 from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, Session
@@ -182,6 +182,7 @@ def assert_step_error(response: rt.StepResponse, code: int, step_index: int) -> 
     assert response.step_index == step_index and not response.done
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(("label", "action", "code"), HOSTILE_STEPS, ids=[s[0] for s in HOSTILE_STEPS])
 def test_a_hostile_step_is_a_typed_step_error_and_changes_nothing(
     client: RuntimeClient, label: str, action: str | rt.ToolCall, code: int
@@ -195,11 +196,12 @@ def test_a_hostile_step_is_a_typed_step_error_and_changes_nothing(
 
 
 def trajectory() -> dict[str, Any]:
-    """A recorded oracle trajectory of moderate length (from examples/trajectories.jsonl)."""
+    """A recorded oracle trajectory of moderate length (from codegym/samples/trajectories.jsonl)."""
     lines = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines() if x.strip()]
     return next(t for t in lines if 8 <= len(t["steps"]) <= 14)
 
 
+@pytest.mark.jail
 async def test_hostile_steps_through_step_batch_and_stream_leave_a_trajectory_intact(
     runtime: ServerProcess,
 ) -> None:
@@ -309,6 +311,7 @@ def create_message(fields: dict[str, Any]) -> rt.CreateSessionRequest:
     return rt.CreateSessionRequest(env_task=task, options=rt.SessionOptions(**options))
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(("label", "fields", "code"), HOSTILE_CREATES, ids=[c[0] for c in HOSTILE_CREATES])
 def test_hostile_create_session_is_a_clear_refusal(
     client: RuntimeClient, label: str, fields: dict[str, Any], code: grpc.StatusCode
@@ -319,6 +322,7 @@ def test_hostile_create_session_is_a_clear_refusal(
     assert_clear(info.value.code(), info.value.details() or "", code)
 
 
+@pytest.mark.jail
 def test_hostile_ids_for_the_session_and_env_rpcs(client: RuntimeClient) -> None:
     hostile_ids = ["", "no-such-session", "\x00" * 64, "x" * TWO_MB, "\ufffe\U0001f600" * 1000, nested(DEEP)]
     for hostile in hostile_ids:
@@ -343,6 +347,7 @@ def test_hostile_ids_for_the_session_and_env_rpcs(client: RuntimeClient) -> None
     assert list(page.envs) == []
 
 
+@pytest.mark.jail
 def test_hostile_batch_step_entries(client: RuntimeClient) -> None:
     session, other = counter_session(client), counter_session(client)
     results = client.batch_step(
@@ -368,6 +373,7 @@ def test_hostile_batch_step_entries(client: RuntimeClient) -> None:
         assert client.step(sid, OBSERVE).observation == "0"
 
 
+@pytest.mark.jail
 async def test_hostile_step_stream_entries(runtime: ServerProcess, client: RuntimeClient) -> None:
     session = counter_session(client)
     async with AsyncRuntimeClient(runtime.address, timeout_s=60) as aclient:
@@ -411,6 +417,7 @@ def raw_unary(address: str, method: str, payload: bytes) -> grpc.RpcError:
     return info.value
 
 
+@pytest.mark.jail
 def test_undecodable_unary_requests_to_the_runtime_process_are_invalid_argument(
     runtime: ServerProcess,
 ) -> None:
@@ -439,6 +446,7 @@ async def raw_stream(address: str, session: str) -> tuple[list[rt.StepStreamResp
         return answers, await call.code(), await call.details()
 
 
+@pytest.mark.jail
 async def test_an_undecodable_step_stream_message_is_invalid_argument(
     runtime: ServerProcess, client: RuntimeClient
 ) -> None:
@@ -463,6 +471,7 @@ class ExplodingStore(InMemorySessionStore):
         return await super().get(session_id)
 
 
+@pytest.mark.jail
 async def test_lenient_registration_and_the_last_line_of_defence(
     library: Path, workers: list[ServerProcess], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -517,6 +526,7 @@ async def test_lenient_registration_and_the_last_line_of_defence(
 # ---- typed client errors --------------------------------------------------------------------------
 
 
+@pytest.mark.jail
 def test_sync_client_raises_typed_errors(client: RuntimeClient) -> None:
     err = refused(lambda: client.create_session(env_id="Nope_1_I__NoSuchEnv", config={}))
     assert type(err) is EnvNotFound and isinstance(err, grpc.RpcError)
@@ -554,6 +564,7 @@ def test_sync_client_raises_typed_errors(client: RuntimeClient) -> None:
     assert client.close_session(session)
 
 
+@pytest.mark.jail
 async def test_async_client_raises_typed_errors(runtime: ServerProcess) -> None:
     async with AsyncRuntimeClient(runtime.address) as client:
         with pytest.raises(EnvNotFound):
@@ -573,6 +584,7 @@ async def test_async_client_raises_typed_errors(runtime: ServerProcess) -> None:
         assert await client.close_session(session)
 
 
+@pytest.mark.jail
 def test_capacity_exceeded_carries_the_retry_hint(library: Path, workers: list[ServerProcess]) -> None:
     proc = base.start_runtime(library, workers, "--max-sessions", "1")
     try:

@@ -25,6 +25,8 @@ from tests.conftest import ENV_DIR, EXAMPLES, ROOT, sample_tasks
 from tests.helpers.servers import ServerProcess
 from tests.helpers.trajectories import record
 
+pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
+
 NEIGHBOUR = ROOT / "tests" / "fixtures" / "runtime_envs" / "Test_0002_I__NeighbourEnv.py"
 NEIGHBOUR_ID = "Test_0002_I__NeighbourEnv"
 

@@ -1,4 +1,4 @@
-"""The fence around the code that runs inside jails: `sandbox_worker/inside/` imports the standard
+"""The fence around the code that runs inside jails: `codegym/inside/` imports the standard
 library only (and itself), so what is mounted into a jail is all a jail needs, and nothing of the
 trusted side (grpc, the project's other packages) can leak in."""
 
@@ -10,7 +10,7 @@ import sys
 
 from tests.conftest import ROOT
 
-INSIDE = ROOT / "sandbox_worker" / "inside"
+INSIDE = ROOT / "codegym" / "inside"
 
 
 # What environments themselves import: the jail's code may touch them only inside a function (when

@@ -25,10 +25,10 @@ import grpc
 import pytest
 
 from codegym import procs
-from codegym.runtime.v1 import runtime_service_pb2 as rt
-from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from tests.conftest import EXAMPLES, ROOT
 from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.pipeline_cases import case_problem, case_script, write_problems
@@ -101,6 +101,7 @@ def kill_and_check(target: int, tree: dict[Proc, str], subreaper: int, reaper: l
     assert sorted(p for p in ports if not port_free(p)) == []
 
 
+@pytest.mark.jail
 def test_sigkill_of_codegym_up_leaves_no_process_and_no_port(tmp_path: Path, reaper: list[Proc]) -> None:
     require_redis_server()  # --runtimes 2 shares sessions in a private redis-server
     args = ["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--workers", "2", "--jails", "2",
@@ -132,6 +133,8 @@ def test_sigkill_of_codegym_up_leaves_no_process_and_no_port(tmp_path: Path, rea
         wrapper.stop(signal.SIGKILL)
 
 
+@pytest.mark.slow
+@pytest.mark.jail
 def test_sigkill_of_pipeline_run_mid_run_leaves_no_process_and_no_port(
     tmp_path: Path, reaper: list[Proc]
 ) -> None:
@@ -177,6 +180,7 @@ def test_sigkill_of_pipeline_run_mid_run_leaves_no_process_and_no_port(
 SLEEPER = "import ctypes, time\nctypes.CDLL(None).prctl(15, b'lifecycle-sleep', 0, 0, 0)\ntime.sleep(120)\n"
 
 
+@pytest.mark.jail
 def test_sigkill_of_a_sandbox_worker_mid_request_ends_its_jail_at_once(reaper: list[Proc]) -> None:
     """A zygote busy with a request reads no input, so it would notice its worker's death only when
     the request ends (up to the 60 s wall limit): the jail must die with the worker, not then."""

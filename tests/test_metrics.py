@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 
 from codegym.library import Library
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
@@ -42,6 +43,7 @@ def scrape(address: str) -> dict[str, float]:
     return values
 
 
+@pytest.mark.jail
 def test_sandbox_worker_metrics_count_rpcs_and_operations() -> None:
     worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", "--metrics-port", "0"])
     try:
@@ -71,6 +73,7 @@ def test_sandbox_worker_metrics_count_rpcs_and_operations() -> None:
     assert moved('codegym_rpc_seconds_count{method="Execute"}') == 3
 
 
+@pytest.mark.jail
 def test_an_operation_whose_caller_gave_up_while_it_waited_is_not_run() -> None:
     worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", "--metrics-port", "0"])
     try:
@@ -135,6 +138,7 @@ def test_synthesis_metrics_count_llm_requests_and_tokens(tmp_path: object) -> No
     assert values['codegym_rpc_total{code="OK",method="GenerateEnvironment"}'] == 2
 
 
+@pytest.mark.jail
 def test_json_logs_carry_request_and_session_ids(tmp_path: Path) -> None:
     workers = start_workers(1)
     library = tmp_path / "lib.db"

@@ -32,6 +32,8 @@ from tests.conftest import ENV_DIR, EXAMPLES, FIXTURE_ENVS, SHARED_DATA, trainin
 from tests.helpers.openenv_play import play_tool_calls, rows
 from tests.helpers.servers import ServerProcess
 
+pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
+
 
 def wait_true(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
     """Seconds until `condition` held; fails the test after `timeout_s`."""

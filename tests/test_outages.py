@@ -42,6 +42,7 @@ def workers() -> Iterator[list[ServerProcess]]:
         assert worker.stop() == 0
 
 
+@pytest.mark.jail
 def test_a_call_made_during_an_outage_succeeds_once_the_runtime_is_back(
     library: Path, workers: list[ServerProcess], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -70,6 +71,7 @@ def test_a_call_made_during_an_outage_succeeds_once_the_runtime_is_back(
     wait_until(lambda: port_free(port), 10, "the runtime's port to be free")
 
 
+@pytest.mark.jail
 def test_a_failure_that_does_not_clear_is_raised_at_once_and_a_wait_that_runs_out_raises(
     library: Path, workers: list[ServerProcess]
 ) -> None:

@@ -19,8 +19,7 @@ import pytest
 
 from codegym.errors import REASON_TRAILER, table_markdown
 from codegym.library import Library
-from codegym_client import AsyncRuntimeClient
-from codegym_client.runtime_client import EnvFailed, RuntimeClient, StepConflict
+from codegym_client import AsyncRuntimeClient, EnvFailed, RuntimeClient, StepConflict
 from tests.conftest import ROOT
 from tests.helpers.processes import CLOCK_NANOSLEEP, children, stat_fields, syscall, wait_until
 from tests.helpers.servers import ServerProcess
@@ -56,6 +55,7 @@ def reason_of(exc: grpc.RpcError) -> str:
     return dict(exc.trailing_metadata() or ()).get(REASON_TRAILER, "")
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize("fail", ["raise", "loop", "memory"])
 def test_an_environment_that_cannot_start_is_env_failed_and_a_sane_config_still_works(
     client: RuntimeClient, fail: str
@@ -72,6 +72,7 @@ def test_an_environment_that_cannot_start_is_env_failed_and_a_sane_config_still_
     client.close_session(created.session_id)
 
 
+@pytest.mark.jail
 def test_a_step_whose_process_is_killed_from_outside_runs_again_cold_with_the_same_answer(
     servers: tuple[ServerProcess, ServerProcess], client: RuntimeClient
 ) -> None:
@@ -122,6 +123,7 @@ def test_the_readme_shows_the_outcome_table() -> None:
     assert table_markdown() in (ROOT / "README.md").read_text()
 
 
+@pytest.mark.jail
 def test_an_action_reaches_the_environment_as_its_own_json_loads_reads_it(client: RuntimeClient) -> None:
     """CodeGym's own solve() sends float('inf') through json.dumps: `Infinity` is an action the
     environment accepts, so the runtime passes it on; `arguments` (OpenAI's word) is `parameters`."""
@@ -134,6 +136,7 @@ def test_an_action_reaches_the_environment_as_its_own_json_loads_reads_it(client
     client.close_session(session)
 
 
+@pytest.mark.jail
 def test_a_resent_step_gets_its_recorded_reply_and_another_action_with_that_index_a_conflict(
     client: RuntimeClient,
 ) -> None:
@@ -155,6 +158,7 @@ def test_a_resent_step_gets_its_recorded_reply_and_another_action_with_that_inde
 SLOW_MS = 2_500
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize("how", ["step", "batch", "async step", "async batch"])
 def test_a_step_longer_than_the_clients_timeout_but_within_the_sessions_own_is_answered_once(
     servers: tuple[ServerProcess, ServerProcess], how: str

@@ -104,6 +104,8 @@ def finished_run(stack: dict[str, str], tmp_path_factory: pytest.TempPathFactory
     return {"work": work, "result": result, "rows": stage_rows(work), "library": work / "library.db"}
 
 
+@pytest.mark.slow
+@pytest.mark.jail
 def test_every_failure_ends_in_its_stage_with_its_reason(finished_run: dict[str, Any]) -> None:
     result = finished_run["result"]
     assert result.returncode == 0, result.stderr[-3000:]
@@ -126,6 +128,8 @@ def test_every_failure_ends_in_its_stage_with_its_reason(finished_run: dict[str,
         assert text in result.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.jail
 def test_failure_details(finished_run: dict[str, Any]) -> None:
     rows = finished_run["rows"]
     invalid = rows[("Case_bad_tests", "validate")]["data"]["invalid"]
@@ -156,6 +160,8 @@ def test_failure_details(finished_run: dict[str, Any]) -> None:
     assert kept and all(10 <= t["solve_fc_round"] <= 256 for t in kept)
 
 
+@pytest.mark.slow
+@pytest.mark.jail
 def test_library_holds_exactly_the_good_environments(finished_run: dict[str, Any]) -> None:
     snapshot = library_snapshot(finished_run["library"])
     codes = sorted(env_id.split("__")[0] for env_id in snapshot)
@@ -180,6 +186,8 @@ def test_library_holds_exactly_the_good_environments(finished_run: dict[str, Any
         assert stage in status.stdout and stage in record.metadata["verification"]
 
 
+@pytest.mark.slow
+@pytest.mark.jail
 def test_negative_controls_determinism_and_guessability(finished_run: dict[str, Any]) -> None:
     rows = finished_run["rows"]
     pays_any = rows[("Case_pays_any", "negative_controls")]["data"]
@@ -215,6 +223,8 @@ def test_negative_controls_determinism_and_guessability(finished_run: dict[str, 
     assert not any(i["extra_info"]["env_id"].startswith("Sample_0007_I") for i in items)
 
 
+@pytest.mark.slow
+@pytest.mark.jail
 async def test_exported_instances_serve_and_the_oracle_reaches_reward_1(
     finished_run: dict[str, Any], stack: dict[str, str], tmp_path: Path
 ) -> None:
@@ -299,6 +309,8 @@ def test_export_matches_codegym_instances_field_by_field(tmp_path: Path) -> None
     assert user_message("task") == f"{PROTOCOL}\n\nQuestion:\n\n\ntask\n"
 
 
+@pytest.mark.slow
+@pytest.mark.jail
 def test_a_run_killed_during_solvability_resumes_without_new_llm_requests(
     stack: dict[str, str], llm: ScriptedLLM, tmp_path: Path
 ) -> None:
@@ -341,6 +353,8 @@ def test_a_run_killed_during_solvability_resumes_without_new_llm_requests(
     assert library_snapshot(work / "library.db") == library_snapshot(fresh / "library.db")
 
 
+@pytest.mark.slow
+@pytest.mark.jail
 def test_shortcuts_with_arguments_and_resident_against_cold(finished_run: dict[str, Any]) -> None:
     rows = finished_run["rows"]
     shortcut = rows[("Case_shortcut_args", "filters")]["data"]

@@ -33,10 +33,10 @@ import pytest
 from redis import Redis as RedisClient
 
 from codegym.library import Library
-from codegym.runtime.v1 import runtime_service_pb2 as rt
-from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym_client.channels import sync_channel
-from codegym_client.runtime_client import create_request
+from codegym_client.requests import create_request
 from services.runtime.redis_store import RedisSessionStore
 from services.runtime.sessions import InMemorySessionStore, Session
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
@@ -119,6 +119,7 @@ def play(stub: rt_grpc.RuntimeServiceStub, trajectory: dict[str, Any], on_step: 
     return seen
 
 
+@pytest.mark.jail
 def test_a_replica_killed_mid_run_loses_no_episode_and_applies_no_step_twice(
     library: Path, workers: str, redis: Redis
 ) -> None:
@@ -148,6 +149,7 @@ def test_a_replica_killed_mid_run_loses_no_episode_and_applies_no_step_twice(
         b.stop()
 
 
+@pytest.mark.jail
 def test_a_worker_killed_and_restarted_under_load_loses_no_session(library: Path, redis: Redis) -> None:
     procs = [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"]) for _ in range(2)]
     sandbox = ",".join(p.address for p in procs)
@@ -190,6 +192,7 @@ def test_a_worker_killed_and_restarted_under_load_loses_no_session(library: Path
             proc.stop()
 
 
+@pytest.mark.jail
 def test_sigterm_under_load_drains_without_losing_a_step(library: Path, workers: str, redis: Redis) -> None:
     """Every step a client was told succeeded is committed, and every step it was told failed
     (UNAVAILABLE, or CANCELLED for a call that met the server's GOAWAY) was not applied: another
@@ -241,6 +244,7 @@ def test_sigterm_under_load_drains_without_losing_a_step(library: Path, workers:
         reader.stop()
 
 
+@pytest.mark.jail
 def test_redis_going_away_is_unavailable_and_the_stack_recovers(
     library: Path, workers: str, redis: Redis, tmp_path: Path
 ) -> None:
@@ -281,6 +285,7 @@ def test_redis_going_away_is_unavailable_and_the_stack_recovers(
         runtime.stop()
 
 
+@pytest.mark.jail
 def test_codegym_up_with_two_runtimes_shares_sessions(tmp_path: Path) -> None:
     require_redis_server()
     up = ServerProcess(
@@ -399,6 +404,7 @@ def pair(library: Path, workers: str, redis: Redis) -> Iterator[Pair]:
         replicas.close()
 
 
+@pytest.mark.jail
 def test_a_step_longer_than_the_lease_keeps_it_and_the_other_replica_waits(pair: Pair) -> None:
     """Lease 1 s, a 3 s step on replica A: the lease is renewed, so B's step of the same session
     starts only after A's step is committed and sees its result. (Unrenewed, the lease would run
@@ -420,6 +426,7 @@ def test_a_step_longer_than_the_lease_keeps_it_and_the_other_replica_waits(pair:
     assert stored.step_index == 3
 
 
+@pytest.mark.jail
 def test_a_killed_replicas_lease_expires_after_at_most_the_lease(pair: Pair) -> None:
     """SIGKILL of A under a long step: B takes the session once the 1 s lease ran out, and A's
     step, never committed, is not part of the session."""
@@ -439,6 +446,7 @@ def test_a_killed_replicas_lease_expires_after_at_most_the_lease(pair: Pair) -> 
     assert waited < 1.0 + 1.5, waited  # the lease, plus a cold step in B's worker
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(
     ("late_tool", "late_parameters"),
     [("Slow", {"ms": 6000}), ("Slow", {"ms": 800})],

@@ -23,6 +23,8 @@ from tests.helpers.processes import jailed, stat_fields, wait_until
 from tests.helpers.servers import ServerProcess
 from tests.test_metrics import metrics_address, scrape
 
+pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
+
 TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
 SOURCES = {p.stem: p.read_text() for p in ENV_DIR.glob("*__*Env.py")}
 STEP_LIMITS = pb.Limits(wall_ms=1500, cpu_ms=1000)
@@ -275,14 +277,18 @@ def test_a_full_jail_keeps_its_residents_and_evicts_only_idle_ones() -> None:
             resident_a, resident_b = [], []
             for _ in range(4):
                 (action_a, obs_a), (action_b, obs_b) = next(steps_a), next(steps_b)
-                ra, rb = a.step(action_a), b.step(action_b)
+                ra = a.step(action_a)
+                a_answered = time.monotonic()
+                rb = b.step(action_b)
                 assert (ra.observation, rb.observation) == (obs_a, obs_b)
                 resident_a.append(ra.resident)
                 resident_b.append(rb.resident)
             # Room for one: the first session stays warm; the newcomer runs cold instead of
             # evicting a session that is still stepping.
             assert all(resident_a) and not any(resident_b)
-            time.sleep(ADMIT_IDLE_S * 1.5)  # `a` idle past the admission threshold: `b` may take its place
+            # `a` idle past the admission threshold (by the monotonic clock the zygote reads, which
+            # set `a`'s last use before answering): `b` may take its place.
+            wait_until(lambda: time.monotonic() - a_answered > ADMIT_IDLE_S, 10, "`a` to sit idle")
             action_b, obs_b = next(steps_b)
             assert b.step(action_b).observation == obs_b
             action_b, obs_b = next(steps_b)

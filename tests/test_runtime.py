@@ -21,10 +21,11 @@ import pytest
 
 from codegym.contract import parse_ability, split_env_id
 from codegym.library import Library
-from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.actions import BEGIN, END
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.gym_env import OnlineGymEnv, RemoteEnv
-from codegym_client.runtime_client import AsyncRuntimeClient, RuntimeClient
+from codegym_client.runtime_client import RuntimeClient
 from tests.conftest import (
     ENV_DIR,
     EXAMPLES,
@@ -182,6 +183,7 @@ def test_training_instances_bring_task_text_and_oracle_rounds(library: Path) -> 
 # ---- playing episodes through every client --------------------------------------------------------
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_every_sample_task_reaches_reward_1_with_in_process_observations(
     sample_client: RuntimeClient,
@@ -192,6 +194,7 @@ def test_every_sample_task_reaches_reward_1_with_in_process_observations(
         replay(sample_client, env_id, config, exp)
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_every_sample_task_at_32_sessions_matches_in_process(sample_runtime: str) -> None:
     """The 108 sample episodes, 32 at a time: resident, cold and coalesced steps all give the recording."""
@@ -221,6 +224,7 @@ def test_every_sample_task_at_32_sessions_matches_in_process(sample_runtime: str
         assert seen == [exp["first"], *(o for _, o in exp["steps"])]
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_step_stream_drives_many_sessions_over_one_call(sample_runtime: str) -> None:
     tasks = [(t["env_id"], t["config"]) for t in sample_tasks()][::12]
@@ -269,6 +273,7 @@ def test_step_stream_drives_many_sessions_over_one_call(sample_runtime: str) -> 
     assert by_tag["malformed"].response.error.code == rt.STEP_ERROR_CODE_INVALID_ACTION
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_clients_take_openai_tool_call_messages_as_actions(sample_runtime: str) -> None:
     from types import SimpleNamespace
@@ -310,6 +315,7 @@ def test_clients_take_openai_tool_call_messages_as_actions(sample_runtime: str) 
         remote.close()
 
 
+@pytest.mark.jail
 def test_training_instance_abilities_through_online_adapter(runtime: ServerProcess) -> None:
     instances = training_instances()
     abilities = [parse_ability(i["ability"]) for i in instances]
@@ -330,6 +336,7 @@ def test_training_instance_abilities_through_online_adapter(runtime: ServerProce
             env.release()
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_async_client_plays_one_task_of_every_env_concurrently(sample_runtime: str) -> None:
     tasks = [(t["env_id"], t["config"]) for t in sample_tasks() if t["difficulty"] == "medium"][::3]
@@ -356,6 +363,7 @@ def test_async_client_plays_one_task_of_every_env_concurrently(sample_runtime: s
         assert seen == [exp["first"], *(o for _, o in exp["steps"])]
 
 
+@pytest.mark.jail
 @pytest.mark.deployable
 def test_gymnasium_adapter(sample_client: RuntimeClient) -> None:
     task = next(t for t in sample_tasks() if t["env_id"].endswith("CountIslandsEnv"))
@@ -385,6 +393,7 @@ def rpc_error(call: Any) -> grpc.RpcError:
     return info.value
 
 
+@pytest.mark.jail
 def test_create_session_refusals(client: RuntimeClient) -> None:
     err = rpc_error(lambda: client.create_session(env_id="Nope_1_I__NoSuchEnv", config={}))
     assert err.code() == grpc.StatusCode.NOT_FOUND and "Nope_1_I__NoSuchEnv" in err.details()
@@ -408,6 +417,7 @@ def counter_session(client: RuntimeClient, **options: Any) -> str:
     return client.create_session(env_id=COUNTER, config={"target": 3}, **options).session_id
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(
     ("action", "code", "words"),
     [
@@ -446,6 +456,7 @@ def test_step_errors_are_typed_and_change_nothing(
     client.close_session(session)
 
 
+@pytest.mark.jail
 def test_structured_tool_call_and_one_element_list(client: RuntimeClient) -> None:
     session = counter_session(client)
     response = client.step(session, rt.ToolCall(name="Add", parameters_json='{"amount": 5}'))
@@ -456,6 +467,7 @@ def test_structured_tool_call_and_one_element_list(client: RuntimeClient) -> Non
     assert response.error.code == rt.STEP_ERROR_CODE_INVALID_ACTION
 
 
+@pytest.mark.jail
 def test_oversized_message_is_refused_by_the_server(client: RuntimeClient, runtime: ServerProcess) -> None:
     session = counter_session(client)
     unlimited = grpc.insecure_channel(runtime.address, options=[("grpc.max_send_message_length", -1)])
@@ -471,6 +483,7 @@ def test_oversized_message_is_refused_by_the_server(client: RuntimeClient, runti
     assert client.step(session, '{"name": "Observe", "parameters": {}}').step_index == 1
 
 
+@pytest.mark.jail
 def test_unknown_session_done_session_and_truncation(client: RuntimeClient) -> None:
     err = rpc_error(lambda: client.step("no-such-session", '{"name": "Observe", "parameters": {}}'))
     assert err.code() == grpc.StatusCode.NOT_FOUND
@@ -497,6 +510,7 @@ def test_unknown_session_done_session_and_truncation(client: RuntimeClient) -> N
     assert rpc_error(lambda: client.get_session(capped)).code() == grpc.StatusCode.NOT_FOUND
 
 
+@pytest.mark.jail
 def test_concurrent_steps_on_one_session_are_serialized(client: RuntimeClient) -> None:
     session = counter_session(client)
     with ThreadPoolExecutor(16) as pool:
@@ -508,6 +522,7 @@ def test_concurrent_steps_on_one_session_are_serialized(client: RuntimeClient) -
     assert client.step(session, {"name": "Observe", "parameters": {}}).observation == "32"
 
 
+@pytest.mark.jail
 def test_closing_a_session_during_its_step_does_not_bring_it_back(
     client: RuntimeClient, workers: list[ServerProcess]
 ) -> None:
@@ -524,6 +539,7 @@ def test_closing_a_session_during_its_step_does_not_bring_it_back(
     assert rpc_error(lambda: client.get_session(session)).code() == grpc.StatusCode.NOT_FOUND
 
 
+@pytest.mark.jail
 def test_batch_step(client: RuntimeClient) -> None:
     sessions = [counter_session(client) for _ in range(4)]
     results = client.batch_step(
@@ -536,6 +552,7 @@ def test_batch_step(client: RuntimeClient) -> None:
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and "distinct" in err.details()
 
 
+@pytest.mark.jail
 def test_list_and_get_envs(client: RuntimeClient) -> None:
     envs = list(client.list_envs(page_size=4))
     assert len(envs) == 16 and [e.env_id for e in envs] == sorted(e.env_id for e in envs)
@@ -564,21 +581,40 @@ def test_list_and_get_envs(client: RuntimeClient) -> None:
 # ---- limits: TTL, capacity -----------------------------------------------------------------------
 
 
+@pytest.mark.jail
 def test_idle_sessions_expire(library: Path, workers: list[ServerProcess]) -> None:
-    proc = start_runtime(library, workers, "--session-ttl-s", "1")
+    # A session expires `ttl` after its last use, by the runtime's monotonic clock (this one too):
+    # `idle` is last used at its creation, `kept` by a step half a TTL later. Asking about a
+    # session (GetSession) does not renew it, so the test can watch `idle` go.
+    ttl = 3.0
+    proc = start_runtime(library, workers, "--session-ttl-s", str(ttl))
     try:
         with RuntimeClient(proc.address) as c:
+
+            def gone(session_id: str) -> bool:
+                try:
+                    c.get_session(session_id)
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+                    return True
+                return False
+
+            before = time.monotonic()
             kept, idle = counter_session(c), counter_session(c)
-            assert c.get_session(idle).expires_in_s <= 1
-            for _ in range(6):  # keep one session busy for ~1.5 s
-                time.sleep(0.25)
-                c.step(kept, {"name": "Observe", "parameters": {}})
-            assert rpc_error(lambda: c.get_session(idle)).code() == grpc.StatusCode.NOT_FOUND
-            assert c.get_session(kept).step_index == 6
+            created = time.monotonic()
+            assert c.get_session(idle).expires_in_s <= ttl
+            wait_until(lambda: time.monotonic() - created > ttl / 2, 10, "half the TTL to pass")
+            c.step(kept, {"name": "Observe", "parameters": {}})
+            wait_until(lambda: gone(idle), 2 * ttl, "the idle session to expire")
+            # Never before its TTL: it was last used after `before`.
+            assert time.monotonic() - before > ttl
+            # `kept` expires half a TTL after `idle` at the earliest: the step renewed it.
+            assert c.get_session(kept).step_index == 1
     finally:
         assert proc.stop() == 0
 
 
+@pytest.mark.jail
 def test_capacity_limit_answers_resource_exhausted_with_retry_hint(
     library: Path, workers: list[ServerProcess]
 ) -> None:
@@ -598,6 +634,7 @@ def test_capacity_limit_answers_resource_exhausted_with_retry_hint(
 # ---- losing workers ------------------------------------------------------------------------------
 
 
+@pytest.mark.jail
 def test_killing_a_worker_mid_episode_loses_no_session(library: Path) -> None:
     workers = start_workers()
     proc = start_runtime(library, workers)
@@ -663,6 +700,7 @@ def test_killing_a_worker_mid_episode_loses_no_session(library: Path) -> None:
 # ---- codegym up + demo ---------------------------------------------------------------------------
 
 
+@pytest.mark.jail
 def test_codegym_up_and_demo(tmp_path: Path) -> None:
     up = ServerProcess(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
     try:
@@ -694,6 +732,7 @@ def test_codegym_up_and_demo(tmp_path: Path) -> None:
     assert wait_for(lambda: all(port_free(p) for p in ports), 5), [p for p in ports if not port_free(p)]
 
 
+@pytest.mark.jail
 def test_codegym_up_restarts_a_killed_worker_and_every_episode_finishes(tmp_path: Path) -> None:
     up = ServerProcess(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
     try:
@@ -731,6 +770,7 @@ def test_codegym_up_restarts_a_killed_worker_and_every_episode_finishes(tmp_path
         assert up.stop() == 0
 
 
+@pytest.mark.slow  # over 10 s
 def test_library_command_line(tmp_path: Path) -> None:
     import subprocess
     import sys

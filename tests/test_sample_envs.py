@@ -1,4 +1,5 @@
-"""Every sample environment reaches reward 1 with its own solve() on every task config.
+"""Every sample environment reaches reward 1 with its own solve() on every task config, and
+every install of the server distribution carries them (they are `codegym up`'s default library).
 
 Env code is untrusted even when we wrote it, so it runs in a child interpreter, never in the
 test process.
@@ -7,10 +8,33 @@ test process.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import zipfile
 from collections import defaultdict
+from pathlib import Path
 
-from tests.conftest import ENV_DIR, EXAMPLES, PYTHON, sample_env_paths, sample_tasks
+import pytest
+
+from tests.conftest import ENV_DIR, EXAMPLES, PYTHON, ROOT, sample_env_paths, sample_tasks
+
+# What the server distribution is built from (the Dockerfile copies the same).
+SERVER_SOURCES = ("pyproject.toml", "README.md", "codegym", "codegym_cli", "services", "sandbox_worker")
+
+# Run from a non-editable install: `codegym up`'s first-run library, built from the installed samples.
+BUILD_DEFAULT = """
+import json, sys
+from pathlib import Path
+import codegym.samples
+from codegym.library import Library
+from codegym_cli.up_command import build_default_library
+
+assert codegym.samples.__file__.startswith(sys.argv[1]), codegym.samples.__file__
+build_default_library(Path("lib.db"))
+with Library("lib.db", read_only=True) as library:
+    print(json.dumps(library.counts()))
+"""
 
 RUNNER = r"""
 import importlib.util, json, sys
@@ -59,3 +83,57 @@ def test_solve_reaches_reward_one_on_every_config() -> None:
         for config, result in zip(configs, results, strict=True):
             assert result["reward"] == 1.0, (env_id, config, result)
             assert 1 < result["steps"] <= 256, (env_id, config, result)
+
+
+@pytest.mark.slow  # builds and installs the server distribution
+def test_a_non_editable_install_carries_the_sample_environments(tmp_path: Path) -> None:
+    """The wheel holds every sample file, and `codegym up` builds its default library from an
+    install of it alone (no checkout beside it): the samples are package data, not a folder of
+    the checkout that only an editable install can see."""
+    source = tmp_path / "src"  # a copy as a fresh clone has it: the build writes nothing into the checkout
+    source.mkdir()
+    for name in SERVER_SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(
+                ROOT / name,
+                source / name,
+                ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build"),
+            )
+        else:
+            shutil.copy2(ROOT / name, source / name)
+    pip = [PYTHON, "-m", "pip", "--disable-pip-version-check", "-q"]
+    built = subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", str(source), "-w", str(tmp_path / "wheels")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "wheels").glob("codegym-*.whl")
+    samples = [*ENV_DIR.glob("*.py"), *ENV_DIR.glob("*.task.md"), *EXAMPLES.glob("*.jsonl")]
+    assert len(samples) == 2 * len(sample_env_paths()) + 3
+    wanted = {f"codegym/samples/{p.relative_to(EXAMPLES).as_posix()}" for p in samples}
+    assert wanted <= set(zipfile.ZipFile(wheel).namelist())
+
+    site = tmp_path / "site"
+    installed = subprocess.run(
+        [*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    run = tmp_path / "run"
+    run.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}  # before the venv's editable checkout
+    played = subprocess.run(
+        [PYTHON, "-c", BUILD_DEFAULT, str(site)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=run,
+        env=env,
+    )
+    assert played.returncode == 0, played.stderr[-3000:]
+    envs, tasks = json.loads(played.stdout.strip().splitlines()[-1])
+    assert (envs, tasks) == (len(sample_env_paths()), len(sample_tasks()))

@@ -41,6 +41,8 @@ from tests.helpers.processes import (
 from tests.helpers.servers import ServerProcess
 from tests.helpers.trajectories import record
 
+pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
+
 GOOD = (ENV_DIR / "Sample_0001_I__MaxSubarraySumEnv.py").read_text()
 GOOD_CONFIG = '{"nums": [-2, 1, -3, 4, -1, 2, 1, -5, 4]}'
 FAST = pb.Limits(wall_ms=1500, cpu_ms=1000)

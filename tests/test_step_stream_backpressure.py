@@ -26,9 +26,9 @@ from google.protobuf.message import DecodeError
 from codegym.errors import Undecodable
 from codegym.grpcutil import ManagedServer
 from codegym.library import Library, load_library
-from codegym.runtime.v1 import runtime_service_pb2 as rt
-from codegym_client.runtime_client import AsyncRuntimeClient
-from codegym_client.runtime_client import StepStream as ClientStepStream
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.async_client import AsyncRuntimeClient
+from codegym_client.async_client import StepStream as ClientStepStream
 from services.dispatcher import SandboxDispatcher
 from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore
@@ -171,6 +171,7 @@ def stream_tasks() -> list[asyncio.Task[object]]:
     ]
 
 
+@pytest.mark.jail
 async def test_a_client_that_does_not_read_holds_back_its_steps(
     library: Path, workers: list[ServerProcess]
 ) -> None:
@@ -214,6 +215,7 @@ async def test_a_client_that_does_not_read_holds_back_its_steps(
         assert (servicer.read, servicer.handed) == (TOTAL, TOTAL)
 
 
+@pytest.mark.jail
 async def test_a_client_that_never_reads_then_cancels_leaves_the_runtime_healthy(
     library: Path, workers: list[ServerProcess]
 ) -> None:

@@ -288,6 +288,7 @@ def synthesize(llm: ScriptedLLM, out: Path, *extra: str) -> subprocess.Completed
     )
 
 
+@pytest.mark.slow  # over 10 s
 def test_codegym_synthesize_runs_all_stages_and_reruns_for_free(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with ScriptedLLM() as llm:
@@ -325,6 +326,7 @@ def test_codegym_synthesize_runs_all_stages_and_reruns_for_free(tmp_path: Path) 
     assert len(rejected) == 20 and all(r["stage"] == "solve_functions" for r in rejected)
 
 
+@pytest.mark.slow  # over 10 s
 def test_codegym_synthesize_reports_refused_rows_and_bad_overrides(tmp_path: Path) -> None:
     with ScriptedLLM() as llm:
         bad = synthesize(llm, tmp_path / "o", "--stage", "nonsense=1")

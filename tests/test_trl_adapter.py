@@ -87,6 +87,7 @@ def normalized(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": schema["type"], "function": function}
 
 
+@pytest.mark.jail
 def test_every_method_renders_as_its_tool_schema_for_every_sample_env(
     spec: CodeGymSpec, client: RuntimeClient
 ) -> None:
@@ -106,6 +107,7 @@ def test_every_method_renders_as_its_tool_schema_for_every_sample_env(
             assert normalized(rendered) == normalized(schema), (env_id, schema["function"]["name"])
 
 
+@pytest.mark.jail
 def test_the_probe_trl_makes_before_reset_opens_no_session(
     spec: CodeGymSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -129,6 +131,7 @@ def test_the_probe_trl_makes_before_reset_opens_no_session(
     assert opened == []
 
 
+@pytest.mark.jail
 def test_a_scripted_episode_through_the_adapter_reaches_reward_1(
     spec: CodeGymSpec, client: RuntimeClient
 ) -> None:
@@ -151,6 +154,7 @@ def test_a_scripted_episode_through_the_adapter_reaches_reward_1(
         client.get_session(session_id)
 
 
+@pytest.mark.jail
 def test_ten_reuses_of_one_instance_leave_no_session_open(spec: CodeGymSpec, client: RuntimeClient) -> None:
     classes = spec.environment_factory
     assert isinstance(classes, dict)
@@ -173,6 +177,7 @@ def test_ten_reuses_of_one_instance_leave_no_session_open(spec: CodeGymSpec, cli
         client.get_session(ids[-1])
 
 
+@pytest.mark.jail
 def test_interpreter_exit_closes_the_sessions_trl_left_open(runtime: str, client: RuntimeClient) -> None:
     trajectory = TRAJECTORIES[0]
     script = f"""
@@ -200,6 +205,7 @@ print(json.dumps([env._session.session_id for env in pool]))
             client.get_session(session_id)
 
 
+@pytest.mark.jail
 def test_an_unreachable_runtime_fails_the_episode_unscored_and_then_a_reset_ends_the_run(
     runtime: str,
 ) -> None:
@@ -234,6 +240,7 @@ def test_an_unreachable_runtime_fails_the_episode_unscored_and_then_a_reset_ends
     spec.client().close_session(live)  # the dead client could not close it
 
 
+@pytest.mark.jail
 def test_library_rows_and_one_class_when_the_tool_sets_agree(
     runtime: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -259,6 +266,7 @@ def test_library_rows_and_one_class_when_the_tool_sets_agree(
         CodeGymSpec(runtime)
 
 
+@pytest.mark.jail
 def test_instances_from_a_jsonl_file(runtime: str, tmp_path: Path) -> None:
     path = tmp_path / "train.jsonl"
     rows = [{"ability": ability(t["env_id"], t["config"]), "answer": 1} for t in TRAJECTORIES[:3]]
@@ -324,6 +332,7 @@ def test_optional_nested_and_union_parameters_render_and_send_as_written() -> No
         environment_class("Bad", [{"function": {"name": "reset", "description": "x"}}], lambda: fake)  # type: ignore[arg-type, return-value]
 
 
+@pytest.mark.jail
 def test_without_datasets_the_dataset_is_a_list(runtime: str, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = CodeGymSpec(runtime, library=["Sample_0006_I__ArrayGcdEnv"])
     monkeypatch.setitem(sys.modules, "datasets", None)

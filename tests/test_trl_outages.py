@@ -36,6 +36,8 @@ from tests.conftest import ROOT
 from tests.helpers.processes import wait_until
 from tests.helpers.servers import Redis, ServerProcess, start_runtime, start_workers
 
+pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
+
 COUNTER = "Test_0001_I__CounterEnv"
 RUNTIME_ENVS = ROOT / "tests" / "fixtures" / "runtime_envs"
 ABILITY = f"codegym_v1@{COUNTER}@{json.dumps({'target': 5})}"

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Iterator
 import grpc
 import pytest
 
-from codegym.common.v1 import common_pb2 as cm
 from codegym.contract.source import method_source
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
+from codegym_client.api.common.v1 import common_pb2 as cm
 from codegym_client.channels import aio_channel
 from services.verification.service import SERVICE_NAME, VerificationServer
 from services.verification.solution import find_solution_call
@@ -50,6 +50,7 @@ async def stub(worker: ServerProcess) -> AsyncIterator[vf_grpc.VerificationServi
         await server.stop(grace_s=0)
 
 
+@pytest.mark.jail
 async def test_empty_sources_and_oversized_requests_are_invalid_arguments(
     stub: vf_grpc.VerificationServiceStub,
 ) -> None:
@@ -79,6 +80,7 @@ async def test_empty_sources_and_oversized_requests_are_invalid_arguments(
         assert info.value.details()
 
 
+@pytest.mark.jail
 async def test_environment_check_reports_contract_and_safety(stub: vf_grpc.VerificationServiceStub) -> None:
     broken = await stub.CheckEnvironment(vf.CheckEnvironmentRequest(env_source="class X(:\n"))
     assert broken.verdict == vf.VERDICT_FAIL and broken.reasons[0].startswith("syntax_error:")
@@ -91,6 +93,7 @@ async def test_environment_check_reports_contract_and_safety(stub: vf_grpc.Verif
     assert refused.verdict == vf.VERDICT_FAIL and refused.reasons[0].startswith("unsafe:")
 
 
+@pytest.mark.jail
 async def test_unit_tests_bad_configs_and_duplicates(stub: vf_grpc.VerificationServiceStub) -> None:
     configs = ['{"nums": [4, 6]}', '{"nums":[4,6]}', "[1, 2]", "not json", '{"nums": [9, 12]}']
     response = await stub.ValidateUnitTests(
@@ -109,6 +112,7 @@ async def test_unit_tests_bad_configs_and_duplicates(stub: vf_grpc.VerificationS
     assert loose.verdict == vf.VERDICT_PASS
 
 
+@pytest.mark.jail
 async def test_solvability_edge_cases(stub: vf_grpc.VerificationServiceStub) -> None:
     none = await stub.CheckSolvability(
         vf.CheckSolvabilityRequest(env_source=SOURCE, solve_sources=[GOOD_SOLVE])
@@ -136,6 +140,7 @@ async def test_solvability_edge_cases(stub: vf_grpc.VerificationServiceStub) -> 
     assert budget.cases_run < 39
 
 
+@pytest.mark.slow  # over 10 s
 async def test_unreachable_sandbox_is_unavailable_not_a_verdict() -> None:
     server = VerificationServer("127.0.0.1:9")
     await server.start()
@@ -205,6 +210,7 @@ async def sample_cases(
 GCD_CONFIGS = [json.dumps({"nums": [6 * i, 9 * i, 3 * i + 3]}) for i in range(1, 9)]
 
 
+@pytest.mark.jail
 async def test_negative_controls_pass_every_sample_and_catch_paying_dones(
     stub: vf_grpc.VerificationServiceStub,
 ) -> None:
@@ -250,6 +256,7 @@ async def test_negative_controls_pass_every_sample_and_catch_paying_dones(
             assert json.loads(paid.answer_json) == str(json.loads(paid.reference_json))
 
 
+@pytest.mark.jail
 async def test_determinism_catches_per_process_values(stub: vf_grpc.VerificationServiceStub) -> None:
     response = await stub.CheckDeterminism(
         vf.CheckDeterminismRequest(
@@ -261,6 +268,7 @@ async def test_determinism_catches_per_process_values(stub: vf_grpc.Verification
     assert first.what == "observation" and first.step > 0 and first.first != first.second
 
 
+@pytest.mark.jail
 async def test_guessability(stub: vf_grpc.VerificationServiceStub) -> None:
     cases = [
         vf.ShortcutCase(config_json=str(i), answer_json=a) for i, a in enumerate(["true", "false", "true"])
@@ -275,6 +283,7 @@ async def test_guessability(stub: vf_grpc.VerificationServiceStub) -> None:
     assert response.verdict == vf.VERDICT_FAIL and response.reasons[0].startswith("guessable:")
 
 
+@pytest.mark.jail
 async def test_shortcut_with_arguments_from_the_config(stub: vf_grpc.VerificationServiceStub) -> None:
     configs = [json.dumps({"nums": [6 * i, 9 * i]}) for i in range(1, 9)]  # answers 3, 6, ..., 24
     cases = await sample_cases(stub, ANSWERS_FROM_CONFIG, configs)
@@ -289,6 +298,7 @@ async def test_shortcut_with_arguments_from_the_config(stub: vf_grpc.Verificatio
     assert ("GetElement", ()) not in probes  # its `index` is no config key
 
 
+@pytest.mark.jail
 async def test_resident_and_cold_differ_with_module_state(stub: vf_grpc.VerificationServiceStub) -> None:
     configs = [json.dumps({"nums": [6, 9, 12]}), json.dumps({"nums": [10, 4]})]
     response = await stub.CheckDeterminism(

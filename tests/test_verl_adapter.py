@@ -22,7 +22,7 @@ import pytest
 
 from codegym.library import Library
 from codegym_client import AsyncRuntimeClient, EnvNotFound, SessionNotFound
-from codegym_client.errors import InfrastructureFailure
+from codegym_client.errors import EpisodeEnded, InfrastructureFailure
 from codegym_client.verl import run_episode, text_tool_parser, tool_config, visible_text
 from tests.conftest import ENV_DIR, EXAMPLES
 from tests.helpers.processes import wait_until
@@ -72,6 +72,7 @@ def runtime(library: Path, worker: ServerProcess) -> Iterator[str]:
         assert server.stop() == 0
 
 
+@pytest.mark.jail
 async def test_a_recorded_oracle_episode_reaches_reward_1_and_its_session_is_closed(runtime: str) -> None:
     recorded = trajectory("Sample_0001_I__MaxSubarraySumEnv", 27)
     model = ScriptedModel(oracle_turns(recorded))
@@ -117,6 +118,7 @@ async def test_a_recorded_oracle_episode_reaches_reward_1_and_its_session_is_clo
     assert fields["codegym_infrastructure_failure"] is False and fields["codegym_stop"] == "done"
 
 
+@pytest.mark.jail
 @pytest.mark.parametrize(
     ("cap", "stop"), [({"max_turns": 3}, "max_turns"), ({"max_user_turns": 2}, "max_user_turns")]
 )
@@ -135,6 +137,7 @@ async def test_the_turn_that_reaches_a_cap_ends_the_response_and_its_call_is_not
     assert episode.response_mask[-1] == 1  # the capped turn is the last thing in the response
 
 
+@pytest.mark.jail
 async def test_tool_calls_inside_think_are_not_run(runtime: str) -> None:
     recorded = trajectory("Sample_0006_I__ArrayGcdEnv")
     wrong = hermes('{"name": "Done", "parameters": {"answer": -1}}')  # would end it with reward 0
@@ -164,6 +167,7 @@ def test_visible_text_drops_reasoning() -> None:
     assert visible_text("no reasoning") == "no reasoning"
 
 
+@pytest.mark.jail
 async def test_the_codegym_text_format_and_a_refused_step_are_observations(runtime: str) -> None:
     recorded = trajectory("Sample_0006_I__ArrayGcdEnv")
     turns = [
@@ -186,6 +190,7 @@ async def test_the_codegym_text_format_and_a_refused_step_are_observations(runti
     assert not episode.infrastructure_failure
 
 
+@pytest.mark.jail
 async def test_a_row_the_runtime_does_not_know_raises(runtime: str) -> None:
     async with AsyncRuntimeClient(runtime, timeout_s=30) as client:
         with pytest.raises(EnvNotFound):  # the data is wrong: not an outage, not an episode
@@ -203,6 +208,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.jail
 async def test_an_unreachable_runtime_ends_the_episode_flagged_without_an_observation(
     library: Path, worker: ServerProcess
 ) -> None:
@@ -401,6 +407,7 @@ def verl_stand_ins(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
         sys.modules.update(saved)
 
 
+@pytest.mark.jail
 async def test_the_agent_loop_against_verl_stand_ins(runtime: str, verl_stand_ins: dict[str, Any]) -> None:
     from codegym_client.verl import AGENT_NAME, CodeGymAgentLoop
 
@@ -471,6 +478,7 @@ async def test_the_agent_loop_against_verl_stand_ins(runtime: str, verl_stand_in
     assert TOKENIZER.decode(output.prompt_ids).endswith("Go.<|im_end|>\n<|im_start|>assistant\n")
 
 
+@pytest.mark.jail
 async def test_the_tool_against_verl_stand_ins(runtime: str, verl_stand_ins: dict[str, Any]) -> None:
     from codegym_client.verl import CodeGymTool
 
@@ -493,8 +501,6 @@ async def test_the_tool_against_verl_stand_ins(runtime: str, verl_stand_ins: dic
         assert agent_data.request_id not in CodeGymTool._sessions
         with pytest.raises(SessionNotFound):  # the step that ended the episode closed it
             await client.get_session(session_id)
-        from codegym_client.verl.tool import EpisodeEnded
-
         instance_id, _ = await tools["Observe"].create()
         with pytest.raises(EpisodeEnded):
             await tools["Observe"].execute(instance_id, {}, agent_data=agent_data)
@@ -551,6 +557,7 @@ def observed(model: ScriptedModel, recorded: dict[str, Any]) -> None:
         assert model.prompts[k + 1].endswith(expected), k
 
 
+@pytest.mark.jail
 async def test_a_row_an_infrastructure_fault_ended_has_no_token_to_train_on(
     library: Path, worker: ServerProcess, verl_stand_ins: dict[str, Any]
 ) -> None:
@@ -587,6 +594,7 @@ async def test_a_row_an_infrastructure_fault_ended_has_no_token_to_train_on(
     assert "unavailable" not in text.lower()
 
 
+@pytest.mark.jail
 async def test_an_outage_shorter_than_the_wait_costs_no_episode(
     library: Path, worker: ServerProcess, verl_stand_ins: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -654,6 +662,7 @@ async def test_an_outage_shorter_than_the_wait_costs_no_episode(
         redis.stop()
 
 
+@pytest.mark.jail
 async def test_the_tool_holds_at_most_max_sessions_and_closes_the_least_recently_used(
     runtime: str, verl_stand_ins: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:

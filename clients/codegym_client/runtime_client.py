@@ -7,9 +7,6 @@ Steps, creates and resets are resent here instead, safely, with the session's st
 (`codegym_client.resend`). A call the runtime refuses raises the `CodeGymError` of its reason
 (`codegym_client.errors`). Per-entry codes of `BatchStep` answers stay in the answers (`code`,
 `message`).
-
-`AsyncRuntimeClient` and `StepStream` (`codegym_client.async_client`), the errors and the request
-builders are importable from here too, as they were when this module held them all.
 """
 
 from __future__ import annotations
@@ -22,30 +19,9 @@ import grpc
 
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
-from codegym_client.async_client import AsyncRuntimeClient, StepStream
 from codegym_client.channels import HEALTH_CHECK, HEALTH_REQUEST, PROBE_TIMEOUT_S, sync_channel, target_text
-from codegym_client.errors import (
-    CapacityExceeded,
-    CodeGymError,
-    EnvFailed,
-    EnvNotFound,
-    InvalidRequest,
-    RuntimeUnavailable,
-    SessionDone,
-    SessionNotFound,
-    StepConflict,
-    raises_typed,
-    typed_error,
-    unreachable,
-)
-from codegym_client.requests import (
-    DEFAULT_TARGET,
-    NOT_RETRIED,
-    SERVICE,
-    ActionLike,
-    create_request,
-    step_request,
-)
+from codegym_client.errors import SessionNotFound, raises_typed, typed_error, unreachable
+from codegym_client.requests import DEFAULT_TARGET, NOT_RETRIED, SERVICE, ActionLike, create_request
 from codegym_client.resend import (
     DEFAULT_ATTEMPTS,
     Attempts,
@@ -55,24 +31,7 @@ from codegym_client.resend import (
     step_requests,
 )
 
-__all__ = [
-    "DEFAULT_TARGET",
-    "ActionLike",
-    "AsyncRuntimeClient",
-    "CapacityExceeded",
-    "CodeGymError",
-    "EnvFailed",
-    "EnvNotFound",
-    "InvalidRequest",
-    "RuntimeClient",
-    "RuntimeUnavailable",
-    "SessionDone",
-    "SessionNotFound",
-    "StepConflict",
-    "StepStream",
-    "create_request",
-    "step_request",
-]
+__all__ = ["RuntimeClient"]
 
 
 R = TypeVar("R")

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 # One rule for both sides: the jail reports answers with the same functions (see the module there).
-from sandbox_worker.inside.values import canonical, canonical_json
+from codegym.inside.values import canonical, canonical_json
 
 __all__ = ["answers_equal", "canonical", "canonical_json"]
 

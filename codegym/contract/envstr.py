@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from codegym.contract.errors import EnvStringError
-from sandbox_worker.inside import values
+from codegym.inside import values
 
 ABILITY_PREFIX = "codegym_v1"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -48,7 +48,7 @@ class Ability:
 
 def parse_config(text: str) -> dict[str, Any]:
     """A task config: a JSON object, or a Python dict literal, with string keys. The rule lives with
-    the jail's code (`sandbox_worker.inside.values`), which builds environments from the same text."""
+    the jail's code (`codegym.inside.values`), which builds environments from the same text."""
     try:
         return values.parse_config(text)
     except values.ConfigError as exc:

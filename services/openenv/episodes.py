@@ -1,8 +1,11 @@
 """A socket's episode: reset opens a runtime session from OpenEnv's reset data (CodeGym's
 `ability`, or `env` + `config`), steps translate OpenEnv's tool-call actions (and our native
-`{"name", "parameters"}`) to runtime steps, and `state` reports the episode. `Gateway` inherits
-this; it provides the runtime client, the config, the set of connections holding a session and
-closing an episode.
+`{"name", "parameters"}`) to runtime steps, and `state` reports the episode.
+
+`Episodes` is everything of the gateway that talks to the runtime: it owns the runtime client and
+the set of connections holding a session; the gateway (gateway.py) owns the sockets, the MCP
+tokens and the locks, and calls in with the connection whose lock it holds. Every method that
+changes `conn.episode` expects its caller to hold `conn.lock`.
 
 The session count is never kept by hand: it is `len(held)`, the connections that hold a runtime
 session or are creating one (a slot is taken before the create, so concurrent resets cannot pass
@@ -12,6 +15,8 @@ twice or drive the count below zero; every change to a connection's episode happ
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 import uuid
 from typing import Any
@@ -35,21 +40,51 @@ from services.openenv.protocol import (
     tool_entry,
 )
 
+log = logging.getLogger("codegym.openenv")
+
 
 class Episodes:
-    config: GatewayConfig
-    held: set[Connection]  # connections holding (or creating) a runtime session
-    draining: bool = False  # SIGTERM: no new sessions
-    fixed: FixedEnv | None = None  # the --env environment, read from the runtime on first use
+    """The runtime sessions of a gateway's connections (one at a time per connection)."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.client: AsyncRuntimeClient | None = None  # made by start(), in the event loop
+        self.held: set[Connection] = set()  # connections holding (or creating) a runtime session
+        self.draining = False  # SIGTERM (Gateway.drain): no new episode
+        self.fixed: FixedEnv | None = None  # the --env environment, read from the runtime on first use
+
+    def start(self) -> None:
+        """Open the runtime client: an asyncio gRPC channel is made inside the running loop."""
+        self.client = AsyncRuntimeClient(self.config.runtime, timeout_s=self.config.runtime_timeout_s)
+
+    async def stop(self) -> None:
+        """Close the runtime client (after the gateway has closed its connections' episodes)."""
+        if self.client is not None:
+            await self.client.close()
 
     @property
     def runtime(self) -> AsyncRuntimeClient:
-        raise NotImplementedError
+        assert self.client is not None, "the gateway has not started"
+        return self.client
 
-    async def _close_episode(self, conn: Connection) -> None:
-        raise NotImplementedError
+    @property
+    def sessions(self) -> int:
+        """Runtime sessions held (or being created) by the gateway's connections."""
+        return len(self.held)
 
-    async def _fixed_env(self) -> FixedEnv | None:
+    async def close(self, conn: Connection) -> None:
+        """Close the episode the connection holds (never raises); the caller holds `conn.lock`."""
+        episode, conn.episode = conn.episode, None
+        if episode is None:
+            return
+        try:
+            await asyncio.wait_for(self.runtime.close_session(episode.session_id), 30)
+        except (CodeGymError, TimeoutError) as exc:
+            log.warning("closing session %s: %s", episode.session_id, exc)
+        finally:
+            self.held.discard(conn)
+
+    async def fixed_env(self) -> FixedEnv | None:
         """The gateway's one environment (`--env`), or None when resets name their own."""
         if not self.config.env:
             return None
@@ -61,14 +96,15 @@ class Episodes:
             self.fixed = FixedEnv([tool_entry(t) for t in env.tools], [t.config_json for t in env.tasks])
         return self.fixed
 
-    async def _listed_tools(self, conn: Connection) -> list[dict[str, Any]]:
+    async def listed_tools(self, conn: Connection) -> list[dict[str, Any]]:
         """The tools a client sees: its episode's, else (before any reset) the --env environment's."""
         if conn.episode is not None:
             return conn.episode.tools
-        fixed = await self._fixed_env()
+        fixed = await self.fixed_env()
         return fixed.tools if fixed is not None else []
 
-    async def _reset(self, conn: Connection, data: dict[str, Any]) -> dict[str, Any]:
+    async def reset(self, conn: Connection, data: dict[str, Any]) -> dict[str, Any]:
+        """OpenEnv's reset: end the connection's episode, open a new one (caller holds `conn.lock`)."""
         ability = data.get("ability") or ""
         env_id = data.get("env") or data.get("env_id") or ""
         config = data.get("config")
@@ -78,7 +114,7 @@ class Episodes:
             env_id = self.config.env
             if config is None:
                 seed = optional_int(data, "seed") if data.get("seed") is not None else None
-                config = await self._task_config(seed)
+                config = await self.task_config(seed)
         if not ability and not env_id:
             raise GatewayError(
                 VALIDATION_ERROR,
@@ -93,7 +129,7 @@ class Episodes:
         if episode_id is not None and (not isinstance(episode_id, str) or len(episode_id) > 255):
             raise GatewayError(VALIDATION_ERROR, "episode_id is a string of at most 255 characters")
         # A second reset on one socket ends the first episode (TRL reuses clients).
-        await self._close_episode(conn)
+        await self.close(conn)
         if self.draining:
             raise GatewayError(
                 CAPACITY_REACHED,
@@ -132,7 +168,7 @@ class Episodes:
         )
         if conn.closed:  # the socket went away while the runtime created the session
             conn.episode = episode
-            await self._close_episode(conn)
+            await self.close(conn)
             raise GatewayError(SESSION_ERROR, "the socket closed")
         conn.episode = episode
         metadata = {
@@ -152,10 +188,10 @@ class Episodes:
         }
         return {"observation": observation, "reward": None, "done": False, "metadata": metadata}
 
-    async def _task_config(self, seed: int | None) -> str:
+    async def task_config(self, seed: int | None) -> str:
         """The --env environment's task config for a reset that names none: by `seed` (the same
         seed, the same task, as OpenEnv servers read a seed), else one at random."""
-        fixed = await self._fixed_env()
+        fixed = await self.fixed_env()
         if fixed is None or not fixed.configs:
             raise GatewayError(
                 VALIDATION_ERROR,
@@ -164,10 +200,11 @@ class Episodes:
         index = seed % len(fixed.configs) if seed is not None else random.randrange(len(fixed.configs))
         return fixed.configs[index]
 
-    async def _act(self, conn: Connection, action: dict[str, Any]) -> dict[str, Any]:
+    async def act(self, conn: Connection, action: dict[str, Any]) -> dict[str, Any]:
+        """OpenEnv's step: list_tools, call_tool, or CodeGym's own action (caller holds `conn.lock`)."""
         kind = action.get("type")
         if kind == "list_tools":
-            tools = await self._listed_tools(conn)
+            tools = await self.listed_tools(conn)
             metadata: dict[str, Any] = {}
             if conn.episode is None and not self.config.env:
                 metadata["hint"] = "the tools depend on the environment: reset first"
@@ -183,7 +220,7 @@ class Episodes:
                 raise GatewayError(VALIDATION_ERROR, "call_tool needs tool_name (a string)")
             if not isinstance(arguments, dict):
                 raise GatewayError(VALIDATION_ERROR, "call_tool arguments must be an object")
-            return await self._step(conn, {"name": name, "parameters": arguments}, name)
+            return await self.step(conn, {"name": name, "parameters": arguments}, name)
         if kind is not None:
             raise GatewayError(
                 VALIDATION_ERROR,
@@ -197,9 +234,11 @@ class Episodes:
                 'an action is {"type": "call_tool", "tool_name": ..., "arguments": {...}}, '
                 '{"type": "list_tools"} or CodeGym\'s {"name": ..., "parameters": {...}}',
             )
-        return await self._step(conn, action, name)
+        return await self.step(conn, action, name)
 
-    async def _step(self, conn: Connection, action: dict[str, Any], name: str) -> dict[str, Any]:
+    async def step(self, conn: Connection, action: dict[str, Any], name: str) -> dict[str, Any]:
+        """One runtime step of the connection's episode (caller holds `conn.lock`); an expired
+        session is forgotten, so the connection no longer counts as holding one."""
         episode = conn.episode
         if episode is None:
             raise GatewayError(SESSION_ERROR, "no episode on this socket: send reset first")
@@ -232,7 +271,7 @@ class Episodes:
         reward = float(response.reward) if response.done else None
         return {"observation": observation, "reward": reward, "done": response.done, "metadata": metadata}
 
-    def _state(self, conn: Connection) -> dict[str, Any]:
+    def state(self, conn: Connection) -> dict[str, Any]:
         episode = conn.episode
         if episode is None:
             return {"episode_id": None, "step_count": 0}

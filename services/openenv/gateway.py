@@ -39,10 +39,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from codegym_client.async_client import AsyncRuntimeClient
-from codegym_client.errors import (
-    CodeGymError,
-)
 from services.openenv import metrics
 from services.openenv.episodes import Episodes
 from services.openenv.protocol import (
@@ -66,15 +62,16 @@ from services.openenv.protocol import (
 log = logging.getLogger("codegym.openenv")
 
 
-class Gateway(Episodes):
+class Gateway:
+    """The routes and the sockets; each connection's episode is `self.episodes`' (episodes.py),
+    changed only under the connection's lock, which the gateway takes."""
+
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self.client: AsyncRuntimeClient | None = None
+        self.episodes = Episodes(config)
         self.connections: set[Connection] = set()
-        self.held: set[Connection] = set()  # connections holding (or creating) a runtime session
         self.tokens: dict[str, Connection] = {}  # HTTP MCP session tokens
-        self.draining = False
-        metrics.SESSIONS.set_function(lambda: len(self.held))
+        metrics.SESSIONS.set_function(lambda: self.episodes.sessions)
         self._reaper: asyncio.Task[None] | None = None
         self.app = Starlette(
             routes=[
@@ -102,7 +99,7 @@ class Gateway(Episodes):
     # lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.client = AsyncRuntimeClient(self.config.runtime, timeout_s=self.config.runtime_timeout_s)
+        self.episodes.start()
         if self.config.idle_timeout_s > 0:
             self._reaper = asyncio.create_task(self._reap_idle())
 
@@ -114,17 +111,22 @@ class Gateway(Episodes):
         for conn in [*self.connections, *self.tokens.values()]:
             await self._release(conn)
         self.tokens.clear()
-        if self.client is not None:
-            await self.client.close()
+        await self.episodes.stop()
 
     @property
     def sessions(self) -> int:
         """Runtime sessions held (or being created) by this gateway's connections."""
-        return len(self.held)
+        return self.episodes.sessions
+
+    @property
+    def draining(self) -> bool:
+        """Stopping (SIGTERM): set on the episodes, which then refuse new ones; the routes refuse
+        new sockets and MCP sessions."""
+        return self.episodes.draining
 
     def in_play(self) -> int:
         """Connections with an episode not over (or being created), or a request in flight."""
-        playing = {c for c in self.held if c.episode is None or not c.episode.done}
+        playing = {c for c in self.episodes.held if c.episode is None or not c.episode.done}
         playing.update(c for c in self.connections if c.busy or c.lock.locked())
         return len(playing)
 
@@ -132,7 +134,7 @@ class Gateway(Episodes):
         """Stop as a rolling update wants: take no new socket, MCP session or episode, let the
         episodes in play step to their end for up to `grace_s` seconds, then close what is left
         (each socket told why, close code 1012). The caller then stops the server."""
-        self.draining = True
+        self.episodes.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace_s
         log.info(
@@ -155,12 +157,7 @@ class Gateway(Episodes):
             _, pending = await asyncio.wait([asyncio.ensure_future(e) for e in ends], timeout=10)
             for task in pending:
                 task.cancel()
-        log.info("drained: %d sessions left", len(self.held))
-
-    @property
-    def runtime(self) -> AsyncRuntimeClient:
-        assert self.client is not None, "the gateway has not started"
-        return self.client
+        log.info("drained: %d sessions left", self.episodes.sessions)
 
     async def _reap_idle(self) -> None:
         limit = self.config.idle_timeout_s
@@ -195,19 +192,7 @@ class Gateway(Episodes):
         conn.closed = True
         self.connections.discard(conn)
         async with conn.lock:
-            await self._close_episode(conn)
-
-    async def _close_episode(self, conn: Connection) -> None:
-        """Close the episode the connection holds; the caller holds `conn.lock`."""
-        episode, conn.episode = conn.episode, None
-        if episode is None:
-            return
-        try:
-            await asyncio.wait_for(self.runtime.close_session(episode.session_id), 30)
-        except (CodeGymError, TimeoutError) as exc:
-            log.warning("closing session %s: %s", episode.session_id, exc)
-        finally:
-            self.held.discard(conn)
+            await self.episodes.close(conn)
 
     # HTTP routes ------------------------------------------------------------------------------
 
@@ -281,7 +266,7 @@ class Gateway(Episodes):
         conn.last_active = time.monotonic()
         if method == "tools/list":
             try:
-                tools = await self._listed_tools(conn)
+                tools = await self.episodes.listed_tools(conn)
             except GatewayError as exc:
                 return rpc_error(rid, -32000, f"{exc.code}: {exc}")
             listed = [{**t, "inputSchema": t["input_schema"]} for t in tools]
@@ -292,7 +277,7 @@ class Gateway(Episodes):
                 return rpc_error(rid, -32602, "tools/call needs a name (string) and arguments (object)")
             try:
                 async with conn.lock:
-                    data = await self._step(conn, {"name": name, "parameters": arguments}, name)
+                    data = await self.episodes.step(conn, {"name": name, "parameters": arguments}, name)
             except GatewayError as exc:
                 return rpc_error(rid, -32000, f"{exc.code}: {exc}")
             obs = data["observation"]
@@ -408,13 +393,13 @@ class Gateway(Episodes):
                         data = {}
                     if not isinstance(data, dict):
                         raise GatewayError(VALIDATION_ERROR, "reset data must be an object")
-                    return reply("observation", await self._reset(conn, data))
+                    return reply("observation", await self.episodes.reset(conn, data))
                 case "step":
                     if not isinstance(data, dict):
                         raise GatewayError(VALIDATION_ERROR, "step data must be an action object")
-                    return reply("observation", await self._act(conn, data))
+                    return reply("observation", await self.episodes.act(conn, data))
                 case "state":
-                    return reply("state", self._state(conn))
+                    return reply("state", self.episodes.state(conn))
                 case "close":
                     return None
                 case "mcp":

@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from codegym.common.v1 import common_pb2
 from codegym.contract import EnvStringError, parse_ability, parse_config, parse_env_str
 from codegym.errors import Reason, Refusal
 from codegym.library import EnvRecord
-from codegym.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.api.common.v1 import common_pb2
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.runtime.requests import MAX_JSON_DEPTH, shown
 
 DIFFICULTY = {

@@ -8,8 +8,8 @@ from __future__ import annotations
 import hashlib
 
 from codegym.errors import Reason, Refusal
-from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.runtime.requests import shown
 from services.runtime.sessions import Session
 

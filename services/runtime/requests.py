@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from codegym.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.actions import ActionParseError, action_from_object
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 
 # Actions and configs deeper than this are refused (CodeGym's are a few levels deep); environment
 # code, which may recurse over what it is given, never sees them.

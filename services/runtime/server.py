@@ -10,7 +10,7 @@ from pathlib import Path
 
 from codegym.grpcutil import ManagedServer
 from codegym.library import EnvRecord, load_library
-from codegym.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.dispatcher import SandboxDispatcher
 from services.runtime.service import RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, SessionStore

@@ -42,9 +42,9 @@ from codegym.metrics import (
     STEPS_IN_FLIGHT,
     WORKER_QUEUE_DEPTH,
 )
-from codegym.runtime.v1 import runtime_service_pb2 as rt
-from codegym.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from services.dispatcher import QueueFull, SandboxDispatcher, SandboxUnavailable
 from services.runtime.catalog import Catalog, tool_specs
 from services.runtime.outcomes import action_digest, env_failed, recorded_reply, step_error

@@ -13,7 +13,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from codegym.errors import Reason, Refusal, Undecodable, clipped, fail_internally, refuse
-from codegym.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 
 Entry = Callable[[rt.StepRequest], Awaitable[tuple[rt.StepResponse | None, int, str]]]
 

@@ -2,20 +2,19 @@
 
 Each prompt states the contract the output is checked against (the checker is strict, so the
 prompt is explicit) and shows one worked example: the project's own ArrayGcd sample environment,
-its task text and its problem, read from `examples/` so the example is always a real, passing
-environment.
+its task text and its problem, read from the sample data (`codegym.samples`, shipped with the
+package) so the example is always a real, passing environment.
 """
 
 from __future__ import annotations
 
 import json
 from functools import cache
-from pathlib import Path
 
 from codegym.contract import parse_env_source, tools_text
 from codegym.contract.source import method_source
+from codegym.samples import ENVS, PROBLEMS, TASKS
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ONE_SHOT_ID = "Sample_0006_I"
 ONE_SHOT_ENV = "ArrayGcdEnv"
 
@@ -28,10 +27,10 @@ SYSTEM = (
 @cache
 def one_shot() -> dict[str, str]:
     """The worked example: problem, solution, task text, env source, tool docs, tests."""
-    problems = [json.loads(x) for x in (EXAMPLES / "problems.jsonl").read_text().splitlines() if x.strip()]
+    problems = [json.loads(x) for x in PROBLEMS.read_text().splitlines() if x.strip()]
     problem = next(p for p in problems if p["question_id"] == ONE_SHOT_ID)
-    env_path = EXAMPLES / "envs" / f"{ONE_SHOT_ID}__{ONE_SHOT_ENV}.py"
-    tasks = [json.loads(x) for x in (EXAMPLES / "tasks.jsonl").read_text().splitlines() if x.strip()]
+    env_path = ENVS / f"{ONE_SHOT_ID}__{ONE_SHOT_ENV}.py"
+    tasks = [json.loads(x) for x in TASKS.read_text().splitlines() if x.strip()]
     tests = [t for t in tasks if t["env_id"] == f"{ONE_SHOT_ID}__{ONE_SHOT_ENV}"]
     source = env_path.read_text()
     return {

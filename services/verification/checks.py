@@ -4,6 +4,10 @@ Nothing generated runs here: environment sources, reference answers, original so
 solve() candidates run in sandbox workers through `ExecuteBatch`; this process reads sources
 only with `ast` and compares answers as JSON. Every failure comes back as a reason
 `class: detail`, where `class` is a short token a pipeline can count.
+
+The trust checks live beside this module (trust.py, controls.py) as functions taking what they
+run on; `Verifier` hands them its `_run` (and its dispatcher), so the class is the one place that
+holds the dispatcher and each of those modules reads on its own.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from codegym.common.v1 import common_pb2 as cm
 from codegym.contract import (
     analyze_source,
     answers_equal,
@@ -23,7 +26,9 @@ from codegym.contract import (
 )
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.verification.v1 import verification_service_pb2 as vf
+from codegym_client.api.common.v1 import common_pb2 as cm
 from services.dispatcher import SandboxDispatcher
+from services.verification import controls, trust
 from services.verification.plans import (
     BUDGET_MS,
     CASE_MEMORY_MB,
@@ -46,19 +51,37 @@ from services.verification.plans import (
     tail,
 )
 from services.verification.solution import find_solution_call
-from services.verification.trust import TrustChecks
 
 
-class Verifier(TrustChecks):
+class Verifier:
     """The checks, over one sandbox dispatcher (a channel to every worker)."""
 
     def __init__(self, sandbox: SandboxDispatcher) -> None:
         self.sandbox = sandbox
 
     async def _run(self, ops: Sequence[sb.Operation], sources: Sources) -> list[sb.OperationResult]:
+        """A plan of independent operations, results in order (the `run` every check is given)."""
         if not ops:
             return []
         return await self.sandbox.execute_batch(ops, sources.by_sha)
+
+    # ---- trust checks (trust.py, controls.py) ---------------------------------------------------
+
+    async def check_shortcuts(self, request: vf.CheckShortcutsRequest) -> vf.CheckShortcutsResponse:
+        return await trust.check_shortcuts(self._run, request)
+
+    async def check_negative_controls(
+        self, request: vf.CheckNegativeControlsRequest
+    ) -> vf.CheckNegativeControlsResponse:
+        return await controls.check_negative_controls(self._run, request)
+
+    async def check_determinism(self, request: vf.CheckDeterminismRequest) -> vf.CheckDeterminismResponse:
+        return await trust.check_determinism(self._run, self.sandbox, request)
+
+    async def measure_guessability(
+        self, request: vf.MeasureGuessabilityRequest
+    ) -> vf.MeasureGuessabilityResponse:
+        return trust.measure_guessability(request)
 
     # ---- environment ----------------------------------------------------------------------------
 

@@ -4,6 +4,9 @@ Wrong answers are derived from the reference answer by type (a number ± 1 or as
 one element changed, reversed or shortened, a string altered, the other boolean, an empty value,
 None) and another config's reference answer; all of a test's run in one sandbox solve. An
 environment that pays any of them is rejected with the paid answer in its report.
+
+The check is a function of the request and `run` (how a plan of operations runs: the verifier's
+dispatcher batch), so nothing here depends on the class that serves it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from services.verification.plans import (
     CASE_TIME_MS,
     MAX_PAID_REPORTED,
     NEGATIVE_MARK,
+    RunOps,
     Sources,
     failure,
     json_value,
@@ -27,116 +31,111 @@ from services.verification.plans import (
 )
 
 
-class NegativeControls:
-    async def _run(self, ops: Sequence[sb.Operation], sources: Sources) -> list[sb.OperationResult]:
-        raise NotImplementedError
-
-    # ---- negative controls ----------------------------------------------------------------------
-
-    async def check_negative_controls(
-        self, request: vf.CheckNegativeControlsRequest
-    ) -> vf.CheckNegativeControlsResponse:
-        spec = analyze_source(request.env_source)
-        response = vf.CheckNegativeControlsResponse()
-        done = next((t for t in spec.tools if t.name == "Done"), None)
-        if spec.violations or done is None or not done.params:
-            response.reasons.append("contract: no Done(answer) tool to call; check the environment first")
-            response.verdict = vf.VERDICT_FAIL
-            return response
-        param = done.params[0].arg
-        case_time = request.case_time_ms or CASE_TIME_MS
-        memory = request.case_memory_mb or CASE_MEMORY_MB
-        cases = [(c.config_json, json_value(c.answer_json)) for c in request.cases]
-        answered = [(config, answer) for config, (ok, answer) in cases if ok]
-        plans: list[tuple[str, Any, list[tuple[str, Any]]]] = []
-        for k, (config, answer) in enumerate(answered):
-            others = [a for j, (_, a) in enumerate(answered) if j != k]
-            controls = wrong_answers(answer, others)
-            plans.append((config, answer, controls))
-            for kind, _ in controls:
-                response.kinds[kind] = response.kinds.get(kind, 0) + 1
-            response.controls += len(controls)
-        response.tests = len(plans)
-        sources = Sources()
-        env_ref = sources.ref(request.env_source)
-
-        def action(value: Any) -> str:
-            return json.dumps({"name": "Done", "parameters": {param: value}})
-
-        ops = [
-            sb.Operation(
-                source=env_ref,
-                limits=limits(case_time, memory),
-                solve=sb.SolveOp(
-                    config_json=config,
-                    solve_source=controls_source([action(v) for _, v in controls]),
-                    max_steps=2,
-                ),
-            )
-            for config, _, controls in plans
-        ]
-        results = await self._run(ops, sources)
-        response.runs += len(results)
-        response.cpu_ms += sum(r.usage.cpu_ms for r in results)
-        outcomes: dict[int, list[tuple[float, str]]] = {}
-        retry: list[int] = []
-        for k, result in enumerate(results):
-            parsed = read_controls(result, len(plans[k][2]))
-            if parsed is None:
-                retry.append(k)
-            else:
-                outcomes[k] = parsed
-        # Where the one-run form failed (an environment deepcopy cannot copy), one run per control.
-        singles = [(k, n) for k in retry for n in range(len(plans[k][2]))]
-        single_ops = [
-            sb.Operation(
-                source=env_ref,
-                limits=limits(case_time, memory),
-                solve=sb.SolveOp(
-                    config_json=plans[k][0],
-                    solve_source=single_control_source(action(plans[k][2][n][1])),
-                    max_steps=2,
-                ),
-            )
-            for k, n in singles
-        ]
-        single_results = await self._run(single_ops, sources)
-        response.runs += len(single_results)
-        response.cpu_ms += sum(r.usage.cpu_ms for r in single_results)
-        for (k, n), result in zip(singles, single_results, strict=True):
-            if result.status != sb.STATUS_OK:
-                response.failed_runs += 1
-                response.first_failure = response.first_failure or failure(result, "control")
-                outcomes.setdefault(k, [(0.0, "")] * len(plans[k][2]))
-                continue
-            outcomes.setdefault(k, [(0.0, "")] * len(plans[k][2]))[n] = (result.reward, result.observation)
-        paid = 0
-        for k, (config, answer, controls) in enumerate(plans):
-            for (kind, value), (reward, message) in zip(controls, outcomes.get(k, []), strict=False):
-                if reward <= 1e-9:
-                    continue
-                paid += 1
-                if len(response.paid) < MAX_PAID_REPORTED:
-                    response.paid.append(
-                        vf.PaidAnswer(
-                            config_json=config,
-                            kind=kind,
-                            answer_json=json.dumps(value),
-                            reference_json=json.dumps(answer),
-                            reward=reward,
-                            observation=message[:300],
-                        )
-                    )
-        if paid:
-            first = response.paid[0]
-            kinds = sorted({p.kind for p in response.paid})
-            response.reasons.append(
-                f"reward_accepts_wrong_answers: {paid} of {response.controls} wrong answers paid"
-                f" ({', '.join(kinds)}); e.g. Done({param}={first.answer_json}) for reference"
-                f" {first.reference_json[:60]} got reward {first.reward:g}"
-            )
-        response.verdict = vf.VERDICT_FAIL if response.reasons else vf.VERDICT_PASS
+async def check_negative_controls(
+    run: RunOps, request: vf.CheckNegativeControlsRequest
+) -> vf.CheckNegativeControlsResponse:
+    """Every wrong answer of every test played through `Done`, with `run`; any reward fails."""
+    spec = analyze_source(request.env_source)
+    response = vf.CheckNegativeControlsResponse()
+    done = next((t for t in spec.tools if t.name == "Done"), None)
+    if spec.violations or done is None or not done.params:
+        response.reasons.append("contract: no Done(answer) tool to call; check the environment first")
+        response.verdict = vf.VERDICT_FAIL
         return response
+    param = done.params[0].arg
+    case_time = request.case_time_ms or CASE_TIME_MS
+    memory = request.case_memory_mb or CASE_MEMORY_MB
+    cases = [(c.config_json, json_value(c.answer_json)) for c in request.cases]
+    answered = [(config, answer) for config, (ok, answer) in cases if ok]
+    plans: list[tuple[str, Any, list[tuple[str, Any]]]] = []
+    for k, (config, answer) in enumerate(answered):
+        others = [a for j, (_, a) in enumerate(answered) if j != k]
+        controls = wrong_answers(answer, others)
+        plans.append((config, answer, controls))
+        for kind, _ in controls:
+            response.kinds[kind] = response.kinds.get(kind, 0) + 1
+        response.controls += len(controls)
+    response.tests = len(plans)
+    sources = Sources()
+    env_ref = sources.ref(request.env_source)
+
+    def action(value: Any) -> str:
+        return json.dumps({"name": "Done", "parameters": {param: value}})
+
+    ops = [
+        sb.Operation(
+            source=env_ref,
+            limits=limits(case_time, memory),
+            solve=sb.SolveOp(
+                config_json=config,
+                solve_source=controls_source([action(v) for _, v in controls]),
+                max_steps=2,
+            ),
+        )
+        for config, _, controls in plans
+    ]
+    results = await run(ops, sources)
+    response.runs += len(results)
+    response.cpu_ms += sum(r.usage.cpu_ms for r in results)
+    outcomes: dict[int, list[tuple[float, str]]] = {}
+    retry: list[int] = []
+    for k, result in enumerate(results):
+        parsed = read_controls(result, len(plans[k][2]))
+        if parsed is None:
+            retry.append(k)
+        else:
+            outcomes[k] = parsed
+    # Where the one-run form failed (an environment deepcopy cannot copy), one run per control.
+    singles = [(k, n) for k in retry for n in range(len(plans[k][2]))]
+    single_ops = [
+        sb.Operation(
+            source=env_ref,
+            limits=limits(case_time, memory),
+            solve=sb.SolveOp(
+                config_json=plans[k][0],
+                solve_source=single_control_source(action(plans[k][2][n][1])),
+                max_steps=2,
+            ),
+        )
+        for k, n in singles
+    ]
+    single_results = await run(single_ops, sources)
+    response.runs += len(single_results)
+    response.cpu_ms += sum(r.usage.cpu_ms for r in single_results)
+    for (k, n), result in zip(singles, single_results, strict=True):
+        if result.status != sb.STATUS_OK:
+            response.failed_runs += 1
+            response.first_failure = response.first_failure or failure(result, "control")
+            outcomes.setdefault(k, [(0.0, "")] * len(plans[k][2]))
+            continue
+        outcomes.setdefault(k, [(0.0, "")] * len(plans[k][2]))[n] = (result.reward, result.observation)
+    paid = 0
+    for k, (config, answer, controls) in enumerate(plans):
+        for (kind, value), (reward, message) in zip(controls, outcomes.get(k, []), strict=False):
+            if reward <= 1e-9:
+                continue
+            paid += 1
+            if len(response.paid) < MAX_PAID_REPORTED:
+                response.paid.append(
+                    vf.PaidAnswer(
+                        config_json=config,
+                        kind=kind,
+                        answer_json=json.dumps(value),
+                        reference_json=json.dumps(answer),
+                        reward=reward,
+                        observation=message[:300],
+                    )
+                )
+    if paid:
+        first = response.paid[0]
+        kinds = sorted({p.kind for p in response.paid})
+        response.reasons.append(
+            f"reward_accepts_wrong_answers: {paid} of {response.controls} wrong answers paid"
+            f" ({', '.join(kinds)}); e.g. Done({param}={first.answer_json}) for reference"
+            f" {first.reference_json[:60]} got reward {first.reward:g}"
+        )
+    response.verdict = vf.VERDICT_FAIL if response.reasons else vf.VERDICT_PASS
+    return response
 
 
 def mutations(value: Any) -> list[tuple[str, Any]]:

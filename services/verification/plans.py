@@ -4,6 +4,7 @@ of a plan of sandbox operations (sources sent once by sha256, limits, reading re
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from codegym.contract import sha256_text
@@ -68,6 +69,11 @@ class Sources:
         sha = sha256_text(code)
         self.by_sha[sha] = code
         return sb.SourceRef(sha256=sha)
+
+
+# How a check runs its plan: independent operations, results in order (the verifier's dispatcher
+# batch). Checks take it as an argument, so each reads alone and a test can hand in a fake.
+RunOps = Callable[[Sequence[sb.Operation], Sources], Awaitable[list[sb.OperationResult]]]
 
 
 def limits(time_ms: int, memory_mb: int = 0) -> sb.Limits:

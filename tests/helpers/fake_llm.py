@@ -3,7 +3,7 @@
 The real `openai` client talks to it over loopback, so retries, timeouts, `n`, headers and usage
 accounting are exercised end to end. A `script` function maps each request body to a `Reply`;
 `default_script` answers every stage of the synthesis pipeline with valid output. For the sample
-problems of examples/problems.jsonl it answers with their real sample environments, seeded test
+problems of codegym/samples/problems.jsonl it answers with their real sample environments, seeded test
 configs (tests/helpers/sample_configs.py) and each env's own solve() among wrong candidates, so a
 pipeline run over those problems ends with a verified library; any other problem gets the
 ArrayGcd sample environment renamed per problem.
@@ -54,7 +54,7 @@ class SampleEnv:
 
 
 def _sample_envs() -> dict[str, SampleEnv]:
-    """Sample environments by their problem statement (examples/problems.jsonl → envs/)."""
+    """Sample environments by their problem statement (codegym/samples/problems.jsonl → envs/)."""
     by_question: dict[str, SampleEnv] = {}
     for line in (ENV_DIR.parent / "problems.jsonl").read_text().splitlines():
         problem = json.loads(line)

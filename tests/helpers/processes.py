@@ -17,25 +17,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+# The /proc reading the benchmarks share (bench/common.py).
+from codegym.proctree import children_by_parent, cmdline, stat_fields
+
 # (pid, start time in clock ticks since boot): a pid alone may be reused by a new process.
 Proc = tuple[int, int]
 # x86_64 syscall number: what a process in time.sleep() is blocked in.
 CLOCK_NANOSLEEP = 230
-
-
-def stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat after the command name (which may hold spaces): state is [0], ppid [1]."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def cmdline(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return None
 
 
 def comm(pid: int) -> str:
@@ -51,16 +39,6 @@ def syscall(pid: int) -> int:
         return int(Path(f"/proc/{pid}/syscall").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return -1
-
-
-def children_by_parent() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = stat_fields(int(entry.name))
-            if fields:
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
-    return children
 
 
 def children(pid: int) -> list[int]:

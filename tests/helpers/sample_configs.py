@@ -1,10 +1,10 @@
-"""Seeded, valid configs for the 12 sample environments in examples/envs/.
+"""Seeded, valid configs for the 12 sample environments in codegym/samples/envs/.
 
 The scripted LLM test server answers the "write unit tests" stage for the sample problems with
 configs from here, so every config must be a fair test case: valid input for the env (each
 generator respects its env's invariants), a short reference answer (repr of at most 100
 characters), the env's own solve() reaching reward 1 in 10..256 steps, and the original solution
-in examples/problems.jsonl agreeing with the env's get_ref_answer().
+in codegym/samples/problems.jsonl agreeing with the env's get_ref_answer().
 
 Each env has a generator (one candidate config from a random.Random) and a step model that
 predicts how many step() calls the env's solve() makes on that config; candidates whose predicted

@@ -8,7 +8,7 @@ Two environment variables change what the tests run against:
 
 - `CODEGYM_TEST_RUNTIME=HOST:PORT` points the runtime-facing tests at a deployed runtime instead
   of the runtime they would start: the tests marked `deployable` (those that need only a runtime
-  serving the sample library, `examples/envs` with `examples/tasks.jsonl`, as `codegym up`
+  serving the sample library, `codegym/samples/envs` with `codegym/samples/tasks.jsonl`, as `codegym up`
   builds it), e.g. `CODEGYM_TEST_RUNTIME=127.0.0.1:50051 .venv/bin/pytest -m deployable`. The
   other tests start their own servers as usual (they kill workers, read /proc, need fixture envs).
 - `CODEGYM_TESTS_WITHOUT_REDIS=1` skips the tests that need `redis-server`. Without it, a machine

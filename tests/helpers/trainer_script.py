@@ -15,7 +15,7 @@ from typing import Any
 
 from codegym_client.verl import Episode
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "codegym" / "samples"
 TRAJECTORIES = [
     json.loads(line)
     for line in (EXAMPLES / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()

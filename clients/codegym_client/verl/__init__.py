@@ -9,6 +9,11 @@ Modules, so that importing this package needs neither verl nor torch:
 
 - `episode`: `run_episode`, one episode as a plain async function (tokenizer, a `generate`
   callable and an `AsyncRuntimeClient` in; token ids, response mask, reward and flags out). No verl.
+- `tool_calls`: a turn's tool calls read without verl (`text_tool_parser`: hermes or CodeGym's
+  text protocol, outside `<think>`, `visible_text`). No verl.
+- `tokens`: the episode's token stream (`Stream`) and how it grows (`Renderer`;
+  `ChatTemplateRenderer`, verl 0.8's way). No verl.
+- `clients`: `shared_client`, one runtime client per target and event loop. No verl.
 - `agent_loop`: `CodeGymAgentLoop(AgentLoopBase)`, registered as `codegym_agent`. Imports verl.
 - `tool`: `CodeGymTool(BaseTool)`, for `ToolAgentLoop` users, keyed by request id; its docstring
   lists its limits. Imports verl.
@@ -25,18 +30,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from codegym_client.errors import INFRASTRUCTURE_REASONS
 from codegym_client.requests import DEFAULT_TARGET
-from codegym_client.verl.episode import (
-    INFRASTRUCTURE_REASONS,
-    Episode,
-    Generate,
-    ParseToolCalls,
-    Tokenizer,
-    run_episode,
-    shared_client,
-    text_tool_parser,
-    visible_text,
-)
+from codegym_client.verl.clients import shared_client
+from codegym_client.verl.episode import Episode, Generate, run_episode
+from codegym_client.verl.tokens import Tokenizer
+from codegym_client.verl.tool_calls import ParseToolCalls, text_tool_parser, visible_text
 
 if TYPE_CHECKING:
     from codegym_client.verl.agent_loop import AGENT_NAME, CodeGymAgentLoop, verl_tool_parser

@@ -30,7 +30,6 @@ examples/verl/train_grpo.sh does:
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 from collections.abc import Callable
@@ -61,8 +60,11 @@ GROUPED = (
 def dropping(estimator: Callable[..., Any]) -> Callable[..., Any]:
     """`estimator` (one of verl's, called with keyword arguments) run on the rows whose response
     mask is not all zero; the other rows get advantage and return 0."""
-    torch = importlib.import_module("torch")
-    numpy = importlib.import_module("numpy")
+    # verl's stack, not the client's: imported when an estimator is wrapped (the client's import
+    # fence, tests/test_client_install.py, admits them here).
+    import numpy
+    import torch
+
     takes_norm = "norm_adv_by_std_in_grpo" in inspect.signature(estimator).parameters
 
     def rows_of(value: Any, rows: Any, batch: int) -> Any:
@@ -106,7 +108,7 @@ def register() -> list[str]:
     """Register `codegym_<name>` for each of `GROUPED` that this verl has; returns the names.
     Idempotent. Without verl (a Ray worker of another stack), registers nothing."""
     try:
-        core_algos = importlib.import_module("verl.trainer.ppo.core_algos")
+        from verl.trainer.ppo import core_algos
     except ImportError as exc:
         log.warning("verl is not importable here; no CodeGym advantage estimator registered: %s", exc)
         return []

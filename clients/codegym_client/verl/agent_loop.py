@@ -39,46 +39,29 @@ logs a warning once per process when the trainer runs one of verl's group estima
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import logging
 from typing import Any
 from uuid import uuid4
 
+# verl is the trainer's dependency, not the client's (`import codegym_client.verl` does not import
+# this module); the client's import fence (tests/test_client_install.py) admits it here.
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.experimental.agent_loop.tool_parser import ToolParser
+from verl.tools.schemas import OpenAIFunctionToolSchema
+
 from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S
 from codegym_client.requests import DEFAULT_TARGET
 from codegym_client.verl.advantage import GROUPED, PREFIX
-from codegym_client.verl.episode import (
-    ChatTemplateRenderer,
-    ParseToolCalls,
-    Renderer,
-    Stream,
-    Tokenizer,
-    ToolCall,
-    run_episode,
-    shared_client,
-    text_tool_parser,
-)
+from codegym_client.verl.clients import shared_client
+from codegym_client.verl.episode import run_episode
+from codegym_client.verl.tokens import ChatTemplateRenderer, Renderer, Stream, Tokenizer
+from codegym_client.verl.tool_calls import ParseToolCalls, ToolCall, text_tool_parser
 
 __all__ = ["AGENT_NAME", "CodeGymAgentLoop", "verl_tool_parser"]
 
 log = logging.getLogger(__name__)
-
-
-def _from_verl(module: str, *names: str) -> list[Any]:
-    """Objects of verl, imported with this module. verl is the trainer's dependency, not the
-    client's: the client's import fence (tests/test_client_install.py) admits no import statement
-    of a third-party package, so verl is imported by name."""
-    loaded = importlib.import_module(module)
-    return [getattr(loaded, name) for name in names]
-
-
-AgentLoopBase, AgentLoopOutput, register = _from_verl(
-    "verl.experimental.agent_loop.agent_loop", "AgentLoopBase", "AgentLoopOutput", "register"
-)
-(ToolParser,) = _from_verl("verl.experimental.agent_loop.tool_parser", "ToolParser")
-(OpenAIFunctionToolSchema,) = _from_verl("verl.tools.schemas", "OpenAIFunctionToolSchema")
 
 AGENT_NAME = "codegym_agent"
 _warned_estimators: set[str] = set()
@@ -176,7 +159,7 @@ def _logprobs(merged: list[float] | None, before: list[float] | None) -> list[fl
 
 
 @register(AGENT_NAME)
-class CodeGymAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]  # verl is imported by name: Any
+class CodeGymAgentLoop(AgentLoopBase):
     """One CodeGym episode per row, in one runtime session (see the module's docstring).
 
     Keyword arguments (the agent-loop config entry's keys): `target` (the runtime, `HOST:PORT`),

@@ -6,20 +6,20 @@ is tested) without verl or torch: a tokenizer with a chat template, a `generate`
 response ids, the response mask, the reward and the episode's flags out.
 
 It builds the trajectory the way verl's `ToolAgentLoop` does (verl/experimental/agent_loop/
-tool_agent_loop.py), through a `Renderer`: one token stream (the prompt, then each model turn's
-tokens as generated, mask 1, then each turn's tool messages, mask 0, log-prob 0.0). verl 0.9 grows
-that stream with its Continuous Token builder (`CodeGymAgentLoop` hands its own to the episode);
-`ChatTemplateRenderer`, the default, is verl 0.8's way: the tool messages rendered with the chat
-template alone, the system prompt's tokens cut off. The episode stops when the model calls no tool,
-after `max_turns` model turns (that turn's calls are not run, as verl's loop does not run them) or
-`max_user_turns` tool-message turns, or when the response would pass `response_length` (a turn's tool
-messages that would pass it are not appended). What it adds:
+tool_agent_loop.py), through a `Renderer` (codegym_client/verl/tokens.py): one token stream (the
+prompt, then each model turn's tokens as generated, mask 1, then each turn's tool messages, mask 0,
+log-prob 0.0). verl 0.9 grows that stream with its Continuous Token builder (`CodeGymAgentLoop`
+hands its own to the episode); `ChatTemplateRenderer`, the default, is verl 0.8's way: the tool
+messages rendered with the chat template alone, the system prompt's tokens cut off. The episode
+stops when the model calls no tool, after `max_turns` model turns (that turn's calls are not run, as
+verl's loop does not run them) or `max_user_turns` tool-message turns, or when the response would
+pass `response_length` (a turn's tool messages that would pass it are not appended). What it adds:
 
 - one runtime session for the whole episode (opened from the row's `ability`, closed in `finally`),
   every tool call a step of it; the episode also stops when the environment ends it (done or
   truncated), right after the model's final call;
 - tool calls read from the turn's text outside `<think>...</think>` (verl's hermes parser reads them
-  anywhere, so a call the model only thought about would be run);
+  anywhere, so a call the model only thought about would be run; codegym_client/verl/tool_calls.py);
 - `reward` is the environment's final reward (1.0 for a right answer);
 - an outage is waited out: creating the session, each step (sent with its step index, so that a
   resend the runtime already applied is answered from its record, never applied twice) and the
@@ -33,59 +33,27 @@ messages that would pass it are not appended). What it adds:
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
-import re
-import threading
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
-from codegym_client.actions import ActionParseError, parse_function_calls
 from codegym_client.async_client import AsyncRuntimeClient
-from codegym_client.errors import INFRASTRUCTURE_REASONS, CodeGymError
+from codegym_client.errors import CodeGymError
 from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, ride_out_async
+from codegym_client.verl.tokens import ChatTemplateRenderer, Renderer, Stream, Tokenizer, as_ids
+from codegym_client.verl.tool_calls import ParseToolCalls, ToolCall, text_tool_parser, visible_text
 
-__all__ = [
-    "INFRASTRUCTURE_REASONS",
-    "ChatTemplateRenderer",
-    "Episode",
-    "Generate",
-    "ParseToolCalls",
-    "Renderer",
-    "Stream",
-    "Tokenizer",
-    "run_episode",
-    "shared_client",
-    "text_tool_parser",
-    "visible_text",
-]
+__all__ = ["Episode", "Generate", "run_episode"]
 
 log = logging.getLogger(__name__)
 
-# CreateSession refusals that are the service's doing, not the row's (as in codegym_client.trl):
-# anything else (EnvNotFound, EnvFailed, InvalidRequest) means the data is wrong and is raised.
-
-ToolCall = tuple[str, str]  # (name, arguments as JSON text), as verl's FunctionCall carries them
-# (the turn's token ids outside <think>, the session's tool schemas) -> the turn's calls
-ParseToolCalls = Callable[[list[int], list[dict[str, Any]]], Awaitable[list[ToolCall]]]
 Generate = Callable[[list[int]], Awaitable[Any]]  # prompt ids -> an object with token_ids (+ log_probs)
-
-
-class Tokenizer(Protocol):
-    """What the episode needs of a Hugging Face tokenizer."""
-
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> Any: ...
-
-    def encode(self, text: str, **kwargs: Any) -> Any: ...
-
-    def decode(self, token_ids: Any, **kwargs: Any) -> str: ...
 
 
 @dataclass
@@ -130,173 +98,6 @@ class Episode:
             "codegym_steps": self.steps,
             "codegym_env_id": self.env_id,
         }
-
-
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
-
-
-def visible_text(text: str) -> str:
-    """`text` without its reasoning: `<think>...</think>` blocks removed, everything before an
-    unmatched `</think>` (templates that open the think block in the prompt) and everything after
-    an unmatched `<think>` (reasoning cut off by the length limit)."""
-    text = _THINK.sub("", text)
-    _, closed, after = text.rpartition("</think>")
-    if closed:
-        text = after
-    opened = text.find("<think>")
-    return text if opened < 0 else text[:opened]
-
-
-_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-
-def _hermes_calls(text: str) -> list[ToolCall]:
-    """verl's HermesToolParser on text: each `<tool_call>{"name", "arguments"}</tool_call>`; a
-    block that does not parse is dropped (as verl logs and drops it)."""
-    calls: list[ToolCall] = []
-    for block in _HERMES.findall(text):
-        try:
-            call = json.loads(block)
-            calls.append((str(call["name"]), json.dumps(call["arguments"], ensure_ascii=False)))
-        except (ValueError, KeyError, TypeError) as exc:
-            log.debug("dropping a tool call that does not parse: %s", exc)
-    return calls
-
-
-def _codegym_calls(text: str) -> list[ToolCall]:
-    """CodeGym's text protocol (`<|FunctionCallBegin|>[...]<|FunctionCallEnd|>`, the last block)."""
-    try:
-        actions = parse_function_calls(text)
-    except ActionParseError:
-        return []
-    return [(a.name, json.dumps(a.parameters, ensure_ascii=False)) for a in actions]
-
-
-TEXT_FORMATS: dict[str, Callable[[str], list[ToolCall]]] = {
-    "hermes": _hermes_calls,
-    "codegym": _codegym_calls,
-}
-
-
-def text_tool_parser(format: str, tokenizer: Tokenizer) -> ParseToolCalls:
-    """A parser for `format` that needs no verl: `hermes` (verl's default format) or `codegym`."""
-    try:
-        parse = TEXT_FORMATS[format]
-    except KeyError:
-        raise ValueError(f"no built-in parser for format {format!r}: {sorted(TEXT_FORMATS)}") from None
-
-    async def parse_ids(ids: list[int], tools: list[dict[str, Any]]) -> list[ToolCall]:
-        return parse(tokenizer.decode(ids, skip_special_tokens=False))
-
-    return parse_ids
-
-
-def _ids(value: Any) -> list[int]:
-    """Token ids from `apply_chat_template(tokenize=True)` (a list, or a mapping in transformers 5)."""
-    if isinstance(value, Mapping):
-        value = value["input_ids"]
-    return [int(i) for i in value]
-
-
-@dataclass(frozen=True)
-class Stream:
-    """The episode's token stream as verl's agent loops keep it: `token_ids` is the prompt followed
-    by the response; `mask` covers the response (its last `len(mask)` tokens); `logprobs`, when the
-    server returns them, too."""
-
-    token_ids: list[int]
-    mask: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = None
-
-    @property
-    def prompt_ids(self) -> list[int]:
-        return self.token_ids[: len(self.token_ids) - len(self.mask)]
-
-    @property
-    def response_ids(self) -> list[int]:
-        return self.token_ids[len(self.token_ids) - len(self.mask) :]
-
-
-class Renderer(Protocol):
-    """How messages and model turns become tokens of the stream. Each method returns the new
-    stream and leaves the one it was given as it was (the episode may decline a longer one)."""
-
-    async def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Stream: ...
-
-    async def model_turn(self, stream: Stream, turn: list[int], logprobs: list[float] | None) -> Stream: ...
-
-    async def messages(
-        self,
-        stream: Stream,
-        previous: list[dict[str, Any]],
-        updated: list[dict[str, Any]],
-        tools: list[dict[str, Any]],
-    ) -> Stream: ...
-
-
-class ChatTemplateRenderer:
-    """verl 0.8's `ToolAgentLoop` rendering, with nothing but a tokenizer: the prompt is the chat
-    template of the messages with the tools and the generation prompt; a model turn is appended as
-    generated; appended messages are rendered alone with the generation prompt and the system
-    prompt the template adds to any conversation cut off (`initialize_system_prompt` in verl 0.8's
-    verl/utils/chat_template.py)."""
-
-    def __init__(self, tokenizer: Tokenizer, chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
-        self.tokenizer = tokenizer
-        self.template_kwargs = dict(chat_template_kwargs or {})
-        self._system_prompt_len: int | None = None
-
-    async def _render(self, conversation: list[dict[str, Any]], **kwargs: Any) -> list[int]:
-        def render() -> Any:
-            return self.tokenizer.apply_chat_template(
-                conversation, tokenize=True, **{**self.template_kwargs, **kwargs}
-            )
-
-        return _ids(await asyncio.get_running_loop().run_in_executor(None, render))
-
-    async def prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Stream:
-        return Stream(await self._render(messages, tools=tools, add_generation_prompt=True))
-
-    async def model_turn(self, stream: Stream, turn: list[int], logprobs: list[float] | None) -> Stream:
-        merged = stream.logprobs
-        if logprobs:
-            merged = (stream.logprobs or []) + [float(p) for p in logprobs]
-        return Stream(stream.token_ids + turn, stream.mask + [1] * len(turn), merged)
-
-    async def messages(
-        self,
-        stream: Stream,
-        previous: list[dict[str, Any]],
-        updated: list[dict[str, Any]],
-        tools: list[dict[str, Any]],
-    ) -> Stream:
-        if self._system_prompt_len is None:
-            one = await self._render([{"role": "user", "content": ""}], add_generation_prompt=False)
-            two = await self._render([{"role": "user", "content": ""}] * 2, add_generation_prompt=False)
-            self._system_prompt_len = len(one) - (len(two) - len(one))
-        added = (await self._render(updated[len(previous) :], add_generation_prompt=True))[
-            self._system_prompt_len :
-        ]
-        logprobs = stream.logprobs + [0.0] * len(added) if stream.logprobs else stream.logprobs
-        return Stream(stream.token_ids + added, stream.mask + [0] * len(added), logprobs)
-
-
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncRuntimeClient]] = (
-    weakref.WeakKeyDictionary()
-)
-_clients_lock = threading.Lock()
-
-
-def shared_client(target: str, timeout_s: float = 60.0) -> AsyncRuntimeClient:
-    """One `AsyncRuntimeClient` per target and running event loop (a gRPC aio channel belongs to
-    its loop): verl builds an agent loop, and a tool instance, per row or call, not per process."""
-    loop = asyncio.get_running_loop()
-    with _clients_lock:
-        clients = _clients.setdefault(loop, {})
-        client = clients.get(target)
-        if client is None:
-            client = clients[target] = AsyncRuntimeClient(target, timeout_s=timeout_s)
-        return client
 
 
 def _truncate(text: str, limit: int, side: str) -> str:
@@ -402,7 +203,7 @@ async def run_episode(
                 break
             raw = tokenizer.decode(turn, skip_special_tokens=False)
             shown = visible_text(raw)
-            visible = turn if shown == raw else _ids(tokenizer.encode(shown, add_special_tokens=False))
+            visible = turn if shown == raw else as_ids(tokenizer.encode(shown, add_special_tokens=False))
             calls = await parse(visible, tools)
             episode.messages.append(
                 _assistant_message(_decode(tokenizer, turn), calls[: max(1, max_calls_per_turn)])

@@ -48,7 +48,6 @@ episode finds it through `agent_data.tools_kwargs`.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import time
 from collections import OrderedDict
@@ -57,17 +56,17 @@ from uuid import uuid4
 
 import grpc
 
+# verl is the trainer's dependency, not the client's (`import codegym_client.verl` does not import
+# this module); the client's import fence (tests/test_client_install.py) admits it here.
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import ToolResponse
+
 from codegym_client.errors import CodeGymError, EpisodeEnded, InfrastructureFailure
 from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, ride_out_async
 from codegym_client.requests import DEFAULT_TARGET
-from codegym_client.verl.episode import shared_client
+from codegym_client.verl.clients import shared_client
 
-__all__ = ["CodeGymTool", "EpisodeEnded", "InfrastructureFailure"]
-
-# verl is the trainer's dependency, not the client's: the client's import fence
-# (tests/test_client_install.py) admits no import statement of a third-party package.
-BaseTool = importlib.import_module("verl.tools.base_tool").BaseTool
-ToolResponse = importlib.import_module("verl.tools.schemas").ToolResponse
+__all__ = ["CodeGymTool"]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ class _Session:
         self.step_index = 0  # what the session's next step applies to
 
 
-class CodeGymTool(BaseTool):  # type: ignore[misc,valid-type]  # verl is imported by name: Any
+class CodeGymTool(BaseTool):
     """One CodeGym tool (its schema from the tool config), stepping the episode's session (see the
     module's docstring for its limits). Config keys: `target` (`HOST:PORT`), `timeout_s`, `idle_s`,
     `max_steps`, `outage_wait_s`, `max_sessions`."""

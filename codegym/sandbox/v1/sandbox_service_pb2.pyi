@@ -3,7 +3,7 @@
 isort:skip_file
 """
 
-from codegym.common.v1 import common_pb2 as _common_pb2
+from codegym_client.api.common.v1 import common_pb2 as _common_pb2
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

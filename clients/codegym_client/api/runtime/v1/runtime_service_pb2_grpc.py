@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from codegym_client.api.runtime.v1 import runtime_service_pb2 as codegym_dot_runtime_dot_v1_dot_runtime__service__pb2
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in codegym/runtime/v1/runtime_service_pb2_grpc.py depends on'
+        + ' but the generated code in codegym_client/api/runtime/v1/runtime_service_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -38,48 +38,48 @@ class RuntimeServiceStub:
         """
         self.CreateSession = channel.unary_unary(
                 '/codegym.runtime.v1.RuntimeService/CreateSession',
-                request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionRequest.SerializeToString,
-                response_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionResponse.FromString,
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionResponse.FromString,
                 _registered_method=True)
         self.Step = channel.unary_unary(
                 '/codegym.runtime.v1.RuntimeService/Step',
-                request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepRequest.SerializeToString,
-                response_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepResponse.FromString,
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepResponse.FromString,
                 _registered_method=True)
         self.BatchStep = channel.unary_unary(
                 '/codegym.runtime.v1.RuntimeService/BatchStep',
-                request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepRequest.SerializeToString,
-                response_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepResponse.FromString,
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepResponse.FromString,
                 _registered_method=True)
         self.StepStream = channel.stream_stream(
                 '/codegym.runtime.v1.RuntimeService/StepStream',
-                request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamRequest.SerializeToString,
-                response_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamResponse.FromString,
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamResponse.FromString,
                 _registered_method=True)
         self.Reset = channel.unary_unary(
                 '/codegym.runtime.v1.RuntimeService/Reset',
-                request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetRequest.SerializeToString,
-                response_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetResponse.FromString,
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetResponse.FromString,
                 _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/codegym.runtime.v1.RuntimeService/CloseSession',
-                request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionRequest.SerializeToString,
-                response_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionResponse.FromString,
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionResponse.FromString,
                 _registered_method=True)
         self.GetSession = channel.unary_unary(
                 '/codegym.runtime.v1.RuntimeService/GetSession',
-                request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionRequest.SerializeToString,
-                response_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionResponse.FromString,
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionResponse.FromString,
                 _registered_method=True)
         self.ListEnvs = channel.unary_unary(
                 '/codegym.runtime.v1.RuntimeService/ListEnvs',
-                request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsRequest.SerializeToString,
-                response_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsResponse.FromString,
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsResponse.FromString,
                 _registered_method=True)
         self.GetEnv = channel.unary_unary(
                 '/codegym.runtime.v1.RuntimeService/GetEnv',
-                request_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvRequest.SerializeToString,
-                response_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvResponse.FromString,
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvResponse.FromString,
                 _registered_method=True)
 
 
@@ -158,48 +158,48 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'CreateSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateSession,
-                    request_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionRequest.FromString,
-                    response_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionResponse.SerializeToString,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionResponse.SerializeToString,
             ),
             'Step': grpc.unary_unary_rpc_method_handler(
                     servicer.Step,
-                    request_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepRequest.FromString,
-                    response_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepResponse.SerializeToString,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepResponse.SerializeToString,
             ),
             'BatchStep': grpc.unary_unary_rpc_method_handler(
                     servicer.BatchStep,
-                    request_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepRequest.FromString,
-                    response_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepResponse.SerializeToString,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepResponse.SerializeToString,
             ),
             'StepStream': grpc.stream_stream_rpc_method_handler(
                     servicer.StepStream,
-                    request_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamRequest.FromString,
-                    response_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamResponse.SerializeToString,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamResponse.SerializeToString,
             ),
             'Reset': grpc.unary_unary_rpc_method_handler(
                     servicer.Reset,
-                    request_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetRequest.FromString,
-                    response_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetResponse.SerializeToString,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetResponse.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
-                    request_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionRequest.FromString,
-                    response_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionResponse.SerializeToString,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionResponse.SerializeToString,
             ),
             'GetSession': grpc.unary_unary_rpc_method_handler(
                     servicer.GetSession,
-                    request_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionRequest.FromString,
-                    response_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionResponse.SerializeToString,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionResponse.SerializeToString,
             ),
             'ListEnvs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListEnvs,
-                    request_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsRequest.FromString,
-                    response_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsResponse.SerializeToString,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsResponse.SerializeToString,
             ),
             'GetEnv': grpc.unary_unary_rpc_method_handler(
                     servicer.GetEnv,
-                    request_deserializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvRequest.FromString,
-                    response_serializer=codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvResponse.SerializeToString,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -229,8 +229,8 @@ class RuntimeService:
             request,
             target,
             '/codegym.runtime.v1.RuntimeService/CreateSession',
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionRequest.SerializeToString,
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionResponse.FromString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CreateSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -256,8 +256,8 @@ class RuntimeService:
             request,
             target,
             '/codegym.runtime.v1.RuntimeService/Step',
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepRequest.SerializeToString,
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepResponse.FromString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -283,8 +283,8 @@ class RuntimeService:
             request,
             target,
             '/codegym.runtime.v1.RuntimeService/BatchStep',
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepRequest.SerializeToString,
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepResponse.FromString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.BatchStepResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -310,8 +310,8 @@ class RuntimeService:
             request_iterator,
             target,
             '/codegym.runtime.v1.RuntimeService/StepStream',
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamRequest.SerializeToString,
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamResponse.FromString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StepStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -337,8 +337,8 @@ class RuntimeService:
             request,
             target,
             '/codegym.runtime.v1.RuntimeService/Reset',
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetRequest.SerializeToString,
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetResponse.FromString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ResetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -364,8 +364,8 @@ class RuntimeService:
             request,
             target,
             '/codegym.runtime.v1.RuntimeService/CloseSession',
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionRequest.SerializeToString,
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionResponse.FromString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CloseSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -391,8 +391,8 @@ class RuntimeService:
             request,
             target,
             '/codegym.runtime.v1.RuntimeService/GetSession',
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionRequest.SerializeToString,
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionResponse.FromString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -418,8 +418,8 @@ class RuntimeService:
             request,
             target,
             '/codegym.runtime.v1.RuntimeService/ListEnvs',
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsRequest.SerializeToString,
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsResponse.FromString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEnvsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -445,8 +445,8 @@ class RuntimeService:
             request,
             target,
             '/codegym.runtime.v1.RuntimeService/GetEnv',
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvRequest.SerializeToString,
-            codegym_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvResponse.FromString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvResponse.FromString,
             options,
             channel_credentials,
             insecure,

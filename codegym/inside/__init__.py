@@ -1,7 +1,9 @@
 """Everything that runs inside a jail: the zygote and what it forks.
 
 This package is bind-mounted read-only into every jail (at `/sandbox/inside`, see
-`sandbox_worker/limits.py`) and is the only project code there. It imports the standard library
+`sandbox_worker/limits.py`) and is the only project code there. It lives in the core, beside the
+contract, not in the worker: the contract reads configs and answers with its `values`, and the
+core never imports the worker. It imports the standard library
 only (a test fails the build otherwise): no project package, no third-party one. Environments'
 own imports (gymnasium, numpy) are preloaded by name, never imported here. The trusted side
 imports only its leaves (`frames`, `values`, `settings`), which is how both sides speak one
