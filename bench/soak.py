@@ -76,6 +76,9 @@ from tests.helpers.trainer_script import TOKENIZER, ability, oracle_turns  # noq
 Line = dict[str, Any]
 FAULTS = ("rolling", "kill", "drain", "freeze", "gateway", "redis")
 PATHS = ("client", "trl", "verl", "openenv")
+# The verl path's response budget: the scripted model's tokenizer is one token per byte, and the
+# longest recorded episodes run past verl's usual 8,192 tokens in bytes.
+RESPONSE_TOKENS = 1 << 20
 # A server's line in `codegym up`'s output: at start and after each restart.
 SERVER_LINE = re.compile(r"(runtime \d+|sandbox worker \d+|openenv gateway) (?:back )?at (\S+) \(pid (\d+)\)")
 FREEZE_S = 15.0
@@ -374,6 +377,7 @@ async def verl_rollout(
                 tokenizer=TOKENIZER,
                 generate=ThinkingModel(line, rng, think_s),
                 outage_wait_s=outage_wait_s,
+                response_length=RESPONSE_TOKENS,
             )
         except Exception as exc:
             tally.lost[failure_reason(exc)] += 1
@@ -388,7 +392,7 @@ async def verl_rollout(
             tally.examples.append(f"{line['env_id']} step {wrong[0]}: {seen[wrong[0]][:80]!r}")
         elif episode.infrastructure_failure:
             tally.failed[episode.failure_reason or "infrastructure"] += 1
-        elif episode.done and len(seen) == len(expected):
+        elif episode.done and episode.steps == len(expected):  # the last answer ends it, unshown
             tally.finished += 1
         else:
             tally.lost[f"stop={episode.stop}"] += 1
