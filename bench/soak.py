@@ -67,9 +67,9 @@ from bench.rollout_bench import Failed, Refused, WsEpisode  # noqa: E402
 from codegym.procs import RedisServer, ServerProcess  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
-from codegym_client.errors import CodeGymError, EpisodeEnded, InfrastructureFailure  # noqa: E402
+from codegym_client.errors import CodeGymError, EpisodeEnded, EpisodeFailed, InfrastructureFailure  # noqa: E402
 from codegym_client.outages import ride_out_async  # noqa: E402
-from codegym_client.trl import CodeGymSpec, EpisodeFailed  # noqa: E402
+from codegym_client.trl import CodeGymSpec  # noqa: E402
 from codegym_client.verl import run_episode  # noqa: E402
 from tests.helpers.trainer_script import TOKENIZER, ability, oracle_turns  # noqa: E402
 

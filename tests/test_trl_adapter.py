@@ -23,14 +23,8 @@ from transformers.utils import get_json_schema
 from codegym.library import Library
 from codegym_cli.oracle import read_trajectories
 from codegym_client import RuntimeClient, RuntimeUnavailable, SessionNotFound
-from codegym_client.trl import (
-    CodeGymEnvironment,
-    CodeGymSpec,
-    EpisodeEnded,
-    EpisodeFailed,
-    InfrastructureFailure,
-    environment_class,
-)
+from codegym_client.errors import EpisodeEnded, EpisodeFailed, InfrastructureFailure
+from codegym_client.trl import CodeGymEnvironment, CodeGymSpec, environment_class
 from tests.conftest import ENV_DIR, EXAMPLES, ROOT
 from tests.helpers.servers import ServerProcess
 

@@ -24,14 +24,8 @@ import pytest
 from codegym.library import Library
 from codegym.procs import free_port
 from codegym_client import RuntimeClient, RuntimeUnavailable, SessionNotFound
-from codegym_client.trl import (
-    CodeGymEnvironment,
-    CodeGymSpec,
-    EpisodeFailed,
-    InfrastructureFailure,
-    environment_class,
-    skip_failed_episodes,
-)
+from codegym_client.errors import EpisodeFailed, InfrastructureFailure
+from codegym_client.trl import CodeGymEnvironment, CodeGymSpec, environment_class, skip_failed_episodes
 from tests.conftest import ROOT
 from tests.helpers.processes import wait_until
 from tests.helpers.servers import Redis, ServerProcess, start_runtime, start_workers

@@ -81,7 +81,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from codegym_client.errors import CodeGymError, EpisodeEnded, InfrastructureFailure
+from codegym_client.errors import CodeGymError, EpisodeEnded, EpisodeFailed, InfrastructureFailure
 from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, clears_by_itself, ride_out
 from codegym_client.requests import DEFAULT_TARGET
 from codegym_client.runtime_client import RuntimeClient
@@ -90,9 +90,6 @@ __all__ = [
     "ABILITY_PREFIX",
     "CodeGymEnvironment",
     "CodeGymSpec",
-    "EpisodeEnded",
-    "EpisodeFailed",
-    "InfrastructureFailure",
     "ToolSchema",
     "environment_class",
     "skip_failed_episodes",
@@ -207,14 +204,6 @@ def _tool_method(schema: ToolSchema) -> Callable[..., str]:
 # -- The environment -----------------------------------------------------------------------------
 
 T = TypeVar("T")
-
-
-class EpisodeFailed(EpisodeEnded):
-    """The runtime could not serve this episode (an outage longer than `outage_wait_s`, the session
-    lost, a refused call): not the model's doing. A tool raises it (TRL shows it to the model as a
-    tool error: its loop cannot end one rollout), and so does every later tool of the episode,
-    at once; `get_reward()` returns None, so TRL leaves the rollout unscored. `__cause__` is the
-    client's error."""
 
 
 class _Outage:
