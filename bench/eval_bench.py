@@ -59,7 +59,7 @@ from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 from tests.helpers.agents import oracle_agent  # noqa: E402
 from tests.helpers.fake_llm import Reply, ScriptedLLM  # noqa: E402
 
-EXAMPLES = ROOT / "codegym" / "samples"
+SAMPLES = ROOT / "codegym" / "samples"
 
 
 def ms(seconds: float) -> str:
@@ -456,7 +456,7 @@ def build_library(workdir: Path) -> tuple[Path, dict[str, str]]:
     """A library of the sample environments and tasks: (its path, each env's task text)."""
     library = workdir / "library.db"
     with Library(library) as lib:
-        lib.import_paths([EXAMPLES / "envs", EXAMPLES / "tasks.jsonl"])
+        lib.import_paths([SAMPLES / "envs", SAMPLES / "tasks.jsonl"])
         task_texts = {r.env_id: r.task_text for r in lib.load_all().values()}
     return library, task_texts
 
@@ -565,7 +565,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--trajectories", default=str(EXAMPLES / "trajectories.jsonl"))
+    parser.add_argument("--trajectories", default=str(SAMPLES / "trajectories.jsonl"))
     parser.add_argument("--tasks", type=int, default=100, help="task configs of the library played")
     parser.add_argument("--samples", type=int, default=4, help="episodes per task")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32], help="episodes in flight")

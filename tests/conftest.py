@@ -12,8 +12,8 @@ import pytest
 from tests.helpers import jail_guard
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "codegym" / "samples"  # the sample environments and their data (package data)
-ENV_DIR = EXAMPLES / "envs"
+SAMPLES = ROOT / "codegym" / "samples"  # the sample environments and their data (package data)
+ENV_DIR = SAMPLES / "envs"
 FIXTURE_ENVS = ROOT / "tests" / "fixtures" / "envs"
 SHARED_DATA = ROOT / "tests" / "fixtures" / "data"
 PYTHON = sys.executable
@@ -25,7 +25,7 @@ def sample_env_paths() -> list[Path]:
 
 
 def sample_tasks() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (EXAMPLES / "tasks.jsonl").read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in (SAMPLES / "tasks.jsonl").read_text().splitlines() if line.strip()]
 
 
 def training_instances() -> list[dict[str, Any]]:

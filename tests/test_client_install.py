@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import ROOT, SAMPLES
 from tests.helpers.servers import ServerProcess
 
 CLIENT = ROOT / "clients"
@@ -173,7 +173,7 @@ def test_the_client_alone_runs_the_readme_example(tmp_path: Path, interpreter: s
 
     trajectory = next(
         json.loads(x)
-        for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()
+        for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()
         if '"Sample_0009' in x
     )
     up = ServerProcess(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])

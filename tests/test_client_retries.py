@@ -43,7 +43,7 @@ from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.errors import REASON_TRAILER, REASONS, RETRY_AFTER_TRAILER, reason_sent, typed_error
 from codegym_client.gym_env import RemoteEnv
 from codegym_client.online import OnlineGymEnv
-from tests.conftest import ENV_DIR, EXAMPLES, ROOT
+from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.processes import wait_until
 from tests.helpers.servers import Redis, ServerProcess, start_workers
 from tests.helpers.trajectories import record
@@ -53,7 +53,7 @@ from tests.helpers.trajectories import record
 
 COUNTER = "Test_0001_I__CounterEnv"
 RUNTIME_ENVS = ROOT / "tests" / "fixtures" / "runtime_envs"
-PUBLISHED = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines() if x.strip()]
+PUBLISHED = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines() if x.strip()]
 # A short lease: a replica killed mid-step blocks its session for at most this long.
 LEASE_S = "2"
 OBSERVE = '{"name": "Observe", "parameters": {}}'
@@ -74,7 +74,7 @@ def slow(ms: int) -> str:
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("retries") / "library.db"
     with Library(path) as lib:
-        lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
         lib.import_paths([RUNTIME_ENVS / f"{COUNTER}.py"])
     return path
 

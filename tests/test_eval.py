@@ -32,7 +32,7 @@ import pytest
 from codegym.library import Library
 from codegym.llm import context_overflow
 from codegym_cli.eval_results import done_keys, summarize
-from tests.conftest import ENV_DIR, EXAMPLES, ROOT
+from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.agents import (
     CONTEXT_OVERFLOW,
     flaky,
@@ -46,14 +46,14 @@ from tests.helpers.fake_llm import Reply, ScriptedLLM
 from tests.helpers.sample_configs import SAMPLE_CLASSES, sample_configs
 from tests.helpers.servers import ServerProcess, deployed_runtime
 
-TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
+TRAJECTORIES = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("eval") / "library.db"
     with Library(path) as lib:
-        lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
     return path
 
 

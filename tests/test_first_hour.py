@@ -22,7 +22,7 @@ import pytest
 
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
-from tests.conftest import ENV_DIR, EXAMPLES, ROOT
+from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.servers import ServerProcess
 
 
@@ -180,7 +180,7 @@ def test_an_unreachable_llm_endpoint_fails_in_seconds_with_one_line(tmp_path: Pa
         result = cli(
             "synthesize",
             "--problems",
-            str(EXAMPLES / "problems.jsonl"),
+            str(SAMPLES / "problems.jsonl"),
             "--out",
             str(tmp_path / "o"),
             "--llm-base-url",
@@ -196,7 +196,7 @@ def test_an_unreachable_llm_endpoint_fails_in_seconds_with_one_line(tmp_path: Pa
 def test_a_remote_endpoint_without_a_key_is_refused_before_any_work(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     result = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "synthesize", "--problems", str(EXAMPLES / "problems.jsonl"),
+        [sys.executable, "-m", "codegym_cli.cli", "synthesize", "--problems", str(SAMPLES / "problems.jsonl"),
          "--out", str(tmp_path / "o"), "--llm-base-url", "https://api.example.com/v1"],
         capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
     )  # fmt: skip

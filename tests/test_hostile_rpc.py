@@ -42,7 +42,7 @@ from services.dispatcher import SandboxDispatcher
 from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, Session
 from tests import test_runtime as base
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import ROOT, SAMPLES
 from tests.helpers.servers import ServerProcess
 
 COUNTER = base.COUNTER
@@ -197,7 +197,7 @@ def test_a_hostile_step_is_a_typed_step_error_and_changes_nothing(
 
 def trajectory() -> dict[str, Any]:
     """A recorded oracle trajectory of moderate length (from codegym/samples/trajectories.jsonl)."""
-    lines = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines() if x.strip()]
+    lines = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines() if x.strip()]
     return next(t for t in lines if 8 <= len(t["steps"]) <= 14)
 
 

@@ -21,7 +21,7 @@ import pytest
 from codegym.contract import split_env_id
 from codegym.library import Library
 from codegym_client.runtime_client import RuntimeClient
-from tests.conftest import ENV_DIR, EXAMPLES, ROOT, sample_tasks
+from tests.conftest import ENV_DIR, ROOT, SAMPLES, sample_tasks
 from tests.helpers.servers import ServerProcess
 from tests.helpers.trajectories import record
 
@@ -35,7 +35,7 @@ NEIGHBOUR_ID = "Test_0002_I__NeighbourEnv"
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     library = tmp_path_factory.mktemp("library") / "library.db"
     with Library(library) as lib:
-        report = lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl", NEIGHBOUR])
+        report = lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl", NEIGHBOUR])
     assert report.skipped == []
     worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
     try:

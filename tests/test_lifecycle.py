@@ -29,7 +29,7 @@ from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import ROOT, SAMPLES
 from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.pipeline_cases import case_problem, case_script, write_problems
 from tests.helpers.processes import (
@@ -112,7 +112,7 @@ def test_sigkill_of_codegym_up_leaves_no_process_and_no_port(tmp_path: Path, rea
         reaper.append(up)
         assert wait_for(lambda: "Ctrl-C stops everything" in wrapper.text, 60), wrapper.text
         # A live session, so the jails hold a session process besides their zygote and its spare.
-        trajectory = json.loads((EXAMPLES / "trajectories.jsonl").read_text().splitlines()[0])
+        trajectory = json.loads((SAMPLES / "trajectories.jsonl").read_text().splitlines()[0])
         with grpc.insecure_channel(wrapper.address) as channel:
             config = trajectory["config"]
             task = rt.EnvTask(

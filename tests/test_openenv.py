@@ -28,7 +28,7 @@ from codegym.procs import codegym_command
 from codegym_cli.oracle import read_trajectories
 from codegym_client.errors import SessionNotFound
 from codegym_client.runtime_client import RuntimeClient
-from tests.conftest import ENV_DIR, EXAMPLES, FIXTURE_ENVS, SHARED_DATA, training_instances
+from tests.conftest import ENV_DIR, FIXTURE_ENVS, SAMPLES, SHARED_DATA, training_instances
 from tests.helpers.openenv_play import play_tool_calls, rows
 from tests.helpers.servers import ServerProcess
 
@@ -50,7 +50,7 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("library") / "library.db"
     with Library(path) as lib:
         lib.import_paths(
-            [ENV_DIR, EXAMPLES / "tasks.jsonl", FIXTURE_ENVS, SHARED_DATA / "training_instance_sample.jsonl"]
+            [ENV_DIR, SAMPLES / "tasks.jsonl", FIXTURE_ENVS, SHARED_DATA / "training_instance_sample.jsonl"]
         )
     return path
 
@@ -297,7 +297,7 @@ def recorded_seeds(runtime_client: RuntimeClient, env_id: str) -> dict[int, dict
     """The `seed`s a one-environment gateway plays a recorded oracle episode of (a seed picks the
     task config number seed % count), with the recorded trajectory."""
     tasks = [t.config_json for t in runtime_client.get_env(env_id).tasks]
-    recorded = {json.dumps(t["config"], sort_keys=True): t for t in read_trajectories(EXAMPLES / "trajectories.jsonl")
+    recorded = {json.dumps(t["config"], sort_keys=True): t for t in read_trajectories(SAMPLES / "trajectories.jsonl")
                 if t["env_id"] == env_id and t["reward"] == 1.0}  # fmt: skip
     keys = [json.dumps(json.loads(c), sort_keys=True) for c in tasks]
     return {i: recorded[key] for i, key in enumerate(keys) if key in recorded}

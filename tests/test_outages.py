@@ -19,7 +19,7 @@ from codegym.procs import free_port
 from codegym_client import EnvNotFound, RuntimeClient, RuntimeUnavailable
 from codegym_client.errors import REASON_TRAILER, SessionNotFound
 from codegym_client.outages import clears_by_itself, ride_out
-from tests.conftest import ENV_DIR, EXAMPLES
+from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.processes import port_free, wait_until
 from tests.helpers.servers import ServerProcess, start_runtime, start_workers
 
@@ -30,7 +30,7 @@ ENV = "Sample_0001_I__MaxSubarraySumEnv"
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("outages") / "library.db"
     with Library(path) as lib:
-        lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
     return path
 
 

@@ -24,7 +24,7 @@ from codegym.library import Library
 from codegym_cli.export import PROTOCOL, user_message
 from codegym_cli.oracle import record_oracle
 from codegym_client.runtime_client import RuntimeClient
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import ROOT, SAMPLES
 from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.pipeline_cases import CASES, EXPECTED, case_problem, case_script, write_problems
 from tests.helpers.servers import ServerProcess
@@ -33,7 +33,7 @@ GOOD = ("Sample_0001_I", "Sample_0007_I", "Sample_0009_I")
 
 
 def sample_problems(*ids: str) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in (EXAMPLES / "problems.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (SAMPLES / "problems.jsonl").read_text().splitlines()]
     return [r for r in rows if r["question_id"] in ids]
 
 

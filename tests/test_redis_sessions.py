@@ -39,11 +39,11 @@ from codegym_client.channels import sync_channel
 from codegym_client.requests import create_request
 from services.runtime.redis_store import RedisSessionStore
 from services.runtime.sessions import InMemorySessionStore, Session
-from tests.conftest import ENV_DIR, EXAMPLES, ROOT
+from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.processes import wait_until
 from tests.helpers.servers import Redis, ServerProcess, require_redis_server, start_workers
 
-TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
+TRAJECTORIES = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
 RUNTIME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
 # CounterEnv: Add/Observe/Done, and Slow(ms), a tool that sleeps (a step as long as we want).
 COUNTER = "Test_0001_I__CounterEnv"
@@ -57,7 +57,7 @@ COUNTER_PATH = ROOT / "tests" / "fixtures" / "runtime_envs" / f"{COUNTER}.py"
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("redis") / "library.db"
     with Library(path) as lib:
-        lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
         report = lib.import_paths([COUNTER_PATH])
     assert report.skipped == []
     return path

@@ -17,7 +17,7 @@ import pytest
 
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
-from tests.conftest import ENV_DIR, EXAMPLES
+from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.hostile import HOSTILE_TEMPLATE
 from tests.helpers.processes import jailed, stat_fields, wait_until
 from tests.helpers.servers import ServerProcess
@@ -25,7 +25,7 @@ from tests.test_metrics import metrics_address, scrape
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
 
-TRAJECTORIES = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
+TRAJECTORIES = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
 SOURCES = {p.stem: p.read_text() for p in ENV_DIR.glob("*__*Env.py")}
 STEP_LIMITS = pb.Limits(wall_ms=1500, cpu_ms=1000)
 

@@ -28,9 +28,9 @@ from codegym_client.gym_env import OnlineGymEnv, RemoteEnv
 from codegym_client.runtime_client import RuntimeClient
 from tests.conftest import (
     ENV_DIR,
-    EXAMPLES,
     FIXTURE_ENVS,
     ROOT,
+    SAMPLES,
     SHARED_DATA,
     sample_tasks,
     training_instances,
@@ -70,7 +70,7 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("library") / "library.db"
     with Library(path) as lib:
         report = lib.import_paths(
-            [ENV_DIR, EXAMPLES / "tasks.jsonl", FIXTURE_ENVS, SHARED_DATA / "training_instance_sample.jsonl"]
+            [ENV_DIR, SAMPLES / "tasks.jsonl", FIXTURE_ENVS, SHARED_DATA / "training_instance_sample.jsonl"]
         )
         report.merge(lib.import_paths([RUNTIME_ENVS / f"{COUNTER}.py"]))
     assert report.skipped == []
@@ -147,8 +147,8 @@ def test_library_import_is_idempotent_and_reports_what_it_skipped(tmp_path: Path
     (bad / "tasks.jsonl").write_text("\n".join(lines) + "\n")
     db = tmp_path / "lib.db"
     with Library(db) as lib:
-        first = lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl", bad])
-        second = lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+        first = lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl", bad])
+        second = lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
         assert lib.counts() == (12, 108)
     assert len(first.added) == 12 and first.tasks_added == 108
     assert second.added == [] and second.updated == [] and len(second.unchanged) == 12
@@ -704,7 +704,7 @@ def test_killing_a_worker_mid_episode_loses_no_session(library: Path) -> None:
 def test_codegym_up_and_demo(tmp_path: Path) -> None:
     up = ServerProcess(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
     try:
-        lines = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
+        lines = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
         few = tmp_path / "few.jsonl"
         few.write_text("".join(json.dumps(x) + "\n" for x in lines[::9]))
         import subprocess
@@ -740,7 +740,7 @@ def test_codegym_up_restarts_a_killed_worker_and_every_episode_finishes(tmp_path
         while "sandbox worker 2 at" not in up.text and time.monotonic() < deadline:
             time.sleep(0.05)
         pid = int(re.search(r"sandbox worker 1 at \S+ \(pid (\d+)\)", up.text).group(1))  # type: ignore[union-attr]
-        lines = [json.loads(x) for x in (EXAMPLES / "trajectories.jsonl").read_text().splitlines()]
+        lines = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
         episodes = [t for t in lines if len(t["steps"]) >= 20][:16]
         killed = threading.Event()
 
@@ -794,10 +794,10 @@ def test_library_command_line(tmp_path: Path) -> None:
 
     broken = tmp_path / "Bad_1_I__BrokenEnv.py"
     broken.write_text("class BrokenEnv(:\n")
-    first = cli("import", str(ENV_DIR), str(EXAMPLES / "tasks.jsonl"), str(broken))
+    first = cli("import", str(ENV_DIR), str(SAMPLES / "tasks.jsonl"), str(broken))
     assert first.returncode == 0 and "12 added" in first.stdout and "108 new task configs" in first.stdout
     assert "skipped" in first.stderr and "Bad_1_I__BrokenEnv.py" in first.stderr
-    again = cli("import", str(ENV_DIR), str(EXAMPLES / "tasks.jsonl"), str(broken), "--strict")
+    again = cli("import", str(ENV_DIR), str(SAMPLES / "tasks.jsonl"), str(broken), "--strict")
     assert again.returncode == 1 and "0 added, 0 updated, 12 unchanged" in again.stdout
     listed = cli("list", "--json")
     rows = [json.loads(x) for x in listed.stdout.splitlines()]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENV_DIR, EXAMPLES, PYTHON, ROOT, sample_env_paths, sample_tasks
+from tests.conftest import ENV_DIR, PYTHON, ROOT, SAMPLES, sample_env_paths, sample_tasks
 
 # What the server distribution is built from (the Dockerfile copies the same).
 SERVER_SOURCES = ("pyproject.toml", "README.md", "codegym", "codegym_cli", "services", "sandbox_worker")
@@ -52,7 +52,7 @@ for line in sys.stdin:
 
 
 def test_every_env_has_problem_task_text_and_three_difficulties() -> None:
-    problems = {json.loads(x)["question_id"] for x in (EXAMPLES / "problems.jsonl").read_text().splitlines()}
+    problems = {json.loads(x)["question_id"] for x in (SAMPLES / "problems.jsonl").read_text().splitlines()}
     levels: dict[str, set[str]] = defaultdict(set)
     for task in sample_tasks():
         levels[task["env_id"]].add(task["difficulty"])
@@ -110,9 +110,9 @@ def test_a_non_editable_install_carries_the_sample_environments(tmp_path: Path) 
     )
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp_path / "wheels").glob("codegym-*.whl")
-    samples = [*ENV_DIR.glob("*.py"), *ENV_DIR.glob("*.task.md"), *EXAMPLES.glob("*.jsonl")]
+    samples = [*ENV_DIR.glob("*.py"), *ENV_DIR.glob("*.task.md"), *SAMPLES.glob("*.jsonl")]
     assert len(samples) == 2 * len(sample_env_paths()) + 3
-    wanted = {f"codegym/samples/{p.relative_to(EXAMPLES).as_posix()}" for p in samples}
+    wanted = {f"codegym/samples/{p.relative_to(SAMPLES).as_posix()}" for p in samples}
     assert wanted <= set(zipfile.ZipFile(wheel).namelist())
 
     site = tmp_path / "site"

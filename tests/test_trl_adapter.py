@@ -25,10 +25,10 @@ from codegym_cli.oracle import read_trajectories
 from codegym_client import RuntimeClient, RuntimeUnavailable, SessionNotFound
 from codegym_client.errors import EpisodeEnded, EpisodeFailed, InfrastructureFailure
 from codegym_client.trl import CodeGymEnvironment, CodeGymSpec, environment_class
-from tests.conftest import ENV_DIR, EXAMPLES, ROOT
+from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.servers import ServerProcess
 
-TRAJECTORIES = read_trajectories(EXAMPLES / "trajectories.jsonl")
+TRAJECTORIES = read_trajectories(SAMPLES / "trajectories.jsonl")
 
 
 def ability(env_id: str, config: dict[str, Any]) -> str:
@@ -39,7 +39,7 @@ def ability(env_id: str, config: dict[str, Any]) -> str:
 def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     path = tmp_path_factory.mktemp("library") / "library.db"
     with Library(path) as lib:
-        lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
     worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
     try:
         server = ServerProcess(

@@ -24,7 +24,7 @@ from codegym.library import Library
 from codegym_client import AsyncRuntimeClient, EnvNotFound, SessionNotFound
 from codegym_client.errors import EpisodeEnded, InfrastructureFailure
 from codegym_client.verl import run_episode, text_tool_parser, tool_config, visible_text
-from tests.conftest import ENV_DIR, EXAMPLES
+from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.processes import wait_until
 from tests.helpers.servers import Redis, ServerProcess
 from tests.helpers.trainer_script import (
@@ -44,7 +44,7 @@ from tests.helpers.trainer_script import (
 def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("library") / "library.db"
     with Library(path) as lib:
-        lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
     return path
 
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from codegym_client.verl import Episode
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "codegym" / "samples"
+SAMPLES = Path(__file__).resolve().parents[2] / "codegym" / "samples"
 TRAJECTORIES = [
     json.loads(line)
-    for line in (EXAMPLES / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()
+    for line in (SAMPLES / "trajectories.jsonl").read_text(encoding="utf-8").splitlines()
     if line.strip()
 ]
 

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from codegym.library import Library
-from tests.conftest import ENV_DIR, EXAMPLES
+from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.servers import RUNTIME_SWITCH, ServerProcess, start_runtime, start_workers
 
 OPENENV_SWITCH = "CODEGYM_TEST_OPENENV"
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="codegym-with-runtime-") as folder:
         library = Path(folder) / "library.db"
         with Library(library) as lib:
-            lib.import_paths([ENV_DIR, EXAMPLES / "tasks.jsonl"])
+            lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
         workers = start_workers(count=1)
         try:
             runtime = start_runtime(library, workers)
