@@ -76,6 +76,10 @@ from tests.helpers.trainer_script import TOKENIZER, ability, oracle_turns  # noq
 Line = dict[str, Any]
 FAULTS = ("rolling", "kill", "drain", "freeze", "gateway", "redis")
 PATHS = ("client", "trl", "verl", "openenv")
+TRAINER_PATHS = ("client", "trl", "verl")
+# What a server may gain over a soak. The workers' resident sessions are all closed by the end;
+# what stays is allocator slack and caches (the environments' compiled code, the affinity map).
+MEMORY_GROWTH_MIB = 64.0
 # The verl path's response budget: the scripted model's tokenizer is one token per byte, and the
 # longest recorded episodes run past verl's usual 8,192 tokens in bytes.
 RESPONSE_TOKENS = 1 << 20
@@ -481,6 +485,12 @@ def main() -> None:
     parser.add_argument(
         "--outage-wait-s", type=float, default=600.0, help="the trainer adapters' outage wait (their default)"
     )
+    parser.add_argument(
+        "--memory-growth-mib",
+        type=float,
+        default=MEMORY_GROWTH_MIB,
+        help="the PSS a server may gain from start to end (a restarted one counts from its new start)",
+    )
     args = parser.parse_args()
     lines = [
         t for t in read_trajectories(ROOT / "codegym" / "samples" / "trajectories.jsonl") if t.get("steps")
@@ -508,6 +518,31 @@ def main() -> None:
     start, end = report["memory_mib"]["start"], report["memory_mib"]["end"]
     for name in sorted(set(start) | set(end)):
         print(f"  {name:<18} {start.get(name, 0):8.1f} -> {end.get(name, 0):8.1f}")
+    broken = verdict(report, args.memory_growth_mib)
+    for line in broken:
+        print(f"FAILED: {line}")
+    print("soak: " + ("FAILED" if broken else "passed"))
+    sys.exit(1 if broken else 0)
+
+
+def verdict(report: dict[str, Any], growth_mib: float) -> list[str]:
+    """What the soak must hold: no observation shaped by a fault on any path; no episode lost to a
+    trainer path (the OpenEnv path is reported only: its protocol cannot resume an episode whose
+    socket a gateway restart closed past its grace); no session left open; no server growing past
+    `growth_mib`."""
+    broken: list[str] = []
+    for name, tally in report["paths"].items():
+        if tally["shaped"]:
+            broken.append(f"{name}: {tally['shaped']} episodes shaped by a fault")
+        if name in TRAINER_PATHS and tally["lost"]:
+            broken.append(f"{name}: episodes lost {tally['lost']}")
+    if report["sessions_left_open"]:
+        broken.append(f"{report['sessions_left_open']} sessions left open in Redis")
+    start, end = report["memory_mib"]["start"], report["memory_mib"]["end"]
+    for name in sorted(set(start) & set(end)):
+        if end[name] - start[name] > growth_mib:
+            broken.append(f"{name} grew {end[name] - start[name]:.1f} MiB (bound {growth_mib:g})")
+    return broken
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -23,6 +23,9 @@ from codegym.metrics import MetricsInterceptor
 from codegym_client.channels import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
+
+# How often a drain looks whether the servicer's calls have finished.
+DRAIN_POLL_S = 0.02
 
 SERVER_OPTIONS: list[tuple[str, Any]] = [
     # Two servers must never share a port by accident (gRPC sets SO_REUSEPORT by default).
@@ -83,10 +86,21 @@ class ManagedServer:
         for name in ["", *self.service_names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
-    async def drain(self, grace_s: float = 10.0) -> None:
-        """Stop taking new calls (NOT_SERVING for load balancers), let running calls finish."""
+    async def drain(self, grace_s: float = 10.0, in_flight: Callable[[], int] | None = None) -> None:
+        """Stop taking new calls (NOT_SERVING for load balancers), let running calls finish.
+
+        With `in_flight` (the calls the servicer holds, which refuses new ones itself while it
+        drains), the server keeps accepting until they are done or the grace is spent: a caller
+        that had not yet seen NOT_SERVING gets the servicer's typed refusal (UNAVAILABLE with its
+        reason: send it elsewhere) instead of the CANCELLED of a server shutting down, which
+        cannot say whether the call ran.
+        """
+        deadline = time.monotonic() + grace_s
         await self.health.enter_graceful_shutdown()
-        await self.server.stop(grace_s)
+        if in_flight is not None:
+            while in_flight() and time.monotonic() < deadline:
+                await asyncio.sleep(DRAIN_POLL_S)
+        await self.server.stop(max(0.0, deadline - time.monotonic()))
         self._stopped.set()
 
     async def wait_for_signal(self) -> None:

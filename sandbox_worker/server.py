@@ -66,7 +66,7 @@ class SandboxWorker:
 
     async def stop(self, grace_s: float = 5.0) -> None:
         self.servicer.draining = True
-        await self.managed.drain(grace_s)
+        await self.managed.drain(grace_s, lambda: len(self.servicer.pending))
         await self.pool.close()
 
 

@@ -58,7 +58,17 @@ def test_sandbox_worker_metrics_count_rpcs_and_operations() -> None:
                 stub.Execute(pb.ExecuteRequest(operation=pb.Operation()), timeout=30)
             except grpc.RpcError as exc:
                 assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
-        after = scrape(address)
+        # A refusal's status is sent by `abort` before the handler's metrics are recorded: the
+        # client can hold its answer before the server has counted it, so wait for the count.
+        scraped: list[dict[str, float]] = []
+
+        def counted() -> bool:
+            scraped[:] = [scrape(address)]
+            seconds = 'codegym_rpc_seconds_count{method="Execute"}'
+            return scraped[0].get(seconds, 0.0) - before.get(seconds, 0.0) >= 3
+
+        wait_until(counted, 10, "the worker to count the three calls")
+        (after,) = scraped
     finally:
         assert worker.stop() == 0
 
