@@ -13,29 +13,33 @@ through each path, with think time between steps, while a schedule of faults run
   gateway restart   the OpenEnv gateway sent SIGTERM
   redis restart     Redis stopped and started again on its port and file
 
-Paths, each with `--rollouts` episodes in flight:
+Paths, all at once:
 
-  client   the async client as the trainer adapters drive it: every call through
-           `codegym_client.outages.ride_out_async`, steps sent with their index
-  trl      TRL's `environment_factory` contract: `CodeGymSpec`'s environment class, one instance
-           per rollout, `reset(**row)` then its tool methods, called from threads as TRL's tool
-           loop calls them (the adapter's own outage wait, `--outage-wait-s`)
-  verl     verl's episode (`codegym_client.verl.run_episode`, what `CodeGymAgentLoop` runs) with a
-           scripted model that thinks, then answers the recorded action as a hermes tool call
+  client   the async client as the trainer adapters drive it (`--rollouts` episodes in flight):
+           every call through `codegym_client.outages.ride_out_async`, steps sent with their index
+  trl      TRL's own `GRPOTrainer` training on `CodeGymSpec`'s `environment_factory` with a
+           scripted model (bench/soak_trl.py, a process in the trainers' venv)
+  verl     verl's own agent loop machinery running `CodeGymAgentLoop` (bench/soak_verl.py, a
+           process in the trainers' venv, `--rollouts` episodes in flight)
   openenv  a WebSocket per episode through the gateway, as OpenEnv's EnvClient opens them
 
-The trainers themselves are not imported (they need torch: `make test-trainers` runs them against
-the same adapters); what reaches them is what is counted here.
+The trainers need torch: their venv is built by `make test-trainers` (`--trainers-python`).
+Without it, the trl and verl paths run the adapters' contract in this process instead: the
+spec's environment class called from threads as TRL's tool loop calls it, and verl's
+`run_episode` with a thinking scripted model. The report says which ran.
 
 Per path it reports episodes finished; episodes **shaped** by a fault (an observation that differs
 from the recording: must be 0 — a trainer cannot tell it from a true one); episodes **failed** by
 the infrastructure and marked so the trainer does not learn from them (TRL: `get_reward()` is
 None; verl: `infrastructure_failure`, its row masked); episodes lost (an error escaped to the
 trainer: a TRL `InfrastructureFailure` ends the run, an exception out of verl's episode fails its
-worker; must be 0 on the trainer paths); and at the end the sessions left open in Redis (must be 0
-once every episode closed its own) and the PSS of every server at start and end.
+worker; must be 0 on the trainer paths); trainer processes that died (must be 0); and at the end
+the sessions left open in Redis (must be 0 once every episode closed its own) and the PSS of every
+server at start and end (growth within `--memory-growth-mib`). It exits 1 when any of these
+fails, after the report.
 
     .venv/bin/python bench/soak.py [--minutes 20] [--rollouts 16] [--think-s 1] [--faults all]
+        [--paths all] [--trainers-python .venv-trainers/bin/python]
 """
 
 from __future__ import annotations
@@ -77,6 +81,11 @@ Line = dict[str, Any]
 FAULTS = ("rolling", "kill", "drain", "freeze", "gateway", "redis")
 PATHS = ("client", "trl", "verl", "openenv")
 TRAINER_PATHS = ("client", "trl", "verl")
+# The trainers themselves, each in the trainers' venv (`make test-trainers` builds it): TRL's
+# GRPOTrainer over CodeGymSpec, verl's CodeGymAgentLoop. Without that venv, the trl and verl paths
+# run the adapters' contract in this process instead (TrlEpisode, verl_rollout).
+TRAINER_SCRIPTS = {"trl": "soak_trl.py", "verl": "soak_verl.py"}
+TRAINERS_PYTHON = ROOT / ".venv-trainers" / "bin" / "python"
 # What a server may gain over a soak. The workers' resident sessions are all closed by the end;
 # what stays is allocator slack and caches (the environments' compiled code, the affinity map).
 MEMORY_GROWTH_MIB = 64.0
@@ -103,12 +112,17 @@ class PathTally:
     not_started: Counter[str] = field(default_factory=Counter)
     steps: int = 0
     examples: list[str] = field(default_factory=list)
+    # Trainer processes (TRL, verl) that exited with an error: a run that ended.
+    died: int = 0
+    # How the path ran: "in-process" (the adapter's contract) or the trainer's own process.
+    mode: str = "in-process"
 
 
 class Stack:
     """`codegym up` over our own Redis; knows each server's current pid from up's output."""
 
     def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
         self.redis_folder = workdir / "redis"
         self.redis_folder.mkdir()
         self.redis = RedisServer(folder=self.redis_folder)
@@ -402,10 +416,46 @@ async def verl_rollout(
             tally.lost[f"stop={episode.stop}"] += 1
 
 
+async def trainer_process(
+    name: str, script: str, args: argparse.Namespace, target: str, tally: PathTally, log: Path
+) -> None:
+    """A trainer in its own venv (bench/soak_trl.py: TRL's GRPOTrainer; bench/soak_verl.py: verl's
+    agent loop), its episodes counted from the JSON line it prints for each."""
+    argv = [args.trainers_python, str(ROOT / "bench" / script), "--target", target,
+            "--minutes", str(args.minutes), "--outage-wait-s", str(args.outage_wait_s)]  # fmt: skip
+    if name == "verl":
+        argv += ["--rollouts", str(args.rollouts), "--think-s", str(args.think_s)]
+    with log.open("wb") as errors:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=errors, limit=1 << 20
+        )
+        assert proc.stdout is not None
+        async for raw in proc.stdout:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            outcome, reason = line.get("outcome"), str(line.get("reason", ""))
+            tally.steps += int(line.get("steps") or 0)
+            if outcome == "finished":
+                tally.finished += 1
+            elif outcome == "shaped":
+                tally.shaped += 1
+                tally.examples.append(f"{line.get('env_id')}: {line.get('example', '')[:80]}")
+            elif outcome == "failed":
+                tally.failed[reason[:60]] += 1
+            elif outcome != "died":
+                tally.lost[reason[:60] or str(outcome)] += 1
+        if await proc.wait() != 0:
+            tally.died += 1
+            tally.lost[f"{name} process exited {proc.returncode} (log: {log})"] += 1
+
+
 async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line]) -> dict[str, Any]:
     until = time.monotonic() + args.minutes * 60
     chosen = PATHS if args.paths == "all" else tuple(p for p in args.paths.split(",") if p)
     tallies = {name: PathTally() for name in chosen}
+    trainers = Path(args.trainers_python).exists()
     faults_log: list[str] = []
     memory_start = stack.memory_mib()
     target = ",".join(stack.runtimes)
@@ -428,6 +478,15 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line]) -> dic
         }
         tasks = []
         for seed, name in enumerate(chosen):
+            if name in TRAINER_SCRIPTS and trainers:
+                tallies[name].mode = TRAINER_SCRIPTS[name]
+                log = stack.workdir / f"{name}.log"
+                tasks.append(
+                    asyncio.create_task(
+                        trainer_process(name, TRAINER_SCRIPTS[name], args, target, tallies[name], log)
+                    )
+                )
+                continue
             for i in range(args.rollouts):
                 if name == "verl":
                     play = verl_rollout(
@@ -486,6 +545,11 @@ def main() -> None:
         "--outage-wait-s", type=float, default=600.0, help="the trainer adapters' outage wait (their default)"
     )
     parser.add_argument(
+        "--trainers-python",
+        default=str(TRAINERS_PYTHON),
+        help="the trainers' venv (TRL, verl); absent: their adapters' contract runs in this process",
+    )
+    parser.add_argument(
         "--memory-growth-mib",
         type=float,
         default=MEMORY_GROWTH_MIB,
@@ -511,6 +575,7 @@ def main() -> None:
             f"{name:<8} {tally['finished']:>8} {tally['shaped']:>6} {tally['steps']:>7}  "
             f"{tally['failed'] or 0} / {tally['lost'] or 0} / {tally['not_started'] or 0}"
         )
+        print(f"         ran as: {tally['mode']}; trainer processes died: {tally['died']}")
         for example in tally["examples"][:5]:
             print(f"         shaped: {example}")
     print(f"sessions left open in Redis: {report['sessions_left_open']}")
@@ -536,6 +601,8 @@ def verdict(report: dict[str, Any], growth_mib: float) -> list[str]:
             broken.append(f"{name}: {tally['shaped']} episodes shaped by a fault")
         if name in TRAINER_PATHS and tally["lost"]:
             broken.append(f"{name}: episodes lost {tally['lost']}")
+        if tally["died"]:
+            broken.append(f"{name}: {tally['died']} trainer process died")
     if report["sessions_left_open"]:
         broken.append(f"{report['sessions_left_open']} sessions left open in Redis")
     start, end = report["memory_mib"]["start"], report["memory_mib"]["end"]
