@@ -217,3 +217,39 @@ def test_an_outage_longer_than_the_wait_fails_the_episode_then_a_reset_ends_the_
         assert f"CodeGym CreateSession of {COUNTER}: the CodeGym runtime cannot serve it now" in caplog.text
     finally:
         client.close()
+
+
+def test_a_run_started_while_the_runtime_is_down_waits_for_it(
+    workers: list[ServerProcess], caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """A training script started during a runtime's restart: building the spec (GetEnv, ListEnvs)
+    waits out the outage as the episodes' calls do, says so, and goes on once a runtime serves the
+    address; it does not end the run before its first step."""
+    caplog.set_level(logging.WARNING, logger="codegym_client.outages")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"env_id": COUNTER, "config": {"target": 5}}) + "\n")
+    library = tmp_path / "library.db"
+    with Library(library) as lib:  # with a task: a spec over the whole library has a row
+        lib.import_paths([RUNTIME_ENVS / f"{COUNTER}.py", tasks])
+    port = free_port()
+    runtime: ServerProcess | None = None
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            by_rows = pool.submit(
+                CodeGymSpec, f"127.0.0.1:{port}", instances=[{"ability": ABILITY}], outage_wait_s=120
+            )
+            by_library = pool.submit(CodeGymSpec, f"127.0.0.1:{port}", library=True, outage_wait_s=120)
+            for what in (f"CodeGym GetEnv {COUNTER}", "CodeGym ListEnvs"):
+                wait_until(lambda what=what: f"{what}: the CodeGym runtime cannot serve it now" in caplog.text,
+                           60, f"{what} to wait out the outage")  # fmt: skip
+            assert not by_rows.done() and not by_library.done()
+            runtime = start_runtime(library, workers, "--port", str(port))
+            for spec in (by_rows.result(timeout=120), by_library.result(timeout=120)):
+                env = environment(spec)
+                assert env.reset(**ROW).endswith(FIRST)
+                assert tool(env, "Add", amount=5) == "5"
+                assert "Correct" in tool(env, "Done", answer=5)
+                assert env.get_reward() == 1.0
+    finally:
+        if runtime is not None:
+            assert runtime.stop() == 0
