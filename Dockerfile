@@ -14,9 +14,10 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/codegym
 WORKDIR /src
 COPY pyproject.toml README.md ./
-# The generated protobuf code is committed (the runtime API under clients/codegym_client/api, the
-# server-only APIs under codegym/*/v1) and installed with the packages. The server distribution depends on
-# the client distribution (clients/), installed from its path in the same command.
+# The generated protobuf code is committed (the runtime API under clients/codegym_client/api,
+# the server-only APIs under codegym/*/v1) and installed with the packages. The server
+# distribution depends on the client distribution (clients/), installed from its path in the
+# same command.
 COPY clients ./clients
 COPY codegym ./codegym
 COPY sandbox_worker ./sandbox_worker

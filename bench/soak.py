@@ -48,6 +48,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -349,6 +350,8 @@ async def rollout(
                 tally.finished += 1
         except Unscored as exc:
             tally.failed[str(exc)] += 1
+        except RunEnded as exc:  # out of reset too: the trainer's run would end here
+            tally.lost[str(exc)[:60]] += 1
         except EpisodeEnded as exc:  # the adapter ended the episode before its recording did
             tally.lost[f"EpisodeEnded: {exc}"] += 1
         except Exception as exc:
@@ -410,8 +413,13 @@ async def verl_rollout(
             tally.examples.append(f"{line['env_id']} step {wrong[0]}: {seen[wrong[0]][:80]!r}")
         elif episode.infrastructure_failure:
             tally.failed[episode.failure_reason or "infrastructure"] += 1
-        elif episode.done and episode.steps == len(expected):  # the last answer ends it, unshown
-            tally.finished += 1
+        elif episode.done and episode.steps == len(expected) and len(seen) == len(expected) - 1:
+            # The last answer ends the episode unshown: its reward says whether it was applied.
+            if math.isclose(episode.reward, float(line["reward"])):
+                tally.finished += 1
+            else:
+                tally.shaped += 1
+                tally.examples.append(f"{line['env_id']}: reward {episode.reward}, recorded {line['reward']}")
         else:
             tally.lost[f"stop={episode.stop}"] += 1
 
@@ -435,6 +443,8 @@ async def trainer_process(
                 line = json.loads(raw)
             except ValueError:
                 continue
+            if not isinstance(line, dict) or line.get("path") != name:
+                continue  # a stray print of the trainer's, not an episode
             outcome, reason = line.get("outcome"), str(line.get("reason", ""))
             tally.steps += int(line.get("steps") or 0)
             if outcome == "finished":
@@ -553,7 +563,7 @@ def main() -> None:
         "--memory-growth-mib",
         type=float,
         default=MEMORY_GROWTH_MIB,
-        help="the PSS a server may gain from start to end (a restarted one counts from its new start)",
+        help="the PSS a server may gain from start to end (a restarted server's end against the first one's start)",
     )
     args = parser.parse_args()
     lines = [

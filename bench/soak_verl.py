@@ -50,6 +50,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import random
 import re
 import sys
@@ -207,6 +208,13 @@ def classify(line: dict[str, Any], output: Any, tokenizer: Any) -> dict[str, Any
             "example": f"stop={extra.get('codegym_stop')}, {len(shown)} observations shown, mask all 0",
         }
     if extra.get("codegym_done") and steps == len(expected) and len(shown) == len(expected) - 1:
+        # The final answer's observation is never shown: its reward says whether it was applied.
+        if not math.isclose(float(output.reward_score or 0.0), float(line["reward"])):
+            return result | {
+                "outcome": "shaped",
+                "reason": "the reward differs from the recording",
+                "example": f"reward {output.reward_score}, recorded {line['reward']}",
+            }
         return result | {"outcome": "finished", "reason": "done", "example": f"reward {output.reward_score}"}
     return result | {
         "outcome": "lost",

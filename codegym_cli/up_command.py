@@ -33,10 +33,20 @@ GATEWAY_STOP_S = 45.0  # a gateway's default --grace-s (30 s) and its closing, b
 
 
 def build_default_library(path: Path) -> None:
-    """The sample environments and their task configs, imported on first run."""
+    """The sample environments and their task configs, imported on first run.
+
+    An install without them (package data dropped by a broken build) must not leave an empty
+    library behind: that file would be taken as built on every later run."""
+    if not ENVS.is_dir() or not TASKS.is_file():
+        raise SystemExit(
+            f"codegym up: no library at {path}, and this install has no sample environments ({ENVS})"
+        )
     with Library(path) as library:
         report = library.import_paths([ENVS, TASKS])
         envs, tasks = library.counts()
+    if not envs:
+        path.unlink(missing_ok=True)
+        raise SystemExit(f"codegym up: no sample environment could be imported from {ENVS}: {report.skipped}")
     print(f"built library {path}: {envs} environments, {tasks} task configs", flush=True)
     for where, reason in report.skipped:
         print(f"  skipped {where}: {reason}", flush=True)

@@ -113,6 +113,10 @@ def test_a_non_editable_install_carries_the_sample_environments(tmp_path: Path) 
     samples = [*ENV_DIR.glob("*.py"), *ENV_DIR.glob("*.task.md"), *SAMPLES.glob("*.jsonl")]
     assert len(samples) == 2 * len(sample_env_paths()) + 3
     wanted = {f"codegym/samples/{p.relative_to(SAMPLES).as_posix()}" for p in samples}
+    # The jail's package too: the worker mounts it from the installed copy.
+    inside = ROOT / "codegym" / "inside"
+    wanted |= {f"codegym/inside/{p.name}" for p in inside.glob("*.py")}
+    assert len(wanted) > len(samples)
     assert wanted <= set(zipfile.ZipFile(wheel).namelist())
 
     site = tmp_path / "site"

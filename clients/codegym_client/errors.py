@@ -260,11 +260,11 @@ class EpisodeEnded(RuntimeError):
 
 
 class EpisodeFailed(EpisodeEnded):
-    """The runtime could not serve this episode (an outage longer than the adapter's `outage_wait_s`, the session
-    lost, a refused call): not the model's doing. A tool raises it (TRL shows it to the model as a
-    tool error: its loop cannot end one rollout), and so does every later tool of the episode,
-    at once; `get_reward()` returns None, so TRL leaves the rollout unscored. `__cause__` is the
-    client's error."""
+    """The runtime could not serve this episode (an outage longer than the TRL adapter's
+    `outage_wait_s`, the session lost, a refused call): not the model's doing. A tool raises it
+    (TRL shows it to the model as a tool error: its loop cannot end one rollout), and so does every
+    later tool of the episode, at once; `get_reward()` returns None, so TRL leaves the rollout
+    unscored. `__cause__` is the client's error."""
 
 
 def retry_after_s(trailers: Iterable[tuple[str, str | bytes]]) -> float | None:

@@ -496,7 +496,8 @@ class CodeGymSpec:
     `outage_wait_s` (an operator's setting, 10 minutes by default): how long the environments' calls
     ride out an outage of the runtime before its failure ends anything (see the module docstring:
     a failed episode is left unscored; a `reset` after an outage of the whole wait ends the run).
-    Building a spec (`GetEnv`, `ListEnvs`) does not wait: a runtime missing at start is an error.
+    Building a spec (`GetEnv`, `ListEnvs`) waits out an outage for `outage_wait_s` too (a run
+    started while the runtime restarts); an environment the runtime does not have fails at once.
     """
 
     def __init__(

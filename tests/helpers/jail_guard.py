@@ -1,6 +1,6 @@
 """The check behind the `jail` marker: a test not marked `jail` must start no jail.
 
-`-m "not jail"` is the part of the suite that runs without root and without nsjail, in seconds;
+`-m "not jail"` is the part of the suite that runs without root and without nsjail, and quickly;
 a test that starts a sandbox worker (`serve sandbox`, `codegym up`, `sandbox run` without
 `--target`, `pipeline run` without `--sandbox`, a `JailPool`) but is not marked would make that
 part slow, or fail where jails cannot run. So while an unmarked test sets up and runs, a thread

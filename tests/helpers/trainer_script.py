@@ -1,4 +1,4 @@
-"""Scripted play for the trainer adapters' tests: recorded oracle trajectories (examples/
+"""Scripted play for the trainer adapters' tests: recorded oracle trajectories (codegym/samples/
 trajectories.jsonl) replayed as hermes tool calls (the format verl's `HermesToolParser` and TRL's
 Qwen template read), a byte-level tokenizer with a ChatML chat template written here, and a real
 Hugging Face tokenizer built offline (`chatml_tokenizer`, which imports transformers when called).
