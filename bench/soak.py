@@ -69,6 +69,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import tree_memory_kb  # noqa: E402
 from bench.rollout_bench import Failed, Refused, WsEpisode  # noqa: E402
+from codegym import proctree  # noqa: E402
 from codegym.procs import RedisServer, ServerProcess  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
@@ -76,6 +77,7 @@ from codegym_client.errors import CodeGymError, EpisodeEnded, EpisodeFailed, Inf
 from codegym_client.outages import ride_out_async  # noqa: E402
 from codegym_client.trl import CodeGymSpec  # noqa: E402
 from codegym_client.verl import run_episode  # noqa: E402
+from sandbox_worker.limits import JAIL_ZYGOTE  # noqa: E402
 from tests.helpers.trainer_script import TOKENIZER, ability, oracle_turns  # noqa: E402
 
 Line = dict[str, Any]
@@ -87,8 +89,8 @@ TRAINER_PATHS = ("client", "trl", "verl")
 # run the adapters' contract in this process instead (TrlEpisode, verl_rollout).
 TRAINER_SCRIPTS = {"trl": "soak_trl.py", "verl": "soak_verl.py"}
 TRAINERS_PYTHON = ROOT / ".venv-trainers" / "bin" / "python"
-# What a server may gain over a soak. The workers' resident sessions are all closed by the end;
-# what stays is allocator slack and caches (the environments' compiled code, the affinity map).
+# What a server may gain over a soak: allocator slack and caches (the environments' compiled code,
+# the affinity map). A worker's session processes are counted apart (Stack.memory_mib).
 MEMORY_GROWTH_MIB = 64.0
 # The verl path's response budget: the scripted model's tokenizer is one token per byte, and the
 # longest recorded episodes run past verl's usual 8,192 tokens in bytes.
@@ -162,9 +164,23 @@ class Stack:
         raise RuntimeError(f"{name} did not come back within {timeout_s:.0f} s")
 
     def memory_mib(self) -> dict[str, float]:
-        """PSS of each server process (its jails included for the workers) and of Redis."""
-        out = {name: tree_memory_kb(pid)[1] / 1024 for name, (_, pid) in sorted(self.servers().items())}
+        """PSS of each server process (a worker with its jails, without the session processes its
+        jails' zygotes forked: those are bounded by the resident budget and reclaimed when idle,
+        and one whose release a fault lost lingers until then), and of Redis; and the session
+        processes still resident, under "resident sessions" (a count)."""
+        links = proctree.children_by_parent()
+        out: dict[str, float] = {}
+        sessions = 0
+        for name, (_, pid) in sorted(self.servers().items()):
+            tree = proctree.descendants([pid], links)
+            zygotes = [p for p in tree if JAIL_ZYGOTE in (proctree.cmdline(p) or "")]
+            forked = set(proctree.descendants([c for z in zygotes for c in links.get(z, [])], links))
+            sessions += len([c for z in zygotes for c in links.get(z, [])])
+            out[name] = (
+                sum((proctree.memory_kb(p) or {}).get("Pss", 0) for p in tree if p not in forked) / 1024
+            )
         out["redis"] = tree_memory_kb(self.redis.pid)[1] / 1024
+        out["resident sessions"] = float(sessions)
         return out
 
     def stop(self) -> None:
@@ -589,7 +605,7 @@ def main() -> None:
         for example in tally["examples"][:5]:
             print(f"         shaped: {example}")
     print(f"sessions left open in Redis: {report['sessions_left_open']}")
-    print("PSS MiB at start -> end:")
+    print("PSS MiB at start -> end (workers without their session processes, counted apart):")
     start, end = report["memory_mib"]["start"], report["memory_mib"]["end"]
     for name in sorted(set(start) | set(end)):
         print(f"  {name:<18} {start.get(name, 0):8.1f} -> {end.get(name, 0):8.1f}")
@@ -616,7 +632,7 @@ def verdict(report: dict[str, Any], growth_mib: float) -> list[str]:
     if report["sessions_left_open"]:
         broken.append(f"{report['sessions_left_open']} sessions left open in Redis")
     start, end = report["memory_mib"]["start"], report["memory_mib"]["end"]
-    for name in sorted(set(start) & set(end)):
+    for name in sorted(set(start) & set(end) - {"resident sessions"}):
         if end[name] - start[name] > growth_mib:
             broken.append(f"{name} grew {end[name] - start[name]:.1f} MiB (bound {growth_mib:g})")
     return broken

@@ -76,19 +76,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 import trl  # noqa: E402
-from torch import nn  # noqa: E402
-from transformers import (  # noqa: E402
-    GenerationMixin,
-    PretrainedConfig,
-    PreTrainedModel,
-    TrainerCallback,
-)
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 from transformers.utils import get_json_schema  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from codegym_client.errors import CodeGymError  # noqa: E402
 from codegym_client.trl import CodeGymEnvironment, CodeGymSpec  # noqa: E402
+from tests.helpers.scripted_lm import ScriptConfig, ScriptedModel  # noqa: E402
 from tests.helpers.trainer_script import TRAJECTORIES, ability, chatml_tokenizer, hermes  # noqa: E402
 
 log = logging.getLogger("soak_trl")
@@ -175,62 +169,6 @@ class Script:
             j = t - starts[turn - 1] if turn else 0
             out.append(tokens[j] if j < len(tokens) else self.end)
         return out
-
-
-class ScriptConfig(PretrainedConfig):
-    model_type = "codegym_soak_script"
-
-    def __init__(self, vocab_size: int = 256, **kwargs: Any) -> None:
-        self.vocab_size = vocab_size
-        self.hidden_size = vocab_size
-        self.max_position_embeddings = 1 << 16
-        super().__init__(**kwargs)
-
-
-class Backbone(nn.Module):
-    """Hidden state at each position: the one-hot vector of the scripted next token (what TRL's
-    fused LM head reads to compute log-probs)."""
-
-    def __init__(self, script: Script, vocab_size: int) -> None:
-        super().__init__()
-        self.script, self.vocab_size = script, vocab_size
-
-    def forward(self, input_ids: torch.Tensor, first: int = 0, **_: Any) -> BaseModelOutput:
-        following = torch.tensor([self.script.next_tokens(row.tolist(), first) for row in input_ids])
-        return BaseModelOutput(last_hidden_state=nn.functional.one_hot(following, self.vocab_size).float())
-
-
-class ScriptedModel(PreTrainedModel, GenerationMixin):
-    config_class = ScriptConfig
-    base_model_prefix = "model"
-
-    def __init__(self, config: ScriptConfig, script: Script) -> None:
-        super().__init__(config)
-        self.model = Backbone(script, config.vocab_size)
-        self.lm_head = nn.Linear(config.vocab_size, config.vocab_size)
-        with torch.no_grad():  # logits: +20 on the scripted token, -20 elsewhere
-            self.lm_head.weight.copy_(torch.eye(config.vocab_size) * 40.0)
-            self.lm_head.bias.fill_(-20.0)
-
-    def _init_weights(self, module: nn.Module) -> None:
-        """Keep the weights set above."""
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.lm_head
-
-    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
-        # No cache: the script reads the whole sequence; only the last position's logits are used.
-        return {"input_ids": input_ids, "logits_to_keep": 1}
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,  # left padding: the script reads through it
-        logits_to_keep: int = 0,
-        **_: Any,
-    ) -> CausalLMOutputWithPast:
-        first = input_ids.size(1) - logits_to_keep if logits_to_keep else 0
-        return CausalLMOutputWithPast(logits=self.lm_head(self.model(input_ids, first).last_hidden_state))
 
 
 # -- Recording environments ----------------------------------------------------------------------

@@ -10,9 +10,9 @@ instances still hold (checked open in the runtime), then exits without closing a
 training script does: the adapter's exit hook must close them (tests/test_trl_real.py checks that
 from outside).
 
-The model is a real `PreTrainedModel` whose backbone writes, at each position, the one-hot vector of
-the scripted next token (the turns of the rollout's script, chosen by the env's tools in the
-prompt), and whose LM head is a trainable linear layer. So TRL generates, parses tool calls with
+The model is tests/helpers/scripted_lm.py's: a real `PreTrainedModel` whose backbone writes, at each
+position, the one-hot vector of the scripted next token (the turns of the rollout's script, chosen
+by the env's tools in the prompt), and whose LM head is a trainable linear layer. So TRL generates, parses tool calls with
 its own response template, calls the environment's methods, computes log-probs through its fused
 LM head and steps the optimizer. The tokenizer is byte-level, with the Qwen2.5 chat template that
 TRL ships (read from the installed package), which TRL's `add_response_schema` recognises.
@@ -26,15 +26,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 import trl
-from torch import nn
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutput, CausalLMOutputWithPast
 from trl import GRPOConfig, GRPOTrainer
 
 from codegym_client import RuntimeClient
 from codegym_client.trl import CodeGymSpec
+from tests.helpers.scripted_lm import ScriptConfig, ScriptedModel
 from tests.helpers.trainer_script import ability, chatml_tokenizer, hermes, trajectory
 
 RIGHT = trajectory("Sample_0006_I__ArrayGcdEnv")
@@ -52,16 +49,6 @@ def wrong_answer(recorded: dict[str, Any]) -> list[str]:
     assert last["name"] == "Done", last
     last["parameters"]["answer"] += 1
     return [*actions[:-1], json.dumps(last)]
-
-
-class ScriptConfig(PretrainedConfig):
-    model_type = "codegym_script"
-
-    def __init__(self, vocab_size: int = 256, **kwargs: Any) -> None:
-        self.vocab_size = vocab_size
-        self.hidden_size = vocab_size
-        self.max_position_embeddings = 1 << 16
-        super().__init__(**kwargs)
 
 
 class Script:
@@ -82,7 +69,7 @@ class Script:
         self.wrong_marker = bytes(tokenizer.encode(WRONG_MARKER, add_special_tokens=False))
         self.unfinished_marker = bytes(tokenizer.encode(UNFINISHED_MARKER, add_special_tokens=False))
 
-    def next_tokens(self, ids: list[int]) -> list[int]:
+    def next_tokens(self, ids: list[int], first: int = 0) -> list[int]:
         text = bytes(t for t in ids if t < 256)  # the byte tokens' ids; special tokens dropped
         script = self.right
         if self.wrong_marker in text:
@@ -98,49 +85,7 @@ class Script:
             tokens = script[turn - 1] if 0 < turn <= len(script) else []
             j = t - since
             out.append(tokens[j] if since >= 0 and j < len(tokens) else self.end)
-        return out
-
-
-class Backbone(nn.Module):
-    def __init__(self, script: Script, vocab_size: int) -> None:
-        super().__init__()
-        self.script, self.vocab_size = script, vocab_size
-
-    def forward(self, input_ids: torch.Tensor, **_: Any) -> BaseModelOutput:
-        following = torch.tensor([self.script.next_tokens(row.tolist()) for row in input_ids])
-        return BaseModelOutput(last_hidden_state=nn.functional.one_hot(following, self.vocab_size).float())
-
-
-class ScriptedModel(PreTrainedModel, GenerationMixin):
-    config_class = ScriptConfig
-    base_model_prefix = "model"
-
-    def __init__(self, config: ScriptConfig, script: Script) -> None:
-        super().__init__(config)
-        self.model = Backbone(script, config.vocab_size)
-        self.lm_head = nn.Linear(config.vocab_size, config.vocab_size)
-        with torch.no_grad():  # logits: +20 on the scripted token, -20 elsewhere
-            self.lm_head.weight.copy_(torch.eye(config.vocab_size) * 40.0)
-            self.lm_head.bias.fill_(-20.0)
-
-    def _init_weights(self, module: nn.Module) -> None:
-        """Keep the weights set above."""
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.lm_head
-
-    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
-        return {"input_ids": input_ids}  # no cache: the script reads the whole sequence
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,  # left padding: the script reads through it
-        logits_to_keep: int = 0,
-        **_: Any,
-    ) -> CausalLMOutputWithPast:
-        logits = self.lm_head(self.model(input_ids).last_hidden_state)
-        return CausalLMOutputWithPast(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+        return out[first:]
 
 
 def main(runtime: str, out: Path) -> None:
