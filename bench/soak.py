@@ -174,8 +174,9 @@ class Stack:
         for name, (_, pid) in sorted(self.servers().items()):
             tree = proctree.descendants([pid], links)
             zygotes = [p for p in tree if JAIL_ZYGOTE in (proctree.cmdline(p) or "")]
-            forked = set(proctree.descendants([c for z in zygotes for c in links.get(z, [])], links))
-            sessions += len([c for z in zygotes for c in links.get(z, [])])
+            session_pids = [c for z in zygotes for c in links.get(z, [])]
+            forked = set(proctree.descendants(session_pids, links))
+            sessions += len(session_pids)
             out[name] = (
                 sum((proctree.memory_kb(p) or {}).get("Pss", 0) for p in tree if p not in forked) / 1024
             )

@@ -18,6 +18,9 @@ import os
 import threading
 from pathlib import Path
 
+from codegym.proctree import cmdline, stat_fields
+from tests.helpers.processes import Proc, comm
+
 POLL_S = 0.02
 
 
@@ -35,19 +38,10 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _identity(pid: int) -> tuple[int, str] | None:
-    """(pid, start time): a pid alone may be reused."""
-    try:
-        return pid, Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
+def _identity(pid: int) -> Proc | None:
+    """(pid, start time): a pid alone may be reused; None once it is gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else (pid, int(fields[19]))
 
 
 def supported() -> bool:
@@ -85,12 +79,9 @@ class JailWatch:
                 if identity is None:
                     continue
                 old = identity in self.before
-                if not old and not under_old and _comm(child) == "nsjail":
-                    try:
-                        line = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").strip()
-                    except OSError:
-                        line = b""
-                    self.started.append(f"pid {child}: {line.decode(errors='replace')[:120] or 'nsjail'}")
+                if not old and not under_old and comm(child) == "nsjail":
+                    line = (cmdline(child) or "").strip()
+                    self.started.append(f"pid {child}: {line[:120] or 'nsjail'}")
                     self.before.add(identity)  # reported once, its jail's processes not at all
                     continue
                 stack.append((child, under_old or old))
