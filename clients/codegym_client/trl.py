@@ -589,10 +589,10 @@ class CodeGymSpec:
     def _get_env(self, env_id: str) -> Any:
         """GetEnv's answer for `env_id`, asked once (library rows and tool schemas both need it)."""
         env = self._envs.get(env_id)
-        if env is None:  # a run started while the runtime restarts waits for it, as its steps do
+        if env is None:  # a run started while the runtime restarts waits for it, on the spec's clock
             client = self.client()
-            env = self._envs[env_id] = ride_out(
-                lambda: client.get_env(env_id), f"CodeGym GetEnv {env_id}", self.outage_wait_s
+            env = self._envs[env_id] = self._outage.call(
+                lambda: client.get_env(env_id), f"CodeGym GetEnv {env_id}"
             )
         return env
 
@@ -603,9 +603,7 @@ class CodeGymSpec:
         client = self.client()
         if isinstance(library, str) or library is True:
             prefix = "" if library is True else str(library)
-            listed = ride_out(
-                lambda: list(client.list_envs(prefix=prefix)), "CodeGym ListEnvs", self.outage_wait_s
-            )
+            listed = self._outage.call(lambda: list(client.list_envs(prefix=prefix)), "CodeGym ListEnvs")
             env_ids = [e.env_id for e in listed]
         else:
             env_ids = list(library or [])
