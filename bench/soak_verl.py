@@ -14,15 +14,16 @@ root, against a runtime serving the sample library (`codegym up`, or tests/helpe
     .venv-trainers/bin/python bench/soak_verl.py --target HOST:PORT[,HOST:PORT] --minutes M \\
         [--rollouts 8] [--think-s 1] [--outage-wait-s 600] [--seed N]
 
-The loop is built as tests/test_verl_real.py builds it: examples/verl/codegym_agent_loop.yaml
-registered in verl's `_agent_loop_registry`, instantiated with hydra with verl's wrappers and the
-part of the trainer config the loops read, a real Hugging Face tokenizer with a ChatML template
-(`chatml_tokenizer`: one token per byte, Qwen's special tokens) and `hf_model_type="qwen2"`. One
-loop instance per episode (verl builds one per row); the runtime client is the loop's own, shared
-per process (`shared_client`). The server manager is scripted, one per episode: its `generate`
-waits a think time (uniform 0.5-1.5 x `--think-s`), then answers the recording's next action
-(codegym/samples/trajectories.jsonl) as a hermes tool call after a short `<think>`. The response
-length and tool-response limit are far above the longest recording, so neither cuts an episode.
+The loop is built as tests/test_verl_real.py builds it (tests/helpers/verl_loops.py):
+examples/verl/codegym_agent_loop.yaml registered in verl's `_agent_loop_registry`, instantiated
+with hydra with verl's wrappers and the part of the trainer config the loops read, a real Hugging
+Face tokenizer with a ChatML template (`chatml_tokenizer`: one token per byte, Qwen's special
+tokens) and `hf_model_type="qwen2"`. One loop instance per episode (verl builds one per row); the
+runtime client is the loop's own, shared per process (`shared_client`). The server manager is
+scripted, one per episode: its `generate` waits a think time (uniform 0.5-1.5 x `--think-s`), then
+answers the recording's next action (codegym/samples/trajectories.jsonl) as a hermes tool call
+after a short `<think>`. The response length and tool-response limit are far above the longest
+recording, so neither cuts an episode.
 
 `--rollouts` episodes are kept in flight (each: a random recording, `run(sampling_params,
 ability=..., raw_prompt=...)` as verl calls it, then the next) until `--minutes` have passed; the
@@ -62,19 +63,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import hydra  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
-    DictConfigWrap,
-    ToolListWrap,
-    _agent_loop_registry,
-)
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from codegym_client.verl import AGENT_NAME, CodeGymAgentLoop  # noqa: E402
+from codegym_client.verl import CodeGymAgentLoop  # noqa: E402
 from tests.helpers.trainer_script import TRAJECTORIES, ability, chatml_tokenizer, oracle_turns  # noqa: E402
+from tests.helpers.verl_loops import instantiate, our_entry, trainer_config  # noqa: E402
 
-AGENT_LOOP_YAML = ROOT / "examples" / "verl" / "codegym_agent_loop.yaml"
 PROMPT = [{"role": "user", "content": "Solve the task with the tools."}]
 # One token per byte: the longest recording is ~45 KB of turns and observations; verl's usual
 # 8,192 would cut it. The tool-response limit is far above any recorded observation (170 chars).
@@ -83,30 +77,6 @@ TOOL_RESPONSE_CHARS = 1 << 16
 TOOL_RESPONSE = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.DOTALL)
 
 log = logging.getLogger("soak_verl")
-
-
-def trainer_config() -> Any:
-    """The part of verl's trainer config the agent loops read (verl/trainer/config/rollout)."""
-    return OmegaConf.create(
-        {
-            "actor_rollout_ref": {
-                "rollout": {
-                    "prompt_length": 4096,
-                    "response_length": RESPONSE_TOKENS,
-                    "full_determinism": False,
-                    "multi_turn": {
-                        "format": "hermes",
-                        "max_user_turns": None,
-                        "max_assistant_turns": None,
-                        "max_parallel_calls": 1,
-                        "max_tool_response_length": TOOL_RESPONSE_CHARS,
-                        "tool_response_truncate_side": "middle",
-                    },
-                }
-            },
-            "data": {"apply_chat_template_kwargs": {}},
-        }
-    )
 
 
 class ThinkingServer:
@@ -128,31 +98,6 @@ class ThinkingServer:
         text = self.turns.pop(0) if self.turns else "I give up.<|im_end|>"
         ids = list(self.tokenizer.encode(text, add_special_tokens=False))
         return TokenOutput(token_ids=ids, log_probs=None, num_preempted=0)
-
-
-def our_entry(target: str, outage_wait_s: float) -> Any:
-    """The README's agent-loop config file, registered as `AgentLoopWorker.__init__` registers it."""
-    (entry,) = OmegaConf.load(AGENT_LOOP_YAML)
-    assert entry.name == AGENT_NAME
-    entry.target = target
-    entry.outage_wait_s = outage_wait_s
-    _agent_loop_registry[entry.name] = entry
-    return _agent_loop_registry[AGENT_NAME]
-
-
-def instantiate(entry: Any, config: Any, server: ThinkingServer, tokenizer: Any) -> Any:
-    """An agent loop built as `AgentLoopWorker._run_agent_loop` builds one (verl 0.9.1)."""
-    return hydra.utils.instantiate(
-        config=entry,
-        trainer_config=DictConfigWrap(config=config),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        hf_model_type="qwen2",
-        dataset_cls=None,
-        data_config=DictConfigWrap(config.data),
-        tools=ToolListWrap([]),
-    )
 
 
 def shown_observations(output: Any, tokenizer: Any) -> list[str]:
@@ -247,8 +192,8 @@ async def episode(
 
 async def soak(args: argparse.Namespace) -> Counter[str]:
     tokenizer = chatml_tokenizer()
-    config = trainer_config()
-    entry = our_entry(args.target, args.outage_wait_s)
+    config = trainer_config(RESPONSE_TOKENS, max_tool_response_length=TOOL_RESPONSE_CHARS)
+    entry = our_entry(args.target, outage_wait_s=args.outage_wait_s)
     lines = [t for t in TRAJECTORIES if t.get("steps")]
     master = random.Random(args.seed)
     started = time.monotonic()

@@ -42,13 +42,9 @@ if importlib.util.find_spec("verl") is None or not RUNTIME:
         raise RuntimeError(f"CODEGYM_TESTS_REQUIRE_TRAINERS=1: this file {why}")
     pytest.skip(why, allow_module_level=True)
 
-import hydra  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
     AgentLoopOutput,
-    DictConfigWrap,
-    ToolListWrap,
-    _agent_loop_registry,
 )
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop  # noqa: E402
 from verl.tools.schemas import OpenAIFunctionToolSchema  # noqa: E402
@@ -56,36 +52,11 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from codegym_client import AsyncRuntimeClient, SessionNotFound  # noqa: E402
 from codegym_client.verl import AGENT_NAME, CodeGymAgentLoop, CodeGymTool  # noqa: E402
+from tests.helpers.verl_loops import AGENT_LOOP_YAML, instantiate, our_entry, trainer_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-AGENT_LOOP_YAML = ROOT / "examples" / "verl" / "codegym_agent_loop.yaml"
 TOKENIZER = chatml_tokenizer()
 PROMPT = [{"role": "user", "content": "Solve the task with the tools."}]
-
-
-def trainer_config(**multi_turn: Any) -> Any:
-    """The part of verl's trainer config the agent loops read (verl/trainer/config/rollout)."""
-    return OmegaConf.create(
-        {
-            "actor_rollout_ref": {
-                "rollout": {
-                    "prompt_length": 4096,
-                    "response_length": 65536,
-                    "full_determinism": False,
-                    "multi_turn": {
-                        "format": "hermes",
-                        "max_user_turns": None,
-                        "max_assistant_turns": None,
-                        "max_parallel_calls": 1,
-                        "max_tool_response_length": 256,
-                        "tool_response_truncate_side": "middle",
-                        **multi_turn,
-                    },
-                }
-            },
-            "data": {"apply_chat_template_kwargs": {}},
-        }
-    )
 
 
 class ServerManager:
@@ -107,31 +78,6 @@ class ServerManager:
         return TokenOutput(token_ids=ids, log_probs=logprobs, num_preempted=0)
 
 
-def instantiate(entry: Any, config: Any, server: ServerManager, tools: list[Any] | None = None) -> Any:
-    """An agent loop built as `AgentLoopWorker._run_agent_loop` builds one (verl 0.9.1)."""
-    return hydra.utils.instantiate(
-        config=entry,
-        trainer_config=DictConfigWrap(config=config),
-        server_manager=server,
-        tokenizer=TOKENIZER,
-        processor=None,
-        hf_model_type="qwen2",
-        dataset_cls=None,
-        data_config=DictConfigWrap(config.data),
-        tools=ToolListWrap(tools or []),
-    )
-
-
-def our_entry(target: str = RUNTIME) -> Any:
-    """The README's agent-loop config file, registered as `AgentLoopWorker.__init__` registers it."""
-    entries = OmegaConf.load(AGENT_LOOP_YAML)
-    (entry,) = entries
-    assert entry.name == AGENT_NAME
-    entry.target = target
-    _agent_loop_registry[entry.name] = entry
-    return _agent_loop_registry[AGENT_NAME]
-
-
 def plain_turns(recorded: dict[str, Any]) -> list[str]:
     return [f"{hermes(action)}<|im_end|>" for action, _ in recorded["steps"]]
 
@@ -148,7 +94,7 @@ async def test_the_config_file_builds_the_loop_as_verl_does_and_an_episode_reach
     server = ServerManager(
         ScriptedModel([f"<think>{wrong}</think>{t}" for t in plain_turns(recorded)], TOKENIZER)
     )
-    loop = instantiate(our_entry(), trainer_config(), server)
+    loop = instantiate(our_entry(RUNTIME), trainer_config(), server, TOKENIZER)
     assert isinstance(loop, CodeGymAgentLoop)
 
     row = {"ability": ability(recorded), "raw_prompt": PROMPT, "index": 3, "priority": 3}
@@ -187,7 +133,7 @@ async def test_our_token_stream_is_the_one_verl_tool_agent_loop_builds_from_the_
     config = trainer_config(max_assistant_turns=max_assistant_turns)
 
     ours_server = ServerManager(ScriptedModel(plain_turns(recorded), TOKENIZER), logprob=-0.5)
-    ours = await instantiate(our_entry(), config, ours_server).run(
+    ours = await instantiate(our_entry(RUNTIME), config, ours_server, TOKENIZER).run(
         {}, ability=ability(recorded), raw_prompt=PROMPT
     )
 
@@ -195,7 +141,7 @@ async def test_our_token_stream_is_the_one_verl_tool_agent_loop_builds_from_the_
     tools = [CodeGymTool({"target": RUNTIME}, OpenAIFunctionToolSchema.model_validate(s)) for s in schemas]
     theirs_server = ServerManager(ScriptedModel(plain_turns(recorded), TOKENIZER), logprob=-0.5)
     verl_loop = instantiate(
-        {"_target_": f"{ToolAgentLoop.__module__}.ToolAgentLoop"}, config, theirs_server, tools
+        {"_target_": f"{ToolAgentLoop.__module__}.ToolAgentLoop"}, config, theirs_server, TOKENIZER, tools
     )
     row = {
         "raw_prompt": PROMPT,
@@ -250,19 +196,9 @@ async def test_another_format_parses_with_verls_parser_and_its_stop_token_is_ask
     observation = tokenizer.convert_tokens_to_ids("<|observation|>")
     recorded = trajectory("Sample_0006_I__ArrayGcdEnv")
     server = ServerManager(ScriptedModel([glm(a) for a, _ in recorded["steps"]], tokenizer))
-    entry = our_entry()
+    entry = our_entry(RUNTIME)
     entry.format = "glm"
-    loop = hydra.utils.instantiate(
-        config=entry,
-        trainer_config=DictConfigWrap(config=trainer_config()),
-        server_manager=server,
-        tokenizer=tokenizer,
-        processor=None,
-        hf_model_type="glm4",
-        dataset_cls=None,
-        data_config=DictConfigWrap(trainer_config().data),
-        tools=ToolListWrap([]),
-    )
+    loop = instantiate(entry, trainer_config(), server, tokenizer, hf_model_type="glm4")
     output = await loop.run(
         {"temperature": 1.0, "stop_token_ids": [7]}, ability=ability(recorded), raw_prompt=PROMPT
     )
@@ -305,7 +241,7 @@ async def test_an_unreachable_runtime_is_flagged_in_the_output_and_no_model_turn
     entry = our_entry(f"127.0.0.1:{free_port()}")
     entry.timeout_s = 2
     entry.outage_wait_s = 0  # no outage to wait out: nothing listens there
-    loop = instantiate(entry, trainer_config(), server)
+    loop = instantiate(entry, trainer_config(), server, TOKENIZER)
     output = await loop.run({}, ability=ability(recorded), raw_prompt=PROMPT)
     assert output.extra_fields["codegym_infrastructure_failure"] is True
     assert "UNAVAILABLE" in output.extra_fields["codegym_failure_reason"]
