@@ -1,15 +1,17 @@
 """The environment library: one SQLite file holding environment sources and task configs.
 
 Everything stored here is derived statically (with the contract checker's `ast` reading), so
-importing never runs environment code. The runtime loads the whole library into memory at start:
-a few thousand environments are a few tens of MB, and a step must not wait on disk.
+importing never runs environment code. Readers take one environment or task at a time (by key, or
+streamed in id order): CodeGym's published library is 20,000+ environments and 80,000+ task
+configs, and the runtime holds only the ones in use (`services/runtime/catalog.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -51,10 +53,42 @@ CREATE TABLE IF NOT EXISTS tasks (
     origin          TEXT NOT NULL DEFAULT '',
     scores          TEXT NOT NULL DEFAULT '{}',
     guess_rate      REAL,
+    config_text     TEXT NOT NULL DEFAULT '',
+    source_sha      TEXT NOT NULL DEFAULT '',
+    extra           TEXT NOT NULL DEFAULT '{}',
     UNIQUE (env_id, config_json)
 );
 CREATE INDEX IF NOT EXISTS tasks_env ON tasks(env_id);
+CREATE INDEX IF NOT EXISTS envs_class ON envs(env_class);
+CREATE TABLE IF NOT EXISTS variants (
+    sha256      TEXT PRIMARY KEY,
+    env_id      TEXT NOT NULL,
+    source      TEXT NOT NULL,
+    tools_json  TEXT NOT NULL,
+    tools_text  TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS trajectories (
+    task_id     INTEGER PRIMARY KEY REFERENCES tasks(id) ON DELETE CASCADE,
+    std_traj    TEXT NOT NULL,
+    obs_traj    TEXT NOT NULL
+);
 """
+# Columns added to `tasks` after the first release, with their definitions: an older library
+# gains them when opened for writing (`Library.__init__`), and is read without them otherwise.
+#   config_text: the config exactly as it was published ('' = `config_json` is that text), so an
+#                ability string built from it round-trips byte for byte; `config_json` stays the
+#                canonical spelling that finds duplicates.
+#   source_sha:  the code the task was recorded with, when it is not its environment's (a row of
+#                `variants`); '' = the environment's own source.
+#   extra:       the published fields kept with the task (extra_info keys, unknown columns).
+ENV_COLUMNS = "env_id, code_id, env_class, source, sha256, tools_json, tools_text, task_text, metadata"
+TASK_COLUMNS = {
+    "scores": "TEXT NOT NULL DEFAULT '{}'",
+    "guess_rate": "REAL",
+    "config_text": "TEXT NOT NULL DEFAULT ''",
+    "source_sha": "TEXT NOT NULL DEFAULT ''",
+    "extra": "TEXT NOT NULL DEFAULT '{}'",
+}
 
 
 class Library:
@@ -66,6 +100,8 @@ class Library:
 
     def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = Path(path)
+        self._task_select: str | None = None
+        self._table_names: set[str] | None = None
         if read_only:
             # Reading only (the runtime): nothing is created or changed. On a read-only volume (a
             # runtime pod) SQLite cannot even make its lock files: open the file as immutable then.
@@ -81,14 +117,13 @@ class Library:
         self.db = sqlite3.connect(self.path)
         self.db.execute("PRAGMA foreign_keys = ON")
         self.db.execute("PRAGMA journal_mode = WAL")
-        self.db.executescript(SCHEMA)
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(tasks)")}
-        if "scores" not in columns:  # a library written before evaluation scores existed
+        if columns:  # a library written by an earlier release: add what it lacks first
             with self.db:
-                self.db.execute("ALTER TABLE tasks ADD COLUMN scores TEXT NOT NULL DEFAULT '{}'")
-        if "guess_rate" not in columns:  # a library written before guessability was measured
-            with self.db:
-                self.db.execute("ALTER TABLE tasks ADD COLUMN guess_rate REAL")
+                for name, definition in TASK_COLUMNS.items():
+                    if name not in columns:
+                        self.db.execute(f"ALTER TABLE tasks ADD COLUMN {name} {definition}")
+        self.db.executescript(SCHEMA)
 
     def close(self) -> None:
         self.db.close()
@@ -137,49 +172,129 @@ class Library:
                 add_task(self.db, task, "pipeline", report)
         return report
 
-    def get(self, env_id: str) -> EnvRecord | None:
+    # ---- reading: one environment or task at a time, or streamed; never the whole library ----
+
+    def get(self, env_id: str, *, tasks: bool = True) -> EnvRecord | None:
+        """One environment, with its task configs unless `tasks=False` (a create needs none)."""
+        row = self.db.execute(f"SELECT {ENV_COLUMNS} FROM envs WHERE env_id = ?", (env_id,)).fetchone()
+        if row is None:
+            return None
+        return self._record(row, self.tasks_of(env_id) if tasks else [])
+
+    def iter_envs(self, prefix: str = "", *, tasks: bool = True) -> Iterator[EnvRecord]:
+        """Every environment whose id starts with `prefix`, in id order, one at a time: a command
+        over 20,000 environments holds one of them, not the library."""
+        after = ""
+        while True:
+            rows = self.db.execute(
+                f"SELECT {ENV_COLUMNS} FROM envs WHERE env_id > ? AND substr(env_id, 1, ?) = ?"
+                " ORDER BY env_id LIMIT 256",
+                (after, len(prefix), prefix),
+            ).fetchall()
+            if not rows:
+                return
+            for row in rows:
+                yield self._record(row, self.tasks_of(row[0]) if tasks else [])
+            after = rows[-1][0]
+
+    def load_all(self) -> dict[str, EnvRecord]:
+        """The whole library in memory: for small libraries and tests only (the runtime reads on
+        demand, `services/runtime/catalog.py`)."""
+        return {record.env_id: record for record in self.iter_envs()}
+
+    def ids_of_class(self, env_class: str, limit: int = 6) -> list[str]:
+        """Env ids whose class is `env_class` (CodeGym's env strings name only the class)."""
+        rows = self.db.execute(
+            "SELECT env_id FROM envs WHERE env_class = ? ORDER BY env_id LIMIT ?", (env_class, limit)
+        )
+        return [row[0] for row in rows]
+
+    def page(self, prefix: str, after: str, size: int) -> list[tuple[str, list[str], int]]:
+        """(env_id, tool names, task count) of up to `size` environments after `after`, by id."""
+        rows = self.db.execute(
+            "SELECT e.env_id, e.tools_json, (SELECT COUNT(*) FROM tasks t WHERE t.env_id = e.env_id)"
+            " FROM envs e WHERE e.env_id > ? AND substr(e.env_id, 1, ?) = ? ORDER BY e.env_id LIMIT ?",
+            (after, len(prefix), prefix, size),
+        )
+        return [(env_id, [t["name"] for t in json.loads(tools)], int(n)) for env_id, tools, n in rows]
+
+    def task(self, env_id: str, config_json: str) -> TaskRecord | None:
+        """The stored task config of `env_id` whose canonical spelling is `config_json`."""
         row = self.db.execute(
-            "SELECT env_id, code_id, env_class, source, sha256, tools_json, tools_text, task_text, metadata"
-            " FROM envs WHERE env_id = ?",
-            (env_id,),
+            f"SELECT {self._task_columns()} FROM tasks WHERE env_id = ? AND config_json = ?",
+            (env_id, config_json),
+        ).fetchone()
+        return None if row is None else self._task(row)
+
+    def tasks_of(self, env_id: str) -> list[TaskRecord]:
+        rows = self.db.execute(
+            f"SELECT {self._task_columns()} FROM tasks WHERE env_id = ? ORDER BY id", (env_id,)
+        )
+        return [self._task(row) for row in rows]
+
+    def variant(self, sha256: str) -> EnvRecord | None:
+        """The environment as a task recorded with other code saw it: its env's record with the
+        variant's source and tools (no task configs)."""
+        if "variants" not in self._tables():
+            return None
+        row = self.db.execute(
+            "SELECT env_id, source, tools_json, tools_text FROM variants WHERE sha256 = ?", (sha256,)
         ).fetchone()
         if row is None:
             return None
-        return self._record(row, self._tasks(env_id))
-
-    def load_all(self) -> dict[str, EnvRecord]:
-        """The whole library in memory (what a runtime serves from)."""
-        tasks: dict[str, list[TaskRecord]] = {}
-        for env_id, config_json, difficulty, rounds, scores, guess in self.db.execute(
-            f"SELECT env_id, config_json, difficulty, solve_fc_round, scores, {self._guess_column()}"
-            " FROM tasks ORDER BY id"
-        ):
-            tasks.setdefault(env_id, []).append(
-                TaskRecord(env_id, config_json, difficulty, rounds, json.loads(scores), guess)
-            )
-        rows = self.db.execute(
-            "SELECT env_id, code_id, env_class, source, sha256, tools_json, tools_text, task_text, metadata"
-            " FROM envs ORDER BY env_id"
+        env = self.get(row[0], tasks=False)
+        if env is None:
+            return None
+        return dataclasses.replace(
+            env, source=row[1], sha256=sha256, tools=tools_of(row[2]), tools_text=row[3], tasks=[]
         )
-        return {row[0]: self._record(row, tasks.get(row[0], [])) for row in rows}
+
+    def source_of(self, sha256: str) -> str | None:
+        """The source text whose sha256 this is, from an environment or a variant."""
+        row = self.db.execute("SELECT source FROM envs WHERE sha256 = ? LIMIT 1", (sha256,)).fetchone()
+        if row is None and "variants" in self._tables():
+            row = self.db.execute("SELECT source FROM variants WHERE sha256 = ?", (sha256,)).fetchone()
+        return None if row is None else str(row[0])
 
     def counts(self) -> tuple[int, int]:
         envs = self.db.execute("SELECT COUNT(*) FROM envs").fetchone()[0]
         tasks = self.db.execute("SELECT COUNT(*) FROM tasks").fetchone()[0]
         return int(envs), int(tasks)
 
-    def _tasks(self, env_id: str) -> list[TaskRecord]:
-        rows = self.db.execute(
-            f"SELECT env_id, config_json, difficulty, solve_fc_round, scores, {self._guess_column()}"
-            " FROM tasks WHERE env_id = ? ORDER BY id",
-            (env_id,),
-        )
-        return [TaskRecord(e, c, d, r, json.loads(sc), g) for e, c, d, r, sc, g in rows]
+    def _tables(self) -> set[str]:
+        if self._table_names is None:
+            self._table_names = {
+                row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        return self._table_names
 
-    def _guess_column(self) -> str:
-        """`guess_rate`, or NULL in a read-only library written before the column existed."""
-        columns = {row[1] for row in self.db.execute("PRAGMA table_info(tasks)")}
-        return "guess_rate" if "guess_rate" in columns else "NULL"
+    def _task_columns(self) -> str:
+        """The task columns `_task` reads; in a read-only library written before a column existed,
+        its default instead (`TASK_COLUMNS`)."""
+        if self._task_select is None:
+            have = {row[1] for row in self.db.execute("PRAGMA table_info(tasks)")}
+            defaults = {"scores": "'{}'", "guess_rate": "NULL", "config_text": "''", "source_sha": "''"}
+            defaults["extra"] = "'{}'"
+            optional = [name if name in have else defaults[name] for name in TASK_COLUMNS]
+            self._task_select = ", ".join(
+                ["env_id", "config_json", "difficulty", "solve_fc_round", *optional]
+            )
+        return self._task_select
+
+    @staticmethod
+    def _task(row: tuple[Any, ...]) -> TaskRecord:
+        env_id, config_json, difficulty, rounds, scores, guess, text, sha, extra = row
+        return TaskRecord(
+            env_id,
+            config_json,
+            difficulty,
+            rounds,
+            json.loads(scores),
+            guess,
+            config_text=text,
+            source_sha=sha,
+            extra=json.loads(extra),
+        )
 
     def set_scores(self, scores: Iterable[tuple[str, str, str, float]]) -> int:
         """Record (env_id, config_json, score name, value) for task configs in the library; returns how many matched."""
@@ -198,19 +313,22 @@ class Library:
 
     @staticmethod
     def _record(row: tuple[Any, ...], tasks: list[TaskRecord]) -> EnvRecord:
-        tools = [Tool(t["name"], t["signature"], t["text"], t["schema"]) for t in json.loads(row[5])]
         return EnvRecord(
             env_id=row[0],
             code_id=row[1],
             env_class=row[2],
             source=row[3],
             sha256=row[4],
-            tools=tools,
+            tools=tools_of(row[5]),
             tools_text=row[6],
             task_text=row[7],
             metadata=json.loads(row[8]),
             tasks=tasks,
         )
+
+
+def tools_of(tools_json: str) -> list[Tool]:
+    return [Tool(t["name"], t["signature"], t["text"], t["schema"]) for t in json.loads(tools_json)]
 
 
 def load_library(path: str | Path) -> dict[str, EnvRecord]:

@@ -34,6 +34,17 @@ class TaskRecord:
     scores: dict[str, float] = field(default_factory=dict, compare=False)
     # The chance a blind Done is right on this config (verification's guessability), None = unmeasured.
     guess_rate: float | None = field(default=None, compare=False)
+    # The config exactly as published ("" = `config_json` is that text): what is served and exported.
+    config_text: str = field(default="", compare=False)
+    # sha256 of the code this task was recorded with when it is not its env's ("" = the env's own).
+    source_sha: str = field(default="", compare=False)
+    # Published fields kept with the task (extra_info keys, columns this library has no place for).
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def published_config(self) -> str:
+        """The config text to serve and export: as published, byte for byte."""
+        return self.config_text or self.config_json
 
 
 @dataclass
