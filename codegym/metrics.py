@@ -39,6 +39,14 @@ SANDBOX_OPERATION_SECONDS = Histogram(
     ["op"],
     buckets=LATENCY_BUCKETS,
 )
+# Every cache on the path of a library of tens of thousands of environments (codegym/bounded_cache.py
+# and the jails' compiled code): runtime_envs, worker_sources, jail_code.
+CACHE_BYTES = Gauge("codegym_cache_bytes", "Bytes held by a cache (the sum of its entries' costs)", ["cache"])
+CACHE_CAPACITY = Gauge("codegym_cache_capacity_bytes", "A cache's byte budget", ["cache"])
+CACHE_ENTRIES = Gauge("codegym_cache_entries", "Entries held by a cache", ["cache"])
+CACHE_EVENTS = Counter(
+    "codegym_cache_events_total", "Cache lookups and evictions: hit, miss, eviction", ["cache", "event"]
+)
 JAILS_RESTARTED = Counter("codegym_sandbox_jails_restarted_total", "Jails replaced after they died")
 JAILS_ALIVE = Gauge("codegym_sandbox_jails_alive", "Jails running")
 RESIDENT_STEPS = Counter(

@@ -61,6 +61,8 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
             resident_idle_s=args.resident_idle_s,
             admit_idle_s=args.admit_idle_s,
             resident_sample_s=args.resident_sample_s,
+            code_cache_mb=args.code_cache_mb,
+            source_cache_mb=args.source_cache_mb,
         )
         await serve(worker)
 
@@ -90,7 +92,13 @@ def _serve_runtime(args: argparse.Namespace) -> int:
 
             store = RedisSessionStore(args.sessions, args.session_ttl_s, lease_s=args.step_lease_s)
         server = RuntimeServer(
-            args.library, args.sandbox, host=args.host, port=args.port, config=config, store=store
+            args.library,
+            args.sandbox,
+            host=args.host,
+            port=args.port,
+            config=config,
+            store=store,
+            env_cache_mb=args.env_cache_mb,
         )
         await serve(server)
 
@@ -246,6 +254,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="how often the memory of a resident session is measured again (until then it is taken as 3 MiB)",
     )
     sandbox.add_argument(
+        "--source-cache-mb",
+        type=int,
+        default=64,
+        help="environment sources this worker keeps (callers send a cached source by its sha256 alone)",
+    )
+    sandbox.add_argument(
+        "--code-cache-mb",
+        type=int,
+        default=32,
+        help="compiled environment code each jail keeps (a source new to a jail costs a compile)",
+    )
+    sandbox.add_argument(
         "--admit-idle-s",
         type=float,
         default=JailSettings.admit_idle_s,
@@ -280,6 +300,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="idle time before a session expires",
     )
     runtime.add_argument("--max-steps", type=int, default=defaults.default_max_steps, help="default step cap")
+    runtime.add_argument(
+        "--env-cache-mb",
+        type=int,
+        default=32,
+        help="memory for the records of the environments in play (the library is read on demand)",
+    )
     runtime.add_argument(
         "--max-steps-in-flight",
         type=int,

@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import tempfile
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +49,9 @@ class Jail:
         self.workdir = workdir
         self.proc: asyncio.subprocess.Process | None = None
         self.served = 0
-        # Sources this jail's zygote has compiled (mirrors its LRU): requests for them omit the text.
-        self.known: OrderedDict[str, None] = OrderedDict()
+        # Sources this jail's zygote has compiled (mirrors its cache, bounded there by bytes: every
+        # answer names what it dropped): requests for them omit the text.
+        self.known: set[str] = set()
         self.log_path = workdir / f"jail-{index}.log"
 
     @property
@@ -63,6 +63,7 @@ class Jail:
         return self.proc is not None and self.proc.returncode is None
 
     async def start(self) -> None:
+        self.known.clear()  # a new zygote has compiled nothing
         cfg = build_jail_config(self.index, self.limits, self.cgroups, str(self.log_path), self.settings)
         cfg_path = self.workdir / f"jail-{self.index}.cfg"
         to_file(cfg, cfg_path)
@@ -126,19 +127,25 @@ class Jail:
         """Run a request, sending the source text only when this jail has not compiled it yet."""
         sha = request["sha"]
         if not sha:  # operations without a source (release)
-            return await self._roundtrip(request, wall_ms)
+            result = await self._roundtrip(request, wall_ms)
+            self._forget(result)
+            return result
         if sha in self.known:
-            self.known.move_to_end(sha)
             result = await self._roundtrip({k: v for k, v in request.items() if k != "source"}, wall_ms)
+            self._forget(result)
             if result.get("status") != "source_needed":
                 return result
-            del self.known[sha]
+            self.known.discard(sha)
         result = await self._roundtrip(request, wall_ms)
         if not result.get("source_rejected"):
-            self.known[sha] = None
-            if len(self.known) > self.settings.code_cache_size:
-                self.known.popitem(last=False)
+            self.known.add(sha)
+        self._forget(result)
         return result
+
+    def _forget(self, result: dict[str, Any]) -> None:
+        forgotten = result.pop("forgotten", None)
+        if isinstance(forgotten, list):
+            self.known.difference_update(str(sha) for sha in forgotten)
 
     async def _roundtrip(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
         """Send one request and wait for its result; raise JailDied when the jail must go."""

@@ -19,6 +19,10 @@ from typing import Any
 
 from codegym.inside.settings import JailSettings
 from codegym.metrics import (
+    CACHE_BYTES,
+    CACHE_CAPACITY,
+    CACHE_ENTRIES,
+    CACHE_EVENTS,
     COLD_STEPS,
     EVICTIONS,
     JAILS_ALIVE,
@@ -82,6 +86,7 @@ class JailPool:
         resident_idle_s: float = JailSettings.resident_idle_s,
         admit_idle_s: float = JailSettings.admit_idle_s,
         cost_sample_s: float = COST_SAMPLE_S,
+        code_cache_mb: int = JailSettings.code_cache_bytes >> 20,
     ) -> None:
         """`resident_memory_mb`: memory the worker spends on resident sessions (0: a default from
         the memory it may use); `resident_cap`: most residents per jail whatever the budget (0:
@@ -97,6 +102,7 @@ class JailPool:
             resident_idle_s=resident_idle_s,
             admit_idle_s=admit_idle_s,
             resident_memory_mb=self.residency.jail_budget_bytes // (1024 * 1024),
+            code_cache_bytes=code_cache_mb * 1024 * 1024,
         )
         self.cgroups = detect_cgroups()
         self.isolation = isolation_summary(self.cgroups)
@@ -107,6 +113,8 @@ class JailPool:
         self.pinned: collections.Counter[int] = collections.Counter()
         # Resident sessions each jail said it holds in its last answer.
         self.residents: dict[int, int] = {}
+        # (entries, bytes) of each jail's compiled-code cache, as its last answer said.
+        self.code_caches: dict[int, tuple[int, int]] = {}
         self.resident_steps = 0
         self._ids = itertools.count(1)
         self.replaced = 0
@@ -135,6 +143,9 @@ class JailPool:
         RESIDENT_CAPACITY.set_function(lambda: self.residency.cap() * self.size)
         RESIDENT_COST_BYTES.set_function(lambda: self.residency.cost_bytes)
         RESIDENT_BUDGET_BYTES.set(self.residency.budget_bytes)
+        CACHE_CAPACITY.labels("jail_code").set(self.settings.code_cache_bytes * self.size)
+        CACHE_ENTRIES.labels("jail_code").set_function(lambda: sum(e for e, _ in self.code_caches.values()))
+        CACHE_BYTES.labels("jail_code").set_function(lambda: sum(b for _, b in self.code_caches.values()))
         self._sampler = asyncio.get_running_loop().create_task(self._sample_costs())
         log.info(
             "%d jails ready (%s); resident budget %d MiB: %d sessions per jail at %.1f MiB each until measured",
@@ -226,6 +237,12 @@ class JailPool:
             for reason, count in evictions.items():
                 if isinstance(count, int) and reason in EVICTION_REASONS:
                     EVICTIONS.labels(reason).inc(count)
+        cache = result.pop("code_cache", None)
+        if isinstance(cache, dict):
+            self.code_caches[index] = (int(cache.get("entries", 0)), int(cache.get("bytes", 0)))
+            for event in ("hit", "miss", "eviction"):
+                if isinstance(cache.get(event), int) and cache[event] > 0:
+                    CACHE_EVENTS.labels("jail_code", event).inc(cache[event])
         cold = result.pop("cold", None)
         if result.get("resident"):
             RESIDENT_STEPS.inc()
@@ -249,6 +266,7 @@ class JailPool:
     def _replace(self, jail: Jail) -> None:
         self.scheduler.down(jail.index)
         self.residents.pop(jail.index, None)
+        self.code_caches.pop(jail.index, None)
         if self._closed:
             return
         task = asyncio.get_running_loop().create_task(self._restart(jail))

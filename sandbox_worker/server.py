@@ -36,6 +36,8 @@ class SandboxWorker:
         resident_idle_s: float = JailSettings.resident_idle_s,
         admit_idle_s: float = JailSettings.admit_idle_s,
         resident_sample_s: float = COST_SAMPLE_S,
+        code_cache_mb: int = JailSettings.code_cache_bytes >> 20,
+        source_cache_mb: int = 64,
     ) -> None:
         self.pool = JailPool(
             jails,
@@ -45,9 +47,14 @@ class SandboxWorker:
             resident_idle_s=resident_idle_s,
             admit_idle_s=admit_idle_s,
             cost_sample_s=resident_sample_s,
+            code_cache_mb=code_cache_mb,
         )
         self.servicer = SandboxServicer(
-            self.pool, defaults=defaults, maximum=maximum, max_pending=max_pending
+            self.pool,
+            defaults=defaults,
+            maximum=maximum,
+            max_pending=max_pending,
+            source_cache_bytes=source_cache_mb * 1024 * 1024,
         )
         self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
         add_lenient(self.servicer, self.managed.server, pb.DESCRIPTOR.services_by_name["SandboxService"], pb)

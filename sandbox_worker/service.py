@@ -97,9 +97,10 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         defaults: RequestLimits = DEFAULT_LIMITS,
         maximum: RequestLimits = MAX_LIMITS,
         max_pending: int | None = None,
+        source_cache_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.pool = pool
-        self.cache = SourceCache()
+        self.cache = SourceCache(source_cache_bytes)
         self.defaults = defaults
         self.maximum = maximum
         self.max_pending = max_pending or pool.size * 256

@@ -7,7 +7,8 @@ because every operation is a pure function of (source, state, input, seed): a st
 worker gives the same result when re-run on another one.
 
 Sources travel by sha256 first; a worker that has not seen one answers SOURCE_NEEDED and the
-operation is resent once with the code.
+operation is resent once with the code (a create carries its code from the start: see
+`RuntimeServicer._execute`).
 
 Session affinity: with several worker addresses, operations that carry a session key go to the
 session's worker, chosen by rendezvous hashing over the workers not known to be down, over a
@@ -50,6 +51,10 @@ T = TypeVar("T")
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 # How long a worker that answered UNAVAILABLE is skipped by pinned sessions.
 DOWN_S = 2.0
+# Creates, resets and one-shot operations out at once per worker, each its own call: enough to keep
+# every jail of a worker busy with them (the worker orders them behind steps), few enough that a
+# burst of thousands waits here, where QueueFull bounds it, rather than in the worker.
+OTHERS_IN_FLIGHT = 32
 
 
 def with_source(op: sb.Operation, code: str) -> sb.Operation:
@@ -78,12 +83,15 @@ class WorkerQueue:
     """Coalesces concurrent operations bound for one worker into `ExecuteBatch` calls.
 
     No operation waits for company: while fewer than `max_in_flight` calls are out, an operation
-    goes at once; otherwise it queues, and everything queued goes in one call as soon as a call
-    returns. At 32 sessions most steps then share a call with others, which saves a gRPC round
-    trip's CPU per step on both sides of the runtime → worker hop. A call is answered when its
-    last operation is, so steps and creates never share one (`SandboxDispatcher` keeps a queue of
-    each per worker): a burst of creates must not hold the answers of steps. At most `max_queued`
-    operations wait; past that `submit` raises `QueueFull` instead of queueing without bound.
+    goes at once; otherwise it queues, and everything queued (up to `max_batch`) goes in one call
+    as soon as a call returns. At 32 sessions most steps then share a call with others, which saves
+    a gRPC round trip's CPU per step on both sides of the runtime → worker hop. A call is answered
+    when its last operation is, so steps and creates never share one (`SandboxDispatcher` keeps a
+    queue of each per worker): a burst of creates must not hold the answers of steps. Creates are
+    not coalesced at all (`max_batch=1`, many calls in flight): a create costs milliseconds of a
+    jail (a compile and the environment's start), and in a shared call each would wait for the
+    slowest of its batch. At most `max_queued` operations wait; past that `submit` raises
+    `QueueFull` instead of queueing without bound.
     """
 
     def __init__(
@@ -196,7 +204,8 @@ class SandboxDispatcher:
         for address in worker_addresses(addresses):
             channel = aio_channel(address, [SANDBOX_SERVICE], retry=False, health_service=SANDBOX_SERVICE)
             stub = sb_grpc.SandboxServiceStub(channel)
-            self.workers[address] = Worker(channel, WorkerQueue(stub), WorkerQueue(stub))
+            others = WorkerQueue(stub, max_in_flight=OTHERS_IN_FLIGHT, max_batch=1)
+            self.workers[address] = Worker(channel, WorkerQueue(stub), others)
         self.down_until: dict[str, float] = {}
 
     @property

@@ -24,7 +24,6 @@ import grpc
 import pytest
 
 from codegym.grpcutil import ManagedServer
-from codegym.library import load_library
 from codegym_client import (
     AsyncRuntimeClient,
     CapacityExceeded,
@@ -39,6 +38,7 @@ from codegym_client import (
 )
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.dispatcher import SandboxDispatcher
+from services.runtime.catalog import Catalog
 from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, Session
 from tests import test_runtime as base
@@ -480,7 +480,7 @@ async def test_lenient_registration_and_the_last_line_of_defence(
     message and a reference, its traceback in the log."""
     caplog.set_level(logging.ERROR, logger="services.runtime.service")
     dispatcher = SandboxDispatcher([w.address for w in workers])
-    servicer = RuntimeServicer(load_library(library), ExplodingStore(), dispatcher, RuntimeConfig())
+    servicer = RuntimeServicer(Catalog(library), ExplodingStore(), dispatcher, RuntimeConfig())
     server = ManagedServer([SERVICE_NAME])
     add_to_server(servicer, server.server)
     await server.start()

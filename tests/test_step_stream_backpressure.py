@@ -25,11 +25,12 @@ from google.protobuf.message import DecodeError
 
 from codegym.errors import Undecodable
 from codegym.grpcutil import ManagedServer
-from codegym.library import Library, load_library
+from codegym.library import Library
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.async_client import StepStream as ClientStepStream
 from services.dispatcher import SandboxDispatcher
+from services.runtime.catalog import Catalog
 from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore
 from services.runtime.streaming import step_stream
@@ -68,7 +69,7 @@ class CountingServicer(RuntimeServicer):
 
     def __init__(self, library: Path, dispatcher: SandboxDispatcher) -> None:
         config = RuntimeConfig(max_batch=MAX_BATCH)
-        super().__init__(load_library(library), InMemorySessionStore(), dispatcher, config)
+        super().__init__(Catalog(library), InMemorySessionStore(), dispatcher, config)
         self.read = 0
         self.handed = 0
 

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import io
 import json
+import marshal
 import pickle
 import resource
 import sys
@@ -292,6 +293,9 @@ def run_request(
     try:
         if child is None:
             code = codes.get(req["sha"])
+            if code is None and req.get("code"):
+                # Compiled by the zygote after this process was forked (zygote.code_for_spare).
+                code = marshal.loads(base64.b64decode(req["code"]))
             if code is None:
                 code = compile(req["source"], "<env>", "exec")
             child = Child(req, code)

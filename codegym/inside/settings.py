@@ -22,8 +22,9 @@ class JailSettings:
     admit_idle_s: float = 60.0
     # This jail's share of the worker's resident budget (its memory limit is sized with it).
     resident_memory_mb: int = 0
-    # Compiled sources the zygote keeps (least recently used out first); the worker mirrors it.
-    code_cache_size: int = 128
+    # Bytes of compiled sources (marshalled size) the zygote keeps, least recently used out first;
+    # the worker mirrors which (the zygote tells it what it dropped).
+    code_cache_bytes: int = 32 * 1024 * 1024
     # Largest result a child may report.
     max_result_bytes: int = 32 * 1024 * 1024
 

@@ -17,7 +17,17 @@ from .frames import HEADER
 
 # What the zygote itself adds to a result (whether it reaped the child) and what the worker adds (a
 # jail that died): a child that wrote them into its own result would steer its own handling.
-ZYGOTE_KEYS = ("reaped", "jail_died", "id", "residents", "evictions", "cold", "held")
+ZYGOTE_KEYS = (
+    "reaped",
+    "jail_died",
+    "id",
+    "residents",
+    "evictions",
+    "cold",
+    "held",
+    "code_cache",
+    "forgotten",
+)
 
 
 def child_status(

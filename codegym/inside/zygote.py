@@ -7,11 +7,13 @@ each, every process of the jail that is not the zygote, the spare or a resident 
 and /tmp is wiped (`hygiene`), so nothing a request starts outlives it.
 """
 
+import base64
 import collections
 import contextlib
 import gc
 import hashlib
 import json
+import marshal
 import os
 import resource
 import signal
@@ -79,8 +81,16 @@ class Zygote:
     def __init__(self, settings: JailSettings, base_vm_bytes: int) -> None:
         self.settings = settings
         self.base_vm_bytes = base_vm_bytes
+        # Compiled sources, least recently used first, with what each costs (its marshalled size),
+        # bounded by `settings.code_cache_bytes`; what left since the last answer, and the cache's
+        # hits, misses and evictions since then, are told to the worker with the next answer.
         self.codes: collections.OrderedDict[str, types.CodeType] = collections.OrderedDict()
+        self.code_costs: dict[str, int] = {}
+        self.forgotten: list[str] = []
+        self.code_events: collections.Counter[str] = collections.Counter()
         self.spare: tuple[int, int, int] | None = None
+        # The compiled sources the spare inherited (those compiled after it was forked, it is sent).
+        self.spare_codes: frozenset[str] = frozenset()
         self.residents: collections.OrderedDict[str, Resident] = collections.OrderedDict()
         # Residency the worker's memory budget allows at the measured cost (each request says).
         self.cap = settings.resident_cap
@@ -112,6 +122,7 @@ class Zygote:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         uid = self.allocate_uid() if Jail.isolated else 0
+        self.spare_codes = frozenset(self.codes)
         pid = os.fork()
         if pid == 0:
             become(uid)
@@ -154,12 +165,35 @@ class Zygote:
         if sha in self.codes:
             self.codes.move_to_end(sha)
 
+    def keep_code(self, sha: str, code: types.CodeType) -> None:
+        """Cache a compiled source, and make room by bytes (least recently used out first)."""
+        self.codes[sha] = code
+        self.code_costs[sha] = len(marshal.dumps(code))
+        while sum(self.code_costs.values()) > self.settings.code_cache_bytes and len(self.codes) > 1:
+            old, _ = self.codes.popitem(last=False)
+            del self.code_costs[old]
+            self.forgotten.append(old)
+            self.code_events["eviction"] += 1
+
+    def code_for_spare(self, req: dict[str, Any]) -> dict[str, Any]:
+        """The request as the spare gets it: a source compiled after the spare was forked goes as
+        its code object (marshalled here, loaded there before any of its code runs), so a source
+        new to the jail costs one compile, not one here and one again in the child."""
+        sha = str(req.get("sha") or "")
+        if not sha or sha in self.spare_codes or sha not in self.codes:
+            return req
+        sent = {k: v for k, v in req.items() if k != "source"}
+        sent["code"] = base64.b64encode(marshal.dumps(self.codes[sha])).decode()
+        return sent
+
     def check_source(self, req: dict[str, Any]) -> dict[str, Any] | None:
         """Compile a source new to this jail into the cache (once), or say why it cannot be served."""
         sha = req.get("sha", "")
         source = req.get("source")
         if sha in self.codes:
+            self.code_events["hit"] += 1
             return None
+        self.code_events["miss"] += 1
         if source is None:
             return {"status": "source_needed", "message": "source not cached in the jail"}
         if hashlib.sha256(source.encode()).hexdigest() != sha:
@@ -182,9 +216,7 @@ class Zygote:
                 "message": f"source too complex to compile: {type(exc).__name__}",
                 "source_rejected": True,
             }
-        self.codes[sha] = code
-        if len(self.codes) > self.settings.code_cache_size:
-            self.codes.popitem(last=False)
+        self.keep_code(sha, code)
         return None
 
     def serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
@@ -198,6 +230,15 @@ class Zygote:
         if self.evictions:
             result["evictions"] = dict(self.evictions)
             self.evictions.clear()
+        result["code_cache"] = {
+            "entries": len(self.codes),
+            "bytes": sum(self.code_costs.values()),
+            **self.code_events,
+        }
+        self.code_events.clear()
+        if self.forgotten:
+            result["forgotten"] = self.forgotten
+            self.forgotten = []
         return result, pid
 
     def _serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
@@ -242,7 +283,7 @@ class Zygote:
         # spare_uid stays until the next prefork: the resident made from this child keeps it.
         started = time.monotonic()
         with contextlib.suppress(OSError):
-            frames.write_all(req_w, frames.encode(req))
+            frames.write_all(req_w, frames.encode(self.code_for_spare(req)))
         result = collect(pid, res_r, started, req["limits"], self.settings.max_result_bytes)
         if cold:
             result["cold"] = cold

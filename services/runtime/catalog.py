@@ -1,18 +1,26 @@
 """The environments a runtime serves, and how a request names one.
 
-A library loaded once at start: lookups by env id, by env class (CodeGym's env strings name only
-the class), the task a CreateSession names (ability string, env string or env id + config), and
-the read-only RPC answers (ListEnvs, GetEnv). Nothing here runs environment code.
+The library is read where it lies (its SQLite file), one environment at a time: CodeGym's published
+library is 20,000+ environments, and a runtime that held all of them would pay for every one in
+memory and in every garbage collection, while a trainer's batch uses a few hundred at once. The
+records in play are kept in a cache bounded in bytes (`--env-cache-mb`); a miss is one indexed read.
+Lookups by env id, by env class (CodeGym's env strings name only the class), the task a
+CreateSession names (ability string, env string or env id + config), the code a session was
+created with (a task may have been recorded with other code than its environment's), and the
+read-only RPC answers (ListEnvs, GetEnv) paged through the file. Nothing here runs environment code.
 """
 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
+from codegym.bounded_cache import BoundedCache
 from codegym.contract import EnvStringError, parse_ability, parse_config, parse_env_str
 from codegym.errors import Reason, Refusal
-from codegym.library import EnvRecord
+from codegym.library import EnvRecord, Library, canonical_config
 from codegym_client.api.common.v1 import common_pb2
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.runtime.requests import MAX_JSON_DEPTH, shown
@@ -31,28 +39,65 @@ def tool_specs(record: EnvRecord) -> list[common_pb2.ToolSpec]:
     ]
 
 
+def record_cost(record: EnvRecord) -> int:
+    """What a record holds in memory, about: its strings, and its parsed tool schemas (a few times
+    their JSON text)."""
+    schemas = sum(len(json.dumps(t.schema)) + len(t.text) + len(t.signature) for t in record.tools)
+    strings = (record.source, record.tools_text, record.task_text)
+    return sum(sys.getsizeof(text) for text in strings) + 4 * schemas + 1024
+
+
 class Catalog:
-    def __init__(self, envs: dict[str, EnvRecord]) -> None:
-        self.envs = envs
-        self.by_class: dict[str, list[str]] = {}
-        for env_id, record in envs.items():
-            self.by_class.setdefault(record.env_class, []).append(env_id)
-        self.sorted_ids = sorted(envs)
+    """The library as the runtime reads it: by key, through a byte-bounded cache of records."""
+
+    def __init__(self, library: str | Path, *, cache_bytes: int = 32 * 1024 * 1024) -> None:
+        if not Path(library).exists():
+            raise FileNotFoundError(
+                f"library {library} does not exist: build it with 'codegym library import'"
+            )
+        self.library = Library(library, read_only=True)
+        # Records by env id (an environment's own code) and by "sha256:…" (a task's recorded code).
+        self.records: BoundedCache[str, EnvRecord] = BoundedCache("runtime_envs", cache_bytes)
+        self.size = self.library.counts()[0]
 
     def __len__(self) -> int:
-        return len(self.envs)
+        return self.size
+
+    def close(self) -> None:
+        self.library.close()
 
     def env(self, env_id: str) -> EnvRecord:
-        record = self.envs.get(env_id)
+        record = self.records.get(env_id)
         if record is None:
-            raise Refusal(
-                Reason.ENV_NOT_FOUND,
-                f"environment {shown(env_id)} is not in the library ({len(self.envs)} environments; see ListEnvs)",
-            )
+            record = self.library.get(env_id, tasks=False)
+            if record is None:
+                raise Refusal(
+                    Reason.ENV_NOT_FOUND,
+                    f"environment {shown(env_id)} is not in the library ({self.size} environments; see ListEnvs)",
+                )
+            self.records.put(env_id, record, record_cost(record))
         return record
 
+    def code(self, env_id: str, sha256: str) -> EnvRecord:
+        """The environment as a session created with code `sha256` runs it: its own record, or the
+        variant its task was recorded with ("" = whatever the library holds for it now)."""
+        record = self.env(env_id)
+        if not sha256 or record.sha256 == sha256:
+            return record
+        key = "sha256:" + sha256
+        variant = self.records.get(key)
+        if variant is None:
+            variant = self.library.variant(sha256)
+            if variant is None or variant.env_id != env_id:
+                raise Refusal(
+                    Reason.ENV_NOT_FOUND,
+                    f"the code this session of {shown(env_id)} was created with is no longer in the library",
+                )
+            self.records.put(key, variant, record_cost(variant))
+        return variant
+
     def env_by_class(self, env_class: str) -> EnvRecord:
-        ids = self.by_class.get(env_class, [])
+        ids = self.library.ids_of_class(env_class)
         if len(ids) > 1:
             raise Refusal(
                 Reason.INVALID_REQUEST,
@@ -60,7 +105,19 @@ class Catalog:
             )
         if not ids:
             raise Refusal(Reason.ENV_NOT_FOUND, f"no environment class {shown(env_class)} in the library")
-        return self.envs[ids[0]]
+        return self.env(ids[0])
+
+    def task_code(self, record: EnvRecord, config: dict[str, Any]) -> EnvRecord:
+        """The code a create runs: the one the named task was recorded with, when the library holds
+        that task with code of its own (CodeGym's published task rows carry theirs)."""
+        try:
+            key = canonical_config(config)
+        except (TypeError, ValueError):
+            return record
+        task = self.library.task(record.env_id, key)
+        if task is None or not task.source_sha or task.source_sha == record.sha256:
+            return record
+        return self.code(record.env_id, task.source_sha)
 
     def resolve(self, request: rt.CreateSessionRequest) -> tuple[EnvRecord, dict[str, Any]]:
         """The environment and config the request names; INVALID_ARGUMENT for anything unreadable."""
@@ -98,20 +155,18 @@ class Catalog:
 
     def list_envs(self, request: rt.ListEnvsRequest) -> rt.ListEnvsResponse:
         size = min(request.page_size or 100, 1000)
-        ids = [i for i in self.sorted_ids if i.startswith(request.prefix) and i > request.page_token]
-        page = ids[:size]
+        rows = self.library.page(request.prefix, request.page_token, size + 1)
+        page = rows[:size]
         return rt.ListEnvsResponse(
-            envs=[
-                rt.EnvSummary(
-                    env_id=i, tool_names=self.envs[i].tool_names, task_count=len(self.envs[i].tasks)
-                )
-                for i in page
-            ],
-            next_page_token=page[-1] if len(ids) > size else "",
+            envs=[rt.EnvSummary(env_id=i, tool_names=tools, task_count=n) for i, tools, n in page],
+            next_page_token=page[-1][0] if len(rows) > size else "",
         )
 
     def get_env(self, env_id: str) -> rt.GetEnvResponse:
-        record = self.env(env_id)
+        record = self.library.get(env_id)
+        if record is None:
+            self.env(env_id)  # ENV_NOT_FOUND, as any other lookup says it
+            raise AssertionError("unreachable")
         return rt.GetEnvResponse(
             env_id=record.env_id,
             tools=tool_specs(record),
@@ -120,7 +175,7 @@ class Catalog:
             tasks=[
                 common_pb2.TaskConfig(
                     env_id=t.env_id,
-                    config_json=t.config_json,
+                    config_json=t.published_config,
                     difficulty=DIFFICULTY.get(t.difficulty, common_pb2.DIFFICULTY_UNSPECIFIED),
                     solve_fc_round=t.solve_fc_round,
                 )

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 FIELDS = (
     "env_id", "config_json", "state", "max_steps", "step_timeout_ms", "seed", "step_index", "reward", "done",
-    "truncated", "last_reply", "last_action",
+    "truncated", "last_reply", "last_action", "sha256",
 )  # fmt: skip
 # Replace the hash only if its step_index is still ARGV[1] and, when a lease token is given
 # (ARGV[5]), the step lease KEYS[3] still holds it; then renew the expiry and the index.
@@ -104,6 +104,7 @@ def _mapping(session: Session) -> dict[Any, Any]:
         "truncated": int(session.truncated),
         "last_reply": session.last_reply,
         "last_action": session.last_action,
+        "sha256": session.sha256,
     }
 
 
@@ -160,6 +161,7 @@ class RedisSessionStore:
             truncated=f["truncated"] == b"1",
             last_reply=bytes(f.get("last_reply", b"")),
             last_action=bytes(f.get("last_action", b"")).decode(),
+            sha256=bytes(f.get("sha256", b"")).decode(),
         )
         session.touch()  # Redis holds only live sessions (its expiry is the idle TTL)
         return session

@@ -1,4 +1,4 @@
-"""A runtime process: the library in memory, a session store, a channel to the sandbox workers."""
+"""A runtime process: the library read on demand, a session store, a channel to the sandbox workers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from codegym.grpcutil import ManagedServer
-from codegym.library import EnvRecord, load_library
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.dispatcher import SandboxDispatcher
+from services.runtime.catalog import Catalog
 from services.runtime.service import RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, SessionStore
 
@@ -24,17 +24,20 @@ class RuntimeServer:
 
     def __init__(
         self,
-        library: str | Path | dict[str, EnvRecord],
+        library: str | Path,
         sandbox: str | Sequence[str],
         *,
         host: str = "127.0.0.1",
         port: int = 0,
         config: RuntimeConfig | None = None,
         store: SessionStore | None = None,
+        env_cache_mb: int = 32,
     ) -> None:
-        envs = load_library(library) if isinstance(library, (str, Path)) else library
+        self.catalog = Catalog(library, cache_bytes=env_cache_mb * 1024 * 1024)
         self.dispatcher = SandboxDispatcher(sandbox)
-        self.servicer = RuntimeServicer(envs, store or InMemorySessionStore(), self.dispatcher, config)
+        self.servicer = RuntimeServicer(
+            self.catalog, store or InMemorySessionStore(), self.dispatcher, config
+        )
         self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
         add_to_server(self.servicer, self.managed.server)
         self._reaper: asyncio.Task[None] | None = None
@@ -46,10 +49,10 @@ class RuntimeServer:
     async def start(self) -> None:
         await self.managed.start()
         self._reaper = asyncio.get_running_loop().create_task(self.servicer.reaper())
-        log.info("runtime on %s serving %d environments", self.address, len(self.servicer.envs))
+        log.info("runtime on %s serving %d environments", self.address, len(self.catalog))
 
     def banner(self) -> str:
-        return f"runtime listening on {self.address} ({len(self.servicer.envs)} environments)"
+        return f"runtime listening on {self.address} ({len(self.catalog)} environments)"
 
     async def stop(self, grace_s: float = 5.0) -> None:
         await self.managed.drain(grace_s)
@@ -61,3 +64,4 @@ class RuntimeServer:
         close = getattr(self.servicer.store, "close", None)
         if close is not None:
             await close()
+        self.catalog.close()

@@ -93,13 +93,12 @@ def add_to_server(servicer: RuntimeServicer, server: grpc.aio.Server) -> None:
 class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     def __init__(
         self,
-        envs: dict[str, EnvRecord],
+        catalog: Catalog,
         store: SessionStore,
         dispatcher: SandboxDispatcher,
         config: RuntimeConfig | None = None,
     ) -> None:
-        self.envs = envs
-        self.catalog = Catalog(envs)
+        self.catalog = catalog
         self.store = store
         self.dispatcher = dispatcher
         self.config = config or RuntimeConfig()
@@ -141,7 +140,14 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def _execute(self, op: sb.Operation, record: EnvRecord, key: str = "") -> sb.OperationResult:
         """Run an operation on a worker. A worker that cannot be reached or does not answer in time
         is an infrastructure fault (UNAVAILABLE: nothing was committed, the caller may resend), never
-        the environment's answer."""
+        the environment's answer.
+
+        A create carries its source: it is most often the first time a worker sees that environment
+        (a trainer's batch draws across tens of thousands), and asking first would cost a second
+        trip through the queue. Steps and resets send the sha256 alone; the session's worker got
+        the code with the create."""
+        if op.WhichOneof("kind") == "create":
+            op.source.code = record.source
         try:
             return await self.dispatcher.execute(op, record.source, key)
         except QueueFull as exc:
@@ -164,8 +170,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     # ---- sessions -----------------------------------------------------------------------------
 
     async def _create(self, request: rt.CreateSessionRequest) -> rt.CreateSessionResponse:
-        record, config = self.catalog.resolve(request)
+        named, config = self.catalog.resolve(request)
         config_json = self._config_json(config)
+        record = self.catalog.task_code(named, config)
         options = request.options
         max_steps = options.max_steps or self.config.default_max_steps
         if max_steps > self.config.max_max_steps:
@@ -202,6 +209,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             session_id=session_id,
             env_id=record.env_id,
             config_json=config_json,
+            sha256=record.sha256,
             state=result.state,
             max_steps=max_steps,
             step_timeout_ms=timeout_ms,
@@ -263,7 +271,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     Reason.SESSION_DONE,
                     f"session {shown(session_id)} is {ended} after {session.step_index} steps; Reset it or open a new one",
                 )
-            record = self.catalog.env(session.env_id)
+            record = self.catalog.code(session.env_id, session.sha256)
             action, error = self._action(request, record)
             if request.HasField("step_index") and request.step_index != session.step_index:
                 return recorded_reply(session, request.step_index, action)
@@ -332,7 +340,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         await self._session(request.session_id)
         async with self._lock(request.session_id):
             session = await self._session(request.session_id)
-            record = self.catalog.env(session.env_id)
+            record = self.catalog.code(session.env_id, session.sha256)
             op = sb.Operation(
                 source=sb.SourceRef(sha256=record.sha256),
                 limits=sb.Limits(wall_ms=self.config.create_timeout_ms),

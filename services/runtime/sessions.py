@@ -52,6 +52,10 @@ class Session:
     # sha256 of the canonical action that step applied: a resend must carry the same action, or
     # it is a different step sent with a stale index (STEP_CONFLICT), never silently dropped.
     last_action: str = ""
+    # sha256 of the code the session was created with: its steps run that code, even when the
+    # library's environment changed since or the task was recorded with code of its own ("" from
+    # a store written before this field: the environment's code as the library holds it).
+    sha256: str = ""
 
     def touch(self, now: float | None = None) -> None:
         self.last_used = time.monotonic() if now is None else now
