@@ -40,7 +40,7 @@ def copy_envs(path: Path, copies: int) -> list[str]:
     added = []
     with db:
         for n in range(copies):
-            env_id, code_id, env_class, source, tools_json, tools_text, task_text = rows[n % len(rows)]
+            _, code_id, env_class, source, tools_json, tools_text, task_text = rows[n % len(rows)]
             source = f"{source}\n# copy {n}\n"
             new_id = f"{code_id}v{n:05d}__{env_class}"
             db.execute(
