@@ -119,6 +119,14 @@ bench:
 bench-rollouts:
 	$(PY) bench/rollout_bench.py $(ROLLOUT_ARGS)
 
+# CodeGym at its published size: a 13,200-env library in the Hugging Face dataset's Parquet layout,
+# generated from the samples, imported (time, peak RSS), served by a base commit and the working
+# tree (start, PSS, steady rollouts and a GRPO burst across the whole library, targets PASS/FAIL):
+# e.g. `make bench-library LIBRARY_ARGS=--quick`; every option in `$(PY) bench/library_scale.py --help`.
+.PHONY: bench-library
+bench-library:
+	$(PY) bench/library_scale.py $(LIBRARY_ARGS)
+
 # Episodes through the trainer paths while runtimes, workers, the gateway and Redis fail on a
 # schedule (20 minutes by default; `SOAK_ARGS="--minutes 3"` for a short one).
 .PHONY: soak

@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -334,7 +334,8 @@ class WsEpisode:
 
 @dataclass
 class Tally:
-    """What the rollouts did: `counts` over the whole run, `in_window` and `latencies` in the window.
+    """What the rollouts did: `counts` over the whole run, `in_window`, `latencies` (steps) and
+    `create_latencies` (creates that succeeded) in the window.
 
     Keys: steps, episodes, refusals, mismatches, error:<reason>. `stepped` holds the rollouts that
     have done a first step (the warm-up waits for all of them).
@@ -343,6 +344,7 @@ class Tally:
     window_start: float = math.inf
     window_end: float = math.inf
     latencies: list[float] = field(default_factory=list)
+    create_latencies: list[float] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     in_window: Counter[str] = field(default_factory=Counter)
     stepped: set[int] = field(default_factory=set)
@@ -360,6 +362,11 @@ class Tally:
             self.in_window["steps"] += 1
             self.latencies.append(now - started)
 
+    def create_answered(self, started: float) -> None:
+        now = time.monotonic()
+        if self.window_start <= now < self.window_end:
+            self.create_latencies.append(now - started)
+
     def errors(self) -> int:
         return sum(n for key, n in self.counts.items() if key.startswith("error:"))
 
@@ -370,7 +377,7 @@ class Load:
     def __init__(
         self,
         new_episode: Callable[[], Episode],
-        lines: list[Line],
+        lines: Sequence[Line],
         think_s: float,
         rng: random.Random,
         max_episodes: int,
@@ -406,11 +413,13 @@ class Load:
     async def create(self, episode: Episode, line: Line) -> bool:
         """Open an episode (counted as begun, toward the episode cap, even when it fails)."""
         self.tally.note("episodes")
+        started = time.monotonic()
         try:
             await self.call(episode.create, line)
         except Exception as exc:
             self.failed(exc)
             return False
+        self.tally.create_answered(started)
         return True
 
     async def play(
@@ -463,6 +472,16 @@ def memory_read(pid: int) -> tuple[int, float]:
     return pss, time.thread_time() - started
 
 
+RoleReader = Callable[[int], dict[str, float]]  # `codegym up`'s pid -> figures by role (e.g. PSS MiB)
+
+
+def roles_read(read: RoleReader, pid: int) -> tuple[dict[str, float], float]:
+    """`read(pid)`, and the CPU the read itself cost (taken off the generator's CPU)."""
+    started = time.thread_time()
+    figures = read(pid)
+    return figures, time.thread_time() - started
+
+
 def ms(seconds: list[float], q: float) -> float | None:
     return pct(seconds, q) * 1000 if seconds else None
 
@@ -487,6 +506,7 @@ class Plan:
     seed: int
     transport: str = "grpc"  # or "openenv"
     read_memory: bool = False
+    read_roles: RoleReader | None = None  # also read idle and halfway through the window
     min_warmup_s: float = 2.0  # for T = 0: the first steps of a fresh stack are cold
 
 
@@ -501,7 +521,7 @@ async def warm_up(tally: Tally, plan: Plan, started: float) -> float:
     return time.monotonic() - started
 
 
-async def measure(stack: Stack, lines: list[Line], plan: Plan) -> Figures:
+async def measure(stack: Stack, lines: Sequence[Line], plan: Plan) -> Figures:
     """Run `plan` against a stack and read its figures; the rollouts are stopped however it ends."""
     rng = random.Random(plan.seed)
     async with AsyncRuntimeClient(stack.address, timeout_s=CLIENT_TIMEOUT_S) as client:
@@ -511,12 +531,13 @@ async def measure(stack: Stack, lines: list[Line], plan: Plan) -> Figures:
         else:
             load = Load(lambda: GrpcEpisode(client), lines, plan.think_s, rng, plan.max_episodes)
         idle_pss = (await asyncio.to_thread(memory_read, stack.pid))[0] if plan.read_memory else None
+        idle_roles = (await asyncio.to_thread(plan.read_roles, stack.pid)) if plan.read_roles else None
         started = time.monotonic()
         tasks = [asyncio.create_task(load.rollout(i, rng.uniform(0, plan.think_s))) for i in range(plan.n)]
         try:
             warmup = await warm_up(load.tally, plan, started)
             window_s = max(1.0, min(plan.window_s, plan.max_seconds - warmup))
-            figures = await observe(stack, load.tally, window_s, plan.read_memory)
+            figures = await observe(stack, load.tally, window_s, plan.read_memory, plan.read_roles)
         finally:
             await stop_rollouts(tasks)
     tally = load.tally
@@ -530,9 +551,14 @@ async def measure(stack: Stack, lines: list[Line], plan: Plan) -> Figures:
         errors=tally.errors(),
         mismatches=tally.counts["mismatches"],
         episodes=tally.counts["episodes"],
+        creates_in_window=len(tally.create_latencies),
+        create_p50_ms=ms(tally.create_latencies, 0.5),
+        create_p99_ms=ms(tally.create_latencies, 0.99),
         counts=dict(tally.counts),
         counts_in_window=dict(tally.in_window),
     )
+    if idle_roles is not None:
+        figures["idle_by_role"] = idle_roles
     if figures["offered"]:
         figures["served_pct"] = 100 * figures["served"] / figures["offered"]
     if idle_pss is not None and figures.get("pss_mib") is not None:
@@ -542,15 +568,22 @@ async def measure(stack: Stack, lines: list[Line], plan: Plan) -> Figures:
     return figures
 
 
-async def observe(stack: Stack, tally: Tally, window_s: float, read_memory: bool) -> Figures:
-    """The window: steps answered in it, the stack's CPU over it, its PSS read halfway through."""
+async def observe(
+    stack: Stack, tally: Tally, window_s: float, read_memory: bool, read_roles: RoleReader | None = None
+) -> Figures:
+    """The window: steps answered in it, the stack's CPU over it, its PSS (and `read_roles`) read
+    halfway through."""
     cpu_before, gen_before = cpu_by_role(stack.pid), rusage_cpu_s()
     tally.window_start = time.monotonic()
     tally.window_end = tally.window_start + window_s
-    pss_kb, read_cpu = None, 0.0
-    if read_memory:
+    pss_kb, read_cpu, by_role = None, 0.0, None
+    if read_memory or read_roles:
         await asyncio.sleep(window_s / 2)
+    if read_memory:
         pss_kb, read_cpu = await asyncio.to_thread(memory_read, stack.pid)
+    if read_roles:
+        by_role, roles_cpu = await asyncio.to_thread(roles_read, read_roles, stack.pid)
+        read_cpu += roles_cpu
     await asyncio.sleep(max(0.0, tally.window_end - time.monotonic()))
     cpu_after, gen_after = cpu_by_role(stack.pid), rusage_cpu_s()
     steps = tally.in_window["steps"]
@@ -567,25 +600,43 @@ async def observe(stack: Stack, tally: Tally, window_s: float, read_memory: bool
         "stack_cpu_pct": 100 * stack_cpu / window_s,
         "gen_cpu_pct": 100 * (gen_after - gen_before - read_cpu) / window_s,
         "pss_mib": pss_kb / 1024 if pss_kb is not None else None,
+        **({"by_role": by_role} if by_role is not None else {}),
     }
 
 
-async def burst(stack: Stack, lines: list[Line], args: argparse.Namespace) -> Figures:
-    """N creates at once, then every episode plays `burst_steps` steps thinking T before each."""
-    rng = random.Random(args.seed)
+BurstPlan = tuple[Line, list[Any], list[float]]  # an episode: its line, the steps it plays, thinks
+
+
+def burst_plans(
+    lines: Sequence[Line], args: argparse.Namespace, rng: random.Random, load: Load
+) -> tuple[list[BurstPlan], str]:
+    """`burst_n` episodes, each a line drawn among those with `burst_steps` steps; and a note."""
     long_enough = [line for line in lines if len(line["steps"]) >= args.burst_steps]
     note = f"trajectories with >= {args.burst_steps} steps only ({len(long_enough)} of {len(lines)})"
     if not long_enough:
         long_enough = sorted(lines, key=lambda line: len(line["steps"]))[-10:]
         note = f"no trajectory has {args.burst_steps} steps: the 10 longest, played to their end"
+    plans = []
+    for _ in range(args.burst_n):
+        line = rng.choice(long_enough)
+        steps = line["steps"][: args.burst_steps]
+        plans.append((line, steps, load.thinks(len(steps))))
+    return plans, note
+
+
+PlansOf = Callable[[Sequence[Line], argparse.Namespace, random.Random, Load], tuple[list[BurstPlan], str]]
+
+
+async def burst(
+    stack: Stack, lines: Sequence[Line], args: argparse.Namespace, plans_of: PlansOf = burst_plans
+) -> Figures:
+    """N creates at once (the episodes `plans_of` draws), then every episode plays its steps
+    (`burst_steps`) thinking T before each."""
+    rng = random.Random(args.seed)
     async with AsyncRuntimeClient(stack.address, timeout_s=CLIENT_TIMEOUT_S) as client:
         await client.wait_ready(60)
         load = Load(lambda: GrpcEpisode(client), lines, args.burst_think, rng, args.burst_n)
-        plans = []
-        for _ in range(args.burst_n):
-            line = rng.choice(long_enough)
-            steps = line["steps"][: args.burst_steps]
-            plans.append((line, steps, load.thinks(len(steps))))
+        plans, note = plans_of(lines, args, rng, load)
         ideal = max(sum(thinks) for _, _, thinks in plans)
         episodes = [GrpcEpisode(client) for _ in plans]
         cpu_before = sum(cpu_by_role(stack.pid).values())
@@ -599,7 +650,7 @@ async def burst(stack: Stack, lines: list[Line], args: argparse.Namespace) -> Fi
             create_lat.append(time.monotonic() - t)
             return ok
 
-        async def play(who: int, episode: GrpcEpisode, item: tuple[Line, list[Any], list[float]]) -> None:
+        async def play(who: int, episode: GrpcEpisode, item: BurstPlan) -> None:
             await load.play(episode, item[0], item[1], item[2], who)
             finished.append(time.monotonic())
 
@@ -620,7 +671,7 @@ async def burst(stack: Stack, lines: list[Line], args: argparse.Namespace) -> Fi
     tally = load.tally
     steps = tally.counts["steps"]
     return {
-        "n": args.burst_n,
+        "n": len(plans),
         "steps_each": args.burst_steps,
         "think_s": args.burst_think,
         "note": note,
@@ -849,9 +900,12 @@ def ratio_cell(base: Figures, new: Figures, col: Col) -> str:
     return f"{n / b:.2f}x"
 
 
-def print_table(shape: str, rows: list[Figures], specs: list[StackSpec]) -> None:
-    """A shape's table on stdout: per point, a row per stack, then new/base; failures below it."""
-    title, cols = COLUMNS[shape]
+def print_table(
+    shape: str, rows: list[Figures], specs: list[StackSpec], columns: tuple[str, list[Col]] | None = None
+) -> None:
+    """A shape's table on stdout: per point, a row per stack, then new/base; failures below it.
+    `columns` (title, columns) instead of the shape's own (`COLUMNS`)."""
+    title, cols = columns or COLUMNS[shape]
     header = ["point", "stack", *(c.header for c in cols)]
     body: list[list[str]] = []
     points = list(dict.fromkeys(row["point"] for row in rows))
