@@ -19,11 +19,14 @@ import grpc
 import pytest
 
 from codegym.library import Library
+from codegym.sandbox.v1 import sandbox_service_pb2 as sb
+from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sbg
 from codegym_client import RuntimeClient
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.runtime.catalog import Catalog
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.servers import ServerProcess, start_runtime, start_workers
+from tests.test_metrics import metrics_address, scrape
 
 GCD = "Sample_0006_I__ArrayGcdEnv"
 OBSERVE = '{"name": "Observe", "parameters": {}}'
@@ -227,3 +230,62 @@ def test_environments_drawn_across_the_library_each_serve_their_own_code(
     with pytest.raises(grpc.RpcError) as missing:
         client.create_session(env_id="Sample_0006_Iv99999__ArrayGcdEnv", config={"nums": [4, 6]})
     assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def sandbox_create(stub: sbg.SandboxServiceStub, source: str, *, with_code: bool) -> sb.OperationResult:
+    """A create of `source`'s env, by sha256 alone unless `with_code`; its first Observe after."""
+    sha = hashlib.sha256(source.encode()).hexdigest()
+    op = sb.Operation(
+        source=sb.SourceRef(sha256=sha, code=source if with_code else ""),
+        limits=sb.Limits(wall_ms=10_000),
+        seed=7,
+        create=sb.CreateOp(config_json='{"nums": [4, 6, 9]}'),
+    )
+    result: sb.OperationResult = stub.Execute(sb.ExecuteRequest(operation=op), timeout=60).result
+    return result
+
+
+@pytest.mark.jail
+def test_a_jail_whose_code_cache_is_full_forgets_by_bytes_and_still_serves_every_source() -> None:
+    """A jail keeping almost no compiled code (`--code-cache-mb 0`: only the newest) answers exactly
+    as a jail keeping everything, and says what it dropped, so the worker sends the text again."""
+    sources = [(ENV_DIR / f"{GCD}.py").read_text() + f"\n# copy {n}\n" for n in range(4)] + [
+        (ENV_DIR / "Sample_0001_I__MaxSubarraySumEnv.py").read_text()
+    ]
+    order = [0, 1, 2, 0, 3, 4, 1, 0]
+    answers = {}
+    evictions = {}
+    for name, cache_mb in (("tiny", "0"), ("default", "32")):
+        worker = ServerProcess(
+            [
+                "serve",
+                "sandbox",
+                "--port",
+                "0",
+                "--jails",
+                "1",
+                "--code-cache-mb",
+                cache_mb,
+                "--metrics-port",
+                "0",
+            ]
+        )
+        try:
+            with grpc.insecure_channel(worker.address) as channel:
+                stub = sbg.SandboxServiceStub(channel)
+                for source in sources:  # the worker caches each text (and its jail compiles it)
+                    assert sandbox_create(stub, source, with_code=True).status == sb.STATUS_OK
+                got = []
+                for i in order:  # by sha256 alone: the worker decides whether the jail needs the text
+                    result = sandbox_create(stub, sources[i], with_code=False)
+                    assert result.status == sb.STATUS_OK, result.message
+                    got.append((result.observation, result.env_class))
+                answers[name] = got
+            figures = scrape(metrics_address(worker))
+            evictions[name] = figures.get(
+                'codegym_cache_events_total{cache="jail_code",event="eviction"}', 0.0
+            )
+        finally:
+            assert worker.stop() == 0
+    assert answers["tiny"] == answers["default"]
+    assert evictions["tiny"] >= len(order) and evictions["default"] == 0
