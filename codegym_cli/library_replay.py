@@ -12,7 +12,8 @@ Reading the recordings. Their encoding is known only from what consumes them, so
 liberal where that cannot turn into a false "different", and anything else is *unreadable*
 (reported apart, never as a difference):
 
-- Each field is a Python literal (`ast.literal_eval`), else JSON text; it must hold a list.
+- Each field is a Python literal (`ast.literal_eval`), else JSON text, holding a list (or the
+  text of one, once: a field quoted twice on its way).
 - An action is the JSON text of an action, an action object, or a list of exactly one of either;
   an action object is read by the one action rule the runtime and the clients apply
   (`codegym_client.actions`: `parameters` or `arguments`), and the environment is sent its
@@ -95,8 +96,9 @@ class Trajectory:
     first: str | None = None  # the reset's observation, when the recording holds it
 
 
-def _literal(text: str, what: str) -> list[Any]:
-    """A recorded field as a list: a Python literal, else JSON text."""
+def _literal(text: str, what: str, quoted: bool = False) -> list[Any]:
+    """A recorded field as a list: a Python literal, else JSON text (once more when that is itself
+    a string, as a field quoted twice on its way)."""
     value: Any = None
     try:
         value = ast.literal_eval(text)
@@ -105,6 +107,8 @@ def _literal(text: str, what: str) -> list[Any]:
             value = json.loads(text)
         except (ValueError, RecursionError):
             raise Unreadable(f"{what} is neither a Python literal nor JSON: {cut(text, 60)!r}") from None
+    if isinstance(value, str) and not quoted:
+        return _literal(value, what, quoted=True)
     if not isinstance(value, list | tuple):
         raise Unreadable(f"{what} holds {type(value).__name__}, not a list")
     return list(value)
@@ -367,7 +371,7 @@ class Tally:
     def add(self, line: dict[str, Any], resumed: bool) -> None:
         self.envs[line["env_id"]][self.column(line)] += 1
         self.resumed += resumed
-        if line["outcome"] in ("different", "failed") and len(self.problems) < self.examples:
+        if line["outcome"] != "identical" and len(self.problems) < self.examples:
             self.problems.append(line)
 
     def total(self) -> Counter[str]:
@@ -478,7 +482,7 @@ async def replay_library(
 
 
 def report(tally: Tally, console: TextIO) -> None:
-    """The per-environment table, the totals, and the first problems."""
+    """The per-environment table, the totals, and the first tasks that were not identical."""
     width = max([len(env_id) for env_id in tally.envs] + [len("environment")])
     header = f"{'environment':<{width}}  {'tasks':>6}" + "".join(f"  {c:>10}" for c in COLUMNS)
     print(header, file=console)
@@ -492,7 +496,7 @@ def report(tally: Tally, console: TextIO) -> None:
     print(row("total", totals), file=console)
     for line in tally.problems:
         print(problem_text(line), file=console)
-    more = totals["different"] + totals["failed"] + totals["infra"] - len(tally.problems)
+    more = sum(totals.values()) - totals["identical"] - len(tally.problems)
     if more > 0:
         print(f"... and {more} more (--out has every task)", file=console)
 
@@ -501,6 +505,8 @@ def problem_text(line: dict[str, Any]) -> str:
     where = f"task {line['task_id']} {line['env_id']} step {line.get('step', 0)}"
     if line["outcome"] == "different":
         return f"different  {where}: expected {line['expected']!r}, got {line['got']!r}"
+    if line["outcome"] == "unreadable":
+        return f"unreadable task {line['task_id']} {line['env_id']}: {line['message']}"
     fault = line.get("fault", "")
     status = f" {line['status']}" if line.get("status") else ""
     return f"failed     {where} ({fault}{status}): {line.get('message', '')}"
@@ -549,10 +555,21 @@ def run(args: argparse.Namespace) -> int:
     with library:
         task_ids = select(Recordings(library).task_ids(args.prefix), args.sample, args.seed)
         if not task_ids:
-            print(f"codegym library replay: no task with a trajectory in {args.library}", file=sys.stderr)
+            print(
+                f"codegym library replay: no task with a trajectory in {args.library}"
+                + (f" whose env id starts with {args.prefix!r}" if args.prefix else ""),
+                file=sys.stderr,
+            )
             return 0
         settings = Settings(args.concurrency, Limits(args.step_timeout_ms, 2 * args.step_timeout_ms))
-        tally = asyncio.run(_replay(args, addresses, library, task_ids, state_path, settings))
+        try:
+            tally = asyncio.run(_replay(args, addresses, library, task_ids, state_path, settings))
+        except KeyboardInterrupt:
+            print(
+                f"codegym library replay: stopped; finished tasks are in {state_path}, run again to resume",
+                file=sys.stderr,
+            )
+            return 130
     if tally is None:
         return 2
     report(tally, sys.stdout)
@@ -623,30 +640,36 @@ def add_parser(library_subparsers: argparse._SubParsersAction) -> argparse.Argum
         "and compare every observation",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
+    replay.add_argument("--library", metavar="DB", default=str(default_library_path()), help="library file")
     replay.add_argument(
-        "--library", default=str(default_library_path()), help="library file (default: %(default)s)"
+        "--sandbox", metavar="HOST:PORT[,HOST:PORT...]", required=True, help="sandbox workers to replay on"
     )
-    replay.add_argument("--sandbox", required=True, help="HOST:PORT[,HOST:PORT...] of sandbox workers")
-    replay.add_argument("--sample", type=positive, help="replay a random sample of N tasks (default: all)")
     replay.add_argument(
-        "--seed", type=int, default=0, help="seed of --sample: the same seed draws the same tasks"
+        "--sample", metavar="N", type=positive, help="replay N tasks drawn at random, not all"
     )
-    replay.add_argument("--prefix", default="", help="only env ids starting with this")
+    replay.add_argument(
+        "--seed", metavar="S", type=int, default=0, help="the same seed draws the same sample"
+    )
+    replay.add_argument("--prefix", metavar="P", default="", help="only env ids starting with this")
     replay.add_argument(
         "--state",
-        help="file of finished tasks, read to resume and appended to (default: OUT.state with --out, "
-        "else LIBRARY.replay-state.jsonl); delete it to replay everything again",
+        metavar="FILE",
+        help="verdicts of finished tasks, read to resume and appended to; when not given, OUT.state "
+        "beside --out, else LIBRARY.replay-state.jsonl (delete it to replay everything again)",
     )
-    replay.add_argument("--out", help="JSONL file: one line per task (outcome, step, expected, got)")
-    replay.add_argument("--concurrency", type=positive, default=4, help="tasks in flight")
+    replay.add_argument(
+        "--out", metavar="FILE.jsonl", help="one JSON line per task (outcome, step, expected, got)"
+    )
+    replay.add_argument("--concurrency", metavar="C", type=positive, default=4, help="tasks in flight")
     replay.add_argument(
         "--step-timeout-ms",
+        metavar="MS",
         type=positive,
         default=STEP_TIMEOUT_MS,
-        help="wall-clock limit of one step (a create gets twice this), as the runtime's default",
+        help="wall-clock limit of one step, the runtime's default (a create gets twice this)",
     )
     replay.add_argument(
-        "--connect-timeout", type=float, default=10.0, help="seconds to wait for the workers to answer"
+        "--connect-timeout", metavar="S", type=float, default=10.0, help="seconds to wait for the workers"
     )
     replay.set_defaults(func=run)
     return replay

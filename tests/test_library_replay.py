@@ -159,6 +159,8 @@ def test_the_encodings_read_alike_and_an_extra_first_observation_is_the_reset() 
     ).actions == ['{"name": "Add", "parameters": {"a": 1}}']
     assert parse_trajectory(repr(['{"name": "Observe"}']), repr([(True, "9")])).observations == ["9"]
     assert parse_trajectory(repr(['{"name": "Observe"}']), repr([9])).observations == ["9"]
+    quoted_twice = json.dumps(std_traj(actions)), json.dumps(obs_traj(observations))
+    assert parse_trajectory(*quoted_twice) == read[0]
 
 
 @pytest.mark.parametrize(
@@ -429,6 +431,9 @@ def test_a_second_run_resumes_where_a_stopped_one_left_off(
     assert code == 1
     assert [line["task_id"] for line in out if not line["resumed"]] == [changed]
     assert by_task(out)[changed]["outcome"] == "different"
+    assert StateFile(state_path).finished(changed, by_task(out)[changed]["key"]) == {
+        k: v for k, v in by_task(out)[changed].items() if k != "resumed"
+    }
     assert f"{len(ids) - 1} identical, 1 different" in stdout
 
 
