@@ -105,7 +105,8 @@ from bench.rollout_bench import (  # noqa: E402
     up,
 )
 from codegym import proctree  # noqa: E402
-from codegym.library import EnvRecord, Library  # noqa: E402
+from codegym.contract import analyze_source, split_env_id, tools_text  # noqa: E402
+from codegym.library import EnvRecord  # noqa: E402
 from codegym_cli.export import instance  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
@@ -137,21 +138,29 @@ class Sample:
     lines: list[Line]
 
 
-def load_samples(trajectories: Path, workdir: Path) -> list[Sample]:
-    """The sample environments as `codegym up` imports them, with their recordings."""
-    with Library(workdir / "samples-records.db") as library:
-        library.import_paths([SAMPLE_ENVS, SAMPLE_TASKS])
-        records = library.load_all()
+def sample_record(path: Path) -> tuple[EnvRecord, str]:
+    """A sample env file read as the importer reads it (statically: the tool list as the prompt
+    shows it, the task statement from its `.task.md`), and its source byte for byte."""
+    source = path.read_bytes().decode("utf-8")
+    code_id, env_class = split_env_id(path.stem)
+    spec = analyze_source(source)
+    task_file = path.with_suffix(".task.md")
+    task_text = task_file.read_text(encoding="utf-8").strip() if task_file.exists() else ""
+    record = EnvRecord(path.stem, code_id, env_class, source, spec.sha256, [], tools_text(spec), task_text)
+    return record, source
+
+
+def load_samples(trajectories: Path) -> list[Sample]:
+    """The sample environments with their recordings (those with a recording only)."""
     by_env: dict[str, list[Line]] = {}
     for line in read_trajectories(trajectories):
         if line.get("steps"):
             by_env.setdefault(line["env_id"], []).append(line)
     samples = []
-    for env_id, record in sorted(records.items()):
-        if env_id not in by_env:
-            continue
-        source = (SAMPLE_ENVS / f"{env_id}.py").read_bytes().decode("utf-8")
-        samples.append(Sample(record, source, by_env[env_id]))
+    for path in sorted(SAMPLE_ENVS.glob("*__*.py")):
+        if path.stem in by_env:
+            record, source = sample_record(path)
+            samples.append(Sample(record, source, by_env[path.stem]))
     if not samples:
         raise SystemExit(f"no sample environment has a recorded trajectory in {trajectories}")
     return samples
@@ -902,7 +911,7 @@ def main() -> None:
         workdir.chmod(0o755)
         cleanup.callback(shutil.rmtree, workdir, True)
         specs = stack_specs(args, cleanup, workdir)
-        samples = load_samples(args.trajectories, workdir)
+        samples = load_samples(args.trajectories)
         variants = Variants(samples, args.envs, args.tasks_per_env, args.seed)
         dataset = args.data or workdir / "dataset"
         generated = generate(variants, dataset)
