@@ -55,8 +55,8 @@ Progress goes to stderr, tables to stdout, every figure to --json FILE. "load 1m
         [--data DIR] [--json FILE]
 
 --quick: 2,000 envs, N/4 rollouts thinking T/4, a quarter of the burst's configurations at T/4,
-10 s windows (a few minutes). --data DIR keeps the generated dataset there (and reuses it when it
-was written for the same --envs and --seed).
+10 s windows (a few minutes). --data DIR keeps the generated dataset in DIR/dataset (and reuses it
+when it was written for the same --envs and --seed).
 """
 
 from __future__ import annotations
@@ -321,16 +321,18 @@ def write_shards(rows: Iterator[dict[str, Any]], folder: Path, schema: Any, tota
     return written
 
 
-def generate(variants: Variants, out: Path) -> Figures:
-    """The dataset in the published layout under `out`, unless it is there already (same N, seed)."""
-    marker = out / "library_scale.json"
+def generate(variants: Variants, folder: Path) -> tuple[Path, Figures]:
+    """The dataset in the published layout, `folder`/dataset, unless it is there already (same N,
+    seed); what it holds is in `folder`/library_scale.json, outside the folder that is imported."""
+    out = folder / "dataset"
+    marker = folder / "library_scale.json"
     wanted = {"envs": variants.n, "seed": variants.seed, "tasks_per_env": variants.tasks_per_env}
     if marker.exists() and json.loads(marker.read_text()).get("wanted") == wanted:
         figures: Figures = json.loads(marker.read_text())["figures"]
         progress(f"dataset {out}: reused ({variants.n:,} envs, {figures['tasks']:,} task rows)")
-        return {**figures, "reused": True}
-    shutil.rmtree(out / ENVS_DIR, ignore_errors=True)
-    shutil.rmtree(out / TASKS_DIR, ignore_errors=True)
+        return out, {**figures, "reused": True}
+    marker.unlink(missing_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
     started = time.monotonic()
     tasks = variants.task_count()
     env_shards = max(2, math.ceil(variants.n / ENVS_PER_SHARD))
@@ -348,7 +350,7 @@ def generate(variants: Variants, out: Path) -> Figures:
     }
     marker.write_text(json.dumps({"wanted": wanted, "figures": figures}))
     progress(f"dataset {out}: {figures['parquet_mib']:.0f} MiB in {figures['generate_s']:.0f} s")
-    return figures
+    return out, figures
 
 
 def write_py_folder(dataset: Path, out: Path) -> None:
@@ -913,8 +915,7 @@ def main() -> None:
         specs = stack_specs(args, cleanup, workdir)
         samples = load_samples(args.trajectories)
         variants = Variants(samples, args.envs, args.tasks_per_env, args.seed)
-        dataset = args.data or workdir / "dataset"
-        generated = generate(variants, dataset)
+        dataset, generated = generate(variants, args.data or workdir)
         libraries = [
             build_sample_library(workdir, samples, args.import_timeout),
             build_scaled_library(workdir, dataset, variants, args.import_timeout),
