@@ -16,7 +16,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from codegym.library_import import add_task, import_paths, import_source
+from codegym.library_import import ImportProgress, add_task, import_paths, put_environment
 from codegym.library_records import EnvRecord, ImportReport, TaskRecord, Tool, canonical_config
 
 # The records are part of the library's API (`from codegym.library import EnvRecord`).
@@ -134,15 +134,28 @@ class Library:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def import_paths(self, paths: Iterable[str | Path]) -> ImportReport:
-        """Import env files (`{code_id}__{Env}.py`), folders of them, and training-instance JSONL."""
-        return import_paths(self.db, paths)
+    def import_paths(
+        self,
+        paths: Iterable[str | Path],
+        *,
+        on_conflict: str = "refuse",
+        progress: ImportProgress | None = None,
+        jobs: int | None = None,
+    ) -> ImportReport:
+        """Import everything CodeGym publishes under `paths` (library_published.py lists the forms):
+        a batch per transaction, an environment key with other code refused unless `on_conflict`
+        is "keep" or "replace"; `jobs` processes check sources (default: one per core)."""
+        return import_paths(self.db, paths, on_conflict=on_conflict, progress=progress, jobs=jobs)
 
     def add_tasks(self, tasks: Iterable[TaskRecord], origin: str = "") -> ImportReport:
         report = ImportReport()
+        counts = report.source(origin, "tasks")
         with self.db:
             for task in tasks:
-                add_task(self.db, task, origin, report)
+                if add_task(self.db, task, origin):
+                    counts.tasks_added += 1
+                else:
+                    counts.tasks_present += 1
         return report
 
     def put_environment(
@@ -156,21 +169,13 @@ class Library:
     ) -> ImportReport:
         """Write one verified environment and exactly these task configs (the pipeline's output).
 
-        Unlike an import, the environment's earlier task configs are replaced: a pipeline run is
-        the authority on which configs passed its filters.
+        Unlike an import, the environment's code and earlier task configs are replaced: a pipeline
+        run is the authority on which configs passed its filters.
         """
         with self.db:
-            report = import_source(self.db, env_id, source, task_text=task_text, metadata=metadata)
-            if report.skipped:
-                return report
-            self.db.execute(
-                "UPDATE envs SET metadata = ?, task_text = ? WHERE env_id = ?",
-                (json.dumps(metadata), task_text, env_id),
+            return put_environment(
+                self.db, env_id, source, task_text=task_text, metadata=metadata, tasks=tasks
             )
-            self.db.execute("DELETE FROM tasks WHERE env_id = ?", (env_id,))
-            for task in tasks:
-                add_task(self.db, task, "pipeline", report)
-        return report
 
     # ---- reading: one environment or task at a time, or streamed; never the whole library ----
 

@@ -1,35 +1,135 @@
-"""`codegym library import|list|show`: build and inspect an environment library (SQLite)."""
+"""`codegym library import|list|show|oracle`: build and inspect an environment library (SQLite)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from codegym.library import Library, default_library_path
+from codegym.library import ImportReport, Library, default_library_path
+from codegym.library_import import ON_CONFLICT
 
 
 def _import(args: argparse.Namespace) -> int:
-    with Library(args.library) as library:
-        report = library.import_paths(args.paths)
+    bar = None if args.quiet or args.json or not sys.stderr.isatty() else ImportBar()
+    with Library(args.library) as library, bar or contextlib.nullcontext():
+        report = library.import_paths(
+            args.paths, on_conflict=args.on_conflict, progress=bar, jobs=args.jobs or None
+        )
         envs, tasks = library.counts()
-    for env_id in report.added:
-        print(f"added     {env_id}")
-    for env_id in report.updated:
-        print(f"updated   {env_id}")
-    for where, reason in report.skipped:
-        print(f"skipped   {where}: {reason}", file=sys.stderr)
-    print(
-        f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged, "
-        f"{len(report.skipped)} skipped; {report.tasks_added} new task configs "
-        f"({report.tasks_present} already present). Library {args.library}: {envs} envs, {tasks} tasks."
-    )
+    held = {"library": args.library, "envs": envs, "tasks": tasks}
+    if args.report:
+        Path(args.report).write_text(json.dumps({**report.as_dict(), "library": held}, indent=2) + "\n")
+    if args.json:
+        print(json.dumps({**report.as_dict(), "library": held}, indent=2))
+    else:
+        print(import_table(report))
+        print_details(report, args.on_conflict)
+        print(
+            f"{len(report.added)} added, {len(report.updated)} updated, {len(report.unchanged)} unchanged, "
+            f"{report.skipped_count} skipped; {report.tasks_added} new task configs "
+            f"({report.tasks_present} already present). Library {args.library}: {envs} envs, {tasks} tasks."
+        )
     usable = report.added or report.updated or report.unchanged or report.tasks_added or report.tasks_present
-    if not usable:
+    if not usable and not report.conflicts:
         print("codegym library import: nothing usable was imported", file=sys.stderr)
         return 1
-    return 1 if report.skipped and args.strict else 0
+    if report.refused:
+        return 1
+    return 1 if report.skipped_count and args.strict else 0
+
+
+class ImportBar:
+    """The import's progress on stderr (rich): a bar per source, rows read against rows published."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
+        self.current: Any = None
+
+    def __enter__(self) -> ImportBar:
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+    def start(self, name: str, total: int | None) -> None:
+        self.current = self.bar.add_task(name, total=total)
+
+    def advance(self, rows: int) -> None:
+        self.bar.advance(self.current, rows)
+
+
+def import_table(report: ImportReport) -> str:
+    """The report as a table, a line per source: what its rows became."""
+    header = ["source", "kind", "rows", "envs +", "updated", "unchanged", "duplicate", "conflict"]
+    header += ["tasks +", "present", "duplicate", "other code", "skipped"]
+    lines = []
+    for s in report.sources:
+        counts = [s.rows, s.envs_added, s.envs_updated, s.envs_unchanged, sum(s.env_duplicates.values())]
+        counts += [
+            s.conflicts,
+            s.tasks_added,
+            s.tasks_present,
+            s.task_duplicates,
+            s.other_code,
+            s.skipped_rows,
+        ]
+        lines.append([s.name, s.kind, *(f"{n:,}" for n in counts)])
+    totals = [sum(int(line[i].replace(",", "")) for line in lines) for i in range(2, len(header))]
+    lines.append(["total", "", *(f"{n:,}" for n in totals)])
+    widths = [max(len(str(row[i])) for row in [header, *lines]) for i in range(len(header))]
+
+    def render(row: list[str]) -> str:
+        cells = [
+            f"{cell:<{w}}" if i < 2 else f"{cell:>{w}}"
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        return "  ".join(cells).rstrip()
+
+    return "\n".join(render(row) for row in [header, *lines])
+
+
+def print_details(report: ImportReport, on_conflict: str) -> None:
+    """Duplicates, conflicts and skips, each with a few examples, on stderr."""
+    for s in report.sources:
+        for first, n in s.env_duplicates.items():
+            print(
+                f"duplicate {s.name}: {n:,} environment rows are the same key and code as {first}'s",
+                file=sys.stderr,
+            )
+        for reason, skips in s.skipped.items():
+            print(f"skipped   {s.name}: {skips.count:,} x {reason}", file=sys.stderr)
+            for where, detail in skips.examples:
+                print(f"skipped   {where}: {reason}" + (f": {detail}" if detail else ""), file=sys.stderr)
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for c in report.conflicts:
+        groups.setdefault((c.file, c.other, c.resolution), []).append(c.env_id)
+    for (file, other, resolution), keys in groups.items():
+        examples = ", ".join(keys[:5]) + (", ..." if len(keys) > 5 else "")
+        print(
+            f"conflict  {len(keys):,} environments of {file} have other code in the library (from {other}):"
+            f" {resolution}; e.g. {examples}",
+            file=sys.stderr,
+        )
+    if report.refused:
+        print(
+            f"conflict  {len(report.refused):,} refused: the library keeps its code; --on-conflict keep"
+            " says so without an error, --on-conflict replace takes the new code (--json lists every key)",
+            file=sys.stderr,
+        )
 
 
 def _existing(path: str) -> bool:
@@ -41,19 +141,21 @@ def _existing(path: str) -> bool:
 
 
 def _list(args: argparse.Namespace) -> int:
+    """A page of environments at a time: the published library is 20,000+ of them."""
     if not _existing(args.library):
         return 2
-    with Library(args.library) as library:
-        records = library.load_all()
-    rows = [r for r in records.values() if r.env_id.startswith(args.prefix)]
-    if args.json:
-        for r in rows:
-            print(json.dumps({"env_id": r.env_id, "tools": r.tool_names, "tasks": len(r.tasks)}))
-        return 0
-    width = max((len(r.env_id) for r in rows), default=6)
-    print(f"{'env_id':<{width}}  tasks  tools")
-    for r in rows:
-        print(f"{r.env_id:<{width}}  {len(r.tasks):>5}  {', '.join(r.tool_names)}")
+    with Library(args.library, read_only=True) as library:
+        after, width = "", 0
+        if not args.json:
+            print(f"{'env_id':<48}  tasks  tools")
+        while page := library.page(args.prefix, after, 256):
+            for env_id, tools, tasks in page:
+                if args.json:
+                    print(json.dumps({"env_id": env_id, "tools": tools, "tasks": tasks}))
+                else:
+                    width = max(width, 48, len(env_id))
+                    print(f"{env_id:<{width}}  {tasks:>5}  {', '.join(tools)}")
+            after = page[-1][0]
     return 0
 
 
@@ -77,8 +179,11 @@ def _show(args: argparse.Namespace) -> int:
                     "tasks": [
                         {
                             "config": json.loads(t.config_json),
+                            "config_text": t.published_config,
                             "difficulty": t.difficulty,
                             "solve_fc_round": t.solve_fc_round,
+                            "scores": t.scores,
+                            "source_sha": t.source_sha,
                         }
                         for t in record.tasks
                     ],
@@ -100,7 +205,8 @@ def _show(args: argparse.Namespace) -> int:
     print(record.task_text or "(no task text)")
     print(record.tools_text)
     for task in record.tasks[: args.tasks]:
-        print(f"[{task.difficulty or '-'}] {task.config_json}")
+        recorded = f"  (recorded with code {task.source_sha[:12]})" if task.source_sha else ""
+        print(f"[{task.difficulty or '-'}] {task.published_config}{recorded}")
     return 0
 
 
@@ -143,13 +249,33 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     imp = lib_sub.add_parser(
         "import",
-        help="import env files {code_id}__{Env}.py, folders of them, task/training-instance JSONL",
-        description="Validates every source with the contract checker; re-importing is idempotent. "
-        "JSONL lines are CodeGym training instances (ability, prompt, extra_info.solve_fc_round) or "
-        "task lines (env_id, config, difficulty).",
+        help="import everything CodeGym publishes: its Hugging Face dataset's Parquet, its pipeline's "
+        "outputs, env files, task and training-instance JSONL",
+        description="Reads, by content: environment tables (Parquet with env_code, env_name, source), "
+        "training-instance rows (Parquet or JSON lines with ability), verified environments (JSON with "
+        "gym_env, unit_test_list), {code_id}__{Env}.py env files and task lines (env_id, config), in "
+        "files or folders (a Hugging Face snapshot as downloaded). Every source is compiled and checked "
+        "statically, nothing is run; an environment key whose code differs from the library's is a "
+        "conflict (refused unless --on-conflict says otherwise); a task recorded with other code than "
+        "its environment's keeps its own. Commits a batch at a time: re-running adds what is missing "
+        "and reports the rest present. Prints what each source's rows became; exit 1 when conflicts "
+        "were refused, nothing usable was read, or (--strict) anything was skipped.",
     )
     imp.add_argument("paths", nargs="+", help="files or folders")
+    imp.add_argument(
+        "--on-conflict",
+        choices=ON_CONFLICT,
+        default="refuse",
+        help="an environment key met with other code than the library's: refuse it (exit 1), keep the "
+        "library's code, or replace it (tasks recorded with the old code keep it)",
+    )
     imp.add_argument("--strict", action="store_true", help="exit 1 when anything was skipped")
+    imp.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    imp.add_argument("--report", metavar="FILE", help="also write the report as JSON to FILE")
+    imp.add_argument(
+        "--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)"
+    )
+    imp.add_argument("--jobs", type=int, default=0, help="processes checking sources (0: one per core)")
     common(imp)
     imp.set_defaults(func=_import)
 
