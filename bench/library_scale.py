@@ -48,7 +48,8 @@ runtime's PSS with N envs within 2x of its PSS with the 12 samples. Every stack 
 working tree ("new") or a base commit ("base", a `git worktree` of --base), one after the other,
 each measurement on a fresh `codegym up` stopped by pid (bench/rollout_bench.py's machinery).
 Progress goes to stderr, tables to stdout, every figure to --json FILE. "load 1m" is the machine's
-1-minute load average when a measurement started: other work on the machine shows there.
+1-minute load average when a measurement started: other work on the machine shows there. The
+servers' and the imports' logs stay in a codegym-library-scale-logs-* temp dir (printed).
 
     .venv/bin/python bench/library_scale.py [--quick] [--envs 13200] [--base REV | --no-base]
         [--shapes steady,burst] [--steady 1024:4] [--window-s 30] [--max-seconds 120]
@@ -93,6 +94,7 @@ from bench.rollout_bench import (  # noqa: E402
     Line,
     Load,
     Plan,
+    Stack,
     StackSpec,
     burst,
     measure,
@@ -422,39 +424,56 @@ def vm_hwm_kb(pid: int) -> int:
     return 0
 
 
+def tree_pss_kb(root: int) -> int:
+    """PSS in KiB summed over a process and its descendants now (the importer's worker processes)."""
+    total = 0
+    for pid in proctree.descendants([root]):
+        memory = proctree.memory_kb(pid)
+        total += memory.get("Pss", 0) if memory else 0
+    return total
+
+
 def run_import(paths: list[Path], db: Path, log: Path, timeout_s: float) -> Figures:
     """`codegym library import PATHS --library DB` (the working tree's) as a child: wall seconds
-    (its interpreter's start included), exit code, peak RSS (VmHWM: as the child wrote it at exit,
-    else as last polled), and what the library holds."""
+    (its interpreter's start included), CPU seconds (its worker processes included), the importing
+    process's peak RSS (VmHWM: as it wrote it at exit, else as last polled), the peak PSS of its
+    whole tree (polled every 50 ms), and what the library holds."""
     db.unlink(missing_ok=True)
     hwm_file = log.with_name("import.hwm")
     hwm_file.unlink(missing_ok=True)
     argv = [sys.executable, "-c", HWM_MAIN, str(hwm_file), "library", "import", *map(str, paths)]
     argv += ["--library", str(db)]
-    polled = 0
+    hwm = tree_peak = 0
     with open(log, "ab") as out:
         started = time.monotonic()
         proc = subprocess.Popen(
             argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
         try:
-            while proc.poll() is None:
-                polled = max(polled, vm_hwm_kb(proc.pid))
+            while not (reaped := os.wait4(proc.pid, os.WNOHANG))[0]:
+                hwm = max(hwm, vm_hwm_kb(proc.pid))
+                tree_peak = max(tree_peak, tree_pss_kb(proc.pid))
                 if time.monotonic() - started > timeout_s:
-                    progress(f"!!! import still running after {timeout_s:.0f} s: SIGKILL pid {proc.pid}")
+                    progress(f"!!! import still running after {timeout_s:.0f} s: SIGKILL its processes")
                     break
                 time.sleep(0.05)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            if not reaped[0]:  # timed out, or the bench is being stopped: the whole tree, by pid
+                for pid in proctree.descendants([proc.pid]):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                reaped = os.wait4(proc.pid, 0)
         wall = time.monotonic() - started
+    _, status, usage = reaped
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: Popen must not wait again
     written = hwm_file.read_text().strip() if hwm_file.exists() else ""
     envs, tasks = library_counts(db) if db.exists() else (0, 0)
     return {
         "exit_code": proc.returncode,
         "import_s": wall,
-        "peak_rss_mib": max(int(written or 0), polled) / 1024,
+        "import_cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mib": max(int(written or 0), hwm) / 1024,
+        "peak_tree_pss_mib": tree_peak / 1024,
         "envs": envs,
         "tasks": tasks,
         "db_mib": db.stat().st_size / 2**20 if db.exists() else None,
@@ -462,23 +481,25 @@ def run_import(paths: list[Path], db: Path, log: Path, timeout_s: float) -> Figu
     }
 
 
-def build_sample_library(workdir: Path, samples: list[Sample], timeout_s: float) -> Built:
+def build_sample_library(workdir: Path, logs: Path, samples: list[Sample], timeout_s: float) -> Built:
     """What `codegym up` builds on first run: the sample envs and their task configs."""
     db = workdir / "library-samples.db"
-    figures = run_import([SAMPLE_ENVS, SAMPLE_TASKS], db, workdir / "import.log", timeout_s)
+    figures = run_import([SAMPLE_ENVS, SAMPLE_TASKS], db, logs / "import.log", timeout_s)
     if figures["exit_code"] or not figures["envs"]:
-        raise SystemExit(f"importing the samples failed: {figures} (log {workdir / 'import.log'})")
+        raise SystemExit(f"importing the samples failed: {figures} (log {logs / 'import.log'})")
     lines = [line for sample in samples for line in sample.lines]
     label = f"{figures['envs']} envs"
     progress(f"library {label}: imported in {figures['import_s']:.1f} s")
     return Built(label, db, "sample .py files + tasks.jsonl", figures, lines, samples[0].record.env_id)
 
 
-def build_scaled_library(workdir: Path, dataset: Path, variants: Variants, timeout_s: float) -> Built:
+def build_scaled_library(
+    workdir: Path, logs: Path, dataset: Path, variants: Variants, timeout_s: float
+) -> Built:
     """The N-env library from the Parquet dataset; from the same variants as .py files + JSONL when
     the working tree cannot read Parquet yet."""
     db = workdir / "library-scaled.db"
-    log = workdir / "import.log"
+    log = logs / "import.log"
     progress(f"importing {dataset} (Parquet, published layout)")
     figures = run_import([dataset], db, log, timeout_s)
     form = "Parquet (published layout)"
@@ -543,6 +564,26 @@ def pss_by_role(up_pid: int) -> dict[str, float]:
 # Measurements on one stack (each on a fresh `codegym up`).
 
 
+def log_tail(path: Path, count: int = 4) -> str:
+    """The last lines of a server log that are not INFO lines, joined."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return " | ".join([line for line in lines if " INFO " not in line][-count:])
+
+
+@contextlib.contextmanager
+def stack_up(spec: StackSpec) -> Iterator[Stack]:
+    """rollout_bench's `up`, whose failure to start says why (its log's last lines first)."""
+    with contextlib.ExitStack() as running:
+        try:
+            stack = running.enter_context(up(spec))
+        except RuntimeError as exc:
+            raise RuntimeError(f"{log_tail(spec.log)} [{str(exc).splitlines()[0]}; log {spec.log}]") from None
+        yield stack
+
+
 async def first_answer(address: str, env_id: str) -> None:
     """The runtime answers: health, then a GetEnv of one library env."""
     async with AsyncRuntimeClient(address, timeout_s=CLIENT_TIMEOUT_S) as client:
@@ -564,7 +605,7 @@ def steady_on(spec: StackSpec, built: Built, args: argparse.Namespace) -> Figure
     n, think = args.steady
     load_1m = os.getloadavg()[0]
     started = time.monotonic()
-    with up(spec) as stack:
+    with stack_up(spec) as stack:
         banner_s = time.monotonic() - started
         asyncio.run(first_answer(stack.address, built.probe_env))
         answered_s = time.monotonic() - started
@@ -619,7 +660,7 @@ def grpo_plans(
 def burst_on(spec: StackSpec, built: Built, args: argparse.Namespace) -> Figures:
     load_1m = os.getloadavg()[0]
     started = time.monotonic()
-    with up(spec) as stack:
+    with stack_up(spec) as stack:
         banner_s = time.monotonic() - started
         figures = asyncio.run(burst(stack, built.lines, args, grpo_plans))
     return {**figures, "start_banner_s": banner_s, "loadavg_1m": load_1m}
@@ -630,15 +671,21 @@ def burst_on(spec: StackSpec, built: Built, args: argparse.Namespace) -> Figures
 
 
 def print_libraries(libraries: list[Built], generated: Figures | None) -> None:
-    header = ["library", "imported from", "envs", "tasks", "import s", "envs/s", "peak RSS MiB", "db MiB"]
+    header = ["library", "imported from", "envs", "tasks", "import s", "CPU s", "envs/s", "peak RSS MiB",
+              "peak tree PSS MiB", "db MiB"]  # fmt: skip
     body = []
     for built in libraries:
         f = built.figures
         body.append([
             built.label, built.form, f"{f['envs']:,}", f"{f['tasks']:,}", f"{f['import_s']:.1f}",
-            f"{f['envs_per_s']:.0f}", f"{f['peak_rss_mib']:.0f}", f"{f['db_mib']:.1f}",
+            f"{f['import_cpu_s']:.1f}", f"{f['envs_per_s']:.0f}", f"{f['peak_rss_mib']:.0f}",
+            f"{f['peak_tree_pss_mib']:.0f}", f"{f['db_mib']:.1f}",
         ])  # fmt: skip
-    print("\nlibraries: `codegym library import` of the working tree (built once, copied to every stack)")
+    print(
+        "\nlibraries: `codegym library import` of the working tree, built once and copied to every stack"
+        " (import s: wall, interpreter start included; CPU s: its worker processes included; peak RSS: the"
+        " importing process; peak tree PSS: with its workers, polled)"
+    )
     print_rows(header, body)
     if generated:
         print(
@@ -912,13 +959,19 @@ def main() -> None:
         workdir = Path(tempfile.mkdtemp(prefix="codegym-library-scale-"))
         workdir.chmod(0o755)
         cleanup.callback(shutil.rmtree, workdir, True)
-        specs = stack_specs(args, cleanup, workdir)
+        # Logs outlive the run (the servers' stderr, the imports' output): for a post-mortem.
+        logs = Path(tempfile.mkdtemp(prefix="codegym-library-scale-logs-"))
+        progress(f"logs in {logs}")
+        specs = [
+            dataclasses.replace(spec, log=logs / f"{spec.name}.log")
+            for spec in stack_specs(args, cleanup, workdir)
+        ]
         samples = load_samples(args.trajectories)
         variants = Variants(samples, args.envs, args.tasks_per_env, args.seed)
         dataset, generated = generate(variants, args.data or workdir)
         libraries = [
-            build_sample_library(workdir, samples, args.import_timeout),
-            build_scaled_library(workdir, dataset, variants, args.import_timeout),
+            build_sample_library(workdir, logs, samples, args.import_timeout),
+            build_scaled_library(workdir, logs, dataset, variants, args.import_timeout),
         ]
         print_libraries(libraries, generated)
         results = run_shapes(specs, libraries, args, workdir)
@@ -930,6 +983,7 @@ def main() -> None:
         verdicts = judge(results, libraries, specs)
         print_targets(verdicts)
         report_problems(results)
+        progress(f"servers' and imports' logs in {logs}")
     if args.json:
         meta = {
             "stacks": {s.name: s.revision for s in specs},
