@@ -32,6 +32,8 @@ EXAMPLES = {
     "library list": "codegym library list --library lib.db --prefix Sample_",
     "library show": "codegym library show Sample_0006_I__ArrayGcdEnv --library lib.db",
     "library oracle": "codegym library oracle --library lib.db --out trajectories.jsonl",
+    "library replay": "codegym library replay --library lib.db --sandbox 127.0.0.1:50061 --sample 200 --seed 1 "
+    "--out replay.jsonl",
     "sandbox run": "codegym sandbox run codegym/samples/envs/Sample_0006_I__ArrayGcdEnv.py --op solve "
     "--config '{\"nums\": [12, 18]}'",
     "serve sandbox": "codegym serve sandbox --port 50061 --jails 2",

@@ -11,6 +11,7 @@ from typing import Any
 
 from codegym.library import ImportReport, Library, default_library_path
 from codegym.library_import import ON_CONFLICT
+from codegym_cli import library_replay
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -302,3 +303,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     oracle.add_argument("--sandbox", default="", help="HOST:PORT of a sandbox worker; empty starts one")
     common(oracle)
     oracle.set_defaults(func=_oracle)
+    library_replay.add_parser(lib_sub)
