@@ -875,6 +875,20 @@ def print_targets(verdicts: list[Figures]) -> None:
 # Command line.
 
 
+def report_busy(results: dict[str, list[Figures]]) -> None:
+    """Measurements that started while the machine had more runnable work than CPUs: their figures
+    include other work's contention (the stack's and the generator's own CPU are in the tables)."""
+    cpus = os.cpu_count() or 1
+    busy = [
+        f"{shape} {row['point']} on {row['stack']} (load {row['loadavg_1m']:.1f})"
+        for shape, rows in results.items()
+        for row in rows
+        if row.get("loadavg_1m", 0) > cpus
+    ]
+    if busy:
+        print(f"!!! started with a 1-minute load average above the machine's {cpus} CPUs: {', '.join(busy)}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -983,6 +997,7 @@ def main() -> None:
         verdicts = judge(results, libraries, specs)
         print_targets(verdicts)
         report_problems(results)
+        report_busy(results)
         progress(f"servers' and imports' logs in {logs}")
     if args.json:
         meta = {
