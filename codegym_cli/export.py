@@ -2,7 +2,7 @@
 
 One instance per task config:
 
-    ability                codegym_v1@{code_id}__{Env}@{config json}
+    ability                codegym_v1@{code_id}__{Env}@{config}, the config as published, byte for byte
     answer                 "There is no answer" (the environment judges the answer)
     code_id, data_source   the source problem, "codegym_gym_v1"
     extra_info             index, solve_fc_round (oracle steps), difficulty, env_id, guess_rate
@@ -13,19 +13,24 @@ One instance per task config:
 The text must match CodeGym's byte for byte (agents trained on its prompts see the same thing),
 so the user message is CodeGym's protocol text verbatim and the system message is the contract's
 tool renderer's output. `tools` adds OpenAI function schemas for native function calling.
+
+Built one environment at a time (`iter_instances`): CodeGym's published library is 22,366
+environments and 80,130 task configs, and `codegym export` writes each row as it is made.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codegym.contract import format_ability, parse_ability
+from codegym.contract import parse_ability
+from codegym.contract.envstr import ABILITY_PREFIX
 from codegym.library import EnvRecord
 
 DATA_SOURCE = "codegym_gym_v1"
@@ -69,13 +74,19 @@ def user_message(task_text: str, protocol: str = PROTOCOL) -> str:
     return f"{protocol}\n\nQuestion:\n\n\n{task_text.strip()}\n"
 
 
+def ability(record: EnvRecord, config_text: str) -> str:
+    """The ability string of one task config, with `config_text` as it stands: never re-serialised,
+    so a published config keeps its spelling (separators, escapes, key order) byte for byte."""
+    return f"{ABILITY_PREFIX}@{record.code_id}__{record.env_class}@{config_text}"
+
+
 def instance(
-    record: EnvRecord, config_json: str, *, index: int, extra: dict[str, Any], tools: str = "text"
+    record: EnvRecord, config_text: str, *, index: int, extra: dict[str, Any], tools: str = "text"
 ) -> dict[str, Any]:
-    """One training instance; keys in the order of CodeGym's published files."""
+    """One training instance; keys in the order of CodeGym's published files. `config_text` is the
+    task config as published (`TaskRecord.published_config`): the ability carries it verbatim."""
     if tools not in TOOL_MODES:
         raise ValueError(f"tools must be one of {', '.join(TOOL_MODES)}")
-    config = json.loads(config_json)
     if tools == "json":
         prompt = [{"role": "user", "content": user_message(record.task_text, NATIVE_PROTOCOL)}]
     else:
@@ -84,7 +95,7 @@ def instance(
             {"role": "user", "content": user_message(record.task_text), "name": ""},
         ]
     item: dict[str, Any] = {
-        "ability": format_ability(record.code_id, record.env_class, config),
+        "ability": ability(record, config_text),
         "answer": NO_ANSWER,
         "code_id": record.code_id,
         "data_source": DATA_SOURCE,
@@ -96,6 +107,11 @@ def instance(
     if tools != "text":
         item["tools"] = [t.schema for t in record.tools]
     return item
+
+
+def config_key(env_id: str, config: dict[str, Any]) -> tuple[str, str]:
+    """A task config however its JSON was spelled: env id and the config with sorted keys."""
+    return env_id, json.dumps(config, sort_keys=True)
 
 
 @dataclass
@@ -110,9 +126,9 @@ class Difficulty:
 
     def __post_init__(self) -> None:
         # Abilities are matched by env id and parsed config, however their JSON was spelled.
-        for ability, value in self.rates.items():
-            parsed = parse_ability(ability)
-            self.by_config[(parsed.env_id, json.dumps(parsed.config, sort_keys=True))] = value
+        for ability_text, value in self.rates.items():
+            parsed = parse_ability(ability_text)
+            self.by_config[config_key(parsed.env_id, parsed.config)] = value
 
     @classmethod
     def from_summary(cls, path: str, low: float, high: float) -> Difficulty:
@@ -120,9 +136,53 @@ class Difficulty:
         rates = {ability: float(c["success_rate"]) for ability, c in summary["configs"].items()}
         return cls(rates, str(summary["score_name"]), low, high)
 
-    def rate(self, ability: str) -> float | None:
-        parsed = parse_ability(ability)
-        return self.by_config.get((parsed.env_id, json.dumps(parsed.config, sort_keys=True)))
+    def rate(self, ability_text: str) -> float | None:
+        parsed = parse_ability(ability_text)
+        return self.by_config.get(config_key(parsed.env_id, parsed.config))
+
+    def rate_of(self, env_id: str, config_json: str) -> float | None:
+        """The rate of a stored task config (its canonical JSON)."""
+        return self.by_config.get(config_key(env_id, json.loads(config_json)))
+
+
+class HeldOut:
+    """The environments `--split` holds out for validation, whole: the first ⌈fraction·n⌉ of the n
+    environments with task configs, ordered by the sha256 of their ids (stable across runs, and
+    the same choice as ever). Built from the ids alone, in one pass; then each environment is
+    asked before its rows are written, so the rows stream."""
+
+    def __init__(self, env_ids: Iterable[str], fraction: float) -> None:
+        self.fraction = fraction
+        self.threshold: bytes | None = None
+        if fraction <= 0:
+            return
+        digests = [_digest(env_id) for env_id in env_ids]
+        if digests:
+            count = max(1, math.ceil(fraction * len(digests)))
+            self.threshold = heapq.nsmallest(count, digests)[-1]
+
+    def __contains__(self, env_id: object) -> bool:
+        return self.threshold is not None and isinstance(env_id, str) and _digest(env_id) <= self.threshold
+
+
+def _digest(env_id: str) -> bytes:
+    # Bytes order as their hex digests do: the split is the one sorted hex digests always gave.
+    return hashlib.sha256(env_id.encode()).digest()
+
+
+@dataclass
+class ExportCounts:
+    """What an export kept and dropped, counted as the rows go by."""
+
+    train: int = 0
+    validation: int = 0
+    environments: int = 0
+    held_out_environments: int = 0
+    skipped_unverified: int = 0
+    skipped_rounds: int = 0
+    skipped_difficulty: int = 0
+    skipped_unevaluated: int = 0
+    skipped_guessable: int = 0
 
 
 @dataclass
@@ -138,12 +198,67 @@ class ExportResult:
     skipped_guessable: int = 0
 
 
-def held_out(env_ids: Iterable[str], fraction: float) -> set[str]:
-    """Whole environments for validation: the first ⌈fraction·n⌉ by a hash of the id (stable across runs)."""
-    ids = sorted(env_ids, key=lambda e: hashlib.sha256(e.encode()).hexdigest())
-    if fraction <= 0 or not ids:
-        return set()
-    return set(ids[: max(1, math.ceil(fraction * len(ids)))])
+def iter_instances(
+    records: Iterable[EnvRecord],
+    counts: ExportCounts,
+    *,
+    tools: str = "text",
+    held_out: Container[str] = frozenset(),
+    min_rounds: int = 10,
+    max_rounds: int = 256,
+    include_unverified: bool = False,
+    difficulty: Difficulty | None = None,
+    max_guess_rate: float | None = None,
+) -> Iterator[tuple[bool, dict[str, Any]]]:
+    """(held out?, instance) for every task config of every environment that passes the filters
+    (oracle steps, guess rate, and given `difficulty`, a model's success rate), in the records'
+    order, made one at a time; `counts` counts as they go (complete once the iterator is done)."""
+    index = 0
+    for record in records:
+        validation = record.env_id in held_out
+        kept = 0
+        for task in record.tasks:
+            if not task.solve_fc_round and not include_unverified:
+                counts.skipped_unverified += 1
+                continue
+            if task.solve_fc_round and not min_rounds <= task.solve_fc_round <= max_rounds:
+                counts.skipped_rounds += 1
+                continue
+            if (
+                max_guess_rate is not None
+                and task.guess_rate is not None
+                and task.guess_rate > max_guess_rate
+            ):
+                counts.skipped_guessable += 1
+                continue
+            extra: dict[str, Any] = {"solve_fc_round": task.solve_fc_round or None}
+            if task.difficulty:
+                extra["difficulty"] = task.difficulty
+            extra["env_id"] = record.env_id
+            if task.guess_rate is not None:
+                extra["guess_rate"] = task.guess_rate
+            extra.update(task.scores)
+            if difficulty is not None:
+                rate = difficulty.rate_of(f"{record.code_id}__{record.env_class}", task.config_json)
+                if rate is None:
+                    counts.skipped_unevaluated += 1
+                    continue
+                if not difficulty.low <= rate <= difficulty.high:
+                    counts.skipped_difficulty += 1
+                    continue
+                extra[difficulty.name] = rate
+            item = instance(record, task.published_config, index=index, extra=extra, tools=tools)
+            index += 1
+            kept += 1
+            if validation:
+                counts.validation += 1
+            else:
+                counts.train += 1
+            yield validation, item
+        if kept and validation:
+            counts.held_out_environments += 1
+        elif kept:
+            counts.environments += 1
 
 
 def build_instances(
@@ -157,52 +272,28 @@ def build_instances(
     difficulty: Difficulty | None = None,
     max_guess_rate: float | None = None,
 ) -> ExportResult:
-    """Every task config of every environment, filtered by oracle steps (and, given `difficulty`,
-    by a model's success rate), split by environment."""
+    """`iter_instances` into lists, split by environment (`HeldOut`): for a few records (tests,
+    `codegym eval`); `codegym export` streams instead."""
     records = list(records)
-    validation_ids = held_out((r.env_id for r in records if r.tasks), split)
+    counts = ExportCounts()
     result = ExportResult([], [], 0, 0, 0, 0)
-    index = 0
-    for record in records:
-        kept = 0
-        for task in record.tasks:
-            if not task.solve_fc_round and not include_unverified:
-                result.skipped_unverified += 1
-                continue
-            if task.solve_fc_round and not min_rounds <= task.solve_fc_round <= max_rounds:
-                result.skipped_rounds += 1
-                continue
-            if (
-                max_guess_rate is not None
-                and task.guess_rate is not None
-                and task.guess_rate > max_guess_rate
-            ):
-                result.skipped_guessable += 1
-                continue
-            extra: dict[str, Any] = {"solve_fc_round": task.solve_fc_round or None}
-            if task.difficulty:
-                extra["difficulty"] = task.difficulty
-            extra["env_id"] = record.env_id
-            if task.guess_rate is not None:
-                extra["guess_rate"] = task.guess_rate
-            extra.update(task.scores)
-            if difficulty is not None:
-                rate = difficulty.rate(
-                    format_ability(record.code_id, record.env_class, json.loads(task.config_json))
-                )
-                if rate is None:
-                    result.skipped_unevaluated += 1
-                    continue
-                if not difficulty.low <= rate <= difficulty.high:
-                    result.skipped_difficulty += 1
-                    continue
-                extra[difficulty.name] = rate
-            item = instance(record, task.config_json, index=index, extra=extra, tools=tools)
-            index += 1
-            kept += 1
-            (result.validation if record.env_id in validation_ids else result.train).append(item)
-        if kept and record.env_id in validation_ids:
-            result.held_out_environments += 1
-        elif kept:
-            result.environments += 1
+    for validation, item in iter_instances(
+        records,
+        counts,
+        tools=tools,
+        held_out=HeldOut((r.env_id for r in records if r.tasks), split),
+        min_rounds=min_rounds,
+        max_rounds=max_rounds,
+        include_unverified=include_unverified,
+        difficulty=difficulty,
+        max_guess_rate=max_guess_rate,
+    ):
+        (result.validation if validation else result.train).append(item)
+    result.environments = counts.environments
+    result.held_out_environments = counts.held_out_environments
+    result.skipped_unverified = counts.skipped_unverified
+    result.skipped_rounds = counts.skipped_rounds
+    result.skipped_difficulty = counts.skipped_difficulty
+    result.skipped_unevaluated = counts.skipped_unevaluated
+    result.skipped_guessable = counts.skipped_guessable
     return result
