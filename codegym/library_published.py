@@ -211,7 +211,9 @@ def _read_parquet(path: Path, shown: str) -> Iterator[Batch]:
         is_env_table = set(ENV_COLUMNS) <= set(parquet.schema_arrow.names)
         size = 256 if is_env_table else 128
         convert = env_table_row if is_env_table else training_row
-        for batch in parquet.iter_batches(batch_size=size):
+        # One thread: reading is not what an import waits for, and each reading thread holds a
+        # row group's columns of its own (twice the memory for nothing).
+        for batch in parquet.iter_batches(batch_size=size, use_threads=False):
             items = batch.to_pylist()
             yield [convert(item, f"{shown}:{read + n}", shown) for n, item in enumerate(items, 1)]
             read += len(items)

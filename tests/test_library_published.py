@@ -404,43 +404,44 @@ def test_reimporting_adds_nothing_and_counts_the_same(
 
 
 def test_an_import_broken_off_by_a_corrupt_shard_is_completed_by_running_it_again(tmp_path: Path) -> None:
-    ids = SAMPLE_IDS
-    write_shards(tmp_path / "envs_en", env_rows(ids, "en"), 1)
-    rows = task_rows(ids, "en", per_env=5)  # 60 rows, three shards of 20
+    write_shards(tmp_path / "envs_en", env_rows(SAMPLE_IDS, "en"), 1)
+    rows = [
+        task_row(env_id, json.dumps({"k": k}), source_of(env_id), n * 40 + k)
+        for n, env_id in enumerate(SAMPLE_IDS)
+        for k in range(40)
+    ]
     folder = tmp_path / "task_en_instruction_en_env"
-    write_shards(folder, rows, 3, TASK_SCHEMA)
-    good = (folder / "train-00001-of-00003.parquet").read_bytes()
-    # The middle shard with small row groups, its data damaged past the first row groups.
-    shard = write_parquet(
-        folder / "train-00001-of-00003.parquet",
-        rows[20:40],
-        TASK_SCHEMA,
-        row_group_size=4,
-        compression="zstd",
-    )
-    data = bytearray(shard.read_bytes())
-    middle = len(data) // 2
-    data[middle : middle + 64] = bytes(64)
-    shard.write_bytes(bytes(data))
+    shards = [folder / f"train-{n:05d}-of-00003.parquet" for n in range(3)]
+    write_parquet(shards[0], rows[:100], TASK_SCHEMA)
+    # The middle shard in small row groups, one of them damaged past its first 200 rows.
+    write_parquet(shards[1], rows[100:400], TASK_SCHEMA, row_group_size=20, compression="zstd")
+    good = shards[1].read_bytes()
+    chunk = pq.read_metadata(shards[1]).row_group(12).column(0)
+    damaged = bytearray(good)
+    start = chunk.data_page_offset + chunk.total_compressed_size // 2
+    damaged[start : start + 16] = bytes(16)
+    shards[1].write_bytes(bytes(damaged))
     # And the last one cut short, as a download that stopped.
-    last = folder / "train-00002-of-00003.parquet"
-    last_good = last.read_bytes()
-    last.write_bytes(last_good[: len(last_good) // 2])
+    write_parquet(shards[2], rows[400:], TASK_SCHEMA)
+    last_good = shards[2].read_bytes()
+    shards[2].write_bytes(last_good[: len(last_good) // 2])
 
     db = tmp_path / "lib.db"
     with Library(db) as library:
         first = library.import_paths([tmp_path])
         _, held = library.counts()
-    reasons = {where: why for where, why in first.skipped}
-    assert any("train-00001" in w and "unreadable file: after" in why for w, why in reasons.items()), reasons
-    assert any("train-00002" in w and "unreadable file" in why for w, why in reasons.items()), reasons
-    assert 20 <= held < 40  # the first shard and the middle one's batches before the damage
+    reasons = dict(first.skipped)
+    assert reasons.keys() == {str(shards[1]), str(shards[2])}
+    # The first shard and the middle one's batches before the damage, each committed.
+    assert 100 < held < 100 + 240, held
+    assert reasons[str(shards[1])].startswith(f"unreadable file: after {held - 100} rows")
+    assert "unreadable file" in reasons[str(shards[2])]
 
-    (folder / "train-00001-of-00003.parquet").write_bytes(good)
-    last.write_bytes(last_good)
+    shards[1].write_bytes(good)
+    shards[2].write_bytes(last_good)
     with Library(db) as library:
         second = library.import_paths([tmp_path])
-        assert library.counts() == (len(ids), len(rows))
+        assert library.counts() == (len(SAMPLE_IDS), len(rows))
     assert second.skipped == [] and second.tasks_added == len(rows) - held and second.tasks_present == held
 
 
