@@ -206,21 +206,26 @@ class Writer:
         if progress is not None:
             progress.start(source.name, source.total)
         for batch in source.batches():
-            self.analyzer.prefetch(self._to_analyze(batch))
-            with self.db:
-                for row in batch:
-                    if isinstance(row, BadRow):
-                        counts.rows += row.rows
-                        counts.skip(row.reason, row.where, row.detail)
-                    elif isinstance(row, EnvRow):
-                        counts.rows += 1
-                        self.env_row(row, counts)
-                    else:
-                        counts.rows += 1
-                        self.task_row(row, counts)
-            self.analyzer.end_batch()
+            self.write(batch, counts)
             if progress is not None:
                 progress.advance(sum(row.rows if isinstance(row, BadRow) else 1 for row in batch))
+            del batch  # not held while the next batch is read
+
+    def write(self, batch: list[Row], counts: SourceReport) -> None:
+        """One batch, one transaction."""
+        self.analyzer.prefetch(self._to_analyze(batch))
+        with self.db:
+            for row in batch:
+                if isinstance(row, BadRow):
+                    counts.rows += row.rows
+                    counts.skip(row.reason, row.where, row.detail)
+                elif isinstance(row, EnvRow):
+                    counts.rows += 1
+                    self.env_row(row, counts)
+                else:
+                    counts.rows += 1
+                    self.task_row(row, counts)
+        self.analyzer.end_batch()
 
     # ---- environments ---------------------------------------------------------------------------
 

@@ -99,6 +99,7 @@ class Source:
         for path, shown in self.files:
             for batch in self.read(path, shown):
                 pending += batch
+                del batch  # a batch's rows are held once: not while the next one is read
                 if len(pending) >= self.batch_rows:
                     yield pending
                     pending = []
@@ -214,9 +215,12 @@ def _read_parquet(path: Path, shown: str) -> Iterator[Batch]:
         # One thread: reading is not what an import waits for, and each reading thread holds a
         # row group's columns of its own (twice the memory for nothing).
         for batch in parquet.iter_batches(batch_size=size, use_threads=False):
-            items = batch.to_pylist()
-            yield [convert(item, f"{shown}:{read + n}", shown) for n, item in enumerate(items, 1)]
-            read += len(items)
+            rows = [
+                convert(item, f"{shown}:{read + n}", shown) for n, item in enumerate(batch.to_pylist(), 1)
+            ]
+            read += len(rows)
+            yield rows
+            del rows
     except (pa.ArrowException, OSError) as exc:
         yield [BadRow(shown, "unreadable file", f"after {read} rows: {exc}", rows=0)]
     finally:
