@@ -47,8 +47,10 @@ ms, create p50 <= 50 ms, p99 <= 500 ms, burst makespan <= 1.10 x ideal, no misma
 runtime's PSS with N envs within 2x of its PSS with the 12 samples. Every stack runs the
 working tree ("new") or a base commit ("base", a `git worktree` of --base), one after the other,
 each measurement on a fresh `codegym up` stopped by pid (bench/rollout_bench.py's machinery).
-Progress goes to stderr, tables to stdout, every figure to --json FILE. "load 1m" is the machine's
-1-minute load average when a measurement started: other work on the machine shows there. The
+Progress goes to stderr, tables to stdout, every figure to --json FILE. "other CPU %" is the CPU
+(100 = one CPU) the machine spent outside the stack and the load generator during the window (the
+burst: its whole run), i.e. other work competing with the measurement; past 25 % the measurement is
+named after the tables. The
 servers' and the imports' logs stay in a codegym-library-scale-logs-* temp dir (printed).
 
     .venv/bin/python bench/library_scale.py [--quick] [--envs 13200] [--base REV | --no-base]
@@ -743,7 +745,7 @@ STEADY_COLUMNS = (
         Col("errors", "errors", "d"),
         Col("mismatch", "mismatches", "d"),
         Col("gen CPU %", "gen_cpu_pct"),
-        Col("load 1m", "loadavg_1m", ".1f"),
+        Col("other CPU %", "other_cpu_pct"),
     ],
 )
 BURST_COLUMNS = (
@@ -761,7 +763,7 @@ BURST_COLUMNS = (
         Col("refused", "refusals", "d"),
         Col("errors", "errors", "d"),
         Col("mismatch", "mismatches", "d"),
-        Col("load 1m", "loadavg_1m", ".1f"),
+        Col("other CPU %", "other_cpu_pct"),
     ],
 )
 
@@ -875,18 +877,23 @@ def print_targets(verdicts: list[Figures]) -> None:
 # Command line.
 
 
+BUSY_CPU_PCT = 25.0  # other work's CPU (100 = one CPU) past which a measurement is called contended
+
+
 def report_busy(results: dict[str, list[Figures]]) -> None:
-    """Measurements that started while the machine had more runnable work than CPUs: their figures
-    include other work's contention (the stack's and the generator's own CPU are in the tables)."""
-    cpus = os.cpu_count() or 1
+    """Measurements during which other work on the machine took more than BUSY_CPU_PCT of its CPU:
+    their latencies include that contention."""
     busy = [
-        f"{shape} {row['point']} on {row['stack']} (load {row['loadavg_1m']:.1f})"
+        f"{shape} {row['point']} on {row['stack']} ({row['other_cpu_pct']:.0f} %)"
         for shape, rows in results.items()
         for row in rows
-        if row.get("loadavg_1m", 0) > cpus
+        if (row.get("other_cpu_pct") or 0) > BUSY_CPU_PCT
     ]
     if busy:
-        print(f"!!! started with a 1-minute load average above the machine's {cpus} CPUs: {', '.join(busy)}")
+        cpus = os.cpu_count()
+        print(
+            f"!!! other work on the machine ({cpus} CPUs = {100 * (cpus or 1)} %) took CPU during: {', '.join(busy)}"
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -482,6 +482,19 @@ def roles_read(read: RoleReader, pid: int) -> tuple[dict[str, float], float]:
     return figures, time.thread_time() - started
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (every CPU; not idle, not waiting on I/O)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / proctree.CLK_TCK
+
+
+def other_cpu_pct(machine_s: float, stack_s: float, generator_s: float, seconds: float) -> float:
+    """CPU % (100 = one CPU) that the machine spent outside the stack and this load generator over
+    `seconds`: other work on the machine competing with the measurement (steal time included)."""
+    return 100 * max(0.0, machine_s - stack_s - generator_s) / seconds
+
+
 def ms(seconds: list[float], q: float) -> float | None:
     return pct(seconds, q) * 1000 if seconds else None
 
@@ -573,7 +586,7 @@ async def observe(
 ) -> Figures:
     """The window: steps answered in it, the stack's CPU over it, its PSS (and `read_roles`) read
     halfway through."""
-    cpu_before, gen_before = cpu_by_role(stack.pid), rusage_cpu_s()
+    cpu_before, gen_before, machine_before = cpu_by_role(stack.pid), rusage_cpu_s(), machine_busy_s()
     tally.window_start = time.monotonic()
     tally.window_end = tally.window_start + window_s
     pss_kb, read_cpu, by_role = None, 0.0, None
@@ -585,10 +598,11 @@ async def observe(
         by_role, roles_cpu = await asyncio.to_thread(roles_read, read_roles, stack.pid)
         read_cpu += roles_cpu
     await asyncio.sleep(max(0.0, tally.window_end - time.monotonic()))
-    cpu_after, gen_after = cpu_by_role(stack.pid), rusage_cpu_s()
+    cpu_after, gen_after, machine_after = cpu_by_role(stack.pid), rusage_cpu_s(), machine_busy_s()
     steps = tally.in_window["steps"]
     cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_after}
     stack_cpu = sum(cpu.values())
+    other = other_cpu_pct(machine_after - machine_before, stack_cpu, gen_after - gen_before, window_s)
     return {
         "window_s": round(window_s, 1),
         "steps_in_window": steps,
@@ -599,6 +613,7 @@ async def observe(
         "cpu_s_by_role": {role: round(s, 2) for role, s in cpu.items()},
         "stack_cpu_pct": 100 * stack_cpu / window_s,
         "gen_cpu_pct": 100 * (gen_after - gen_before - read_cpu) / window_s,
+        "other_cpu_pct": other,
         "pss_mib": pss_kb / 1024 if pss_kb is not None else None,
         **({"by_role": by_role} if by_role is not None else {}),
     }
@@ -639,7 +654,8 @@ async def burst(
         plans, note = plans_of(lines, args, rng, load)
         ideal = max(sum(thinks) for _, _, thinks in plans)
         episodes = [GrpcEpisode(client) for _ in plans]
-        cpu_before = sum(cpu_by_role(stack.pid).values())
+        cpu_before, gen_before = sum(cpu_by_role(stack.pid).values()), rusage_cpu_s()
+        machine_before = machine_busy_s()
         started = load.tally.window_start = time.monotonic()
         create_lat: list[float] = []
         finished: list[float] = []
@@ -666,6 +682,8 @@ async def burst(
             await asyncio.wait_for(asyncio.gather(*players), max(1.0, args.max_seconds - all_created_s))
             makespan = max(finished) - started if finished else None
             cpu = sum(cpu_by_role(stack.pid).values()) - cpu_before
+            machine, gen = machine_busy_s() - machine_before, rusage_cpu_s() - gen_before
+            other = other_cpu_pct(machine, cpu, gen, time.monotonic() - started)
         finally:
             await asyncio.wait_for(asyncio.gather(*(e.close() for e in episodes)), 60)
     tally = load.tally
@@ -685,6 +703,7 @@ async def burst(
         "p99_ms": ms(tally.latencies, 0.99),
         "steps": steps,
         "cpu_ms_per_step": cpu * 1000 / steps if steps else None,
+        "other_cpu_pct": other,
         "refusals": tally.counts["refusals"],
         "errors": tally.errors(),
         "mismatches": tally.counts["mismatches"],
