@@ -75,7 +75,8 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -99,6 +100,11 @@ log = logging.getLogger(__name__)
 
 ABILITY_PREFIX = "codegym_v1"
 RESERVED = frozenset({"reset", "get_reward"})  # the names TRL does not take as tools
+# GetEnv calls a spec keeps in flight while it builds (`CodeGymSpec(getenv_concurrency=...)`), and
+# the ListEnvs page it asks for (the runtime's largest).
+GETENV_CONCURRENCY = 8
+LIST_PAGE_SIZE = 1000
+PARQUET_BATCH_ROWS = 4096  # rows of an instances file read at a time
 
 ToolSchema = dict[str, Any]  # an OpenAI tool definition: {"type": "function", "function": {...}}
 
@@ -463,17 +469,104 @@ def _optional(module: str) -> Any:
         return None
 
 
-def _read_instances(instances: str | Path | Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+class _Instance:
+    """What the spec takes from a training-instance row: its ability, and its `tools` as the row
+    has them (`codegym export --tools json|both`), read only for an environment's first row."""
+
+    __slots__ = ("ability", "raw_tools")
+
+    def __init__(self, ability: str, raw_tools: Any) -> None:
+        self.ability = ability
+        self.raw_tools = raw_tools
+
+    def tools(self) -> list[ToolSchema] | None:
+        """The row's tool schemas: a list of OpenAI tool definitions (JSONL, rows given as dicts),
+        or that list as a JSON string (`codegym export`'s Parquet); None for anything else (a
+        Parquet struct column, as older exports wrote, pads each schema with every other
+        environment's parameters: not its tools)."""
+        value = self.raw_tools
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return None
+        if isinstance(value, list) and value and all(isinstance(t, dict) for t in value):
+            return value
+        return None
+
+
+def _read_instances(instances: str | Path | Iterable[Mapping[str, Any]]) -> Iterator[_Instance]:
+    """The rows' abilities (and tools), one row at a time: a file of CodeGym's 80,130 published
+    rows is read through, never held (JSONL line by line; Parquet a row group at a time, only the
+    `ability` and `tools` columns)."""
     if isinstance(instances, str | Path):
         path = Path(instances)
-        if path.suffix == ".parquet":  # `codegym export --out X.parquet`: read with `datasets` (TRL has it)
-            datasets = _optional("datasets")
-            if datasets is None:
-                raise ValueError(f"{path}: reading Parquet needs `datasets`; or export JSONL")
-            return [dict(r) for r in datasets.Dataset.from_parquet(str(path))]
-        lines = path.read_text(encoding="utf-8").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
-    return [dict(r) for r in instances]
+        if path.suffix == ".parquet":  # `codegym export --out X.parquet`
+            yield from _read_parquet(path)
+            return
+        yield from _read_jsonl(path)
+        return
+    for row in instances:
+        yield _Instance(str(row.get("ability", "")), row.get("tools"))
+
+
+_ABILITY_FIRST = '{"ability": "'  # how `codegym export` starts a row (json.dumps, keys in order)
+
+
+def _read_jsonl(path: Path) -> Iterator[_Instance]:
+    """A JSONL file's rows, line by line. A row `codegym export` wrote starts with its ability: that
+    string is decoded alone (most of a row is its prompt, which the spec does not use), and the
+    whole row only for the first row of each environment, for its `tools`; any other row is
+    decoded whole."""
+    decoder = json.JSONDecoder()
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            try:
+                if line.startswith(_ABILITY_FIRST):
+                    ability, _ = decoder.raw_decode(line, len(_ABILITY_FIRST) - 1)
+                    env_id = ability.partition("@")[2].partition("@")[0]
+                    if env_id in seen or '"tools": ' not in line:
+                        seen.add(env_id)
+                        yield _Instance(ability, None)
+                        continue
+                    seen.add(env_id)
+                elif not line.strip():
+                    continue
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not a JSON row: {exc}") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{number}: not a JSON object")
+            yield _Instance(str(row.get("ability", "")), row.get("tools"))
+
+
+def _read_parquet(path: Path) -> Iterator[_Instance]:
+    """A Parquet file's rows, `PARQUET_BATCH_ROWS` at a time: every ability, and `tools` only from
+    the first row of each environment (the rest are never made Python objects)."""
+    parquet = _optional("pyarrow.parquet")
+    if parquet is None:  # `datasets` (TRL's) brings pyarrow
+        raise ValueError(f"{path}: reading Parquet needs `pyarrow` (or `datasets`); or export JSONL")
+    file = parquet.ParquetFile(str(path))
+    names = set(file.schema_arrow.names)
+    if "ability" not in names:
+        raise ValueError(f"{path}: no 'ability' column")
+    columns = ["ability", "tools"] if "tools" in names else ["ability"]
+    seen: set[str] = set()
+    for batch in file.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
+        abilities = [str(a or "") for a in batch.column(0).to_pylist()]
+        firsts: dict[int, Any] = {}
+        if len(columns) == 2:
+            for i, ability in enumerate(abilities):
+                env_id = ability.partition("@")[2].partition("@")[0]
+                if env_id not in seen:
+                    seen.add(env_id)
+                    firsts[i] = None
+            if firsts:
+                taken = batch.column(1).take(list(firsts)).to_pylist()
+                firsts = dict(zip(firsts, taken, strict=True))
+        for i, ability in enumerate(abilities):
+            yield _Instance(ability, firsts.get(i))
 
 
 class CodeGymSpec:
@@ -511,6 +604,7 @@ class CodeGymSpec:
         timeout_s: float = 60.0,
         client: RuntimeClient | None = None,
         outage_wait_s: float = DEFAULT_OUTAGE_WAIT_S,
+        getenv_concurrency: int = GETENV_CONCURRENCY,
     ) -> None:
         if (instances is None) == (library is None or library is False):
             raise ValueError("give exactly one of instances= and library=")
@@ -520,13 +614,17 @@ class CodeGymSpec:
         self._timeout_s = timeout_s
         self.outage_wait_s = outage_wait_s
         self._outage = _Outage(outage_wait_s)  # one wait for all of the spec's environments
-        self._envs: dict[str, Any] = {}  # GetEnv's answers, asked once per environment
-        rows = _read_instances(instances) if instances is not None else self._library_rows(library)
-        if not rows:
+        self._tools: dict[str, list[ToolSchema]] = {}  # from GetEnv, asked once per environment
+        self.getenv_concurrency = max(1, int(getenv_concurrency))
+        if instances is not None:
+            abilities, given = self._instance_rows(instances)
+        else:
+            abilities, given = self._library_rows(library), {}
+        if not abilities:
             raise ValueError("no tasks: the instances or the library selection is empty")
-        env_ids = list(dict.fromkeys(ability_env_id(str(r.get("ability", ""))) for r in rows))
-        schemas = {env_id: self._tool_schemas(env_id) for env_id in env_ids}
-        self._envs.clear()  # their task lists are the rows now
+        env_ids = list(dict.fromkeys(ability_env_id(a) for a in abilities))
+        schemas = self._schemas(env_ids, given)
+        self._tools.clear()  # the classes hold them now
         tool_sets = {json.dumps(s, sort_keys=True) for s in schemas.values()}
         self.environment_classes: dict[str, type[CodeGymEnvironment]] = {}
         self.environment_factory: type[CodeGymEnvironment] | dict[str, type[CodeGymEnvironment]]
@@ -561,8 +659,7 @@ class CodeGymSpec:
         multi = isinstance(self.environment_factory, dict)
         content = f"{instruction}\n\n" if instruction else ""
         self.rows: list[dict[str, Any]] = []
-        for row in rows:
-            ability = str(row["ability"])
+        for ability in abilities:
             env_id = ability_env_id(ability)
             out: dict[str, Any] = {"prompt": [{"role": "user", "content": content}], "ability": ability}
             out["env_id"] = env_id
@@ -587,28 +684,108 @@ class CodeGymSpec:
         return datasets.Dataset.from_list(self.rows)
 
     def _get_env(self, env_id: str) -> Any:
-        """GetEnv's answer for `env_id`, asked once (library rows and tool schemas both need it)."""
-        env = self._envs.get(env_id)
-        if env is None:  # a run started while the runtime restarts waits for it, on the spec's clock
-            client = self.client()
-            env = self._envs[env_id] = self._outage.call(
-                lambda: client.get_env(env_id), f"CodeGym GetEnv {env_id}"
-            )
+        """GetEnv's answer for `env_id`; its tool schemas are kept (library rows and tool schemas
+        both need it: asked once)."""
+        client = self.client()  # a run started while the runtime restarts waits for it, on the spec's clock
+        env = self._outage.call(lambda: client.get_env(env_id), f"CodeGym GetEnv {env_id}")
+        self._tools[env_id] = [json.loads(t.json_schema) for t in env.tools]
         return env
 
-    def _tool_schemas(self, env_id: str) -> list[ToolSchema]:
-        return [json.loads(t.json_schema) for t in self._get_env(env_id).tools]
+    def _each_env(self, env_ids: Sequence[str], use: Callable[[Any], T]) -> list[T]:
+        """`use(GetEnv's answer)` for each of `env_ids`, in order, with up to `getenv_concurrency`
+        calls in flight: one RPC per environment, and a library of 22,366 asked one at a time
+        waits out as many round trips. Only what `use` returns is kept; the first failure is
+        raised and the calls not yet sent are dropped."""
+        if len(env_ids) < 2 or self.getenv_concurrency < 2:
+            return [use(self._get_env(env_id)) for env_id in env_ids]
+        self.client()  # made once, before the threads share it
+        pool = ThreadPoolExecutor(self.getenv_concurrency, thread_name_prefix="codegym-getenv")
+        try:
+            futures = [pool.submit(lambda e: use(self._get_env(e)), env_id) for env_id in env_ids]
+            return [future.result() for future in futures]
+        finally:  # after a failure (or Ctrl-C), the calls in flight end on their own
+            pool.shutdown(wait=False, cancel_futures=True)
 
-    def _library_rows(self, library: bool | str | Sequence[str] | None) -> list[dict[str, Any]]:
+    def _instance_rows(
+        self, instances: str | Path | Iterable[Mapping[str, Any]]
+    ) -> tuple[list[str], dict[str, list[ToolSchema]]]:
+        """The rows' abilities, and the tool schemas the rows carry, by env id (the first row of
+        each environment that has them)."""
+        abilities: list[str] = []
+        given: dict[str, list[ToolSchema]] = {}
+        first: set[str] = set()
+        for row in _read_instances(instances):
+            abilities.append(row.ability)
+            if row.raw_tools is not None:
+                env_id = ability_env_id(row.ability)
+                if env_id not in first:
+                    first.add(env_id)
+                    tools = row.tools()
+                    if tools is not None:
+                        given[env_id] = tools
+        return abilities, given
+
+    def _schemas(self, env_ids: list[str], given: dict[str, list[ToolSchema]]) -> dict[str, list[ToolSchema]]:
+        """Each environment's tool schemas. The rows' own (`codegym export --tools json|both`) where
+        the runtime lists the environment with the same tool names (`ListEnvs`, a page per 1,000
+        environments); GetEnv's for every other environment (it fails at once for one the runtime
+        does not have), with up to `getenv_concurrency` calls in flight."""
+        schemas: dict[str, list[ToolSchema]] = {}
+        if given:
+            names = self._tool_names(_common_prefix(given))
+            for env_id, tools in given.items():
+                listed = names.get(env_id)
+                if listed is not None and listed == [_tool_name(t) for t in tools]:
+                    schemas[env_id] = tools
+            stale = sum(1 for env_id in given if env_id in names and env_id not in schemas)
+            if stale:
+                log.warning(
+                    "%d environments' tools in the instances differ from the runtime's: using the "
+                    "runtime's (GetEnv); export the instances again",
+                    stale,
+                )
+        for env_id in env_ids:  # asked already for the library's rows
+            if env_id not in schemas and env_id in self._tools:
+                schemas[env_id] = self._tools[env_id]
+        self._each_env([env_id for env_id in env_ids if env_id not in schemas], lambda env: None)
+        return {env_id: schemas.get(env_id) or self._tools[env_id] for env_id in env_ids}
+
+    def _tool_names(self, prefix: str) -> dict[str, list[str]]:
+        """The tool names of every environment of `prefix` the runtime lists, by env id."""
+        client = self.client()
+        listed = self._outage.call(
+            lambda: list(client.list_envs(prefix=prefix, page_size=LIST_PAGE_SIZE)), "CodeGym ListEnvs"
+        )
+        return {e.env_id: list(e.tool_names) for e in listed}
+
+    def _library_rows(self, library: bool | str | Sequence[str] | None) -> list[str]:
         client = self.client()
         if isinstance(library, str) or library is True:
             prefix = "" if library is True else str(library)
-            listed = self._outage.call(lambda: list(client.list_envs(prefix=prefix)), "CodeGym ListEnvs")
-            env_ids = [e.env_id for e in listed]
+            listed = self._outage.call(
+                lambda: list(client.list_envs(prefix=prefix, page_size=LIST_PAGE_SIZE)), "CodeGym ListEnvs"
+            )
+            env_ids = [e.env_id for e in listed if e.task_count]  # an env without tasks gives no row
         else:
             env_ids = list(library or [])
-        rows = []
-        for env_id in env_ids:
-            for task in self._get_env(env_id).tasks:
-                rows.append({"ability": f"{ABILITY_PREFIX}@{env_id}@{task.config_json}"})
-        return rows
+
+        def abilities(env: Any) -> list[str]:
+            return [f"{ABILITY_PREFIX}@{env.env_id}@{task.config_json}" for task in env.tasks]
+
+        return [ability for each in self._each_env(env_ids, abilities) for ability in each]
+
+
+def _common_prefix(ids: Iterable[str]) -> str:
+    """The longest string every id starts with (what ListEnvs can be narrowed to)."""
+    ordered = sorted(ids)
+    if not ordered:
+        return ""
+    first, last = ordered[0], ordered[-1]
+    size = 0
+    while size < min(len(first), len(last)) and first[size] == last[size]:
+        size += 1
+    return first[:size]
+
+
+def _tool_name(schema: ToolSchema) -> str:
+    return str(schema.get("function", schema).get("name", ""))
