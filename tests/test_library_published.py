@@ -549,7 +549,8 @@ def test_library_list_pages_through_the_library(tmp_path: Path, capsys: pytest.C
     assert listed == SAMPLE_IDS
 
 
-@pytest.mark.slow  # generates and imports a few thousand environments
+@pytest.mark.slow  # generates and imports a few thousand environments: 30 s idle, minutes on a busy machine
+@pytest.mark.timeout(900)
 def test_thousands_of_generated_environments_import_in_bounded_memory(tmp_path: Path) -> None:
     """The published layout at a scale: each env a sample plus a unique comment (its own code),
     under its own `source`; 3.5 task rows an env, as published, with their recordings."""
