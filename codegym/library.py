@@ -231,6 +231,17 @@ class Library:
         ).fetchone()
         return None if row is None else self._task(row)
 
+    def task_source(self, env_id: str, config_json: str) -> str:
+        """The sha256 of the code the task (by its canonical config) was recorded with, when it is
+        not its environment's; "" otherwise. What every create asks: one indexed column, not the
+        task's published fields."""
+        if "source_sha" not in self._task_columns():
+            return ""
+        row = self.db.execute(
+            "SELECT source_sha FROM tasks WHERE env_id = ? AND config_json = ?", (env_id, config_json)
+        ).fetchone()
+        return "" if row is None else str(row[0])
+
     def tasks_of(self, env_id: str) -> list[TaskRecord]:
         rows = self.db.execute(
             f"SELECT {self._task_columns()} FROM tasks WHERE env_id = ? ORDER BY id", (env_id,)

@@ -114,10 +114,10 @@ class Catalog:
             key = canonical_config(config)
         except (TypeError, ValueError):
             return record
-        task = self.library.task(record.env_id, key)
-        if task is None or not task.source_sha or task.source_sha == record.sha256:
+        recorded = self.library.task_source(record.env_id, key)
+        if not recorded or recorded == record.sha256:
             return record
-        return self.code(record.env_id, task.source_sha)
+        return self.code(record.env_id, recorded)
 
     def resolve(self, request: rt.CreateSessionRequest) -> tuple[EnvRecord, dict[str, Any]]:
         """The environment and config the request names; INVALID_ARGUMENT for anything unreadable."""
