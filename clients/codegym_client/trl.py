@@ -574,8 +574,13 @@ class CodeGymSpec:
 
     Tasks come from `instances` (training-instance rows with an `ability`, a JSONL/Parquet path or
     the rows themselves, e.g. `codegym export`'s file) or from the runtime's own `library` (its task
-    configs: `True` for every environment, an env-id prefix, or a list of env ids). Tool schemas come
-    from the runtime (`GetEnv`): building a spec opens no session.
+    configs: `True` for every environment, an env-id prefix, or a list of env ids). Building a spec
+    opens no session. Tool schemas come from the rows when they carry them (`codegym export --tools
+    json|both`) and the runtime lists their environments with the same tool names (`ListEnvs`), else
+    from the runtime (`GetEnv`, one call per environment, `getenv_concurrency` in flight: for
+    CodeGym's 22,366 environments, export with `--tools json` and give the file). A file is read
+    through, never held: JSONL line by line (the ability only, where the row starts with it, as
+    `codegym export` writes it), Parquet its `ability` and `tools` columns a batch at a time.
 
     - `train_dataset`: one row per task, `prompt` (a user message holding `instruction`; TRL appends
       what `reset` returns: the task and the first observation), `ability`, `env_id`, and
