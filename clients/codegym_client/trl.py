@@ -66,7 +66,9 @@ Needs nothing beyond the client: `datasets`, when importable, makes `train_datas
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import importlib
 import inspect
 import json
@@ -622,7 +624,8 @@ class CodeGymSpec:
         self._tools: dict[str, list[ToolSchema]] = {}  # from GetEnv, asked once per environment
         self.getenv_concurrency = max(1, int(getenv_concurrency))
         if instances is not None:
-            abilities, given = self._instance_rows(instances)
+            with _gc_paused():  # the rows' abilities and their tools: kept
+                abilities, given = self._instance_rows(instances)
         else:
             abilities, given = self._library_rows(library), {}
         if not abilities:
@@ -630,47 +633,48 @@ class CodeGymSpec:
         env_ids = list(dict.fromkeys(ability_env_id(a) for a in abilities))
         schemas = self._schemas(env_ids, given)
         self._tools.clear()  # the classes hold them now
-        tool_sets = {json.dumps(s, sort_keys=True) for s in schemas.values()}
         self.environment_classes: dict[str, type[CodeGymEnvironment]] = {}
         self.environment_factory: type[CodeGymEnvironment] | dict[str, type[CodeGymEnvironment]]
-        if len(tool_sets) == 1:  # one set of tools: one class plays every row
-            name = _class_name(env_ids[0]) if len(env_ids) == 1 else "CodeGymEnv"
-            shared = environment_class(
-                name,
-                schemas[env_ids[0]],
-                self.client,
-                env_ids=env_ids,
-                max_steps=max_steps,
-                outage=self._outage,
-            )
-            self.environment_classes = dict.fromkeys(env_ids, shared)
-            self.environment_factory = shared
-        else:
-            names: set[str] = set()
-            for env_id in env_ids:
-                name = _class_name(env_id)
-                if name in names:  # TRL names a reward column after the class: keep them apart
-                    name = _class_name(env_id.replace("__", "_"))
-                names.add(name)
-                self.environment_classes[env_id] = environment_class(
+        self.rows: list[dict[str, Any]] = []
+        with _gc_paused():  # a class per environment, a row per task: none of it garbage
+            tool_sets = {json.dumps(s, sort_keys=True) for s in schemas.values()}
+            if len(tool_sets) == 1:  # one set of tools: one class plays every row
+                name = _class_name(env_ids[0]) if len(env_ids) == 1 else "CodeGymEnv"
+                shared = environment_class(
                     name,
-                    schemas[env_id],
+                    schemas[env_ids[0]],
                     self.client,
-                    env_ids=[env_id],
+                    env_ids=env_ids,
                     max_steps=max_steps,
                     outage=self._outage,
                 )
-            self.environment_factory = dict(self.environment_classes)
-        multi = isinstance(self.environment_factory, dict)
-        content = f"{instruction}\n\n" if instruction else ""
-        self.rows: list[dict[str, Any]] = []
-        for ability in abilities:
-            env_id = ability_env_id(ability)
-            out: dict[str, Any] = {"prompt": [{"role": "user", "content": content}], "ability": ability}
-            out["env_id"] = env_id
-            if multi:
-                out["environment"] = env_id
-            self.rows.append(out)
+                self.environment_classes = dict.fromkeys(env_ids, shared)
+                self.environment_factory = shared
+            else:
+                names: set[str] = set()
+                for env_id in env_ids:
+                    name = _class_name(env_id)
+                    if name in names:  # TRL names a reward column after the class: keep them apart
+                        name = _class_name(env_id.replace("__", "_"))
+                    names.add(name)
+                    self.environment_classes[env_id] = environment_class(
+                        name,
+                        schemas[env_id],
+                        self.client,
+                        env_ids=[env_id],
+                        max_steps=max_steps,
+                        outage=self._outage,
+                    )
+                self.environment_factory = dict(self.environment_classes)
+            multi = isinstance(self.environment_factory, dict)
+            content = f"{instruction}\n\n" if instruction else ""
+            for ability in abilities:
+                env_id = ability_env_id(ability)
+                out: dict[str, Any] = {"prompt": [{"role": "user", "content": content}], "ability": ability}
+                out["env_id"] = env_id
+                if multi:
+                    out["environment"] = env_id
+                self.rows.append(out)
         self.reward_funcs: list[Callable[..., list[float | None]]] = []
 
     def client(self) -> RuntimeClient:
@@ -778,6 +782,20 @@ class CodeGymSpec:
             return [f"{ABILITY_PREFIX}@{env.env_id}@{task.config_json}" for task in env.tasks]
 
         return [ability for each in self._each_env(env_ids, abilities) for ability in each]
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic GC held off while a spec makes its long-lived objects (at CodeGym's size 80,130
+    rows, 22,366 classes and 100,000 tool methods): its passes over them, all alive, cost as much
+    CPU as making them. Not while GetEnv calls are in flight (the client's threads)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _common_prefix(ids: Iterable[str]) -> str:
