@@ -216,12 +216,45 @@ def test_export_writes_the_config_as_published_byte_for_byte(tmp_path: Path) -> 
 
     parquet = tmp_path / "train.parquet"
     export(library, parquet, "--tools", "both")
-    from_parquet = parquet_rows(parquet)
-    assert [r["ability"] for r in from_parquet] == [r["ability"] for r in rows]
-    for a, b in zip(from_parquet, rows, strict=True):  # the same rows; tools as a JSON string
-        assert json.loads(a.pop("tools")) == b.pop("tools")
-        a["extra_info"] = {k: v for k, v in a["extra_info"].items() if v is not None or k in b["extra_info"]}
+    same_rows(parquet_rows(parquet), rows)
+
+
+def same_rows(from_parquet: list[dict[str, Any]], from_jsonl: list[dict[str, Any]]) -> None:
+    """Parquet's rows are JSONL's: `tools` as a JSON string, and `extra_info` with every key some
+    row has (None where this row has none)."""
+    assert len(from_parquet) == len(from_jsonl)
+    for a, b in zip(from_parquet, from_jsonl, strict=True):
+        a, b = dict(a), dict(b)
+        if "tools" in b:
+            assert json.loads(a.pop("tools")) == b.pop("tools")
+        extra, expected = a.pop("extra_info"), b.pop("extra_info")
+        assert {k: v for k, v in extra.items() if k in expected} == expected
+        assert all(v is None for k, v in extra.items() if k not in expected)
         assert a == b
+
+
+def test_parquet_extra_info_holds_every_key_the_rows_have(tmp_path: Path) -> None:
+    """A Parquet schema precedes its rows: the export asks the library which `extra_info` keys the
+    rows can have (difficulty, guess_rate, each model's score) and their types first."""
+    library = sample_library(tmp_path / "library.db")
+    with sqlite3.connect(library) as db:
+        db.execute("UPDATE tasks SET solve_fc_round = 12")
+        db.execute("UPDATE tasks SET guess_rate = 0.125 WHERE id % 3 = 0")
+        db.execute("""UPDATE tasks SET scores = '{"m_Bo4_score": 0.25}' WHERE id % 4 = 1""")
+        db.execute("""UPDATE tasks SET scores = '{"m_Bo4_score": 1, "n_Bo8_score": 0}' WHERE id % 4 = 2""")
+        db.execute("UPDATE tasks SET difficulty = '' WHERE id % 5 = 0")
+    jsonl_out, parquet_out = tmp_path / "train.jsonl", tmp_path / "train.parquet"
+    export(library, jsonl_out, "--tools", "json")
+    export(library, parquet_out, "--tools", "json")
+    rows = jsonl(jsonl_out)
+    assert {"guess_rate", "m_Bo4_score", "n_Bo8_score", "difficulty"} <= {
+        k for r in rows for k in r["extra_info"]
+    }
+    extra_type = pq.ParquetFile(parquet_out).schema_arrow.field("extra_info").type
+    assert [extra_type.field(i).name for i in range(extra_type.num_fields)] == [
+        "index", "solve_fc_round", "difficulty", "env_id", "guess_rate", "m_Bo4_score", "n_Bo8_score"
+    ]  # fmt: skip
+    same_rows(parquet_rows(parquet_out), rows)
 
 
 @pytest.mark.slow
