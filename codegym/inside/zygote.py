@@ -89,8 +89,8 @@ class Zygote:
         self.forgotten: list[str] = []
         self.code_events: collections.Counter[str] = collections.Counter()
         self.spare: tuple[int, int, int] | None = None
-        # The compiled sources the spare inherited (those compiled after it was forked, it is sent).
-        self.spare_codes: frozenset[str] = frozenset()
+        # Sources compiled since the spare was forked: it did not inherit them, so it is sent them.
+        self.compiled_after_spare: set[str] = set()
         self.residents: collections.OrderedDict[str, Resident] = collections.OrderedDict()
         # Residency the worker's memory budget allows at the measured cost (each request says).
         self.cap = settings.resident_cap
@@ -122,7 +122,7 @@ class Zygote:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         uid = self.allocate_uid() if Jail.isolated else 0
-        self.spare_codes = frozenset(self.codes)
+        self.compiled_after_spare.clear()
         pid = os.fork()
         if pid == 0:
             become(uid)
@@ -169,6 +169,7 @@ class Zygote:
         """Cache a compiled source, and make room by bytes (least recently used out first)."""
         self.codes[sha] = code
         self.code_costs[sha] = len(marshal.dumps(code))
+        self.compiled_after_spare.add(sha)
         while sum(self.code_costs.values()) > self.settings.code_cache_bytes and len(self.codes) > 1:
             old, _ = self.codes.popitem(last=False)
             del self.code_costs[old]
@@ -180,7 +181,7 @@ class Zygote:
         its code object (marshalled here, loaded there before any of its code runs), so a source
         new to the jail costs one compile, not one here and one again in the child."""
         sha = str(req.get("sha") or "")
-        if not sha or sha in self.spare_codes or sha not in self.codes:
+        if sha not in self.compiled_after_spare or sha not in self.codes:
             return req
         sent = {k: v for k, v in req.items() if k != "source"}
         sent["code"] = base64.b64encode(marshal.dumps(self.codes[sha])).decode()
@@ -230,12 +231,13 @@ class Zygote:
         if self.evictions:
             result["evictions"] = dict(self.evictions)
             self.evictions.clear()
-        result["code_cache"] = {
-            "entries": len(self.codes),
-            "bytes": sum(self.code_costs.values()),
-            **self.code_events,
-        }
-        self.code_events.clear()
+        if self.code_events:  # a resident step looks nothing up: its answer carries nothing here
+            result["code_cache"] = {
+                "entries": len(self.codes),
+                "bytes": sum(self.code_costs.values()),
+                **self.code_events,
+            }
+            self.code_events.clear()
         if self.forgotten:
             result["forgotten"] = self.forgotten
             self.forgotten = []
