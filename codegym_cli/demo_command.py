@@ -21,11 +21,11 @@ from typing import Any
 import grpc
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from codegym.samples import TRAJECTORIES
 from codegym_cli.oracle import read_trajectories
+from codegym_cli.progress import stderr_progress
 from codegym_client import DEFAULT_TARGET, AsyncRuntimeClient, CodeGymError
 
 
@@ -133,14 +133,7 @@ async def run_demo(args: argparse.Namespace) -> tuple[dict[str, EnvRow], float]:
             ]
         jobs: list[Any] = []
         # Progress on stderr (episodes done, steps/s), so the table on stdout stays clean.
-        progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
+        progress = stderr_progress()
         job = progress.add_task("episodes", total=None)
         done = [0, 0]
         start = time.perf_counter()

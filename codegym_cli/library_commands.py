@@ -47,16 +47,9 @@ class ImportBar:
     """The import's progress on stderr (rich): a bar per source, rows read against rows published."""
 
     def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from codegym_cli.progress import stderr_progress
 
-        self.bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-        )
+        self.bar = stderr_progress(transient=False)
         self.current: Any = None
 
     def __enter__(self) -> ImportBar:

@@ -57,12 +57,11 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 import grpc
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from codegym.library import EnvRecord, Library, default_library_path
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
+from codegym_cli.progress import stderr_progress
 from codegym_client.actions import ActionParseError, action_from_object
 from codegym_client.channels import aio_channel, target_for
 from services.dispatcher import SANDBOX_SERVICE, QueueFull, SandboxDispatcher, SandboxUnavailable
@@ -597,14 +596,7 @@ async def _replay(
         print(
             f"codegym library replay: worker {address} did not answer; replaying without it", file=sys.stderr
         )
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    progress = stderr_progress()
     bar = progress.add_task("replay", total=len(task_ids))
     seen: Counter[str] = Counter()
 

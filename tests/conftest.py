@@ -71,3 +71,20 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def good_source() -> str:
     return (ENV_DIR / "Sample_0001_I__MaxSubarraySumEnv.py").read_text()
+
+
+@pytest.fixture
+def get_env_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The env ids every `RuntimeClient.get_env` of the test asked for, in order (the calls still go
+    to the runtime): how the TRL spec's GetEnv traffic is counted."""
+    from codegym_client import RuntimeClient
+
+    asked: list[str] = []
+    get_env = RuntimeClient.get_env
+
+    def counting(self: RuntimeClient, env_id: str) -> Any:
+        asked.append(env_id)
+        return get_env(self, env_id)
+
+    monkeypatch.setattr(RuntimeClient, "get_env", counting)
+    return asked

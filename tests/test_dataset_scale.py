@@ -305,19 +305,6 @@ def runtime(big_library: tuple[Path, int]) -> Iterator[str]:
         assert server.stop() == 0
 
 
-@pytest.fixture
-def get_env_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    asked: list[str] = []
-    get_env = RuntimeClient.get_env
-
-    def counting(self: RuntimeClient, env_id: str) -> Any:
-        asked.append(env_id)
-        return get_env(self, env_id)
-
-    monkeypatch.setattr(RuntimeClient, "get_env", counting)
-    return asked
-
-
 def runtime_schemas(client: RuntimeClient, env_id: str) -> list[dict[str, Any]]:
     return [json.loads(t.json_schema) for t in client.get_env(env_id).tools]
 

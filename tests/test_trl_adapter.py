@@ -235,19 +235,9 @@ def test_an_unreachable_runtime_fails_the_episode_unscored_and_then_a_reset_ends
 
 
 @pytest.mark.jail
-def test_library_rows_and_one_class_when_the_tool_sets_agree(
-    runtime: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    asked: list[str] = []
-    get_env = RuntimeClient.get_env
-
-    def counting(self: RuntimeClient, env_id: str) -> Any:
-        asked.append(env_id)
-        return get_env(self, env_id)
-
-    monkeypatch.setattr(RuntimeClient, "get_env", counting)
+def test_library_rows_and_one_class_when_the_tool_sets_agree(runtime: str, get_env_calls: list[str]) -> None:
     spec = CodeGymSpec(runtime, library="Sample_0006_", instruction="Use the tools.")
-    assert asked == ["Sample_0006_I__ArrayGcdEnv"]  # once per environment: tasks and tools
+    assert get_env_calls == ["Sample_0006_I__ArrayGcdEnv"]  # once per environment: tasks and tools
     factory = spec.environment_factory
     assert isinstance(factory, type) and issubclass(factory, CodeGymEnvironment)
     assert factory.__name__ == "ArrayGcdEnv"
