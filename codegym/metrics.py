@@ -102,6 +102,20 @@ ADMISSION_REFUSALS = Counter(
 WORKER_QUEUE_DEPTH = Gauge(
     "codegym_runtime_worker_queue_depth", "Operations queued for sandbox workers, not yet sent"
 )
+# The episode record (services/runtime/episode_record.py): totals and bands only, never an env or
+# task label (there are tens of thousands); per-task figures come through the Stats RPC.
+RECORD_EVENTS = Counter(
+    "codegym_record_events_total",
+    "Episode record events: passed / failed episodes, failed_step, shortcut (rewarded in under a "
+    "quarter of the oracle's steps), dropped (deltas the store did not take)",
+    ["event"],
+)
+RECORD_TASKS = Gauge(
+    "codegym_record_tasks",
+    "Tasks played by any run, by recent pass-rate band (refreshed every 30 s)",
+    ["band"],
+)
+RECORD_QUARANTINED = Gauge("codegym_record_quarantined_envs", "Environments quarantined from sampling")
 
 PIPELINE_OUTCOMES = Counter(
     "codegym_pipeline_stage_outcomes_total",

@@ -123,8 +123,16 @@ class CreateSessionRequest(_message.Message):
     ABILITY_FIELD_NUMBER: _builtins.int
     ENV_TASK_FIELD_NUMBER: _builtins.int
     OPTIONS_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
     ability: _builtins.str
     """Training ability string `codegym_v1@{code_id}__{Env}@{json}`."""
+    run_id: _builtins.str
+    """The trainer's run this episode belongs to: its outcome is recorded for the run
+    (`Stats`, `SampleTasks`). Empty: recorded for all runs only.
+    """
+    policy_version: _builtins.int
+    """The policy that plays the episode (a trainer's global step), recorded with its outcome."""
     @_builtins.property
     def env_task(self) -> Global___EnvTask:
         """Env id + config."""
@@ -139,13 +147,20 @@ class CreateSessionRequest(_message.Message):
         ability: _builtins.str = ...,
         env_task: Global___EnvTask | None = ...,
         options: Global___SessionOptions | None = ...,
+        run_id: _builtins.str = ...,
+        policy_version: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ability", b"ability", "env_task", b"env_task", "options", b"options", "task", b"task"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_policy_version", b"_policy_version", "ability", b"ability", "env_task", b"env_task", "options", b"options", "policy_version", b"policy_version", "task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ability", b"ability", "env_task", b"env_task", "options", b"options", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_policy_version", b"_policy_version", "ability", b"ability", "env_task", b"env_task", "options", b"options", "policy_version", b"policy_version", "run_id", b"run_id", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__policy_version: _TypeAlias = _typing.Literal["policy_version"]  # noqa: Y015
+    _WhichOneofArgType__policy_version: _TypeAlias = _typing.Literal["_policy_version", b"_policy_version"]  # noqa: Y015
     _WhichOneofReturnType_task: _TypeAlias = _typing.Literal["ability", "env_task"]  # noqa: Y015
     _WhichOneofArgType_task: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__policy_version) -> _WhichOneofReturnType__policy_version | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType_task) -> _WhichOneofReturnType_task | None: ...
 
 Global___CreateSessionRequest: _TypeAlias = CreateSessionRequest  # noqa: Y015
@@ -838,3 +853,465 @@ class GetEnvResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetEnvResponse: _TypeAlias = GetEnvResponse  # noqa: Y015
+
+@_typing.final
+class StatsRequest(_message.Message):
+    """Request of Stats."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    ENV_PREFIX_FIELD_NUMBER: _builtins.int
+    ENVS_ONLY_FIELD_NUMBER: _builtins.int
+    PLAYED_ONLY_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run whose record is read; empty = every run together."""
+    env_prefix: _builtins.str
+    """Only environments whose id starts with this."""
+    envs_only: _builtins.bool
+    """Leave out per-task entries (environments only)."""
+    played_only: _builtins.bool
+    """Leave out tasks no episode of the run has played."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        env_prefix: _builtins.str = ...,
+        envs_only: _builtins.bool = ...,
+        played_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_prefix", b"env_prefix", "envs_only", b"envs_only", "played_only", b"played_only", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatsRequest: _TypeAlias = StatsRequest  # noqa: Y015
+
+@_typing.final
+class TaskStats(_message.Message):
+    """How one task configuration has gone."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EndingsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class StepErrorsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ABILITY_FIELD_NUMBER: _builtins.int
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    EPISODES_FIELD_NUMBER: _builtins.int
+    PASSES_FIELD_NUMBER: _builtins.int
+    PASS_RATE_FIELD_NUMBER: _builtins.int
+    RECENT_EPISODES_FIELD_NUMBER: _builtins.int
+    RECENT_PASS_RATE_FIELD_NUMBER: _builtins.int
+    MEAN_STEPS_FIELD_NUMBER: _builtins.int
+    ORACLE_STEPS_FIELD_NUMBER: _builtins.int
+    ENDINGS_FIELD_NUMBER: _builtins.int
+    STEP_ERRORS_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    PRIOR_PASS_RATE_FIELD_NUMBER: _builtins.int
+    LAST_POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    ability: _builtins.str
+    """Training ability string `codegym_v1@{env_id}@{config}` (the config as the library holds it)."""
+    env_id: _builtins.str
+    """Environment id."""
+    episodes: _builtins.int
+    """Finished episodes recorded (done or truncated; never infrastructure failures or early closes)."""
+    passes: _builtins.int
+    """Episodes that ended with a positive reward."""
+    pass_rate: _builtins.float
+    """passes / episodes (0 without episodes)."""
+    recent_episodes: _builtins.int
+    """Episodes in the recent window."""
+    recent_pass_rate: _builtins.float
+    """Pass rate over the recent window."""
+    mean_steps: _builtins.float
+    """Mean steps of the episodes."""
+    oracle_steps: _builtins.int
+    """Steps the oracle needs (`solve_fc_round`; 0 = unknown)."""
+    pool: _builtins.str
+    """Where the sampler puts the task: "learnable", "mastered", "unsolved", "unseen", "quarantined"."""
+    prior_pass_rate: _builtins.float
+    """The pass rate the record starts from before any episode (the published Qwen Bo4 score)."""
+    last_policy_version: _builtins.int
+    """Highest policy version seen among the episodes."""
+    @_builtins.property
+    def endings(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Episodes by how they ended: "done", "truncated"."""
+
+    @_builtins.property
+    def step_errors(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Failed steps by kind: "env_error", "step_timeout", "sandbox_limit"."""
+
+    def __init__(
+        self,
+        *,
+        ability: _builtins.str = ...,
+        env_id: _builtins.str = ...,
+        episodes: _builtins.int = ...,
+        passes: _builtins.int = ...,
+        pass_rate: _builtins.float = ...,
+        recent_episodes: _builtins.int = ...,
+        recent_pass_rate: _builtins.float = ...,
+        mean_steps: _builtins.float = ...,
+        oracle_steps: _builtins.int = ...,
+        endings: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        step_errors: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        pool: _builtins.str = ...,
+        prior_pass_rate: _builtins.float | None = ...,
+        last_policy_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_prior_pass_rate", b"_prior_pass_rate", "prior_pass_rate", b"prior_pass_rate"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_prior_pass_rate", b"_prior_pass_rate", "ability", b"ability", "endings", b"endings", "env_id", b"env_id", "episodes", b"episodes", "last_policy_version", b"last_policy_version", "mean_steps", b"mean_steps", "oracle_steps", b"oracle_steps", "pass_rate", b"pass_rate", "passes", b"passes", "pool", b"pool", "prior_pass_rate", b"prior_pass_rate", "recent_episodes", b"recent_episodes", "recent_pass_rate", b"recent_pass_rate", "step_errors", b"step_errors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__prior_pass_rate: _TypeAlias = _typing.Literal["prior_pass_rate"]  # noqa: Y015
+    _WhichOneofArgType__prior_pass_rate: _TypeAlias = _typing.Literal["_prior_pass_rate", b"_prior_pass_rate"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__prior_pass_rate) -> _WhichOneofReturnType__prior_pass_rate | None: ...
+
+Global___TaskStats: _TypeAlias = TaskStats  # noqa: Y015
+
+@_typing.final
+class EnvStats(_message.Message):
+    """How one environment has gone, over all its tasks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class StepErrorsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    EPISODES_FIELD_NUMBER: _builtins.int
+    PASSES_FIELD_NUMBER: _builtins.int
+    PASS_RATE_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    STEP_ERRORS_FIELD_NUMBER: _builtins.int
+    QUARANTINED_FIELD_NUMBER: _builtins.int
+    QUARANTINE_REASON_FIELD_NUMBER: _builtins.int
+    SHORTCUT_EPISODES_FIELD_NUMBER: _builtins.int
+    SHORTCUT_SESSIONS_FIELD_NUMBER: _builtins.int
+    RECENT_ERRORS_FIELD_NUMBER: _builtins.int
+    env_id: _builtins.str
+    """Environment id."""
+    episodes: _builtins.int
+    """Finished episodes."""
+    passes: _builtins.int
+    """Episodes with a positive reward."""
+    pass_rate: _builtins.float
+    """passes / episodes."""
+    steps: _builtins.int
+    """Steps served."""
+    quarantined: _builtins.bool
+    """Not sampled: its steps fail above the quarantine rate (see `quarantine_reason`)."""
+    quarantine_reason: _builtins.str
+    """The evidence, in one line."""
+    shortcut_episodes: _builtins.int
+    """Rewarded episodes that took under a quarter of the oracle's steps (a possible shortcut)."""
+    @_builtins.property
+    def step_errors(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Failed steps by kind: "env_error", "step_timeout", "sandbox_limit"."""
+
+    @_builtins.property
+    def shortcut_sessions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Sessions of such episodes (the most recent few)."""
+
+    @_builtins.property
+    def recent_errors(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The last failed steps' messages (the most recent few)."""
+
+    def __init__(
+        self,
+        *,
+        env_id: _builtins.str = ...,
+        episodes: _builtins.int = ...,
+        passes: _builtins.int = ...,
+        pass_rate: _builtins.float = ...,
+        steps: _builtins.int = ...,
+        step_errors: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        quarantined: _builtins.bool = ...,
+        quarantine_reason: _builtins.str = ...,
+        shortcut_episodes: _builtins.int = ...,
+        shortcut_sessions: _abc.Iterable[_builtins.str] | None = ...,
+        recent_errors: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id", "episodes", b"episodes", "pass_rate", b"pass_rate", "passes", b"passes", "quarantine_reason", b"quarantine_reason", "quarantined", b"quarantined", "recent_errors", b"recent_errors", "shortcut_episodes", b"shortcut_episodes", "shortcut_sessions", b"shortcut_sessions", "step_errors", b"step_errors", "steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnvStats: _TypeAlias = EnvStats  # noqa: Y015
+
+@_typing.final
+class StatsEntry(_message.Message):
+    """One entry of Stats."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def task(self) -> Global___TaskStats:
+        """A task configuration."""
+
+    @_builtins.property
+    def env(self) -> Global___EnvStats:
+        """An environment."""
+
+    def __init__(
+        self,
+        *,
+        task: Global___TaskStats | None = ...,
+        env: Global___EnvStats | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry", "env", b"env", "task", b"task"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry", "env", b"env", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_entry: _TypeAlias = _typing.Literal["task", "env"]  # noqa: Y015
+    _WhichOneofArgType_entry: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_entry) -> _WhichOneofReturnType_entry | None: ...
+
+Global___StatsEntry: _TypeAlias = StatsEntry  # noqa: Y015
+
+@_typing.final
+class SampleTasksRequest(_message.Message):
+    """Request of SampleTasks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    N_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    LOW_FIELD_NUMBER: _builtins.int
+    HIGH_FIELD_NUMBER: _builtins.int
+    EXPLORE_FIELD_NUMBER: _builtins.int
+    PER_ENV_CAP_FIELD_NUMBER: _builtins.int
+    MIN_EPISODES_FIELD_NUMBER: _builtins.int
+    ENV_PREFIX_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run the choice is for (its record decides the pools)."""
+    n: _builtins.int
+    """How many task configurations."""
+    seed: _builtins.int
+    """The same seed and record give the same choice."""
+    low: _builtins.float
+    """Learnable band: pass rate strictly between low and high. 0/0 = 0.0 and 1.0."""
+    high: _builtins.float
+    """Upper bound of the band."""
+    explore: _builtins.float
+    """Share of the choice spent on tasks the run has not played. Unset = 0.2."""
+    per_env_cap: _builtins.int
+    """Most tasks of one environment in the choice. 0 = no more than 2 (or n when the library is small)."""
+    min_episodes: _builtins.int
+    """Episodes of a task before its pass rate decides its pool. 0 = 4."""
+    env_prefix: _builtins.str
+    """Only environments whose id starts with this."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        n: _builtins.int = ...,
+        seed: _builtins.int = ...,
+        low: _builtins.float = ...,
+        high: _builtins.float = ...,
+        explore: _builtins.float | None = ...,
+        per_env_cap: _builtins.int = ...,
+        min_episodes: _builtins.int = ...,
+        env_prefix: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_explore", b"_explore", "explore", b"explore"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_explore", b"_explore", "env_prefix", b"env_prefix", "explore", b"explore", "high", b"high", "low", b"low", "min_episodes", b"min_episodes", "n", b"n", "per_env_cap", b"per_env_cap", "run_id", b"run_id", "seed", b"seed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__explore: _TypeAlias = _typing.Literal["explore"]  # noqa: Y015
+    _WhichOneofArgType__explore: _TypeAlias = _typing.Literal["_explore", b"_explore"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__explore) -> _WhichOneofReturnType__explore | None: ...
+
+Global___SampleTasksRequest: _TypeAlias = SampleTasksRequest  # noqa: Y015
+
+@_typing.final
+class SampledTask(_message.Message):
+    """One chosen task configuration."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ABILITY_FIELD_NUMBER: _builtins.int
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    PASS_RATE_FIELD_NUMBER: _builtins.int
+    EPISODES_FIELD_NUMBER: _builtins.int
+    ability: _builtins.str
+    """Training ability string."""
+    env_id: _builtins.str
+    """Environment id."""
+    pool: _builtins.str
+    """The pool it came from: "learnable", "unseen", "mastered", "unsolved"."""
+    pass_rate: _builtins.float
+    """The run's pass rate (the prior for an unseen task, when it has one)."""
+    episodes: _builtins.int
+    """The run's episodes of it."""
+    def __init__(
+        self,
+        *,
+        ability: _builtins.str = ...,
+        env_id: _builtins.str = ...,
+        pool: _builtins.str = ...,
+        pass_rate: _builtins.float = ...,
+        episodes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ability", b"ability", "env_id", b"env_id", "episodes", b"episodes", "pass_rate", b"pass_rate", "pool", b"pool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SampledTask: _TypeAlias = SampledTask  # noqa: Y015
+
+@_typing.final
+class SampleTasksResponse(_message.Message):
+    """Response of SampleTasks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PoolsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    TASKS_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___SampledTask]:
+        """The choice, `n` long unless the library has fewer eligible tasks."""
+
+    @_builtins.property
+    def pools(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Size of each pool the choice was drawn from."""
+
+    def __init__(
+        self,
+        *,
+        tasks: _abc.Iterable[Global___SampledTask] | None = ...,
+        pools: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pools", b"pools", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SampleTasksResponse: _TypeAlias = SampleTasksResponse  # noqa: Y015
+
+@_typing.final
+class LiftQuarantineRequest(_message.Message):
+    """Request of LiftQuarantine."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    env_id: _builtins.str
+    """Environment id."""
+    def __init__(
+        self,
+        *,
+        env_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LiftQuarantineRequest: _TypeAlias = LiftQuarantineRequest  # noqa: Y015
+
+@_typing.final
+class LiftQuarantineResponse(_message.Message):
+    """Response of LiftQuarantine."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIFTED_FIELD_NUMBER: _builtins.int
+    lifted: _builtins.bool
+    """Whether it was quarantined."""
+    def __init__(
+        self,
+        *,
+        lifted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lifted", b"lifted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LiftQuarantineResponse: _TypeAlias = LiftQuarantineResponse  # noqa: Y015

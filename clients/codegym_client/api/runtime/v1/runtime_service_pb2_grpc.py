@@ -81,6 +81,21 @@ class RuntimeServiceStub:
                 request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvRequest.SerializeToString,
                 response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvResponse.FromString,
                 _registered_method=True)
+        self.Stats = channel.unary_stream(
+                '/codegym.runtime.v1.RuntimeService/Stats',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsEntry.FromString,
+                _registered_method=True)
+        self.SampleTasks = channel.unary_unary(
+                '/codegym.runtime.v1.RuntimeService/SampleTasks',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SampleTasksRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SampleTasksResponse.FromString,
+                _registered_method=True)
+        self.LiftQuarantine = channel.unary_unary(
+                '/codegym.runtime.v1.RuntimeService/LiftQuarantine',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServiceServicer:
@@ -153,6 +168,29 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stats(self, request, context):
+        """What served episodes say about each task and environment: pass rates (all time and recent),
+        steps against the oracle's, how episodes ended, health. Tasks first, then environments.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SampleTasks(self, request, context):
+        """Task configurations chosen for learning from a run's record: mostly ones the run solves
+        sometimes, a share it has not seen, none from a quarantined environment.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LiftQuarantine(self, request, context):
+        """Let a quarantined environment be sampled again (its evidence so far is set aside).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -200,6 +238,21 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.GetEnv,
                     request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvRequest.FromString,
                     response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvResponse.SerializeToString,
+            ),
+            'Stats': grpc.unary_stream_rpc_method_handler(
+                    servicer.Stats,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsEntry.SerializeToString,
+            ),
+            'SampleTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.SampleTasks,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SampleTasksRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SampleTasksResponse.SerializeToString,
+            ),
+            'LiftQuarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.LiftQuarantine,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -447,6 +500,87 @@ class RuntimeService:
             '/codegym.runtime.v1.RuntimeService/GetEnv',
             codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvRequest.SerializeToString,
             codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/Stats',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsEntry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SampleTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/SampleTasks',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SampleTasksRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SampleTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LiftQuarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/LiftQuarantine',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineResponse.FromString,
             options,
             channel_credentials,
             insecure,

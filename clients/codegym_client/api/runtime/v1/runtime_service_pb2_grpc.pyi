@@ -56,6 +56,16 @@ class RuntimeServiceStub:
     """Environments in the library."""
     GetEnv: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GetEnvRequest, _runtime_service_pb2.GetEnvResponse]
     """One environment: tools and task text."""
+    Stats: _grpc.UnaryStreamMultiCallable[_runtime_service_pb2.StatsRequest, _runtime_service_pb2.StatsEntry]
+    """What served episodes say about each task and environment: pass rates (all time and recent),
+    steps against the oracle's, how episodes ended, health. Tasks first, then environments.
+    """
+    SampleTasks: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.SampleTasksRequest, _runtime_service_pb2.SampleTasksResponse]
+    """Task configurations chosen for learning from a run's record: mostly ones the run solves
+    sometimes, a share it has not seen, none from a quarantined environment.
+    """
+    LiftQuarantine: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.LiftQuarantineRequest, _runtime_service_pb2.LiftQuarantineResponse]
+    """Let a quarantined environment be sampled again (its evidence so far is set aside)."""
 
 @_typing.type_check_only
 class RuntimeServiceAsyncStub(RuntimeServiceStub):
@@ -85,6 +95,16 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Environments in the library."""
     GetEnv: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GetEnvRequest, _runtime_service_pb2.GetEnvResponse]  # type: ignore[assignment]
     """One environment: tools and task text."""
+    Stats: _aio.UnaryStreamMultiCallable[_runtime_service_pb2.StatsRequest, _runtime_service_pb2.StatsEntry]  # type: ignore[assignment]
+    """What served episodes say about each task and environment: pass rates (all time and recent),
+    steps against the oracle's, how episodes ended, health. Tasks first, then environments.
+    """
+    SampleTasks: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.SampleTasksRequest, _runtime_service_pb2.SampleTasksResponse]  # type: ignore[assignment]
+    """Task configurations chosen for learning from a run's record: mostly ones the run solves
+    sometimes, a share it has not seen, none from a quarantined environment.
+    """
+    LiftQuarantine: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.LiftQuarantineRequest, _runtime_service_pb2.LiftQuarantineResponse]  # type: ignore[assignment]
+    """Let a quarantined environment be sampled again (its evidence so far is set aside)."""
 
 class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
     """Environment sessions for RL trainers. A session holds an environment state that only sandbox
@@ -165,5 +185,33 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.GetEnvResponse, _abc.Awaitable[_runtime_service_pb2.GetEnvResponse]]:
         """One environment: tools and task text."""
+
+    @_abc_1.abstractmethod
+    def Stats(
+        self,
+        request: _runtime_service_pb2.StatsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_runtime_service_pb2.StatsEntry], _abc.AsyncIterator[_runtime_service_pb2.StatsEntry]]:
+        """What served episodes say about each task and environment: pass rates (all time and recent),
+        steps against the oracle's, how episodes ended, health. Tasks first, then environments.
+        """
+
+    @_abc_1.abstractmethod
+    def SampleTasks(
+        self,
+        request: _runtime_service_pb2.SampleTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.SampleTasksResponse, _abc.Awaitable[_runtime_service_pb2.SampleTasksResponse]]:
+        """Task configurations chosen for learning from a run's record: mostly ones the run solves
+        sometimes, a share it has not seen, none from a quarantined environment.
+        """
+
+    @_abc_1.abstractmethod
+    def LiftQuarantine(
+        self,
+        request: _runtime_service_pb2.LiftQuarantineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.LiftQuarantineResponse, _abc.Awaitable[_runtime_service_pb2.LiftQuarantineResponse]]:
+        """Let a quarantined environment be sampled again (its evidence so far is set aside)."""
 
 def add_RuntimeServiceServicer_to_server(servicer: RuntimeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

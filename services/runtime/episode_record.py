@@ -1,0 +1,221 @@
+"""The record of served episodes: what each task configuration and each environment has done.
+
+The runtime sees every episode's end, across every trainer process, and survives restarts, so it
+keeps this record (issue: a curriculum from served episodes). What is recorded:
+
+- an `EpisodeOutcome` for every episode that ended by itself: the environment said done, or the
+  step cap truncated it. Infrastructure failures never end an episode (the step is retried or
+  fails UNAVAILABLE with nothing applied), and a session closed before its end is not an outcome:
+  neither counts;
+- each served step, per environment, with its failure kind when it failed (the environment's
+  error, a time-out, a sandbox limit): the evidence of an environment's health.
+
+It is bounded by construction: per task and run a `Tally` of counters plus a window of the last
+`TASK_WINDOW` outcomes; per environment counters, a window of the last `ENV_WINDOW` steps and a few
+examples; at most `MAX_RUNS` runs (the least recently seen goes first). Never every episode.
+
+Recording costs the step path a dict update: `Recorder` folds outcomes into deltas in memory and a
+background task merges them into the store (`record_store.py`) about once a second. A delta is a
+JSON object merged by `merge`'s rules, the same in Python (SQLite) and Lua (Redis), so both stores
+keep one format:
+  numbers add (`version` keeps the highest); strings append and keep their last `WINDOWS[key]`
+  characters; lists append and keep their last `LIST_KEEP` items; `reset` names fields to clear
+  first (lifting a quarantine clears the environment's step window).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from codegym.metrics import RECORD_EVENTS
+
+log = logging.getLogger(__name__)
+
+# Outcomes of the last episodes of a task kept per run ('1' rewarded, '0' not): the recent pass rate.
+TASK_WINDOW = 32
+# Steps of an environment kept ('.' served, 'x' failed by the environment or a time-out, 'l' a
+# sandbox limit): what quarantine decides from.
+ENV_WINDOW = 64
+WINDOWS = {"recent": TASK_WINDOW, "window": ENV_WINDOW}
+# Examples kept per environment (recent error messages, sessions of suspected shortcuts).
+LIST_KEEP = 5
+# Runs kept; past this the run seen least recently is dropped from the record.
+MAX_RUNS = 256
+# Scope of the tallies of every run together.
+ALL_RUNS = "*"
+# Failed steps by kind, as `StepErrorCode` names them.
+FAILURE_KINDS = ("env_error", "step_timeout", "sandbox_limit")
+# Deltas held in memory before a flush is due at once (each is a distinct task or environment).
+MAX_PENDING_KEYS = 20_000
+FLUSH_EVERY_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeOutcome:
+    """One finished episode: what the record is made of."""
+
+    session_id: str
+    env_id: str
+    config_json: str
+    run_id: str
+    policy_version: int | None
+    reward: float
+    steps: int
+    ending: str  # "done" | "truncated"
+
+    @property
+    def passed(self) -> bool:
+        return self.reward > 0
+
+    @property
+    def task_key(self) -> str:
+        return task_key(self.env_id, self.config_json)
+
+
+def task_key(env_id: str, config_json: str) -> str:
+    """A task's key in the record: its env id and canonical config (env ids hold no '@')."""
+    return f"{env_id}@{config_json}"
+
+
+def split_task_key(key: str) -> tuple[str, str]:
+    env_id, _, config = key.partition("@")
+    return env_id, config
+
+
+def task_scope(run_id: str) -> str:
+    return f"task:{run_id or ALL_RUNS}"
+
+
+ENV_SCOPE = "env"
+
+
+def merge(body: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """`body` with `delta` merged in by the record's rules (see the module doc); `body` is changed."""
+    for name in delta.get("reset", ()):
+        body.pop(name, None)
+    for name, value in delta.items():
+        if name == "reset":
+            continue
+        if name == "version":
+            body[name] = max(int(body.get(name, 0)), int(value))
+        elif isinstance(value, bool) or not isinstance(value, (int, float, str, list)):
+            body[name] = value
+        elif isinstance(value, (int, float)):
+            body[name] = body.get(name, 0) + value
+        elif isinstance(value, str):
+            keep = WINDOWS.get(name, 256)
+            body[name] = (str(body.get(name, "")) + value)[-keep:]
+        else:
+            body[name] = (list(body.get(name, [])) + value)[-LIST_KEEP:]
+    return body
+
+
+class RecordStore(Protocol):
+    """Where the record lives: a file beside the library, or Redis beside the sessions."""
+
+    async def apply(self, deltas: dict[tuple[str, str], dict[str, Any]], runs: dict[str, float]) -> None:
+        """Merge each (scope, key)'s delta; note when each run was last seen (and drop the oldest
+        runs past `MAX_RUNS`)."""
+        ...
+
+    async def read(self, scope: str) -> dict[str, dict[str, Any]]:
+        """Every key of a scope with its merged body."""
+        ...
+
+    async def read_one(self, scope: str, key: str) -> dict[str, Any] | None: ...
+
+    async def close(self) -> None: ...
+
+
+class Recorder:
+    """Folds outcomes and steps into deltas in memory; `run()` merges them into the store.
+
+    What is held is bounded by the number of distinct tasks and environments touched since the
+    last flush; past `MAX_PENDING_KEYS` a flush is due at once, and if the store cannot take it
+    (down) the deltas are dropped, counted in `codegym_record_events_total{event="dropped"}` and
+    logged: the record is evidence for a sampler, never worth holding steps for.
+    """
+
+    def __init__(self, store: RecordStore, oracle_steps: Callable[[str, str], int]) -> None:
+        self.store = store
+        self.oracle_steps = oracle_steps
+        self.deltas: dict[tuple[str, str], dict[str, Any]] = {}
+        self.runs: dict[str, float] = {}
+        self.due = asyncio.Event()
+        self.flushed = 0
+
+    def _delta(self, scope: str, key: str, delta: dict[str, Any]) -> None:
+        held = self.deltas.get((scope, key))
+        if held is None:
+            self.deltas[(scope, key)] = merge({}, delta)
+        else:
+            merge(held, delta)
+        if len(self.deltas) >= MAX_PENDING_KEYS:
+            self.due.set()
+
+    def step(self, env_id: str, config_json: str, run_id: str, failure: str | None, message: str = "") -> None:
+        """A served step (a step the runtime rejected before any worker ran it is not one)."""
+        mark = "." if failure is None else ("l" if failure == "sandbox_limit" else "x")
+        env: dict[str, Any] = {"steps": 1, "window": mark}
+        if failure is not None:
+            env[failure] = 1
+            env["recent_errors"] = [message[:300]]
+            key = task_key(env_id, config_json)
+            for scope in {task_scope(run_id), task_scope("")}:
+                self._delta(scope, key, {failure: 1})
+            RECORD_EVENTS.labels("failed_step").inc()
+        self._delta(ENV_SCOPE, env_id, env)
+
+    def episode(self, outcome: EpisodeOutcome) -> None:
+        """A finished episode (done or truncated)."""
+        delta: dict[str, Any] = {
+            "episodes": 1,
+            "passes": int(outcome.passed),
+            "steps": outcome.steps,
+            outcome.ending: 1,
+            "recent": "1" if outcome.passed else "0",
+        }
+        if outcome.policy_version is not None:
+            delta["version"] = outcome.policy_version
+        for scope in {task_scope(outcome.run_id), task_scope("")}:
+            self._delta(scope, outcome.task_key, dict(delta))
+        env: dict[str, Any] = {"episodes": 1, "passes": int(outcome.passed)}
+        oracle = self.oracle_steps(outcome.env_id, outcome.config_json) if outcome.passed else 0
+        if oracle and outcome.steps * 4 < oracle:
+            env["shortcuts"] = 1
+            env["shortcut_sessions"] = [outcome.session_id]
+            RECORD_EVENTS.labels("shortcut").inc()
+        self._delta(ENV_SCOPE, outcome.env_id, env)
+        self.runs[outcome.run_id or ALL_RUNS] = time.time()
+        RECORD_EVENTS.labels("passed" if outcome.passed else "failed").inc()
+
+    async def flush(self) -> None:
+        """Merge what is held into the store (what fails to merge is dropped and counted)."""
+        if not self.deltas and not self.runs:
+            return
+        deltas, self.deltas = self.deltas, {}
+        runs, self.runs = self.runs, {}
+        self.due.clear()
+        try:
+            await self.store.apply(deltas, runs)
+            self.flushed += len(deltas)
+        except Exception as exc:  # the store is down or refused: evidence lost, never a step
+            RECORD_EVENTS.labels("dropped").inc(len(deltas))
+            log.warning("episode record: %d entries not written (%s)", len(deltas), exc)
+
+    async def run(self, every_s: float = FLUSH_EVERY_S) -> None:
+        """Flush about every `every_s` (at once when the deltas fill up), until cancelled."""
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.due.wait(), every_s)
+                await self.flush()
+        finally:
+            await asyncio.shield(self.flush())
+
