@@ -22,6 +22,7 @@ from codegym_client.requests import (
     SERVICE,
     ActionLike,
     create_request,
+    sample_request,
     step_request,
 )
 from codegym_client.resend import (
@@ -197,6 +198,35 @@ class AsyncRuntimeClient:
             rt.GetEnvRequest(env_id=env_id), timeout=self.timeout_s
         )
         return response
+
+    @raises_typed("Stats")
+    async def stats(
+        self, run_id: str = "", *, env_prefix: str = "", envs_only: bool = False, played_only: bool = False
+    ) -> list[rt.StatsEntry]:
+        """The runtime's record of served episodes: each task (unless `envs_only`), then each env."""
+        request = rt.StatsRequest(
+            run_id=run_id, env_prefix=env_prefix, envs_only=envs_only, played_only=played_only
+        )
+        return [entry async for entry in self.stub.Stats(request, timeout=max(self.timeout_s, 300.0))]
+
+    @raises_typed("SampleTasks")
+    async def sample_tasks(self, run_id: str, n: int, **options: Any) -> rt.SampleTasksResponse:
+        """`n` task configurations chosen for the run (see `sample_request` for `options`)."""
+        request = sample_request(run_id, n, **options)
+        response: rt.SampleTasksResponse = await self._send(
+            "SampleTasks",
+            lambda _: self.stub.SampleTasks(request, timeout=max(self.timeout_s, 60.0)),
+            repeatable=True,
+        )
+        return response
+
+    @raises_typed("LiftQuarantine")
+    async def lift_quarantine(self, env_id: str) -> bool:
+        """Let a quarantined environment be sampled again; whether it was quarantined."""
+        response = await self.stub.LiftQuarantine(
+            rt.LiftQuarantineRequest(env_id=env_id), timeout=self.timeout_s
+        )
+        return bool(response.lifted)
 
 
 class StepStream:

@@ -9,7 +9,7 @@ from typing import Any
 from codegym_client.actions import Action
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 
-__all__ = ["DEFAULT_TARGET", "SERVICE", "ActionLike", "create_request", "step_request"]
+__all__ = ["DEFAULT_TARGET", "SERVICE", "ActionLike", "create_request", "sample_request", "step_request"]
 
 SERVICE = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
 NOT_RETRIED = [(SERVICE, "Step"), (SERVICE, "BatchStep")]
@@ -27,13 +27,49 @@ def create_request(
     max_steps: int = 0,
     step_timeout_ms: int = 0,
     seed: int = 0,
+    run_id: str = "",
+    policy_version: int | None = None,
 ) -> rt.CreateSessionRequest:
+    """`run_id` and `policy_version` (a trainer's run and global step) go into the runtime's record
+    of the episode's outcome, which `Stats` and `SampleTasks` read."""
     options = rt.SessionOptions(max_steps=max_steps, step_timeout_ms=step_timeout_ms, seed=seed)
     if ability:
-        return rt.CreateSessionRequest(ability=ability, options=options)
-    config_json = config if isinstance(config, str) else json.dumps(config or {})
-    task = rt.EnvTask(env_id=env_id, config_json=config_json if not env_str else "", env_str=env_str)
-    return rt.CreateSessionRequest(env_task=task, options=options)
+        request = rt.CreateSessionRequest(ability=ability, options=options, run_id=run_id)
+    else:
+        config_json = config if isinstance(config, str) else json.dumps(config or {})
+        task = rt.EnvTask(env_id=env_id, config_json=config_json if not env_str else "", env_str=env_str)
+        request = rt.CreateSessionRequest(env_task=task, options=options, run_id=run_id)
+    if policy_version is not None:
+        request.policy_version = policy_version
+    return request
+
+
+def sample_request(
+    run_id: str,
+    n: int,
+    *,
+    seed: int = 0,
+    low: float = 0.0,
+    high: float = 1.0,
+    explore: float | None = None,
+    per_env_cap: int = 0,
+    min_episodes: int = 0,
+    env_prefix: str = "",
+) -> rt.SampleTasksRequest:
+    """A SampleTasks request; the defaults are the runtime's (band (0, 1), 20 % exploring)."""
+    request = rt.SampleTasksRequest(
+        run_id=run_id,
+        n=n,
+        seed=seed,
+        low=low,
+        high=high,
+        per_env_cap=per_env_cap,
+        min_episodes=min_episodes,
+        env_prefix=env_prefix,
+    )
+    if explore is not None:
+        request.explore = explore
+    return request
 
 
 def step_request(session_id: str, action: ActionLike, step_index: int | None = None) -> rt.StepRequest:

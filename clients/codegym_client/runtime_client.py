@@ -21,7 +21,14 @@ from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym_client.channels import HEALTH_CHECK, HEALTH_REQUEST, PROBE_TIMEOUT_S, sync_channel, target_text
 from codegym_client.errors import SessionNotFound, raises_typed, typed_error, unreachable
-from codegym_client.requests import DEFAULT_TARGET, NOT_RETRIED, SERVICE, ActionLike, create_request
+from codegym_client.requests import (
+    DEFAULT_TARGET,
+    NOT_RETRIED,
+    SERVICE,
+    ActionLike,
+    create_request,
+    sample_request,
+)
 from codegym_client.resend import (
     DEFAULT_ATTEMPTS,
     Attempts,
@@ -202,3 +209,30 @@ class RuntimeClient:
             rt.GetEnvRequest(env_id=env_id), timeout=self.timeout_s
         )
         return response
+
+    @raises_typed("Stats")
+    def stats(
+        self, run_id: str = "", *, env_prefix: str = "", envs_only: bool = False, played_only: bool = False
+    ) -> Iterator[rt.StatsEntry]:
+        """The runtime's record of served episodes: each task (unless `envs_only`), then each env."""
+        request = rt.StatsRequest(
+            run_id=run_id, env_prefix=env_prefix, envs_only=envs_only, played_only=played_only
+        )
+        yield from self.stub.Stats(request, timeout=max(self.timeout_s, 300.0))
+
+    @raises_typed("SampleTasks")
+    def sample_tasks(self, run_id: str, n: int, **options: Any) -> rt.SampleTasksResponse:
+        """`n` task configurations chosen for the run (see `sample_request` for `options`)."""
+        request = sample_request(run_id, n, **options)
+        response: rt.SampleTasksResponse = self._send(
+            "SampleTasks",
+            lambda _: self.stub.SampleTasks(request, timeout=max(self.timeout_s, 60.0)),
+            repeatable=True,
+        )
+        return response
+
+    @raises_typed("LiftQuarantine")
+    def lift_quarantine(self, env_id: str) -> bool:
+        """Let a quarantined environment be sampled again; whether it was quarantined."""
+        response = self.stub.LiftQuarantine(rt.LiftQuarantineRequest(env_id=env_id), timeout=self.timeout_s)
+        return bool(response.lifted)

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from services.runtime.episode_record import MAX_RUNS, LIST_KEEP, WINDOWS, merge, task_scope
+from services.runtime.episode_record import LIST_KEEP, MAX_RUNS, WINDOWS, merge, task_scope
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tallies (
