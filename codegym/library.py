@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     config_text     TEXT NOT NULL DEFAULT '',
     source_sha      TEXT NOT NULL DEFAULT '',
     extra           TEXT NOT NULL DEFAULT '{}',
+    learnability    TEXT NOT NULL DEFAULT '',
     UNIQUE (env_id, config_json)
 );
 CREATE INDEX IF NOT EXISTS tasks_env ON tasks(env_id);
@@ -81,6 +82,8 @@ CREATE TABLE IF NOT EXISTS trajectories (
 #   source_sha:  the code the task was recorded with, when it is not its environment's (a row of
 #                `variants`); '' = the environment's own source.
 #   extra:       the published fields kept with the task (extra_info keys, unknown columns).
+#   learnability: unsolved / learnable / mastered from a run's served episodes ('' = unlabelled),
+#                written by `codegym library label`; apart from the published `difficulty`.
 ENV_COLUMNS = "env_id, code_id, env_class, source, sha256, tools_json, tools_text, task_text, metadata"
 TASK_COLUMNS = {
     "scores": "TEXT NOT NULL DEFAULT '{}'",
@@ -88,6 +91,7 @@ TASK_COLUMNS = {
     "config_text": "TEXT NOT NULL DEFAULT ''",
     "source_sha": "TEXT NOT NULL DEFAULT ''",
     "extra": "TEXT NOT NULL DEFAULT '{}'",
+    "learnability": "TEXT NOT NULL DEFAULT ''",
 }
 
 
@@ -291,6 +295,7 @@ class Library:
             have = {row[1] for row in self.db.execute("PRAGMA table_info(tasks)")}
             defaults = {"scores": "'{}'", "guess_rate": "NULL", "config_text": "''", "source_sha": "''"}
             defaults["extra"] = "'{}'"
+            defaults["learnability"] = "''"
             optional = [name if name in have else defaults[name] for name in TASK_COLUMNS]
             self._task_select = ", ".join(
                 ["env_id", "config_json", "difficulty", "solve_fc_round", *optional]
@@ -299,7 +304,7 @@ class Library:
 
     @staticmethod
     def _task(row: tuple[Any, ...]) -> TaskRecord:
-        env_id, config_json, difficulty, rounds, scores, guess, text, sha, extra = row
+        env_id, config_json, difficulty, rounds, scores, guess, text, sha, extra, learnability = row
         return TaskRecord(
             env_id,
             config_json,
@@ -310,6 +315,7 @@ class Library:
             config_text=text,
             source_sha=sha,
             extra=json.loads(extra),
+            learnability=learnability,
         )
 
     def set_scores(self, scores: Iterable[tuple[str, str, str, float]]) -> int:
@@ -325,6 +331,18 @@ class Library:
                 merged = {**json.loads(row[1]), name: value}
                 self.db.execute("UPDATE tasks SET scores = ? WHERE id = ?", (json.dumps(merged), row[0]))
                 matched += 1
+        return matched
+
+    def set_learnability(self, labels: Iterable[tuple[str, str, str]]) -> int:
+        """Record (env_id, config_json, label) for task configs in the library (the config in its
+        canonical spelling, `canonical_config`); returns how many matched."""
+        matched = 0
+        with self.db:
+            for env_id, config_json, label in labels:
+                matched += self.db.execute(
+                    "UPDATE tasks SET learnability = ? WHERE env_id = ? AND config_json = ?",
+                    (label, env_id, config_json),
+                ).rowcount
         return matched
 
     @staticmethod

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DIFFICULTIES = ("", "easy", "medium", "hard")
+# Learnability labels from the runtime's record of served episodes (`codegym library label`), apart
+# from the published easy/medium/hard `difficulty`; "" = not labelled.
+LEARNABILITY = ("unsolved", "learnable", "mastered")
 # Where the task statement starts in a training instance's user message (English, Chinese protocol).
 QUESTION_MARKERS = ("\nQuestion:\n", "\n问题：\n")
 
@@ -41,6 +44,8 @@ class TaskRecord:
     source_sha: str = field(default="", compare=False)
     # Published fields kept with the task (extra_info keys, columns this library has no place for).
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    # How a run fared on it, one of LEARNABILITY ("" = not labelled): `codegym library label`.
+    learnability: str = field(default="", compare=False)
 
     @property
     def published_config(self) -> str:
