@@ -1,4 +1,7 @@
-"""`codegym library import|list|show|oracle`: build and inspect an environment library (SQLite)."""
+"""`codegym library import|list|show|oracle`: build and inspect an environment library (SQLite).
+
+`replay` lives in library_replay.py; `stats|sample|quarantine|label`, which read the runtime's
+record of served episodes, in library_curriculum.py."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import Any
 
 from codegym.library import ImportReport, Library, default_library_path
 from codegym.library_import import ON_CONFLICT
-from codegym_cli import library_replay
+from codegym_cli import library_curriculum, library_replay
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -297,3 +300,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(oracle)
     oracle.set_defaults(func=_oracle)
     library_replay.add_parser(lib_sub)
+    library_curriculum.add_parsers(lib_sub)

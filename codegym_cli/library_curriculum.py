@@ -1,0 +1,367 @@
+"""`codegym library stats|sample|quarantine|label`: the runtime's record of served episodes.
+
+The runtime records every finished episode against its task configuration and its trainer's run
+(`create_session(run_id=...)`); these commands read that record through its RPCs, so they work
+against any runtime, local or deployed, and never open its store:
+
+- `stats` prints it as JSON lines, a line per task configuration, then a line per environment
+  (`TaskStats` / `EnvStats`, every field, with `"kind": "task"|"env"`);
+- `sample` asks the runtime's sampler for N task configurations chosen for a run to learn from;
+- `quarantine` lists the environments kept out of sampling, with their evidence, and `--lift`
+  lets one be sampled again (nothing is ever deleted);
+- `label --from-stats` writes each played task's learnability (unsolved / learnable / mastered)
+  into a library, where `codegym export --learnability` and `codegym eval --learnability` filter
+  by it. It is kept apart from the published easy/medium/hard `difficulty`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from codegym.contract import parse_ability
+from codegym.contract.errors import EnvStringError
+from codegym.library import Library, canonical_config, default_library_path
+from codegym.library_records import LEARNABILITY
+from codegym_client import CodeGymError, RuntimeClient
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+# The sampler's own default (SampleTasksRequest.min_episodes): a task's pass rate decides nothing
+# before this many episodes.
+MIN_EPISODES = 4
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    """Every field of `message` by its proto name, in the proto's order, defaults included (a 0
+    pass rate is a figure, not a missing one); an unset optional field (no prior) stays out."""
+    data = json_format.MessageToDict(
+        message,
+        always_print_fields_with_no_presence=True,
+        preserving_proto_field_name=True,
+        unquote_int64_if_possible=True,
+    )
+    return {f.name: data[f.name] for f in message.DESCRIPTOR.fields if f.name in data}
+
+
+def entry_dict(entry: rt.StatsEntry) -> dict[str, Any]:
+    """One `Stats` entry as a JSON object: `kind` ("task" or "env"), then its fields."""
+    kind = entry.WhichOneof("entry") or ""
+    return {"kind": kind, **(message_dict(getattr(entry, kind)) if kind else {})}
+
+
+def run_name(run: str) -> str:
+    return f"run {run!r}" if run else "any run"
+
+
+def learnability(pass_rate: float, episodes: int, low: float, high: float, min_episodes: int) -> str:
+    """A task's label from its pass rate: at most `low` unsolved, at least `high` mastered, learnable
+    between; "" (no label) before `min_episodes` episodes."""
+    if episodes < max(1, min_episodes):
+        return ""
+    if pass_rate <= low:
+        return "unsolved"
+    if pass_rate >= high:
+        return "mastered"
+    return "learnable"
+
+
+def with_runtime(
+    command: str, body: Callable[[RuntimeClient, argparse.Namespace], int]
+) -> Callable[..., int]:
+    """`body(client, args)` with a client of `--target`, connected first; a runtime that cannot be
+    reached or refuses is one line on stderr and exit 1, never a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        with RuntimeClient(args.target, timeout_s=args.timeout) as client:
+            try:
+                client.wait_ready(args.connect_timeout)
+                return body(client, args)
+            except CodeGymError as exc:
+                print(f"codegym library {command}: {failure(args.target, exc)}", file=sys.stderr)
+                return 1
+
+    return run
+
+
+def failure(target: str, exc: CodeGymError) -> str:
+    if exc.method == "wait_ready":
+        return str(exc.details())  # "cannot reach HOST:PORT: connection refused (...)"
+    code = exc.code()
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return f"the runtime at {target} keeps no record of episodes (an older release): {exc.details()}"
+    return f"the runtime at {target} refused {exc.method}: {code.name}: {exc.details()}"
+
+
+def _stats(client: RuntimeClient, args: argparse.Namespace) -> int:
+    kinds: Counter[str] = Counter()
+    played = 0
+    for entry in client.stats(
+        args.run, env_prefix=args.env_prefix, envs_only=args.envs_only, played_only=args.played_only
+    ):
+        line = entry_dict(entry)
+        kinds[line["kind"]] += 1
+        # A run is known by its played tasks (by its environments when there are no task lines).
+        played += line.get("episodes", 0) > 0 and (line["kind"] == "task" or args.envs_only)
+        print(json.dumps(line, ensure_ascii=False), flush=True)
+    if not played:
+        print(
+            f"codegym library stats: no finished episode of {run_name(args.run)} is recorded"
+            f"{f' under {args.env_prefix!r}' if args.env_prefix else ''} (a run is named by the trainer's"
+            " create_session(run_id=...))",
+            file=sys.stderr,
+        )
+    else:
+        print(f"{kinds['task']} tasks ({played} played), {kinds['env']} environments", file=sys.stderr)
+    return 0
+
+
+def _sample(client: RuntimeClient, args: argparse.Namespace) -> int:
+    if not args.low < args.high:
+        print(f"codegym library sample: --low {args.low} must be below --high {args.high}", file=sys.stderr)
+        return 2
+    response = client.sample_tasks(
+        args.run,
+        args.n,
+        seed=args.seed,
+        low=args.low,
+        high=args.high,
+        explore=args.explore,
+        per_env_cap=args.per_env_cap,
+        min_episodes=args.min_episodes,
+        env_prefix=args.env_prefix,
+    )
+    for task in response.tasks:
+        print(json.dumps(message_dict(task), ensure_ascii=False))
+    pools = ", ".join(f"{name} {size}" for name, size in sorted(response.pools.items()))
+    print(
+        f"{len(response.tasks)} of {args.n} chosen for {run_name(args.run)}; pools: {pools or 'none'}",
+        file=sys.stderr,
+    )
+    if not response.tasks:
+        print("codegym library sample: no eligible task (an empty library or prefix?)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _quarantine(client: RuntimeClient, args: argparse.Namespace) -> int:
+    if args.lift:
+        if client.lift_quarantine(args.lift):
+            print(f"lifted the quarantine of {args.lift}: it is sampled again")
+            return 0
+        print(f"codegym library quarantine: {args.lift} is not quarantined: nothing lifted", file=sys.stderr)
+        return 1
+    quarantined = 0
+    for entry in client.stats(env_prefix=args.env_prefix, envs_only=True):
+        if entry.WhichOneof("entry") == "env" and entry.env.quarantined:
+            quarantined += 1
+            print(json.dumps(entry_dict(entry), ensure_ascii=False), flush=True)
+    print(f"{quarantined or 'no'} environment{'' if quarantined == 1 else 's'} quarantined", file=sys.stderr)
+    return 0
+
+
+def task_labels(
+    entries: Iterable[rt.StatsEntry], low: float, high: float, min_episodes: int
+) -> tuple[list[tuple[str, str, str]], Counter[str]]:
+    """(env_id, canonical config, label) of each played task that earns one, and what the rest
+    were: "too_few" (fewer than `min_episodes` episodes), "unreadable" (an ability not parsed)."""
+    labels = []
+    left: Counter[str] = Counter()
+    for entry in entries:
+        if entry.WhichOneof("entry") != "task" or not entry.task.episodes:
+            continue
+        task = entry.task
+        label = learnability(task.pass_rate, task.episodes, low, high, min_episodes)
+        if not label:
+            left["too_few"] += 1
+            continue
+        try:
+            ability = parse_ability(task.ability)
+        except EnvStringError:
+            left["unreadable"] += 1
+            continue
+        labels.append((ability.env_id, canonical_config(ability.config), label))
+    return labels, left
+
+
+def _label(client: RuntimeClient, args: argparse.Namespace) -> int:
+    entries = client.stats(args.run, env_prefix=args.env_prefix, played_only=True)
+    labels, left = task_labels(entries, args.low, args.high, args.min_episodes)
+    played = len(labels) + sum(left.values())
+    if not played:
+        print(
+            f"codegym library label: no finished episode of {run_name(args.run)} is recorded: nothing to label",
+            file=sys.stderr,
+        )
+        return 1
+    written: Counter[str] = Counter()
+    with Library(args.library) as library:
+        for label in LEARNABILITY:
+            written[label] = library.set_learnability(row for row in labels if row[2] == label)
+    total = sum(written.values())
+    counts = ", ".join(f"{label} {written[label]}" for label in LEARNABILITY)
+    print(f"labelled {total} tasks in {args.library} from {run_name(args.run)}: {counts}")
+    if left["too_few"]:
+        print(
+            f"{left['too_few']} played tasks have fewer than {args.min_episodes} episodes: labels left as they were",
+            file=sys.stderr,
+        )
+    if left["unreadable"]:
+        print(
+            f"{left['unreadable']} tasks have an ability string that is not codegym_v1@{{env_id}}@{{config}}",
+            file=sys.stderr,
+        )
+    if len(labels) > total:
+        print(
+            f"{len(labels) - total} labelled tasks are not in {args.library} (is it the library the runtime serves?)",
+            file=sys.stderr,
+        )
+    return 0 if total or not labels else 1
+
+
+def _label_command(args: argparse.Namespace) -> int:
+    if not Path(args.library).is_file():
+        print(f"codegym library label: no library at {args.library}", file=sys.stderr)
+        return 2
+    if not args.low < args.high:
+        print(f"codegym library label: --low {args.low} must be below --high {args.high}", file=sys.stderr)
+        return 2
+    return with_runtime("label", _label)(args)
+
+
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a fraction in [0, 1], not {text}")
+    return value
+
+
+def count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a count >= 0, not {text}")
+    return value
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1, not {text}")
+    return value
+
+
+def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
+    def runtime(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--target", default=DEFAULT_TARGET, metavar="HOST:PORT", help="the runtime")
+        p.add_argument(
+            "--connect-timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the runtime"
+        )
+        p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="deadline of one call")
+        p.add_argument("--env-prefix", default="", metavar="P", help="only env ids starting with this")
+
+    def band(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--low", type=fraction, default=0.0, metavar="L", help="pass rate at or below: unsolved"
+        )
+        p.add_argument(
+            "--high", type=fraction, default=1.0, metavar="H", help="pass rate at or above: mastered"
+        )
+        p.add_argument(
+            "--min-episodes",
+            type=count,
+            default=MIN_EPISODES,
+            metavar="M",
+            help="episodes of a task before its pass rate decides",
+        )
+
+    stats = lib_sub.add_parser(
+        "stats",
+        help="the runtime's record of served episodes as JSON lines: each task config, then each env",
+        description="A line per task configuration (episodes, passes, pass rate all time and recent, "
+        "mean steps against the oracle's, endings, failed steps by kind, the sampler's pool), then a "
+        "line per environment (the same totals, quarantine and its evidence, suspected shortcuts), each "
+        'with "kind": "task" or "env". Episodes ended by the infrastructure, and sessions closed before '
+        "an end, are never counted.",
+    )
+    runtime(stats)
+    stats.add_argument(
+        "--run", default="", metavar="RUN", help="one trainer run's record (default: every run)"
+    )
+    stats.add_argument("--envs-only", action="store_true", help="environments only, no task lines")
+    stats.add_argument("--played-only", action="store_true", help="only tasks the run has played")
+    stats.set_defaults(func=with_runtime("stats", _stats))
+
+    sample = lib_sub.add_parser(
+        "sample",
+        help="N task configs chosen for a run to learn from (the runtime's sampler), as JSON lines",
+        description="Most come from the learnable band (the run's pass rate strictly between --low and "
+        "--high), a share (--explore) from tasks the run has not played; mastered and unsolved tasks and "
+        "quarantined environments are left out, and no environment gives more than --per-env-cap. The "
+        "same seed and record give the same choice. The pools' sizes go to stderr.",
+    )
+    runtime(sample)
+    sample.add_argument("--run", required=True, metavar="RUN", help="the trainer run the choice is for")
+    sample.add_argument("-n", type=positive, required=True, metavar="N", help="how many task configs")
+    sample.add_argument(
+        "--seed", type=count, default=0, metavar="S", help="the same seed gives the same choice"
+    )
+    band(sample)
+    sample.add_argument(
+        "--explore",
+        type=fraction,
+        default=None,
+        metavar="X",
+        help="share of unplayed tasks (runtime default: 0.2)",
+    )
+    sample.add_argument(
+        "--per-env-cap",
+        type=count,
+        default=0,
+        metavar="C",
+        help="most tasks of one env (0: the runtime's default)",
+    )
+    sample.set_defaults(func=with_runtime("sample", _sample))
+
+    quarantine = lib_sub.add_parser(
+        "quarantine",
+        help="the environments kept out of sampling, with their evidence (JSON lines); --lift lets one back",
+        description="An environment whose steps fail (environment errors, time-outs) above the "
+        "runtime's rate is quarantined: no longer sampled, still served. Nothing is deleted.",
+    )
+    runtime(quarantine)
+    quarantine.add_argument("--lift", default="", metavar="ENV_ID", help="lift this environment's quarantine")
+    quarantine.set_defaults(func=with_runtime("quarantine", _quarantine))
+
+    label = lib_sub.add_parser(
+        "label",
+        help="write each played task's learnability (unsolved, learnable, mastered) into a library",
+        description="From the runtime's record of a run: a task whose pass rate is at most --low is "
+        "unsolved, at least --high mastered, learnable between; a task with fewer than --min-episodes "
+        "episodes keeps its label as it was. Tasks are matched by env id and config. "
+        "`codegym export --learnability` and `codegym eval --learnability` filter by the label; the "
+        "published easy/medium/hard difficulty is another column, untouched.",
+    )
+    label.add_argument(
+        "--from-stats", action="store_true", required=True, help="label from the runtime's record (--target)"
+    )
+    runtime(label)
+    label.add_argument(
+        "--run", default="", metavar="RUN", help="one trainer run's record (default: every run)"
+    )
+    label.add_argument(
+        "--library",
+        default=str(default_library_path()),
+        metavar="FILE",
+        help="library to write the labels into",
+    )
+    band(label)
+    label.set_defaults(func=_label_command)
