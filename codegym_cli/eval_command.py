@@ -10,8 +10,9 @@ were not counted and why), and prints the table. Run the same command again afte
 interruption or a failure: counted episodes are kept, the rest (failed attempts included) are
 played. With --library, each config's success rate over its counted episodes is stored in the
 library as `{model}_Bo{k}_score`, which `codegym export` writes into extra_info (and
-`--difficulty` filters on); a config with no counted episode gets no score. Exit code 1 when
-some episode of this run was not counted.
+`--difficulty` filters on); a config with no counted episode gets no score. `--learnability`
+plays only the library's task configs a run's served episodes labelled so (`codegym library
+label`). Exit code 1 when some episode of this run was not counted.
 """
 
 from __future__ import annotations
@@ -39,17 +40,23 @@ from codegym_cli.evaluation import (
     tasks_from_instances,
     tasks_from_library,
 )
+from codegym_cli.export_command import learnability_argument
 from codegym_cli.synthesize_command import add_llm_arguments, missing_api_key, settings_from
 from codegym_client import AsyncRuntimeClient, RuntimeUnavailable
 
 
 def load_tasks(args: argparse.Namespace) -> list[EvalTask]:
     if args.instances:
+        if args.learnability is not None:
+            raise ValueError(
+                "--learnability filters a library's labels: play --library, or export the labelled"
+                " instances first (codegym export --learnability)"
+            )
         tasks = tasks_from_instances(args.instances)
     else:
         if not Path(args.library).is_file():
             raise ValueError(f"no library at {args.library}")
-        tasks = tasks_from_library(args.library, args.tool_mode, args.prefix)
+        tasks = tasks_from_library(args.library, args.tool_mode, args.prefix, args.learnability)
     tasks = [t for t in tasks if t.env_id.startswith(args.prefix)]
     return tasks[: args.limit] if args.limit else tasks
 
@@ -262,6 +269,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--max-tokens", type=int, default=1024, help="completion token cap per reply")
     ev.add_argument("--prefix", default="", help="only env ids starting with this")
     ev.add_argument("--limit", type=int, default=0, help="only the first N tasks (0 = all)")
+    ev.add_argument(
+        "--learnability",
+        type=learnability_argument,
+        default=None,
+        metavar="LABEL[,LABEL...]",
+        help="only the library's configs labelled so by `codegym library label` (unsolved, learnable, mastered)",
+    )
     ev.add_argument("--step-timeout-s", type=float, default=60.0, help="deadline of one runtime call")
     ev.add_argument(
         "--wait-s", type=float, default=60.0, help="how long to wait for the runtime to answer at start"

@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,8 +100,11 @@ def tasks_from_instances(path: str | Path) -> list[EvalTask]:
     return tasks
 
 
-def tasks_from_library(path: str | Path, tool_mode: str, prefix: str = "") -> list[EvalTask]:
-    """Every task config of the library, with the prompt `codegym export` would write."""
+def tasks_from_library(
+    path: str | Path, tool_mode: str, prefix: str = "", learnability: Container[str] | None = None
+) -> list[EvalTask]:
+    """Every task config of the library (given `learnability`, those labelled so), with the prompt
+    `codegym export` would write."""
     with Library(path) as library:
         records = [r for r in library.load_all().values() if r.env_id.startswith(prefix)]
     built = build_instances(
@@ -110,6 +113,7 @@ def tasks_from_library(path: str | Path, tool_mode: str, prefix: str = "") -> li
         min_rounds=0,
         max_rounds=10**9,
         include_unverified=True,
+        learnability=learnability,
     )
     return [
         EvalTask(

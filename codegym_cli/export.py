@@ -5,7 +5,8 @@ One instance per task config:
     ability                codegym_v1@{code_id}__{Env}@{config}, the config as published, byte for byte
     answer                 "There is no answer" (the environment judges the answer)
     code_id, data_source   the source problem, "codegym_gym_v1"
-    extra_info             index, solve_fc_round (oracle steps), difficulty, env_id, guess_rate
+    extra_info             index, solve_fc_round (oracle steps), difficulty, env_id, guess_rate,
+                           learnability (`codegym library label`), model scores
     plugin_call_max_round  256
     prompt                 system: the tool list (CodeGym's text form), user: protocol + task
     reward_model           {"ground_truth": null, "style": "agent_env"}
@@ -32,6 +33,7 @@ from typing import Any
 from codegym.contract import parse_ability
 from codegym.contract.envstr import ABILITY_PREFIX
 from codegym.library import EnvRecord
+from codegym.library_records import LEARNABILITY
 
 DATA_SOURCE = "codegym_gym_v1"
 NO_ANSWER = "There is no answer"
@@ -109,6 +111,15 @@ def instance(
     return item
 
 
+def learnability_labels(text: str) -> frozenset[str]:
+    """`--learnability unsolved,learnable`: the labels kept (`codegym library label` writes them)."""
+    labels = frozenset(label.strip() for label in text.split(",") if label.strip())
+    unknown = sorted(labels - set(LEARNABILITY))
+    if unknown or not labels:
+        raise ValueError(f"learnability labels are {', '.join(LEARNABILITY)}, not {text!r}")
+    return labels
+
+
 def config_key(env_id: str, config: dict[str, Any]) -> tuple[str, str]:
     """A task config however its JSON was spelled: env id and the config with sorted keys."""
     return env_id, json.dumps(config, sort_keys=True)
@@ -183,6 +194,7 @@ class ExportCounts:
     skipped_difficulty: int = 0
     skipped_unevaluated: int = 0
     skipped_guessable: int = 0
+    skipped_learnability: int = 0
 
 
 @dataclass
@@ -196,6 +208,7 @@ class ExportResult:
     skipped_difficulty: int = 0
     skipped_unevaluated: int = 0
     skipped_guessable: int = 0
+    skipped_learnability: int = 0
 
 
 def iter_instances(
@@ -209,10 +222,12 @@ def iter_instances(
     include_unverified: bool = False,
     difficulty: Difficulty | None = None,
     max_guess_rate: float | None = None,
+    learnability: Container[str] | None = None,
 ) -> Iterator[tuple[bool, dict[str, Any]]]:
     """(held out?, instance) for every task config of every environment that passes the filters
-    (oracle steps, guess rate, and given `difficulty`, a model's success rate), in the records'
-    order, made one at a time; `counts` counts as they go (complete once the iterator is done)."""
+    (oracle steps, guess rate, given `learnability` the labels kept, and given `difficulty`, a
+    model's success rate), in the records' order, made one at a time; `counts` counts as they go
+    (complete once the iterator is done)."""
     index = 0
     for record in records:
         validation = record.env_id in held_out
@@ -231,12 +246,17 @@ def iter_instances(
             ):
                 counts.skipped_guessable += 1
                 continue
+            if learnability is not None and task.learnability not in learnability:
+                counts.skipped_learnability += 1
+                continue
             extra: dict[str, Any] = {"solve_fc_round": task.solve_fc_round or None}
             if task.difficulty:
                 extra["difficulty"] = task.difficulty
             extra["env_id"] = record.env_id
             if task.guess_rate is not None:
                 extra["guess_rate"] = task.guess_rate
+            if task.learnability:
+                extra["learnability"] = task.learnability
             extra.update(task.scores)
             if difficulty is not None:
                 rate = difficulty.rate_of(f"{record.code_id}__{record.env_class}", task.config_json)
@@ -271,6 +291,7 @@ def build_instances(
     include_unverified: bool = False,
     difficulty: Difficulty | None = None,
     max_guess_rate: float | None = None,
+    learnability: Container[str] | None = None,
 ) -> ExportResult:
     """`iter_instances` into lists, split by environment (`HeldOut`): for a few records (tests,
     `codegym eval`); `codegym export` streams instead."""
@@ -287,6 +308,7 @@ def build_instances(
         include_unverified=include_unverified,
         difficulty=difficulty,
         max_guess_rate=max_guess_rate,
+        learnability=learnability,
     ):
         (result.validation if validation else result.train).append(item)
     result.environments = counts.environments
@@ -296,4 +318,5 @@ def build_instances(
     result.skipped_difficulty = counts.skipped_difficulty
     result.skipped_unevaluated = counts.skipped_unevaluated
     result.skipped_guessable = counts.skipped_guessable
+    result.skipped_learnability = counts.skipped_learnability
     return result

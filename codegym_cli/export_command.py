@@ -4,7 +4,9 @@
 
 Writes CodeGym's training-instance format (JSONL or Parquet), one instance per task config whose
 oracle step count (`solve_fc_round`) is within bounds. `--split` holds out whole environments
-(chosen by a stable hash of their ids) into `OUT` with `.val` before the suffix.
+(chosen by a stable hash of their ids) into `OUT` with `.val` before the suffix. `--learnability`
+keeps the task configs a run's served episodes labelled so (`codegym library label`), and
+`--difficulty` those a `codegym eval` run solved at a given rate.
 
 Streams: environments are read one at a time and each row is written as it is made (Parquet in
 row groups of `ROW_GROUP_ROWS` rows), so memory does not grow with the library (CodeGym's published
@@ -26,7 +28,14 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from codegym.library import Library
-from codegym_cli.export import TOOL_MODES, Difficulty, ExportCounts, HeldOut, iter_instances
+from codegym_cli.export import (
+    TOOL_MODES,
+    Difficulty,
+    ExportCounts,
+    HeldOut,
+    iter_instances,
+    learnability_labels,
+)
 
 # Rows per Parquet row group: a few MB of rows held at a time, whatever the library's size.
 ROW_GROUP_ROWS = 1024
@@ -133,8 +142,10 @@ def extra_info_fields(library: Library, prefix: str, difficulty: Difficulty | No
 
     where = "substr(t.env_id, 1, ?) = ?"
     args = (len(prefix), prefix)
-    has_difficulty, has_guess = library.db.execute(
-        f"SELECT MAX(t.difficulty != ''), MAX(t.guess_rate IS NOT NULL) FROM tasks t WHERE {where}", args
+    has_difficulty, has_guess, has_label = library.db.execute(
+        "SELECT MAX(t.difficulty != ''), MAX(t.guess_rate IS NOT NULL), MAX(t.learnability != '')"
+        f" FROM tasks t WHERE {where}",
+        args,
     ).fetchone()
     scores: dict[str, set[str]] = {}
     for key, kind in library.db.execute(
@@ -148,6 +159,8 @@ def extra_info_fields(library: Library, prefix: str, difficulty: Difficulty | No
     fields.append(("env_id", pa.string()))
     if has_guess:
         fields.append(("guess_rate", pa.float64()))
+    if has_label:
+        fields.append(("learnability", pa.string()))
     fields += [(key, json_type(kinds)) for key, kinds in sorted(scores.items())]
     if difficulty is not None:
         fields = [f for f in fields if f[0] != difficulty.name] + [(difficulty.name, pa.float64())]
@@ -227,6 +240,7 @@ def export(
             include_unverified=args.include_unverified,
             difficulty=difficulty,
             max_guess_rate=args.max_guess_rate,
+            learnability=args.learnability,
         ):
             writers[1 if validation else 0].write(item)
         while writers:
@@ -287,6 +301,12 @@ def cmd_export(args: argparse.Namespace) -> int:
             f" {args.max_guess_rate}",
             file=sys.stderr,
         )
+    if args.learnability is not None:
+        print(
+            f"learnability: kept configs labelled {', '.join(sorted(args.learnability))}; dropped"
+            f" {result.skipped_learnability} labelled otherwise or not labelled (codegym library label)",
+            file=sys.stderr,
+        )
     if difficulty is not None:
         print(
             f"difficulty ({difficulty.name}): kept configs solved in {args.min_success:.0%}..{args.max_success:.0%}"
@@ -297,6 +317,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         print("codegym export: nothing to export", file=sys.stderr)
         return 1
     return 0
+
+
+def learnability_argument(text: str) -> frozenset[str]:
+    """`--learnability` of export and eval: comma-separated labels."""
+    try:
+        return learnability_labels(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -337,6 +365,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="drop configs whose guess_rate (the chance a blind Done is right) is above this;"
         " configs without one are kept",
+    )
+    export.add_argument(
+        "--learnability",
+        type=learnability_argument,
+        default=None,
+        metavar="LABEL[,LABEL...]",
+        help="keep only configs labelled so by `codegym library label` (unsolved, learnable, mastered)",
     )
     export.add_argument(
         "--difficulty",
