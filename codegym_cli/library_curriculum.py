@@ -173,14 +173,16 @@ def task_labels(
     entries: Iterable[rt.StatsEntry], low: float, high: float, min_episodes: int
 ) -> tuple[list[tuple[str, str, str]], Counter[str]]:
     """(env_id, canonical config, label) of each played task that earns one, and what the rest
-    were: "too_few" (fewer than `min_episodes` episodes), "unreadable" (an ability not parsed)."""
+    were: "too_few" (fewer than `min_episodes` episodes), "unreadable" (an ability not parsed).
+    The pass rate is the recent one (the task's last episodes the runtime keeps), as the sampler's
+    pools take it: a label says what the task is for the policy now, not at the run's start."""
     labels = []
     left: Counter[str] = Counter()
     for entry in entries:
         if entry.WhichOneof("entry") != "task" or not entry.task.episodes:
             continue
         task = entry.task
-        label = learnability(task.pass_rate, task.episodes, low, high, min_episodes)
+        label = learnability(task.recent_pass_rate, task.recent_episodes, low, high, min_episodes)
         if not label:
             left["too_few"] += 1
             continue
@@ -344,9 +346,10 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
     label = lib_sub.add_parser(
         "label",
         help="write each played task's learnability (unsolved, learnable, mastered) into a library",
-        description="From the runtime's record of a run: a task whose pass rate is at most --low is "
-        "unsolved, at least --high mastered, learnable between; a task with fewer than --min-episodes "
-        "episodes keeps its label as it was. Tasks are matched by env id and config. "
+        description="From the runtime's record of a run: a task whose recent pass rate (over the last "
+        "episodes the runtime keeps, as the sampler's pools) is at most --low is unsolved, at least "
+        "--high mastered, learnable between; a task with fewer than --min-episodes recent episodes "
+        "keeps its label as it was. Tasks are matched by env id and config. "
         "`codegym export --learnability` and `codegym eval --learnability` filter by the label; the "
         "published easy/medium/hard difficulty is another column, untouched.",
     )
