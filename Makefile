@@ -127,6 +127,14 @@ bench-rollouts:
 bench-library:
 	$(PY) bench/library_scale.py $(LIBRARY_ARGS)
 
+# A simulated GRPO learner (groups of 8) on a few hundred generated envs, its tasks drawn uniformly
+# or by SampleTasks from the served record: zero-variance groups, useful episodes, pass rate; then
+# the steady rollout shape with recording on and off, alternating (targets PASS/FAIL): e.g.
+# `make bench-curriculum CURRICULUM_ARGS=--quick`; every option in `$(PY) bench/curriculum_bench.py --help`.
+.PHONY: bench-curriculum
+bench-curriculum:
+	$(PY) bench/curriculum_bench.py $(CURRICULUM_ARGS)
+
 # Episodes through the trainer paths while runtimes, workers, the gateway and Redis fail on a
 # schedule (20 minutes by default; `SOAK_ARGS="--minutes 3"` for a short one).
 .PHONY: soak
