@@ -34,6 +34,10 @@ EXAMPLES = {
     "library oracle": "codegym library oracle --library lib.db --out trajectories.jsonl",
     "library replay": "codegym library replay --library lib.db --sandbox 127.0.0.1:50061 --sample 200 --seed 1 "
     "--out replay.jsonl",
+    "library stats": "codegym library stats --target 127.0.0.1:50051 --run grpo-1 --played-only",
+    "library sample": "codegym library sample --target 127.0.0.1:50051 --run grpo-1 -n 64 --seed 1",
+    "library quarantine": "codegym library quarantine --target 127.0.0.1:50051 --lift Sample_0006_I__ArrayGcdEnv",
+    "library label": "codegym library label --from-stats --target 127.0.0.1:50051 --run grpo-1 --library lib.db",
     "sandbox run": "codegym sandbox run codegym/samples/envs/Sample_0006_I__ArrayGcdEnv.py --op solve "
     "--config '{\"nums\": [12, 18]}'",
     "serve sandbox": "codegym serve sandbox --port 50061 --jails 2",
