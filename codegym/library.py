@@ -206,6 +206,22 @@ class Library:
                 yield self._record(row, self.tasks_of(row[0]) if tasks else [])
             after = rows[-1][0]
 
+    def iter_tasks(self, prefix: str = "") -> Iterator[TaskRecord]:
+        """Every task config of the environments whose id starts with `prefix`, in (env id, row)
+        order, read a page at a time: a sampler over 80,000 tasks holds one page of them."""
+        after = ("", -1)
+        while True:
+            rows = self.db.execute(
+                f"SELECT id, {self._task_columns()} FROM tasks WHERE (env_id, id) > (?, ?)"
+                " AND substr(env_id, 1, ?) = ? ORDER BY env_id, id LIMIT 1024",
+                (*after, len(prefix), prefix),
+            ).fetchall()
+            if not rows:
+                return
+            for row in rows:
+                yield self._task(row[1:])
+            after = (rows[-1][1], rows[-1][0])
+
     def load_all(self) -> dict[str, EnvRecord]:
         """The whole library in memory: for small libraries and tests only (the runtime reads on
         demand, `services/runtime/catalog.py`)."""

@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from codegym.contract.envstr import ABILITY_PREFIX
+
 DIFFICULTIES = ("", "easy", "medium", "hard")
 # Learnability labels from the runtime's record of served episodes (`codegym library label`), apart
 # from the published easy/medium/hard `difficulty`; "" = not labelled.
@@ -51,6 +53,11 @@ class TaskRecord:
     def published_config(self) -> str:
         """The config text to serve and export: as published, byte for byte."""
         return self.config_text or self.config_json
+
+    @property
+    def ability(self) -> str:
+        """The training ability string `codegym_v1@{env_id}@{config}`, the config as published."""
+        return f"{ABILITY_PREFIX}@{self.env_id}@{self.published_config}"
 
 
 @dataclass

@@ -6,10 +6,13 @@ import argparse
 import asyncio
 import os
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codegym.inside.settings import JailSettings
 from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits
+
+if TYPE_CHECKING:
+    from services.runtime.episode_record import RecordStore
 
 
 def run_server(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -70,6 +73,22 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def record_store(args: argparse.Namespace) -> RecordStore | None:
+    """Where the runtime keeps its episode record: `--record` as given; by default in Redis when the
+    sessions are there (every replica writes one record), else in a file beside the library."""
+    from services.runtime.record_store import RedisRecordStore, SqliteRecordStore, record_path_for
+
+    place = "off" if args.no_record else args.record
+    if place == "off":
+        return None
+    if place == "auto":
+        place = args.sessions if args.sessions.startswith(("redis://", "rediss://", "unix://")) else ""
+        place = place or str(record_path_for(args.library))
+    if place.startswith(("redis://", "rediss://", "unix://")):
+        return RedisRecordStore(place)
+    return SqliteRecordStore(place)
+
+
 def _serve_runtime(args: argparse.Namespace) -> int:
     start_metrics(args)
     from codegym.serving import serve
@@ -99,6 +118,7 @@ def _serve_runtime(args: argparse.Namespace) -> int:
             config=config,
             store=store,
             env_cache_mb=args.env_cache_mb,
+            record=record_store(args),
         )
         await serve(server)
 
@@ -328,6 +348,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=5.0,
         help="with Redis: how long a dead replica's step can block its session (a live replica renews "
         "the lease every third of it while its step runs, however long the step)",
+    )
+    runtime.add_argument(
+        "--record",
+        default="auto",
+        help="where the record of served episodes is kept (Stats, SampleTasks): auto (Redis when "
+        "--sessions is, else LIBRARY.record.sqlite beside the library), a file, redis://..., or off",
+    )
+    runtime.add_argument(
+        "--no-record", action="store_true", help="keep no record of served episodes (--record off)"
     )
     runtime.set_defaults(func=_serve_runtime)
 

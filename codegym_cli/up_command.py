@@ -172,6 +172,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             ]  # fmt: skip
             if sessions:
                 runtime_args += ["--sessions", sessions]
+            if args.no_record:
+                runtime_args.append("--no-record")
             name = "runtime" if args.runtimes == 1 else f"runtime {i + 1}"
             runtimes.append(Child(name, runtime_args))
             children.append(runtimes[-1])
@@ -233,6 +235,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="environment library; built from the sample environments when missing",
     )
     up.add_argument("--workers", type=int, default=2, help="sandbox worker processes")
+    up.add_argument(
+        "--no-record",
+        action="store_true",
+        help="the runtime keeps no record of served episodes (by default it keeps one beside the "
+        "library, or in Redis with --sessions / --runtimes > 1: Stats, SampleTasks)",
+    )
     up.add_argument(
         "--runtimes", type=int, default=1, help="runtime replicas (more than one share sessions in Redis)"
     )

@@ -55,6 +55,7 @@ class Catalog:
             raise FileNotFoundError(
                 f"library {library} does not exist: build it with 'codegym library import'"
             )
+        self.path = Path(library)
         self.library = Library(library, read_only=True)
         # Records by env id (an environment's own code) and by "sha256:…" (a task's recorded code).
         self.records: BoundedCache[str, EnvRecord] = BoundedCache("runtime_envs", cache_bytes)
@@ -77,6 +78,11 @@ class Catalog:
                 )
             self.records.put(env_id, record, record_cost(record))
         return record
+
+    def oracle_steps(self, env_id: str, config_json: str) -> int:
+        """Steps the oracle needs on a task (`solve_fc_round`), 0 when the library does not say."""
+        task = self.library.task(env_id, config_json)
+        return task.solve_fc_round if task is not None else 0
 
     def code(self, env_id: str, sha256: str) -> EnvRecord:
         """The environment as a session created with code `sha256` runs it: its own record, or the

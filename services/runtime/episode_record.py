@@ -159,7 +159,9 @@ class Recorder:
         if len(self.deltas) >= MAX_PENDING_KEYS:
             self.due.set()
 
-    def step(self, env_id: str, config_json: str, run_id: str, failure: str | None, message: str = "") -> None:
+    def step(
+        self, env_id: str, config_json: str, run_id: str, failure: str | None, message: str = ""
+    ) -> None:
         """A served step (a step the runtime rejected before any worker ran it is not one)."""
         mark = "." if failure is None else ("l" if failure == "sandbox_limit" else "x")
         env: dict[str, Any] = {"steps": 1, "window": mark}
@@ -218,4 +220,3 @@ class Recorder:
                 await self.flush()
         finally:
             await asyncio.shield(self.flush())
-

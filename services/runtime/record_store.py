@@ -60,7 +60,9 @@ class SqliteRecordStore:
         db.execute("BEGIN IMMEDIATE")
         try:
             for (scope, key), delta in deltas.items():
-                row = db.execute("SELECT body FROM tallies WHERE scope = ? AND key = ?", (scope, key)).fetchone()
+                row = db.execute(
+                    "SELECT body FROM tallies WHERE scope = ? AND key = ?", (scope, key)
+                ).fetchone()
                 body = merge(json.loads(row[0]) if row else {}, delta)
                 db.execute(
                     "INSERT OR REPLACE INTO tallies (scope, key, body) VALUES (?, ?, ?)",
@@ -93,11 +95,6 @@ class SqliteRecordStore:
                 ).fetchone()
             )
         return None if row is None else dict(json.loads(row[0]))
-
-    async def runs(self) -> dict[str, float]:
-        async with self.lock:
-            rows = await asyncio.to_thread(lambda: self.db.execute("SELECT run, last_seen FROM runs").fetchall())
-        return {run: seen for run, seen in rows}
 
     async def close(self) -> None:
         async with self.lock:
@@ -166,9 +163,8 @@ class RedisRecordStore:
             await self._merge(keys=keys, args=[*args, self.sizes])
         if runs:
             await self.redis.zadd(self.runs_key, {run: seen for run, seen in runs.items()})
-            stale = await self.redis.zrevrange(self.runs_key, MAX_RUNS, -1)
-            for raw in stale:
-                run = raw.decode()
+            for raw in await self.redis.zrevrange(self.runs_key, MAX_RUNS, -1):
+                run = raw.decode() if isinstance(raw, bytes) else str(raw)
                 if run != "*":
                     await self.redis.delete(self.hash(task_scope(run)))
                     await self.redis.zrem(self.runs_key, run)
@@ -183,9 +179,5 @@ class RedisRecordStore:
         raw = await self.redis.hget(self.hash(scope), key)
         return None if raw is None else dict(json.loads(raw))
 
-    async def runs(self) -> dict[str, float]:
-        return {raw.decode(): score for raw, score in await self.redis.zrange(self.runs_key, 0, -1, withscores=True)}
-
     async def close(self) -> None:
         await self.redis.aclose()
-

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 FIELDS = (
     "env_id", "config_json", "state", "max_steps", "step_timeout_ms", "seed", "step_index", "reward", "done",
-    "truncated", "last_reply", "last_action", "sha256",
+    "truncated", "last_reply", "last_action", "sha256", "run_id", "policy_version",
 )  # fmt: skip
 # Replace the hash only if its step_index is still ARGV[1] and, when a lease token is given
 # (ARGV[5]), the step lease KEYS[3] still holds it; then renew the expiry and the index.
@@ -105,6 +105,8 @@ def _mapping(session: Session) -> dict[Any, Any]:
         "last_reply": session.last_reply,
         "last_action": session.last_action,
         "sha256": session.sha256,
+        "run_id": session.run_id,
+        "policy_version": "" if session.policy_version is None else session.policy_version,
     }
 
 
@@ -162,6 +164,8 @@ class RedisSessionStore:
             last_reply=bytes(f.get("last_reply", b"")),
             last_action=bytes(f.get("last_action", b"")).decode(),
             sha256=bytes(f.get("sha256", b"")).decode(),
+            run_id=bytes(f.get("run_id", b"")).decode(),
+            policy_version=int(f["policy_version"]) if f.get("policy_version") else None,
         )
         session.touch()  # Redis holds only live sessions (its expiry is the idle TTL)
         return session

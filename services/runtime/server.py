@@ -12,6 +12,7 @@ from codegym.grpcutil import ManagedServer
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.dispatcher import SandboxDispatcher
 from services.runtime.catalog import Catalog
+from services.runtime.episode_record import Recorder, RecordStore
 from services.runtime.service import RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, SessionStore
 
@@ -32,12 +33,16 @@ class RuntimeServer:
         config: RuntimeConfig | None = None,
         store: SessionStore | None = None,
         env_cache_mb: int = 32,
+        record: RecordStore | None = None,
     ) -> None:
+        """`record`: where the episode record is kept (None: no record, `--no-record`)."""
         self.catalog = Catalog(library, cache_bytes=env_cache_mb * 1024 * 1024)
         self.dispatcher = SandboxDispatcher(sandbox)
+        self.recorder = None if record is None else Recorder(record, self.catalog.oracle_steps)
         self.servicer = RuntimeServicer(
-            self.catalog, store or InMemorySessionStore(), self.dispatcher, config
+            self.catalog, store or InMemorySessionStore(), self.dispatcher, config, self.recorder
         )
+        self._background: list[asyncio.Task[None]] = []
         self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
         add_to_server(self.servicer, self.managed.server)
         self._reaper: asyncio.Task[None] | None = None
@@ -49,6 +54,12 @@ class RuntimeServer:
     async def start(self) -> None:
         await self.managed.start()
         self._reaper = asyncio.get_running_loop().create_task(self.servicer.reaper())
+        if self.recorder is not None:
+            loop = asyncio.get_running_loop()
+            self._background = [
+                loop.create_task(self.recorder.run()),
+                loop.create_task(self.servicer.gauges()),
+            ]
         log.info("runtime on %s serving %d environments", self.address, len(self.catalog))
 
     def banner(self) -> str:
@@ -60,6 +71,12 @@ class RuntimeServer:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        for task in self._background:  # the recorder writes what it holds as it stops
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.recorder is not None:
+            await self.recorder.store.close()
         await self.dispatcher.close()
         close = getattr(self.servicer.store, "close", None)
         if close is not None:

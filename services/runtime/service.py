@@ -31,11 +31,14 @@ from codegym.errors import (
     add_lenient,
     entry_status,
     guarded,
+    guarded_stream,
 )
 from codegym.library import EnvRecord
 from codegym.logs import SESSION_ID
 from codegym.metrics import (
     ADMISSION_REFUSALS,
+    RECORD_QUARANTINED,
+    RECORD_TASKS,
     SESSIONS_EXPIRED,
     SESSIONS_OPEN,
     STEPS,
@@ -43,10 +46,13 @@ from codegym.metrics import (
     WORKER_QUEUE_DEPTH,
 )
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
+from codegym.threaded import iterate_in_thread
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from services.dispatcher import QueueFull, SandboxDispatcher, SandboxUnavailable
 from services.runtime.catalog import Catalog, tool_specs
+from services.runtime.curriculum import Record, pass_rate_bands, sample, stats_pages
+from services.runtime.episode_record import ENV_SCOPE, EpisodeOutcome, Recorder, task_scope
 from services.runtime.outcomes import action_digest, env_failed, recorded_reply, step_error
 from services.runtime.requests import action_text, config_json, shown
 from services.runtime.sessions import Session, SessionStore, StoreUnavailable
@@ -78,6 +84,8 @@ class RuntimeConfig:
     # CAPACITY and `step_retry_after_ms` instead of queueing behind work it would time out on.
     max_steps_in_flight: int = 8192
     step_retry_after_ms: int = 100
+    # Longest run id a create may name (it keys the episode record).
+    max_run_id: int = 256
 
 
 def session_seed(session_id: str) -> int:
@@ -97,8 +105,11 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         store: SessionStore,
         dispatcher: SandboxDispatcher,
         config: RuntimeConfig | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.catalog = catalog
+        # The record of served episodes (None: the runtime runs without one, `--no-record`).
+        self.recorder = recorder
         self.store = store
         self.dispatcher = dispatcher
         self.config = config or RuntimeConfig()
@@ -179,6 +190,11 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             raise Refusal(
                 Reason.INVALID_REQUEST, f"max_steps {max_steps} exceeds {self.config.max_max_steps}"
             )
+        if len(request.run_id) > self.config.max_run_id:
+            raise Refusal(
+                Reason.INVALID_REQUEST,
+                f"run_id is {len(request.run_id)} characters long (max {self.config.max_run_id})",
+            )
         timeout_ms = options.step_timeout_ms or self.config.step_timeout_ms
         if timeout_ms > self.config.max_step_timeout_ms:
             raise Refusal(
@@ -214,6 +230,8 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             max_steps=max_steps,
             step_timeout_ms=timeout_ms,
             seed=seed,
+            run_id=request.run_id,
+            policy_version=request.policy_version if request.HasField("policy_version") else None,
         )
         session.touch()
         await self.store.put(session)
@@ -284,6 +302,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 )
                 result = await self._execute(op, record, session_id)
                 error = step_error(result)
+                self._served(session, error)
                 if await self.store.get(session_id) is None:
                     # Closed (or expired) while the step ran: do not bring it back.
                     raise Refusal(
@@ -330,11 +349,52 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     Reason.STEP_CONFLICT,
                     f"session {shown(session_id)} moved on while this step ran; the step was not applied",
                 )
+            if session.done:
+                self._ended(session)
             if session.truncated:
                 # The environment does not know the episode ended: free its process now (the
                 # worker ends it by itself when the environment says done).
                 self._release(session_id)
             return reply
+
+    def _served(self, session: Session, error: rt.StepError | None) -> None:
+        """Count a step a worker ran in the record (an action refused before it is not one)."""
+        if self.recorder is None:
+            return
+        failure = None if error is None else STEP_OUTCOMES.get(error.code, "env_error")
+        message = "" if error is None else error.message
+        self.recorder.step(session.env_id, session.config_json, session.run_id, failure, message)
+
+    def _ended(self, session: Session) -> None:
+        """Record a committed episode end (only committed ones: a step that failed or conflicted
+        ended nothing, and a session closed before its end is no outcome)."""
+        if self.recorder is None:
+            return
+        self.recorder.episode(
+            EpisodeOutcome(
+                session_id=session.session_id,
+                env_id=session.env_id,
+                config_json=session.config_json,
+                run_id=session.run_id,
+                policy_version=session.policy_version,
+                reward=session.reward,
+                steps=session.step_index,
+                ending="truncated" if session.truncated else "done",
+            )
+        )
+
+    async def _record(self, run_id: str) -> Record:
+        """The record as it stands, with what this runtime holds in memory written first."""
+        if self.recorder is None:
+            raise Refusal(
+                Reason.INVALID_REQUEST,
+                "this runtime keeps no episode record (it was started with --no-record)",
+            )
+        await self.recorder.flush()
+        store = self.recorder.store
+        everyone = await store.read(task_scope(""))
+        run = everyone if not run_id else await store.read(task_scope(run_id))
+        return Record(run=run, everyone=everyone, envs=await store.read(ENV_SCOPE))
 
     async def _reset(self, request: rt.ResetRequest) -> rt.ResetResponse:
         await self._session(request.session_id)
@@ -385,6 +445,18 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             with contextlib.suppress(Exception):
                 await self._expire()
                 SESSIONS_OPEN.set(await self.store.count())
+
+    async def gauges(self, every_s: float = 30.0) -> None:
+        """Refresh the record's Prometheus gauges (bands and totals only: no env or task label)."""
+        while True:
+            try:
+                record = await self._record("")
+                for band, count in pass_rate_bands(record.everyone).items():
+                    RECORD_TASKS.labels(band).set(count)
+                RECORD_QUARANTINED.set(len(record.quarantined()))
+            except Exception as exc:  # a store down now is no reason to stop refreshing later
+                log.warning("episode record gauges not refreshed: %s", exc)
+            await asyncio.sleep(every_s)
 
     # ---- RPCs ---------------------------------------------------------------------------------
 
@@ -460,3 +532,39 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     @guarded
     async def GetEnv(self, request: rt.GetEnvRequest, context: grpc.aio.ServicerContext) -> rt.GetEnvResponse:
         return self.catalog.get_env(request.env_id)
+
+    @guarded_stream
+    async def Stats(
+        self, request: rt.StatsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rt.StatsEntry]:
+        record = await self._record(request.run_id)
+        path = self.catalog.path
+        async for page in iterate_in_thread(lambda: stats_pages(path, record, request)):
+            for entry in page:
+                yield entry
+
+    @guarded
+    async def SampleTasks(
+        self, request: rt.SampleTasksRequest, context: grpc.aio.ServicerContext
+    ) -> rt.SampleTasksResponse:
+        if request.n > self.config.max_batch * 64:
+            raise Refusal(Reason.INVALID_REQUEST, f"n {request.n} exceeds {self.config.max_batch * 64}")
+        record = await self._record(request.run_id)
+        try:
+            return await asyncio.to_thread(sample, self.catalog.path, record, request)
+        except ValueError as exc:
+            raise Refusal(Reason.INVALID_REQUEST, str(exc)) from None
+
+    @guarded
+    async def LiftQuarantine(
+        self, request: rt.LiftQuarantineRequest, context: grpc.aio.ServicerContext
+    ) -> rt.LiftQuarantineResponse:
+        record = await self._record("")
+        if request.env_id not in record.quarantined():
+            if request.env_id not in record.envs:
+                self.catalog.env(request.env_id)  # ENV_NOT_FOUND for an id the library lacks
+            return rt.LiftQuarantineResponse(lifted=False)
+        assert self.recorder is not None
+        await self.recorder.store.apply({(ENV_SCOPE, request.env_id): {"reset": ["window"], "lifts": 1}}, {})
+        log.info("quarantine of %s lifted", request.env_id)
+        return rt.LiftQuarantineResponse(lifted=True)

@@ -56,6 +56,10 @@ class Session:
     # library's environment changed since or the task was recorded with code of its own ("" from
     # a store written before this field: the environment's code as the library holds it).
     sha256: str = ""
+    # The trainer's run and policy version named at create: the episode's outcome is recorded for
+    # them (episode_record.py).
+    run_id: str = ""
+    policy_version: int | None = None
 
     def touch(self, now: float | None = None) -> None:
         self.last_used = time.monotonic() if now is None else now
