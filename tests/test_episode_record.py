@@ -370,11 +370,10 @@ def test_replicas_share_one_record_in_redis_and_it_survives_restarting_everythin
                 for client in (a, b):
                     # Each replica writes what it holds about once a second: the other's episode
                     # shows up within that.
-                    wait_until(
-                        lambda c=client: counts(tasks_of(c, "shared")[ability(MAX, ONE)]) == (2, 1),
-                        10.0,
-                        "both replicas' episodes in the shared record",
-                    )
+                    def both_seen(c: RuntimeClient = client) -> bool:
+                        return counts(tasks_of(c, "shared")[ability(MAX, ONE)]) == (2, 1)
+
+                    wait_until(both_seen, 10.0, "both replicas' episodes in the shared record")
         finally:
             first.stop()
             second.stop()
