@@ -60,6 +60,11 @@ Sessions: a session ends when its episode ends (the step that ends it closes it)
 finalizer, run by `atexit`), so a run leaves none open in the runtime. The finalizer sends its
 close once (an exit does not wait out an outage: the runtime's idle expiry reclaims what it missed).
 
+Runs: each session is created with the spec's run id and the trainer's global step as its policy
+version (`CodeGymSpec(run_id=...)`, else the trainer's run name; `spec.callback()`, a
+`TrainerCallback`, carries both from the trainer), which the runtime records with the episode's
+outcome. `spec.curriculum()` streams rows the runtime chooses from that record (`Curriculum`).
+
 Needs nothing beyond the client: `datasets`, when importable, makes `train_dataset` a
 `datasets.Dataset` (else a list of dicts); `transformers` is only TRL's.
 """
@@ -74,6 +79,7 @@ import inspect
 import json
 import keyword
 import logging
+import random
 import threading
 import time
 import weakref
@@ -93,6 +99,7 @@ __all__ = [
     "ABILITY_PREFIX",
     "CodeGymEnvironment",
     "CodeGymSpec",
+    "Curriculum",
     "ToolSchema",
     "environment_class",
     "skip_failed_episodes",
@@ -256,6 +263,31 @@ class _Outage:
         return ride_out(attempt, what, self.remaining() if wait_s is None else wait_s)
 
 
+class _Run:
+    """The trainer's run as the spec's environments name it to the runtime, which records each
+    finished episode's outcome against it (`Stats`, `SampleTasks`). `run_id` is the spec's own
+    (`CodeGymSpec(run_id=...)`), else the trainer's run name, which `CodeGymSpec.callback()` reads
+    at `on_train_begin`; `policy_version` is the trainer's global step (the optimizer updates the
+    policy has had), which the callback sets before each step, so the episodes a step generates
+    carry the version of the weights that play them. Without the callback: the spec's run id (or
+    none) and no version."""
+
+    def __init__(self, run_id: str = "") -> None:
+        self.run_id = run_id
+        self.named = bool(run_id)  # given to the spec: the trainer's run name does not replace it
+        self.policy_version: int | None = None
+        self.prompts_per_generation = 0  # GRPOTrainer's unique prompts per generation batch
+
+
+def run_name(args: Any) -> str:
+    """The run id of a `transformers.TrainingArguments` (GRPOConfig): its `run_name`, else the name
+    of its `output_dir` (what a trainer names its run by: the checkpoints' folder)."""
+    name = str(getattr(args, "run_name", None) or "")
+    if name:
+        return name
+    return Path(str(getattr(args, "output_dir", None) or "trainer_output")).name
+
+
 class _Session:
     """The session an instance holds, closable without the instance (its finalizer holds this)."""
 
@@ -295,6 +327,7 @@ class CodeGymEnvironment:
     _client_factory: Callable[[], RuntimeClient]
     _max_steps: int = 0
     _outage: _Outage
+    _run: _Run = _Run()
 
     def __init__(self) -> None:
         # Opens nothing: TRL builds one instance just to read its tools.
@@ -317,9 +350,15 @@ class CodeGymEnvironment:
         if self.env_ids and env_id not in self.env_ids:
             raise ValueError(f"{type(self).__name__} plays {sorted(self.env_ids)}, not {env_id}")
         client = self._session.client()
+        run = type(self)._run
         try:
             created = self._session.outage.call(
-                lambda: client.create_session(ability=ability, max_steps=self._max_steps),
+                lambda: client.create_session(
+                    ability=ability,
+                    max_steps=self._max_steps,
+                    run_id=run.run_id,
+                    policy_version=run.policy_version,
+                ),
                 f"CodeGym CreateSession of {env_id}",
             )
         except CodeGymError as exc:
@@ -440,15 +479,18 @@ def environment_class(
     max_steps: int = 0,
     outage_wait_s: float = DEFAULT_OUTAGE_WAIT_S,
     outage: _Outage | None = None,
+    run: _Run | None = None,
 ) -> type[CodeGymEnvironment]:
     """A `CodeGymEnvironment` subclass with one method per tool of `tool_schemas`; its calls ride
-    out an outage for `outage_wait_s` (classes given one `outage` share its wait instead)."""
+    out an outage for `outage_wait_s` (classes given one `outage` share its wait instead); its
+    sessions are created for `run` (the spec's run id and policy version)."""
     namespace: dict[str, Any] = {
         "env_ids": frozenset(env_ids),
         "tool_schemas": tuple(tool_schemas),
         "_client_factory": staticmethod(client_factory),
         "_max_steps": max_steps,
         "_outage": outage if outage is not None else _Outage(outage_wait_s),
+        "_run": run if run is not None else _Run(),
         "__module__": __name__,
         "__doc__": f"CodeGym environment {', '.join(sorted(env_ids)) or name} for TRL: one method per tool.",
     }
@@ -612,6 +654,7 @@ class CodeGymSpec:
         client: RuntimeClient | None = None,
         outage_wait_s: float = DEFAULT_OUTAGE_WAIT_S,
         getenv_concurrency: int = GETENV_CONCURRENCY,
+        run_id: str = "",
     ) -> None:
         if (instances is None) == (library is None or library is False):
             raise ValueError("give exactly one of instances= and library=")
@@ -621,6 +664,7 @@ class CodeGymSpec:
         self._timeout_s = timeout_s
         self.outage_wait_s = outage_wait_s
         self._outage = _Outage(outage_wait_s)  # one wait for all of the spec's environments
+        self.run = _Run(run_id)  # the run and policy version its sessions are created for
         self._tools: dict[str, list[ToolSchema]] = {}  # from GetEnv, asked once per environment
         self.getenv_concurrency = max(1, int(getenv_concurrency))
         if instances is not None:
@@ -647,6 +691,7 @@ class CodeGymSpec:
                     env_ids=env_ids,
                     max_steps=max_steps,
                     outage=self._outage,
+                    run=self.run,
                 )
                 self.environment_classes = dict.fromkeys(env_ids, shared)
                 self.environment_factory = shared
@@ -664,17 +709,11 @@ class CodeGymSpec:
                         env_ids=[env_id],
                         max_steps=max_steps,
                         outage=self._outage,
+                        run=self.run,
                     )
                 self.environment_factory = dict(self.environment_classes)
-            multi = isinstance(self.environment_factory, dict)
-            content = f"{instruction}\n\n" if instruction else ""
-            for ability in abilities:
-                env_id = ability_env_id(ability)
-                out: dict[str, Any] = {"prompt": [{"role": "user", "content": content}], "ability": ability}
-                out["env_id"] = env_id
-                if multi:
-                    out["environment"] = env_id
-                self.rows.append(out)
+            self._content = f"{instruction}\n\n" if instruction else ""
+            self.rows.extend(self.row(ability) for ability in abilities)
         self.reward_funcs: list[Callable[..., list[float | None]]] = []
 
     def client(self) -> RuntimeClient:
@@ -691,6 +730,35 @@ class CodeGymSpec:
         if datasets is None:
             return [dict(r) for r in self.rows]
         return datasets.Dataset.from_list(self.rows)
+
+    def row(self, ability: str) -> dict[str, Any]:
+        """The dataset row of a task (`train_dataset`'s shape): prompt, ability, env id, and
+        `environment` with a dict factory. The task's environment must be one of the spec's."""
+        env_id = ability_env_id(ability)
+        out: dict[str, Any] = {"prompt": [{"role": "user", "content": self._content}], "ability": ability}
+        out["env_id"] = env_id
+        if isinstance(self.environment_factory, dict):
+            out["environment"] = env_id
+        return out
+
+    def callback(self) -> Any:
+        """A `transformers.TrainerCallback` for `GRPOTrainer(callbacks=[spec.callback()])`: it names
+        the spec's sessions after the trainer's run (`args.run_name`, else the `output_dir`'s name;
+        a `run_id` given to the spec stays) and its global step (the policy's version), which the
+        runtime records with each episode's outcome. TRL builds environments with no arguments, so
+        this is how the trainer's state reaches them. Needs `transformers` (TRL's)."""
+        return _run_callback(self.run)
+
+    def curriculum(self, *, prompts_per_draw: int = 0, seed: int = 0, **options: Any) -> Any:
+        """A `datasets.IterableDataset` of rows (`train_dataset`'s shape) drawn from the runtime's
+        record for the spec's run (`SampleTasks`), one draw at a time: give it to `GRPOTrainer` as
+        `train_dataset`, with `callbacks=[spec.callback()]` and `GRPOConfig(max_steps=...,
+        shuffle_dataset=False)`. See `Curriculum`."""
+        datasets = _optional("datasets")
+        if datasets is None:
+            raise ValueError("the curriculum dataset needs `datasets` (TRL brings it)")
+        source = Curriculum(self, prompts_per_draw=prompts_per_draw, seed=seed, **options)
+        return datasets.IterableDataset.from_generator(source.rows)
 
     def _get_env(self, env_id: str) -> Any:
         """GetEnv's answer for `env_id`; its tool schemas are kept (library rows and tool schemas
@@ -782,6 +850,110 @@ class CodeGymSpec:
             return [f"{ABILITY_PREFIX}@{env.env_id}@{task.config_json}" for task in env.tasks]
 
         return [ability for each in self._each_env(env_ids, abilities) for ability in each]
+
+
+class Curriculum:
+    """The tasks a GRPO run trains on, chosen by the runtime from what its episodes have shown
+    (`SampleTasks`: the run's learnable band, a share of tasks it has not seen, none it has
+    mastered or that fail for everyone), as rows of the spec's `train_dataset` shape.
+
+    Built to what TRL 1.16's `GRPOTrainer` allows: its `train_dataset` is a `datasets.Dataset` or
+    `IterableDataset`. A map-style dataset is read through TRL's `RepeatSampler`, a permutation of
+    fixed rows, so rows that change with the record have to stream: `CodeGymSpec.curriculum()`
+    wraps `rows()` in an `IterableDataset`, which TRL repeats `num_generations` times per row
+    (`repeat_iterable_dataset`), so every rollout of a group plays the same task. What follows:
+
+    - `GRPOConfig(max_steps=...)`: a stream has no length.
+    - `shuffle_dataset=False`: TRL shuffles a stream through a buffer of 1,000 rows, which would
+      draw that far ahead of training; the runtime's choice is already random (and seeded).
+    - One training process: each process reads the stream itself (TRL sets `dispatch_batches=
+      False`), so with several they draw apart and Accelerate's slices of one batch mix draws.
+    - A draw asks for `prompts_per_draw` tasks (0: the unique prompts of a generation batch,
+      `generation_batch_size // num_generations`, which `spec.callback()` reads from the trainer;
+      else 64), seeded `seed + k` for the k-th draw: the same seed and record give the same rows.
+      Its run is the spec's (`CodeGymSpec(run_id=...)` or the trainer's run name, through the
+      callback); `options` are `sample_tasks`' (`low`, `high`, `explore`, `per_env_cap`,
+      `min_episodes`; `env_prefix` defaults to what the spec's environments share).
+    - Tasks of environments the spec does not have are skipped; a draw left empty falls back to
+      the spec's own rows, uniformly (seeded), with a warning.
+    """
+
+    DEFAULT_DRAW = 64
+
+    def __init__(
+        self, spec: CodeGymSpec, *, prompts_per_draw: int = 0, seed: int = 0, **options: Any
+    ) -> None:
+        self.spec = spec
+        self.prompts_per_draw = int(prompts_per_draw)
+        self.seed = int(seed)
+        self.options = {"env_prefix": _common_prefix(spec.environment_classes), **options}
+        self.draws = 0  # draws taken: the next one is seeded seed + draws
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """Rows, forever, one draw at a time (each asked for when the previous one is used up)."""
+        while True:
+            yield from self.draw()
+
+    def draw(self) -> list[dict[str, Any]]:
+        """The next draw's rows."""
+        run = self.spec.run
+        size = self.prompts_per_draw or run.prompts_per_generation or self.DEFAULT_DRAW
+        seed = self.seed + self.draws
+        self.draws += 1
+        client = self.spec.client()
+        response = self.spec._outage.call(
+            lambda: client.sample_tasks(run.run_id, size, seed=seed, **self.options),
+            f"CodeGym SampleTasks for run {run.run_id!r}",
+        )
+        known = self.spec.environment_classes
+        rows = [self.spec.row(task.ability) for task in response.tasks if task.env_id in known]
+        if len(rows) < len(response.tasks):
+            log.warning(
+                "CodeGym curriculum: %d of %d sampled tasks are of environments the spec does not have: skipped",
+                len(response.tasks) - len(rows),
+                len(response.tasks),
+            )
+        if not rows:
+            log.warning(
+                "CodeGym curriculum: the runtime sampled no task of the spec's environments for run %r: "
+                "%d of the spec's rows, uniformly",
+                run.run_id,
+                size,
+            )
+            chosen = random.Random(seed).choices(self.spec.rows, k=size)
+            rows = [dict(row) for row in chosen]
+        return rows
+
+
+def _run_callback(run: _Run) -> Any:
+    """`CodeGymSpec.callback()`: a `transformers.TrainerCallback` keeping `run` up to date."""
+    transformers = _optional("transformers")
+    if transformers is None:
+        raise ValueError("the run callback is a transformers.TrainerCallback: install transformers (TRL's)")
+
+    class CodeGymRunCallback(transformers.TrainerCallback):  # type: ignore[name-defined]
+        """Names the spec's sessions after the trainer's run and its global step."""
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if not run.named:
+                run.run_id = run_name(args)
+            run.policy_version = int(state.global_step)
+            generations = int(getattr(args, "num_generations", 0) or 0)
+            batch = int(getattr(args, "generation_batch_size", 0) or 0)
+            if generations and batch:
+                run.prompts_per_generation = max(1, batch // generations)
+            if getattr(args, "shuffle_dataset", False):
+                log.warning(
+                    "GRPOConfig(shuffle_dataset=True): with CodeGymSpec.curriculum() TRL's shuffle buffer "
+                    "draws 1,000 rows ahead of training; set shuffle_dataset=False"
+                )
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            # Called before the step's first micro-batch, where GRPOTrainer generates: the rollouts
+            # are played by the weights of `global_step` optimizer updates.
+            run.policy_version = int(state.global_step)
+
+    return CodeGymRunCallback()
 
 
 @contextlib.contextmanager

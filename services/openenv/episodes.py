@@ -128,6 +128,15 @@ class Episodes:
         episode_id = data.get("episode_id")
         if episode_id is not None and (not isinstance(episode_id, str) or len(episode_id) > 255):
             raise GatewayError(VALIDATION_ERROR, "episode_id is a string of at most 255 characters")
+        # The trainer's run and policy version, for the runtime's record of the episode's outcome
+        # (what `Stats` and `SampleTasks` read for that run).
+        run_id = data.get("run_id") or ""
+        if not isinstance(run_id, str) or len(run_id) > 255:
+            raise GatewayError(VALIDATION_ERROR, "run_id is a string of at most 255 characters")
+        policy_version = (
+            optional_int(data, "policy_version") if data.get("policy_version") is not None else None
+        )
+        named = {"seed": seed, "max_steps": max_steps, "run_id": run_id, "policy_version": policy_version}
         # A second reset on one socket ends the first episode (TRL reuses clients).
         await self.close(conn)
         if self.draining:
@@ -148,11 +157,9 @@ class Episodes:
         self.held.add(conn)  # the slot is taken before the create: concurrent resets count it
         try:
             if ability:
-                created = await self.runtime.create_session(ability=ability, seed=seed, max_steps=max_steps)
+                created = await self.runtime.create_session(ability=ability, **named)
             else:
-                created = await self.runtime.create_session(
-                    env_id=env_id, config=config, seed=seed, max_steps=max_steps
-                )
+                created = await self.runtime.create_session(env_id=env_id, config=config, **named)
         except CodeGymError as exc:
             self.held.discard(conn)
             raise from_runtime(exc) from None
