@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
@@ -166,6 +167,22 @@ def print_summary(state: PipelineState, stages: tuple[str, ...], title: str) -> 
     console.print(summary_table(state, stages, title))
 
 
+def named_problems(path: Path) -> set[str]:
+    """The problems a file names: a question id or an env id (`{question_id}__{Env}`) per line, or
+    JSON lines with an `env_id` (what `codegym library stats --envs-only` prints), so the stages
+    can be pointed at, say, the environments a run has mastered."""
+    names: set[str] = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            row = json.loads(line)
+            line = str(row.get("env_id") or row.get("question_id") or "")
+        names.add(line.rsplit("__", 1)[0] if "__" in line else line)
+    return names
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
@@ -175,6 +192,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     for item in refused:
         err.print(f"refused {item.where}: {item.reason}")
+    if args.only:
+        try:
+            wanted = named_problems(Path(args.only))
+        except (OSError, ValueError) as exc:
+            err.print(f"codegym pipeline: --only {args.only}: {exc}")
+            return 2
+        problems = [p for p in problems if p.question_id in wanted]
     if args.limit:
         problems = problems[: args.limit]
     if not problems:
@@ -314,6 +338,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--work", required=True, help="work folder: pipeline.db (stage status), LLM cache, logs")
     run.add_argument("--library", default="", help="library to write (default WORK/library.db)")
     run.add_argument("--limit", type=int, default=0, help="only the first N problems (0 = all)")
+    run.add_argument(
+        "--only",
+        default="",
+        help="only the problems FILE names: question or env ids, one a line, or `library stats` JSON lines "
+        "(e.g. the envs a run has mastered, for --hard-tests)",
+    )
     run.add_argument("--parallel", type=int, default=8, help="problems in flight")
     run.add_argument("--synthesis", default="", help="synthesis service HOST:PORT (default: start one)")
     run.add_argument("--verification", default="", help="verification service HOST:PORT (default: start one)")

@@ -371,3 +371,26 @@ def test_shortcuts_with_arguments_and_resident_against_cold(finished_run: dict[s
         data = rows[(pid, "determinism")]["data"]
         assert data["resident_steps"] > 0 and "resident_difference" not in data, (pid, data)
         assert rows[(pid, "filters")]["data"]["shortcut_tools"] == [], pid
+
+
+@pytest.mark.slow
+@pytest.mark.jail
+def test_only_runs_the_problems_a_file_names_such_as_a_runs_mastered_envs(
+    stack: dict[str, str], tmp_path: Path
+) -> None:
+    problems = tmp_path / "problems.jsonl"
+    write_problems(problems, sample_problems(*GOOD))
+    # What `codegym library stats --envs-only` prints, filtered to the envs a run has mastered.
+    mastered = tmp_path / "mastered.jsonl"
+    mastered.write_text(
+        json.dumps({"kind": "env", "env_id": f"{GOOD[1]}__JumpGameEnv", "pass_rate": 1.0}) + "\n"
+    )
+    result = run_pipeline(problems, tmp_path / "work", stack, "--hard-tests", "--only", str(mastered))
+    assert result.returncode == 0, result.stderr
+    assert {pid for pid, _ in stage_rows(tmp_path / "work")} == {GOOD[1]}
+    assert set(library_snapshot(tmp_path / "work" / "library.db")) == {f"{GOOD[1]}__JumpGameEnv"}
+
+    nobody = tmp_path / "nobody.txt"
+    nobody.write_text("Nope_0000__NoEnv\n")
+    refused = run_pipeline(problems, tmp_path / "work2", stack, "--only", str(nobody))
+    assert refused.returncode == 2 and "no usable problem" in refused.stderr
