@@ -32,6 +32,7 @@ ADAPTED = {
     "verl/agent_loop.py": {"verl"},
     "verl/tool.py": {"verl"},
     "verl/advantage.py": {"verl", "torch", "numpy"},
+    "verl/sampler.py": {"verl", "torch"},
 }
 
 # Replays a recorded episode with the drop-in client (observations compared with the recording),

@@ -73,14 +73,20 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
-def tool_config(schemas: list[dict[str, Any]], target: str = DEFAULT_TARGET) -> dict[str, Any]:
+def tool_config(
+    schemas: list[dict[str, Any]], target: str = DEFAULT_TARGET, run_id: str = ""
+) -> dict[str, Any]:
     """verl's tool config (the YAML of `multi_turn.tool_config_path`) giving one `CodeGymTool`
-    per tool schema of one environment (`[json.loads(t.json_schema) for t in get_env(id).tools]`)."""
+    per tool schema of one environment (`[json.loads(t.json_schema) for t in get_env(id).tools]`);
+    `run_id` names the run the runtime records the episodes for."""
+    config: dict[str, Any] = {"type": "native", "target": target}
+    if run_id:
+        config["run_id"] = run_id
     return {
         "tools": [
             {
                 "class_name": "codegym_client.verl.tool.CodeGymTool",
-                "config": {"type": "native", "target": target},
+                "config": dict(config),
                 "tool_schema": schema,
             }
             for schema in schemas

@@ -84,6 +84,13 @@ def _warn_about_estimator(config: Any) -> None:
         )
 
 
+def experiment_name(config: Any) -> str:
+    """verl's name for the run (`trainer.experiment_name`), or "" when the config has none."""
+    trainer = config.get("trainer") if hasattr(config, "get") else None
+    name = trainer.get("experiment_name") if trainer is not None and hasattr(trainer, "get") else None
+    return str(name or "")
+
+
 def verl_tool_parser(format: str, tokenizer: Tokenizer) -> ParseToolCalls:
     """verl's own parser for `format` (`ToolParser.get_tool_parser`), as `run_episode` takes one.
 
@@ -167,7 +174,9 @@ class CodeGymAgentLoop(AgentLoopBase):
     `multi_turn.max_assistant_turns`, else the response length and the env's step cap bound it),
     `max_steps` (the session's step cap; 0: the runtime's), `format` (default: the rollout's
     `multi_turn.format`; `codegym` parses CodeGym's text protocol), `outage_wait_s` (how long a
-    runtime call waits out an outage before the row is an infrastructure failure; 600). The rollout's
+    runtime call waits out an outage before the row is an infrastructure failure; 600), `run_id`
+    (the run the runtime records each episode's outcome for; default: the trainer's
+    `trainer.experiment_name`). The rollout's
     `multi_turn.max_user_turns`, `max_tool_response_length` and `tool_response_truncate_side` hold
     as in `ToolAgentLoop`; the caps are checked right after a model turn, whose calls then do not run.
 
@@ -193,6 +202,7 @@ class CodeGymAgentLoop(AgentLoopBase):
         max_steps: int = 0,
         format: str | None = None,
         outage_wait_s: float = DEFAULT_OUTAGE_WAIT_S,
+        run_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(trainer_config, server_manager, tokenizer, processor, **kwargs)
@@ -202,6 +212,7 @@ class CodeGymAgentLoop(AgentLoopBase):
         self.target = target
         self.timeout_s = timeout_s
         self.outage_wait_s = float(outage_wait_s)
+        self.run_id = run_id if run_id is not None else experiment_name(self.config)
         self.response_length = int(rollout.response_length)
         self.max_turns = int(
             max_turns if max_turns is not None else multi_turn.get("max_assistant_turns") or 0
@@ -275,6 +286,13 @@ class CodeGymAgentLoop(AgentLoopBase):
             chat_template_kwargs=self.apply_chat_template_kwargs,
             renderer=renderer,
             outage_wait_s=self.outage_wait_s,
+            run_id=self.run_id,
+            # No policy version: verl 0.9.1 gives an agent loop no step. The trainer's
+            # `global_steps` reaches the agent-loop worker as `meta_info` of the batch, which
+            # `AgentLoopWorker.generate_sequences` uses for tracing and does not pass to `run()`
+            # (only the row's columns); the rollout server reports the weights' step with each
+            # generated turn (`TokenOutput.extra_fields["global_steps"]`), but the session is
+            # created before the first turn, with the tools the prompt needs.
         )
         prompt_ids, response_ids, mask = episode.prompt_ids, episode.response_ids, episode.response_mask
         if not prompt_ids:  # the session never opened: the row's prompt, for verl's padding

@@ -130,6 +130,8 @@ async def run_episode(
     chat_template_kwargs: Mapping[str, Any] | None = None,
     renderer: Renderer | None = None,
     outage_wait_s: float = DEFAULT_OUTAGE_WAIT_S,
+    run_id: str = "",
+    policy_version: int | None = None,
 ) -> Episode:
     """Play one episode of `ability` (`codegym_v1@{code_id}__{Env}@{config}`) in one session.
 
@@ -152,6 +154,8 @@ async def run_episode(
     - `outage_wait_s`: how long each runtime call waits out a failure that clears by itself before
       the episode ends as an infrastructure failure (the operator's setting; 0: the client's own
       resends only).
+    - `run_id`, `policy_version`: the trainer's run and the policy's version, which the runtime
+      records with the episode's outcome (`Stats`, `SampleTasks`).
     """
     render = renderer or ChatTemplateRenderer(tokenizer, chat_template_kwargs)
     parse = parse_tool_calls or text_tool_parser("hermes", tokenizer)
@@ -161,7 +165,9 @@ async def run_episode(
     try:
         try:
             created = await ride_out_async(
-                lambda: client.create_session(ability=ability, max_steps=max_steps),
+                lambda: client.create_session(
+                    ability=ability, max_steps=max_steps, run_id=run_id, policy_version=policy_version
+                ),
                 f"CodeGym CreateSession ({ability[:200]})",
                 outage_wait_s,
             )

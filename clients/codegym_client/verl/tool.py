@@ -86,7 +86,8 @@ class _Session:
 class CodeGymTool(BaseTool):
     """One CodeGym tool (its schema from the tool config), stepping the episode's session (see the
     module's docstring for its limits). Config keys: `target` (`HOST:PORT`), `timeout_s`, `idle_s`,
-    `max_steps`, `outage_wait_s`, `max_sessions`."""
+    `max_steps`, `outage_wait_s`, `max_sessions`, `run_id` (the run the runtime records each
+    episode's outcome for: a tool gets its tool config alone, not the trainer's, so name it here)."""
 
     # request id -> the episode's session, least recently used first
     _sessions: ClassVar[OrderedDict[str, _Session]] = OrderedDict()
@@ -102,6 +103,7 @@ class CodeGymTool(BaseTool):
         wait = config.get("outage_wait_s")
         self.outage_wait_s = float(DEFAULT_OUTAGE_WAIT_S if wait is None else wait)
         self.max_sessions = max(1, int(config.get("max_sessions") or DEFAULT_MAX_SESSIONS))
+        self.run_id = str(config.get("run_id") or "")
         self._abilities: dict[str, str] = {}  # instance id -> ability from create_kwargs
 
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, Any]:
@@ -138,7 +140,11 @@ class CodeGymTool(BaseTool):
                     raise ValueError("no 'ability' in the row's tools_kwargs create_kwargs")
                 try:
                     created = await ride_out_async(
-                        lambda: client.create_session(ability=ability, max_steps=self.max_steps),
+                        # No policy version: verl 0.9.1 hands a tool no step (`create` gets the
+                        # row's create_kwargs, `execute` the call's arguments and `agent_data`).
+                        lambda: client.create_session(
+                            ability=ability, max_steps=self.max_steps, run_id=self.run_id
+                        ),
                         f"CodeGym CreateSession ({ability[:200]})",
                         self.outage_wait_s,
                     )
