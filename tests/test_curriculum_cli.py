@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -350,3 +351,19 @@ def test_a_runtime_that_is_not_there_is_one_line_and_exit_1(
     assert err.splitlines() == [
         f"codegym {' '.join(argv[:2])}: cannot reach {nowhere}: connection refused (nothing listens there)"
     ]
+
+
+def test_a_library_from_before_the_label_is_read_as_unlabelled_and_gains_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "older.db"
+    with Library(path) as lib:
+        lib.import_paths([ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py", SAMPLES / "tasks.jsonl"])
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("ALTER TABLE tasks DROP COLUMN learnability")  # as an earlier release wrote it
+    db.close()
+    with Library(path, read_only=True) as lib:  # read as it is: nothing changed, no label
+        tasks = lib.tasks_of("Sample_0006_I__ArrayGcdEnv")
+        assert tasks and {t.learnability for t in tasks} == {""}
+    with Library(path) as lib:  # opened for writing: the column is added
+        assert lib.set_learnability([(tasks[0].env_id, tasks[0].config_json, "learnable")]) == 1
+        assert lib.tasks_of("Sample_0006_I__ArrayGcdEnv")[0].learnability == "learnable"
