@@ -125,10 +125,14 @@ def _stats(client: RuntimeClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def band_error(command: str, args: argparse.Namespace) -> str:
+    """What is wrong with `--low`/`--high` ("" = nothing), told before the runtime is asked."""
+    if args.low < args.high:
+        return ""
+    return f"codegym library {command}: --low {args.low} must be below --high {args.high}"
+
+
 def _sample(client: RuntimeClient, args: argparse.Namespace) -> int:
-    if not args.low < args.high:
-        print(f"codegym library sample: --low {args.low} must be below --high {args.high}", file=sys.stderr)
-        return 2
     response = client.sample_tasks(
         args.run,
         args.n,
@@ -224,7 +228,8 @@ def _label(client: RuntimeClient, args: argparse.Namespace) -> int:
         )
     if len(labels) > total:
         print(
-            f"{len(labels) - total} labelled tasks are not in {args.library} (is it the library the runtime serves?)",
+            f"{len(labels) - total} of the tasks to label are not in {args.library} (is it the library the"
+            " runtime serves?)",
             file=sys.stderr,
         )
     return 0 if total or not labels else 1
@@ -234,10 +239,17 @@ def _label_command(args: argparse.Namespace) -> int:
     if not Path(args.library).is_file():
         print(f"codegym library label: no library at {args.library}", file=sys.stderr)
         return 2
-    if not args.low < args.high:
-        print(f"codegym library label: --low {args.low} must be below --high {args.high}", file=sys.stderr)
+    if error := band_error("label", args):
+        print(error, file=sys.stderr)
         return 2
     return with_runtime("label", _label)(args)
+
+
+def _sample_command(args: argparse.Namespace) -> int:
+    if error := band_error("sample", args):
+        print(error, file=sys.stderr)
+        return 2
+    return with_runtime("sample", _sample)(args)
 
 
 def fraction(text: str) -> float:
@@ -331,7 +343,7 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
         metavar="C",
         help="most tasks of one env (0: the runtime's default)",
     )
-    sample.set_defaults(func=with_runtime("sample", _sample))
+    sample.set_defaults(func=_sample_command)
 
     quarantine = lib_sub.add_parser(
         "quarantine",

@@ -294,7 +294,7 @@ def test_label_into_a_library_without_the_tasks_says_so(
     argv = ["library", "label", "--from-stats", "--target", played, "--run", RUN, "--min-episodes", "1"]
     code, _, err = run(capsys, *argv, "--library", str(other))
     assert code == 1
-    assert f"3 labelled tasks are not in {other} (is it the library the runtime serves?)" in err
+    assert f"3 of the tasks to label are not in {other} (is it the library the runtime serves?)" in err
 
     code, _, err = run(capsys, *argv, "--library", str(tmp_path / "missing.db"))
     assert code == 2 and "no library at" in err
