@@ -29,7 +29,7 @@ if importlib.util.find_spec("trl") is None or importlib.util.find_spec("torch") 
     pytest.skip(why, allow_module_level=True)
 
 from codegym_client import RuntimeClient, SessionNotFound  # noqa: E402
-from tests.helpers.trl_run import UNFINISHED_CALLS  # noqa: E402
+from tests.helpers.trl_run import RUN_NAME, UNFINISHED, UNFINISHED_CALLS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,3 +64,44 @@ def test_one_grpo_step_of_trls_trainer_scores_the_environments_and_leaves_no_ses
         for session_id in result["sessions"]:
             with pytest.raises(SessionNotFound):
                 client.get_session(session_id)
+        # The spec's callback named the sessions after GRPOConfig's run_name and the global step
+        # (0: the first step's rollouts): the runtime recorded the finished episodes for that run
+        # (the unfinished one, closed before its end, is not an outcome).
+        assert result["run"] == {"run_id": RUN_NAME, "policy_version": 0}
+        played = {
+            e.task.env_id: e.task
+            for e in client.stats(RUN_NAME, played_only=True)
+            if e.WhichOneof("entry") == "task"
+        }
+        assert {"Sample_0006_I__ArrayGcdEnv", "Sample_0001_I__MaxSubarraySumEnv"} <= set(played)
+        assert UNFINISHED["env_id"] not in played
+        gcd = played["Sample_0006_I__ArrayGcdEnv"]
+        assert (gcd.episodes, gcd.passes, gcd.last_policy_version) == (2, 2, 0)
+
+
+@pytest.mark.timeout(600)
+def test_one_grpo_step_on_the_curriculum_stream(tmp_path: Path) -> None:
+    """`spec.curriculum()` as GRPOTrainer's train_dataset (an IterableDataset: TRL repeats each
+    row num_generations times, so a group plays one task): one step trains on the runtime's choice
+    for the run the callback names, and its episodes are recorded for that run."""
+    out = tmp_path / "run.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.trl_run", RUNTIME, str(out), "--curriculum"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'clients'}"},
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    result = json.loads(out.read_text())
+    (step, _summary) = result["log"]
+    assert step["num_tokens"] > 0 and "reward" in step
+    assert result["run"]["run_id"] == RUN_NAME + "-curriculum"
+    with RuntimeClient(RUNTIME, timeout_s=30) as client:
+        recorded = [
+            e.task
+            for e in client.stats(RUN_NAME + "-curriculum", played_only=True)
+            if e.WhichOneof("entry") == "task"
+        ]
+    assert recorded and all(t.last_policy_version == 0 for t in recorded)

@@ -324,3 +324,103 @@ def test_codegym_grpo_is_verls_grpo_without_the_rows_that_have_no_token_to_train
     assert not torch.allclose(advantages("grpo", everyone)[kept], ours[kept])  # the baseline it shifted
     # c is left with one rollout: verl's rule for a group of one (mean 0, std 1), its score.
     assert torch.allclose(ours[8], scores[8] * mask[8])
+
+
+async def test_the_loop_records_its_episodes_under_the_trainers_experiment_name() -> None:
+    """The loop's run id defaults to `trainer.experiment_name`: the runtime's record of the episode
+    is the run's (`Stats`). No policy version: verl 0.9.1 gives an agent loop no step."""
+    recorded = trajectory("Sample_0006_I__ArrayGcdEnv")
+    config = trainer_config()
+    config.trainer = {"experiment_name": "verl-real-experiment"}
+    loop = instantiate(
+        our_entry(RUNTIME), config, ServerManager(ScriptedModel(plain_turns(recorded), TOKENIZER)), TOKENIZER
+    )
+    output = await loop.run({}, ability=ability(recorded), raw_prompt=PROMPT)
+    assert output.reward_score == 1.0
+    async with AsyncRuntimeClient(RUNTIME, timeout_s=30) as client:
+        tasks = [
+            e.task
+            for e in await client.stats("verl-real-experiment", played_only=True)
+            if e.WhichOneof("entry") == "task"
+        ]
+    assert [(t.env_id, t.episodes, t.passes) for t in tasks] == [(recorded["env_id"], 1, 1)]
+
+
+def test_the_curriculum_dataset_feeds_verls_dataloader_the_runtimes_choice(tmp_path: Path) -> None:
+    """verl 0.9.1 dropped `data.sampler.class_path`; what its config still loads is a dataset class
+    (`data.custom_cls`). Built by verl's own `create_rl_dataset` from a Parquet file of rows, and read
+    through the dataloader verl's v1 trainer makes (`_init_dataloader`: its random sampler, its
+    collate function, `train_batch_size` rows a batch), a batch is the runtime's choice of tasks for
+    the run, seed `data.codegym.seed`; the validation set is served as it is."""
+    import datasets
+    from torch.utils.data import Sampler
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from codegym_client import RuntimeClient
+    from codegym_client.verl.sampler import CodeGymCurriculumDataset, CodeGymCurriculumSampler, task_key
+    from tests.helpers.trainer_script import TRAJECTORIES
+
+    rows = [
+        {
+            "ability": ability(t),
+            "prompt": [{"role": "user", "content": f"Task {i}."}],
+            "extra_info": {"index": i},
+        }
+        for i, t in enumerate(TRAJECTORIES)
+    ]
+    train, val = tmp_path / "train.parquet", tmp_path / "val.parquet"
+    datasets.Dataset.from_list(rows).to_parquet(str(train))
+    datasets.Dataset.from_list(rows[:3]).to_parquet(str(val))
+    root = OmegaConf.create(
+        {
+            "trainer": {"experiment_name": "verl-real-curriculum"},
+            "data": {
+                **OmegaConf.to_container(
+                    OmegaConf.load(Path(verl_root()) / "trainer/config/data/legacy_data.yaml")
+                ),
+                "train_files": [str(train)],
+                "val_files": [str(val)],
+                "train_batch_size": 4,
+                "tool_config_path": None,
+                "function_tool_path": None,
+                "custom_cls": {
+                    "path": "pkg://codegym_client.verl.sampler",
+                    "name": "CodeGymCurriculumDataset",
+                },
+                "codegym": {"target": RUNTIME, "seed": 9},
+            },
+        }
+    )
+    data = root.data
+    dataset = create_rl_dataset(data.train_files, data, TOKENIZER, None)
+    assert isinstance(dataset, CodeGymCurriculumDataset) and dataset.curriculum is not None
+    assert (
+        dataset.curriculum.run_id == "verl-real-curriculum"
+    )  # trainer.experiment_name, from the config's root
+    assert isinstance(dataset.curriculum, Sampler)
+    loader = StatefulDataLoader(
+        dataset=dataset,
+        batch_size=data.train_batch_size,
+        num_workers=0,
+        drop_last=True,
+        collate_fn=collate_fn,
+        sampler=create_rl_sampler(data, dataset),
+    )
+    batch = next(iter(loader))
+    with RuntimeClient(RUNTIME, timeout_s=30) as client:
+        chosen = client.sample_tasks("verl-real-curriculum", 4, seed=9)
+    keys = {task_key(t.ability) for t in chosen.tasks}
+    assert len(batch["ability"]) == 4 and {task_key(a) for a in batch["ability"]} <= keys
+    validation = create_rl_dataset(data.val_files, data, TOKENIZER, None)
+    assert validation.curriculum is None and validation[1]["ability"] == rows[1]["ability"]
+    # The sampler alone, as `RayPPOTrainer(train_sampler=...)` takes it: the same first batch.
+    sampler = CodeGymCurriculumSampler(dataset, data)
+    assert [dataset.dataframe[i]["ability"] for i in list(sampler)[:4]] == list(batch["ability"])
+
+
+def verl_root() -> str:
+    import verl
+
+    return str(Path(verl.__file__).parent)

@@ -88,7 +88,12 @@ class Script:
         return out[first:]
 
 
-def main(runtime: str, out: Path) -> None:
+RUN_NAME = "trl-real-run"
+
+
+def main(runtime: str, out: Path, curriculum: bool = False) -> None:
+    """`curriculum`: the rows stream from `spec.curriculum()` (the runtime's choice for the run,
+    which the spec's callback names after `run_name`) instead of `spec.train_dataset`."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     template = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja").read_text()
     tokenizer = chatml_tokenizer(template=template)
@@ -103,6 +108,8 @@ def main(runtime: str, out: Path) -> None:
     assert isinstance(spec.environment_factory, dict)  # two tool sets: TRL's multi-environment path
     args = GRPOConfig(
         output_dir=str(out.parent / "trl-output"),
+        run_name=RUN_NAME + ("-curriculum" if curriculum else ""),
+        shuffle_dataset=not curriculum,
         per_device_train_batch_size=6,
         num_generations=2,
         max_steps=1,
@@ -121,9 +128,10 @@ def main(runtime: str, out: Path) -> None:
         model=model,
         reward_funcs=spec.reward_funcs,
         args=args,
-        train_dataset=spec.train_dataset,
+        train_dataset=spec.curriculum(seed=5) if curriculum else spec.train_dataset,
         processing_class=tokenizer,
         environment_factory=spec.environment_factory,
+        callbacks=[spec.callback()],
     )
     trainer.train()
     # TRL keeps its pooled instances to the end and never closes them; neither does this script.
@@ -133,8 +141,11 @@ def main(runtime: str, out: Path) -> None:
     ]
     with RuntimeClient(runtime, timeout_s=30) as client:
         open_now = [s for s in sessions if client.get_session(s).session_id == s]
-    out.write_text(json.dumps({"log": trainer.state.log_history, "sessions": sessions, "open": open_now}))
+    record = {"run_id": spec.run.run_id, "policy_version": spec.run.policy_version}
+    out.write_text(
+        json.dumps({"log": trainer.state.log_history, "sessions": sessions, "open": open_now, "run": record})
+    )
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]))
+    main(sys.argv[1], Path(sys.argv[2]), curriculum="--curriculum" in sys.argv[3:])
