@@ -6,9 +6,9 @@ finished episode per task configuration and trainer run; `SampleTasks` chooses a
 from that record. Two parts, each measurement on a fresh `codegym up` (2 sandbox workers, 1
 runtime, loopback; bench/rollout_bench.py's `up`, stopped by pid):
 
-  curriculum  --envs variants of the 12 samples in the published Parquet layout (bench/library_scale.py's
-              rows: each task with its oracle's actions, `std_traj`), imported by `codegym library
-              import`. A simulated learner's skill per task, fixed by --seed: 40 % never solved,
+  curriculum  --envs variants of the 12 samples in the published Parquet layout (the rows of
+              bench/library_scale.py: each task with its oracle's actions, `std_traj`), imported by
+              `codegym library import`. A simulated learner's skill per task, fixed by --seed: 40 % never solved,
               30 % always, 30 % solved with a probability drawn in [0.2, 0.8]. A success plays the
               oracle's actions; a failure plays them with a wrong `Done` answer (same type); every
               reward is checked against what was meant, so the simulation cannot silently be wrong.
@@ -28,8 +28,8 @@ runtime, loopback; bench/rollout_bench.py's `up`, stopped by pid):
   recording   rollout_bench's steady shape (256 rollouts thinking 1 s, 20 s windows) on the 12
               samples, recording on and off (`codegym up --no-record`), alternating (on/off,
               off/on, ...) for --repeats rounds: step p50/p99 per run, the episodes the runtime
-              recorded (none when off). Target, for p50 and p99: |median on - median off| below
-              the run-to-run spread (the larger max - min of the two).
+              recorded (n/a when off: it keeps no record and refuses Stats). Target, for p50 and
+              p99: |median on - median off| below the run-to-run spread (the larger max - min).
 
 Progress goes to stderr, tables to stdout, every figure (each training step's too) to --json FILE.
 
@@ -73,6 +73,7 @@ from bench.library_scale import (  # noqa: E402
     env_schema,
     load_samples,
     print_rows,
+    report_busy,
     run_import,
     task_rows,
     task_schema,
@@ -94,7 +95,7 @@ from bench.rollout_bench import (  # noqa: E402
 )  # fmt: skip
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
-from codegym_client.errors import CapacityExceeded  # noqa: E402
+from codegym_client.errors import CapacityExceeded, InvalidRequest  # noqa: E402
 
 PARTS = ("curriculum", "recording")
 ARMS = ("uniform", "curriculum")
@@ -181,7 +182,7 @@ def build_library(
     variants: Variants, skill: list[float], args: argparse.Namespace, workdir: Path, logs: Path
 ) -> Path:
     """The variants in the published Parquet layout, imported by `codegym library import`."""
-    dataset, library = workdir / "dataset", workdir / "curriculum.db"
+    dataset, library = workdir / "dataset", workdir / "imported.db"
     write_shards(env_rows(variants), dataset / ENVS_DIR, env_schema(), variants.n, 2)
     rows = prior_rows(variants, skill, args.prior, args.seed)
     write_shards(rows, dataset / TASKS_DIR, task_schema(), len(skill), 2)
@@ -249,9 +250,11 @@ class Arm:
         if self.name == "uniform":
             return [(ability(self.tasks[i]), i) for i in self.rng.sample(range(len(self.tasks)), batch)], {}
         index = {task_key(ability(t)): i for i, t in enumerate(self.tasks)}
+        started = time.monotonic()
         answer = await client.sample_tasks(self.run_id, batch, seed=step)
         picked = [(t.ability, index[task_key(t.ability)]) for t in answer.tasks]
-        return picked, {"pools": dict(answer.pools), "chosen": dict(Counter(t.pool for t in answer.tasks))}
+        chosen = dict(Counter(t.pool for t in answer.tasks))
+        return picked, {"sample_s": time.monotonic() - started, "pools": dict(answer.pools), "chosen": chosen}
 
     async def train_step(self, client: AsyncRuntimeClient, step: int, batch: int) -> Figures:
         """Play the step's groups at once, then train on each group with mixed rewards."""
@@ -268,7 +271,8 @@ class Arm:
         for (_, i), useful in zip(chosen, mixed, strict=True):
             self.skill[i] = min(1.0, self.skill[i] + LEARN_RATE) if useful else self.skill[i]
         return {"step": step, "groups": len(chosen), "zero_variance": mixed.count(False),
-                "seconds": time.monotonic() - started, "pass_rate": mean(self.skill), **sampler}  # fmt: skip
+                "seconds": time.monotonic() - started, "pass_rate": mean(self.skill),
+                "env_steps": GROUP * sum(len(self.tasks[i].actions) for _, i in chosen), **sampler}  # fmt: skip
 
     def summary(self, start_rate: float) -> Figures:
         def zero_pct(steps: list[Figures]) -> float:
@@ -293,7 +297,8 @@ async def play_arm(address: str, arm: Arm, args: argparse.Namespace) -> Figures:
             arm.steps.append(figures := await arm.train_step(client, step, args.batch))
             progress(
                 f"{arm.name} step {step}: {figures['zero_variance']}/{figures['groups']} zero-variance, pass "
-                f"rate {figures['pass_rate']:.3f}, {figures['seconds']:.1f} s {figures.get('chosen', '')}"
+                f"rate {figures['pass_rate']:.3f}, {figures['env_steps']} env steps in {figures['seconds']:.1f} s"
+                f" (sampler {figures.get('sample_s', 0):.2f} s) {figures.get('chosen', '')}"
             )
     return arm.summary(start_rate)
 
@@ -322,9 +327,13 @@ def run_curriculum(args: argparse.Namespace, workdir: Path, logs: Path, revision
 # Recording on and off under the rollout shape.
 
 
-async def recorded_episodes(address: str) -> int:
+async def recorded_episodes(address: str) -> int | None:
+    """Episodes the runtime has recorded; None when it keeps no record (it refuses Stats)."""
     async with AsyncRuntimeClient(address, timeout_s=CLIENT_TIMEOUT_S) as client:
-        return sum(e.env.episodes for e in await client.stats(envs_only=True, played_only=True))
+        try:
+            return sum(e.env.episodes for e in await client.stats(envs_only=True, played_only=True))
+        except InvalidRequest:
+            return None
 
 
 def run_recording(args: argparse.Namespace, workdir: Path, logs: Path, revision: str) -> list[Figures]:
@@ -459,6 +468,7 @@ def main() -> None:
             print_table("recording", results["recording"], specs, RECORDING_COLUMNS)
             verdicts += recording_targets(results["recording"])
         print_targets(verdicts)
+        report_busy({"recording": results.get("recording", [])})  # contended latencies named
     if args.json:
         meta = {"revision": revision, "args": vars(args), "cpus": os.cpu_count(), "loadavg": os.getloadavg()}
         document = {"meta": meta, "parts": results, "targets": verdicts}
