@@ -284,7 +284,8 @@ class Arm:
         zero = zero_pct(self.steps)
         return {"steps": len(self.steps), "groups": sum(s["groups"] for s in self.steps),
                 "zero_variance_pct": zero, "zero_variance_late_pct": zero_pct(self.steps[len(self.steps) // 2 :]),
-                "useful_per_1000": 10 * (100 - zero), "pass_rate_start": start_rate,
+                "useful_per_1000": 10 * (100 - zero),  # every group has GROUP episodes
+                "pass_rate_start": start_rate,
                 "pass_rate_end": mean(self.skill), "seconds_per_step": median([s["seconds"] for s in self.steps]),
                 "chosen_by_pool": dict(chosen), "trace": self.steps}  # fmt: skip
 
