@@ -254,14 +254,26 @@ REDIS_READY = re.compile(r"Ready to accept connections")
 class RedisServer(ServerProcess):
     """A `redis-server` on `host` (a free port unless given) that keeps no RDB snapshots.
 
-    With `folder`, it keeps an append-only file there, synced on every write, so a server started
-    again on the same port and folder has every acknowledged write; without, nothing is persisted.
+    With `folder`, it keeps an append-only file there, so `again()` (a server on the same port and
+    folder, once this one died however it died) has every acknowledged write; without, nothing is
+    persisted. The file is synced on every write (`appendfsync always`), not every second: with
+    `everysec`, Redis sends a reply before writing the command out whenever the last second's
+    fsync is still running (for up to 2 s under a slow disk), and an acknowledged step lost that
+    way would turn the client's resend, which carries its step index, into a mismatch instead of a
+    replay. `always` writes and syncs before replying, once per event-loop turn for every client
+    served in it, so concurrent steps share one fsync.
     Ready once it logs "Ready to accept connections" (after loading that file), not merely once
     its port accepts connections (it answers LOADING while it reads the file).
     """
 
     def __init__(
-        self, host: str = "127.0.0.1", *, port: int = 0, folder: Path | None = None, timeout_s: float = 20.0
+        self,
+        host: str = "127.0.0.1",
+        *,
+        port: int = 0,
+        folder: Path | None = None,
+        timeout_s: float = 20.0,
+        name: str = "",
     ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
@@ -278,6 +290,14 @@ class RedisServer(ServerProcess):
         else:
             argv += ["--appendonly", "no"]
         super().__init__(
-            argv, name=f"redis-server on {host}:{self.port}", ready=REDIS_READY, timeout_s=timeout_s, keep=200
+            argv,
+            name=name or f"redis-server on {host}:{self.port}",
+            ready=REDIS_READY,
+            timeout_s=timeout_s,
+            keep=200,
         )
         self.address = f"{host}:{self.port}"
+
+    def again(self) -> RedisServer:
+        """A new server on this one's port and folder (its append-only file), under the same name."""
+        return RedisServer(self.host, port=self.port, folder=self.folder, name=self.name)
