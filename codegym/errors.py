@@ -101,6 +101,17 @@ class Reason(enum.Enum):
         "the session store failed while the step was being committed: it may have been applied; "
         "resent with its index, the step is answered from the record, never applied twice",
     )
+    UNAUTHENTICATED = row(
+        "UNAUTHENTICATED",
+        "never",
+        "the server takes access tokens and the call carried none it knows: set `CODEGYM_TOKEN` or "
+        "`--token`",
+    )
+    PERMISSION_DENIED = row(
+        "PERMISSION_DENIED",
+        "never",
+        "the access token's role may not call this server (a trainer's token at a sandbox worker)",
+    )
     UPSTREAM_REJECTED = row(
         "UPSTREAM_REJECTED",
         "never",

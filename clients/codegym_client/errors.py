@@ -15,6 +15,8 @@ server, or a failure on the way):
 | `CAPACITY`          | RESOURCE_EXHAUSTED  | `CapacityExceeded`  | after `retry_after_s`     | yes            |
 | `UNAVAILABLE`       | UNAVAILABLE         | `RuntimeUnavailable`| yes, any replica          | yes            |
 | `OUTCOME_UNKNOWN`   | UNAVAILABLE         | `RuntimeUnavailable`| only with the step index  | yes            |
+| `UNAUTHENTICATED`   | UNAUTHENTICATED     | `Unauthenticated`   | never                     | no             |
+| `PERMISSION_DENIED` | PERMISSION_DENIED   | `PermissionDenied`  | never                     | no             |
 | `UPSTREAM_REJECTED` | FAILED_PRECONDITION | `CodeGymError`      | never (synthesis only)    | no             |
 | `INTERNAL`          | INTERNAL            | `CodeGymError`      | never                     | yes            |
 
@@ -52,10 +54,12 @@ __all__ = [
     "EpisodeFailed",
     "InfrastructureFailure",
     "InvalidRequest",
+    "PermissionDenied",
     "RuntimeUnavailable",
     "SessionDone",
     "SessionNotFound",
     "StepConflict",
+    "Unauthenticated",
     "is_infrastructure",
     "raises_typed",
     "reason_sent",
@@ -190,6 +194,21 @@ class RuntimeUnavailable(CodeGymError):
     default_reason = "UNAVAILABLE"
 
 
+class Unauthenticated(CodeGymError):
+    """UNAUTHENTICATED (`UNAUTHENTICATED`): the server takes access tokens and this call carried
+    none, or one it does not know. Never retried and never an infrastructure failure: the same call
+    fails until the token is fixed (`CODEGYM_TOKEN` or `--token`), so a trainer stops at once."""
+
+    default_reason = "UNAUTHENTICATED"
+
+
+class PermissionDenied(CodeGymError):
+    """PERMISSION_DENIED (`PERMISSION_DENIED`): the access token is known but its role may not call
+    this server (a trainer's token at a sandbox worker). Never retried, never infrastructure."""
+
+    default_reason = "PERMISSION_DENIED"
+
+
 # reason → (status, exception): the one table. The servers' codegym/errors.py builds its rows
 # (with when to retry and what each means) from it.
 REASONS: dict[str, tuple[grpc.StatusCode, type[CodeGymError]]] = {
@@ -204,6 +223,9 @@ REASONS: dict[str, tuple[grpc.StatusCode, type[CodeGymError]]] = {
     # The store failed while a step was being committed: applied or not, nobody knows. Safe to
     # resend only with the step's index (the runtime then answers from its record).
     "OUTCOME_UNKNOWN": (grpc.StatusCode.UNAVAILABLE, RuntimeUnavailable),
+    # Access: no token or an unknown one; a known token whose role may not call this server.
+    "UNAUTHENTICATED": (grpc.StatusCode.UNAUTHENTICATED, Unauthenticated),
+    "PERMISSION_DENIED": (grpc.StatusCode.PERMISSION_DENIED, PermissionDenied),
     # The synthesis server's (an LLM endpoint refusing the request); no runtime call answers it.
     "UPSTREAM_REJECTED": (grpc.StatusCode.FAILED_PRECONDITION, CodeGymError),
     "INTERNAL": (grpc.StatusCode.INTERNAL, CodeGymError),
@@ -224,6 +246,9 @@ BY_CODE: dict[grpc.StatusCode, type[CodeGymError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
     grpc.StatusCode.UNAVAILABLE: RuntimeUnavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: RuntimeUnavailable,
+    # gRPC itself answers these too (call credentials that failed), with no trailer.
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 
