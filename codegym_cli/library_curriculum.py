@@ -178,8 +178,9 @@ def task_labels(
 ) -> tuple[list[tuple[str, str, str]], Counter[str]]:
     """(env_id, canonical config, label) of each played task that earns one, and what the rest
     were: "too_few" (fewer than `min_episodes` episodes), "unreadable" (an ability not parsed).
-    The pass rate is the recent one (the task's last episodes the runtime keeps), as the sampler's
-    pools take it: a label says what the task is for the policy now, not at the run's start."""
+    The pass rate is the recent one (the task's last 32 episodes, which the runtime keeps; its
+    sampler decides over the last 16 of them): a label says what the task is for the policy now,
+    not at the run's start."""
     labels = []
     left: Counter[str] = Counter()
     for entry in entries:
@@ -334,7 +335,7 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
         type=fraction,
         default=None,
         metavar="X",
-        help="share of unplayed tasks (runtime default: 0.2)",
+        help="share of unplayed tasks (runtime default: 0.05)",
     )
     sample.add_argument(
         "--per-env-cap",

@@ -56,7 +56,7 @@ def sample_request(
     min_episodes: int = 0,
     env_prefix: str = "",
 ) -> rt.SampleTasksRequest:
-    """A SampleTasks request; the defaults are the runtime's (band (0, 1), 20 % exploring)."""
+    """A SampleTasks request; the defaults are the runtime's (band (0, 1), 5 % exploring)."""
     request = rt.SampleTasksRequest(
         run_id=run_id,
         n=n,

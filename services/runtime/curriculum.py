@@ -1,9 +1,12 @@
 """Which tasks still teach: pools from the episode record, the sampler, and what Stats reports.
 
 A task's pool, for a run, from the strongest evidence there is:
-1. the run's own episodes (at least `min_episodes`): its recent pass rate (the last
-   `TASK_WINDOW` episodes) puts it in `unsolved` (<= low), `mastered` (>= high) or `learnable`;
-   a task the run has played fewer times is `learnable` (still being measured);
+1. the run's own episodes (at least `min_episodes`): its pass rate over the last `POOL_WINDOW`
+   episodes (two GRPO groups of 8) puts it in `unsolved` (<= low), `mastered` (>= high) or
+   `learnable`; a task the run has played fewer times is `learnable` (still being measured). The
+   window is short on purpose: a task the policy has just mastered gives all-pass groups (no
+   advantage) for as long as older failures keep it in the band, so it leaves the band one group
+   after its first all-pass group, not four;
 2. every run's episodes, when they all fail it (at least `min_episodes`, rate <= low): `unsolved`;
 3. the published prior (CodeGym's Qwen2.5-32B Bo4 pass rate, kept with the task), by the same
    bounds: what seeds the record before any run has played the task;
@@ -36,7 +39,12 @@ from services.runtime.episode_record import FAILURE_KINDS, task_key
 # Quarantine: at least this many of an environment's recent steps, this share of them failed.
 QUARANTINE_MIN_STEPS = 20
 QUARANTINE_RATE = 0.5
-DEFAULT_EXPLORE = 0.2
+# The share of a choice spent on tasks the run has not played. Small on purpose: an unplayed task
+# drawn across a library is as likely as the library's mix to give a zero-variance group; the
+# share the learnable pool cannot fill goes to unplayed tasks anyway (the fill order below).
+DEFAULT_EXPLORE = 0.05
+# Episodes of a task's recent window its pool is decided by (`TASK_WINDOW` are kept).
+POOL_WINDOW = 16
 DEFAULT_MIN_EPISODES = 4
 DEFAULT_PER_ENV_CAP = 2
 # Pools in the order a shortfall is filled from.
@@ -77,9 +85,9 @@ def prior_of(scores: dict[str, float]) -> float | None:
     return None
 
 
-def recent_rate(tally: dict[str, Any]) -> tuple[int, float]:
-    """(episodes in the recent window, their pass rate)."""
-    window = str(tally.get("recent", ""))
+def recent_rate(tally: dict[str, Any], last: int = 0) -> tuple[int, float]:
+    """(episodes in the recent window, or its `last` ones, and their pass rate)."""
+    window = str(tally.get("recent", ""))[-last:] if last else str(tally.get("recent", ""))
     return len(window), (window.count("1") / len(window)) if window else 0.0
 
 
@@ -88,12 +96,12 @@ def pool_of(
 ) -> tuple[str, float]:
     """The task's pool for a run and the pass rate it was placed by (see the module doc)."""
     if run and int(run.get("episodes", 0)) > 0:
-        seen, rate = recent_rate(run)
+        seen, rate = recent_rate(run, POOL_WINDOW)
         if seen >= band.min_episodes:
             return band.place(rate), rate
         return "learnable", rate
     if everyone and int(everyone.get("episodes", 0)) >= band.min_episodes:
-        seen, rate = recent_rate(everyone)
+        seen, rate = recent_rate(everyone, POOL_WINDOW)
         if seen >= band.min_episodes and rate <= band.low:
             return "unsolved", rate
     if prior is not None:

@@ -1154,7 +1154,9 @@ class SampleTasksRequest(_message.Message):
     high: _builtins.float
     """Upper bound of the band."""
     explore: _builtins.float
-    """Share of the choice spent on tasks the run has not played. Unset = 0.2."""
+    """Share of the choice spent on tasks the run has not played. Unset = 0.05 (what the learnable
+    pool cannot fill goes to unplayed tasks too).
+    """
     per_env_cap: _builtins.int
     """Most tasks of one environment in the choice. 0 = no more than 2 (or n when the library is small)."""
     min_episodes: _builtins.int
