@@ -3,9 +3,13 @@
 Each server runs as its own process (as it would in a cluster) under a small supervisor: a server
 that dies is started again on the same port, after a back-off, while the others keep serving
 (the runtime's channel finds a restarted worker by itself, and re-runs a lost step on another
-worker). The set stops on Ctrl-C/SIGTERM, or when a server dies too often to be kept up. However
-this command ends (SIGKILL and OOM kills included), every process it started ends with it: each
-child has `PR_SET_PDEATHSIG`, and a worker's jails die with the worker (see `codegym.procs`).
+worker). The private `redis-server` that `--runtimes 2` starts is supervised the same way: it keeps
+an append-only file in a folder beside the library (`library.redis/`, or `--redis-dir`), and starts
+again on its port and folder with every session and the episode record as they were (the runtimes
+answer UNAVAILABLE meanwhile, which the clients send again). The set stops on Ctrl-C/SIGTERM, or
+when a server dies too often to be kept up. However this command ends (SIGKILL and OOM kills
+included), every process it started ends with it: each child has `PR_SET_PDEATHSIG`, and a
+worker's jails die with the worker (see `codegym.procs`).
 
 OpenEnv gateways (`codegym serve openenv`) in front of the first runtime: `--openenv-port` starts
 the multi-environment one (resets name their environment), and each `--openenv-env ENV_ID[=PORT]`
@@ -16,12 +20,15 @@ before any reset), each on its own port and printed with its address.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol, TextIO
 
 from codegym.grpcutil import wait_serving
 from codegym.library import Library, default_library_path
@@ -65,9 +72,42 @@ class Child(ServerProcess):
             codegym_command(args), name=name, timeout_s=timeout_s, stderr=None, echo=sys.stdout, keep=200
         )
 
+    def again(self) -> Child:
+        """The same server started again on the port it had (the others know it by that port)."""
+        argv = list(self.args)
+        argv[argv.index("--port") + 1] = self.address.rsplit(":", 1)[1]
+        return Child(self.name, argv)
+
+
+class Supervised(Protocol):
+    """What the supervisor keeps up: a `Child` or the private `RedisServer`."""
+
+    name: str
+    address: str
+    proc: subprocess.Popen[str]
+
+    def again(self) -> Supervised: ...
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int | None: ...
+
 
 # The one redis-server starter (the tests use it too); `bench/scale_bench.py` imports this name.
 PrivateRedis = RedisServer
+
+
+def lock_redis_folder(folder: Path) -> TextIO:
+    """Hold `folder`, where the private redis-server keeps its append-only file, for this `codegym
+    up` until the returned file is closed: two servers writing one file would corrupt it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = (folder / "codegym-up.lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        raise SystemExit(
+            f"codegym up: another codegym up keeps its Redis in {folder}; give this one --redis-dir"
+        ) from None
+    return lock
 
 
 def env_gateways(specs: list[str], library: Path) -> list[tuple[str, int]]:
@@ -90,7 +130,7 @@ def env_gateways(specs: list[str], library: Path) -> list[tuple[str, int]]:
 class Supervisor:
     """Restarts dead servers on their own port, with back-off; gives up past a restart budget."""
 
-    def __init__(self, children: list[Child], *, max_restarts: int = 5, window_s: float = 60.0) -> None:
+    def __init__(self, children: list[Supervised], *, max_restarts: int = 5, window_s: float = 60.0) -> None:
         self.children = children
         self.max_restarts = max_restarts
         self.window_s = window_s
@@ -109,11 +149,8 @@ class Supervisor:
             delay = min(0.5 * 2 ** len(recent), 8.0)
             print(f"codegym up: {child.name} exited with {code}; restarting in {delay:.1f} s", flush=True)
             time.sleep(delay)
-            port = child.address.rsplit(":", 1)[1]
-            argv = list(child.args)
-            argv[argv.index("--port") + 1] = port
             try:
-                self.children[i] = Child(child.name, argv)
+                self.children[i] = child.again()
             except RuntimeError as exc:
                 print(f"codegym up: {exc}", flush=True)
                 self.restarts[child.name] = [*recent, now]
@@ -131,7 +168,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not library.exists():
         build_default_library(library)
     one_env = env_gateways(args.openenv_env, library)
-    children: list[Child] = []
+    children: list[Supervised] = []
     cleanup: list[Callable[[], object]] = []
     stopping = []
 
@@ -141,6 +178,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
+        private_redis = args.runtimes > 1 and not args.sessions
+        redis_dir = Path(args.redis_dir) if args.redis_dir else library.with_name(f"{library.stem}.redis")
+        if private_redis:  # before any server starts
+            cleanup.append(lock_redis_folder(redis_dir).close)
         for i in range(args.workers):
             port = args.sandbox_port + i if args.sandbox_port else 0
             worker_args = [
@@ -159,11 +200,16 @@ def cmd_up(args: argparse.Namespace) -> int:
             children.append(Child(f"sandbox worker {i + 1}", worker_args))
         workers = [c.address for c in children]
         sessions = args.sessions
-        if args.runtimes > 1 and not sessions:
-            redis = RedisServer(args.host)
-            cleanup.append(redis.stop)
+        if private_redis:
+            # Stopped after the runtimes (children stop in reverse), which write their record last.
+            redis = RedisServer(args.host, folder=redis_dir, name="redis")
+            children.append(redis)
             sessions = redis.url
-            print(f"redis at {redis.url} (sessions shared by the runtimes)", flush=True)
+            print(
+                f"redis at {redis.url} (pid {redis.pid}; sessions shared by the runtimes, "
+                f"append-only file in {redis_dir})",
+                flush=True,
+            )
         runtimes = []
         for i in range(args.runtimes):
             runtime_args = [
@@ -178,7 +224,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             runtimes.append(Child(name, runtime_args))
             children.append(runtimes[-1])
         for child in children:
-            wait_serving(child.address)
+            if isinstance(child, Child):
+                wait_serving(child.address)
         # The OpenEnv gateways (WebSocket, not gRPC) in front of every runtime replica: their client
         # balances over them, so a replica restarting (sessions in Redis) costs the gateway nothing.
         gateways: list[Child] = []
@@ -192,7 +239,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         children += gateways
         print(f"runtime listening on {','.join(r.address for r in runtimes)}", flush=True)
         for child in children:
-            if child not in runtimes or len(runtimes) > 1:
+            if isinstance(child, Child) and (child not in runtimes or len(runtimes) > 1):
                 print(f"{child.name} at {child.address} (pid {child.proc.pid})", flush=True)
         for child in gateways:
             print(f"  {child.name}: OpenEnv base_url http://{child.address}", flush=True)
@@ -248,6 +295,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--sessions",
         default="",
         help="redis://HOST:PORT/N for the sessions (default: in memory; a private redis-server for --runtimes > 1)",
+    )
+    up.add_argument(
+        "--redis-dir",
+        default="",
+        help="where the private redis-server of --runtimes > 1 keeps its append-only file "
+        "(default: beside the library, LIBRARY.redis/)",
     )
     up.add_argument("--jails", type=int, default=os.cpu_count() or 2, help="jails per worker")
     up.add_argument(
