@@ -1,4 +1,4 @@
-"""Server plumbing shared by every service: options, health, reflection, drain.
+"""Server plumbing shared by every service: options, health, reflection, drain, access.
 
 Channels (the clients' side: load balancing, retries, message sizes) come from the one channel
 factory, `codegym_client.channels`, which trainers install too; what only servers need stays here.
@@ -19,11 +19,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from codegym.auth import AuthInterceptor, ServerAuth, check_bind, configured
 from codegym.metrics import MetricsInterceptor
-from codegym_client.channels import MAX_MESSAGE_BYTES
+from codegym_client.channels import MAX_MESSAGE_BYTES, Access, sync_channel
 
 log = logging.getLogger(__name__)
 
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 # How often a drain looks whether the servicer's calls have finished.
 DRAIN_POLL_S = 0.02
 
@@ -40,10 +42,16 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
-def wait_serving(address: str, service: str = "", timeout_s: float = 30.0) -> None:
-    """Block until `address` answers SERVING on `grpc.health.v1` (for `service`, "" = the server)."""
+def wait_serving(
+    address: str, service: str = "", timeout_s: float = 30.0, access: Access | None = None
+) -> None:
+    """Block until `address` answers SERVING on `grpc.health.v1` (for `service`, "" = the server).
+
+    Health takes no token; `access` (default: the environment's) only says whether to speak TLS."""
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
+    access = access or Access.from_env()
+    plain = Access(tls=access.tls, tls_ca=access.tls_ca)
+    with sync_channel(address, [HEALTH_SERVICE], retry=False, access=plain) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             try:
@@ -57,10 +65,28 @@ def wait_serving(address: str, service: str = "", timeout_s: float = 30.0) -> No
 
 
 class ManagedServer:
-    """A grpc.aio server with health and reflection that drains on SIGTERM/SIGINT."""
+    """A grpc.aio server with health and reflection that drains on SIGTERM/SIGINT.
 
-    def __init__(self, service_names: Sequence[str], *, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[MetricsInterceptor()])
+    `auth` (default: what `codegym serve` configured for this process, `codegym.auth.configured`):
+    the access tokens every call but health and reflection must carry, and the TLS certificate the
+    port serves. With `auth.health_port`, a second, plain-text port serves health alone (probes).
+    """
+
+    def __init__(
+        self,
+        service_names: Sequence[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        auth: ServerAuth | None = None,
+    ) -> None:
+        auth = auth or configured()
+        check_bind(host, auth)
+        interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
+        if auth.enabled:  # after the metrics: a refused call is counted with its code
+            interceptors.append(AuthInterceptor(auth.tokens))
+        self.auth = auth
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
         self.health = health_aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)
@@ -72,17 +98,23 @@ class ManagedServer:
             ],
             self.server,
         )
-        try:
-            self.port = self.server.add_insecure_port(f"{host}:{port}")
-        except RuntimeError:
-            self.port = 0
-        if self.port == 0:
-            raise OSError(f"cannot bind {host}:{port}: address in use or not available")
+        self.port = bind(self.server, host, port, auth)
         self.address = f"{host}:{self.port}" if ":" not in host else f"[{host}]:{self.port}"
+        self.probes: grpc.aio.Server | None = None
+        if auth.health_port >= 0:
+            self.probes = grpc.aio.server(options=SERVER_OPTIONS)
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.probes)
+            self.health_port = bind(self.probes, host, auth.health_port, ServerAuth())
         self._stopped = asyncio.Event()
+
+    @property
+    def tls(self) -> bool:
+        return self.auth.tls_cert is not None
 
     async def start(self) -> None:
         await self.server.start()
+        if self.probes is not None:
+            await self.probes.start()
         for name in ["", *self.service_names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
@@ -101,6 +133,8 @@ class ManagedServer:
             while in_flight() and time.monotonic() < deadline:
                 await asyncio.sleep(DRAIN_POLL_S)
         await self.server.stop(max(0.0, deadline - time.monotonic()))
+        if self.probes is not None:
+            await self.probes.stop(0)
         self._stopped.set()
 
     async def wait_for_signal(self) -> None:
@@ -117,3 +151,19 @@ class ManagedServer:
 
     async def wait(self) -> None:
         await self._stopped.wait()
+
+
+def bind(server: grpc.aio.Server, host: str, port: int, auth: ServerAuth) -> int:
+    """Add `host:port` to `server` (TLS with `auth`'s certificate); the port bound."""
+    address = f"{host}:{port}" if ":" not in host else f"[{host}]:{port}"
+    try:
+        if auth.tls_cert is not None and auth.tls_key is not None:
+            credentials = grpc.ssl_server_credentials([(auth.tls_key, auth.tls_cert)])
+            bound = server.add_secure_port(address, credentials)
+        else:
+            bound = server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise OSError(f"cannot bind {address}: address in use or not available")
+    return bound

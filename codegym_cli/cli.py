@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from codegym_cli import (
+    access,
     demo_command,
     env_commands,
     eval_command,
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
         command.formatter_class = HelpFormatter
         if not command.description:
             command.description = summary[:1].upper() + summary[1:] + "."
+        if access.takes_target(command):
+            access.add_client_arguments(command)
         example = EXAMPLES.get(" ".join(words))
         if example and not command.epilog:
             command.epilog = f"Example:\n  {example}"
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from sandbox_worker.jail import JailDied
 
     args = build_parser().parse_args(argv)
+    access.apply(args)
     try:
         result: int = args.func(args)
         sys.stdout.flush()  # inside the try: a reader gone early shows up here, not at exit

@@ -32,6 +32,56 @@ def configure_logs(level: str, fmt: str) -> None:
     configure(level, fmt)
 
 
+def configure_access(args: argparse.Namespace) -> None:
+    """The server's access settings (`--tokens`, `--token`, `--tls-cert`/`--tls-key`, `--insecure`,
+    `--health-port`) for every server this process builds; refuses a non-loopback bind without
+    tokens here, before anything starts."""
+    from codegym.auth import ServerAuth, check_bind, configure
+
+    try:
+        auth = ServerAuth.from_settings(
+            token=args.token,
+            tokens_file=args.tokens,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            insecure=args.insecure,
+            health_port=args.health_port,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"codegym serve: {exc}") from None
+    check_bind(args.host, auth)
+    configure(auth)
+
+
+def add_access_arguments(parser: argparse.ArgumentParser) -> None:
+    from codegym_cli.access import add_client_arguments
+
+    add_client_arguments(parser)
+    parser.add_argument(
+        "--tokens",
+        default=None,
+        help='access tokens this server takes: a JSON file {"tokens": {TOKEN: {"tenant": NAME, "role": '
+        "trainer|operator|service}}} ($CODEGYM_TOKENS_FILE when not given); --token adds one operator token. "
+        "Without either, every caller is served",
+    )
+    parser.add_argument(
+        "--tls-cert", default="", help="serve TLS with this certificate (PEM; with --tls-key)"
+    )
+    parser.add_argument("--tls-key", default="", help="the TLS certificate's private key (PEM)")
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="bind an address other than loopback without access tokens (refused otherwise)",
+    )
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=-1,
+        help="also serve grpc.health.v1 alone, in plain text, on this port (Kubernetes probes cannot "
+        "speak TLS; -1 = off)",
+    )
+
+
 def start_metrics(args: argparse.Namespace) -> None:
     """`--metrics-port`: Prometheus /metrics on the server's host (-1: off, 0: any free port)."""
     if args.metrics_port < 0:
@@ -43,6 +93,7 @@ def start_metrics(args: argparse.Namespace) -> None:
 
 
 def _serve_sandbox(args: argparse.Namespace) -> int:
+    configure_access(args)
     start_metrics(args)
     from codegym.serving import serve
     from sandbox_worker.server import SandboxWorker
@@ -90,6 +141,7 @@ def record_store(args: argparse.Namespace) -> RecordStore | None:
 
 
 def _serve_runtime(args: argparse.Namespace) -> int:
+    configure_access(args)
     start_metrics(args)
     from codegym.serving import serve
     from services.runtime.server import RuntimeServer
@@ -127,6 +179,7 @@ def _serve_runtime(args: argparse.Namespace) -> int:
 
 
 def _serve_synthesis(args: argparse.Namespace) -> int:
+    configure_access(args)
     start_metrics(args)
     from pathlib import Path
 
@@ -154,6 +207,7 @@ def _serve_synthesis(args: argparse.Namespace) -> int:
 
 
 def _serve_verification(args: argparse.Namespace) -> int:
+    configure_access(args)
     start_metrics(args)
     from codegym.serving import serve
     from services.verification.service import VerificationServer
@@ -447,6 +501,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     openenv.add_argument("--log-level", default="INFO", help="logging level")
     openenv.set_defaults(func=_serve_openenv)
+    for server in (sandbox, runtime, synthesis, verification):
+        add_access_arguments(server)
     for server in (sandbox, runtime, synthesis, verification, openenv):
         server.add_argument(
             "--log-format",

@@ -21,6 +21,11 @@ name, where the workers are not known one by one) uses the round_robin channel o
 `execute_batch` serves verification's matrices (candidates × tests): it cuts a list of operations
 into `ExecuteBatch` calls of bounded size, keeps several in flight so round_robin spreads them over
 every worker, and returns results in order.
+
+Access: the calls carry this process's own access token (`CODEGYM_TOKEN`, or `access`): the
+runtime's or verification's service identity, which workers that take tokens require (a trainer's
+token is refused there). A worker's refusal of it (UNAUTHENTICATED, PERMISSION_DENIED) is never
+retried: it says the service's token is wrong, which no other worker would take either.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import grpc
 
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
-from codegym_client.channels import aio_channel
+from codegym_client.channels import Access, aio_channel
 
 log = logging.getLogger(__name__)
 SANDBOX_SERVICE = sb.DESCRIPTOR.services_by_name["SandboxService"].full_name
@@ -194,15 +199,22 @@ class SandboxUnavailable(RuntimeError):
 class SandboxDispatcher:
     """Runs operations on whichever worker the channel picks. Create inside the running loop."""
 
-    def __init__(self, addresses: str | Sequence[str], *, attempts: int = 6) -> None:
+    def __init__(
+        self, addresses: str | Sequence[str], *, attempts: int = 6, access: Access | None = None
+    ) -> None:
         # One layer retries: this class (`attempts`, with back-off), never the channel under it
         # too (its policy would multiply every attempt here by its own).
-        self.channel = aio_channel(addresses, [SANDBOX_SERVICE], retry=False, health_service=SANDBOX_SERVICE)
+        access = access or Access.from_env()
+        self.channel = aio_channel(
+            addresses, [SANDBOX_SERVICE], retry=False, health_service=SANDBOX_SERVICE, access=access
+        )
         self.stub = sb_grpc.SandboxServiceStub(self.channel)
         self.attempts = attempts
         self.workers: dict[str, Worker] = {}
         for address in worker_addresses(addresses):
-            channel = aio_channel(address, [SANDBOX_SERVICE], retry=False, health_service=SANDBOX_SERVICE)
+            channel = aio_channel(
+                address, [SANDBOX_SERVICE], retry=False, health_service=SANDBOX_SERVICE, access=access
+            )
             stub = sb_grpc.SandboxServiceStub(channel)
             others = WorkerQueue(stub, max_in_flight=OTHERS_IN_FLIGHT, max_batch=1)
             self.workers[address] = Worker(channel, WorkerQueue(stub), others)

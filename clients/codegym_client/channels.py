@@ -4,12 +4,22 @@ Load balancing, retries and connection recycling are configuration (a service co
 options), not code, so the trainers' runtime clients and the servers' channels to each other (the
 runtime and verification to sandbox workers, the pipeline to its services) behave the same way.
 Only grpcio is needed: a trainer's install has grpcio and protobuf and nothing else.
+
+Access: every channel sends the caller's access token (`CODEGYM_TOKEN`, or `Access(token=...)`) as
+`authorization: Bearer ...` call credentials, and speaks TLS when the target is `grpcs://HOST:PORT`
+or a CA is given (`CODEGYM_TLS_CA`: the PEM file that signed the servers' certificates). gRPC sends
+call credentials only over a channel that protects them: TLS, or a loopback connection (local
+credentials); a token bound for another host in plain text is refused here, before any call.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,6 +29,10 @@ __all__ = [
     "HEALTH_REQUEST",
     "MAX_MESSAGE_BYTES",
     "PROBE_TIMEOUT_S",
+    "TLS_CA_ENV",
+    "TLS_SCHEME",
+    "TOKEN_ENV",
+    "Access",
     "aio_channel",
     "channel_options",
     "service_config",
@@ -36,6 +50,73 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 HEALTH_REQUEST = b""
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 PROBE_TIMEOUT_S = 1.0
+
+# Where a client finds its access token and the CA that signed the servers' certificates.
+TOKEN_ENV = "CODEGYM_TOKEN"
+TLS_CA_ENV = "CODEGYM_TLS_CA"
+# A target written `grpcs://HOST:PORT` is reached over TLS (the system's roots without a CA file).
+TLS_SCHEME = "grpcs://"
+
+
+@dataclass(frozen=True)
+class Access:
+    """How a client proves who it is (`token`) and checks whom it talks to (`tls`, `tls_ca`)."""
+
+    token: str = ""
+    tls: bool = False
+    tls_ca: bytes | None = None
+
+    @classmethod
+    def from_env(cls, token: str | None = None, tls_ca: str | Path | None = None) -> Access:
+        """The given values, else `CODEGYM_TOKEN` and `CODEGYM_TLS_CA` (a CA turns TLS on)."""
+        token = os.environ.get(TOKEN_ENV, "") if token is None else token
+        ca_path = os.environ.get(TLS_CA_ENV, "") if tls_ca is None else str(tls_ca)
+        if not ca_path:
+            return cls(token=token.strip())
+        try:
+            ca = Path(ca_path).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"cannot read the TLS CA {ca_path} ({TLS_CA_ENV} or --tls-ca): {exc}") from None
+        return cls(token=token.strip(), tls=True, tls_ca=ca)
+
+    def credentials(self, target: str) -> grpc.ChannelCredentials | None:
+        """The channel's credentials for `target` (None: a plain channel, no token to send)."""
+        calls = grpc.access_token_call_credentials(self.token) if self.token else None
+        if self.tls:
+            secure = grpc.ssl_channel_credentials(root_certificates=self.tls_ca)
+        elif calls is None:
+            return None
+        elif is_loopback(target):
+            secure = grpc.local_channel_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+        else:
+            raise ValueError(
+                f"an access token is sent only over TLS or to a loopback address, not in plain text to "
+                f"{target}: give the CA of its certificate ({TLS_CA_ENV} or --tls-ca), or write "
+                f"{TLS_SCHEME}HOST:PORT"
+            )
+        return secure if calls is None else grpc.composite_channel_credentials(secure, calls)
+
+
+def is_loopback(target: str) -> bool:
+    """Whether every address of a channel target is this machine's (127.0.0.0/8, ::1, localhost)."""
+    body = target
+    for prefix in ("ipv4:", "ipv6:", "dns:///", "dns:"):
+        if body.startswith(prefix):
+            body = body[len(prefix) :]
+            break
+    hosts = []
+    for item in body.split(","):
+        host = item.rsplit(":", 1)[0] if item.count(":") == 1 or item.startswith("[") else item
+        hosts.append(host.strip("[]"))
+    for host in hosts:
+        if host == "localhost":
+            continue
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                return False
+        except ValueError:
+            return False
+    return bool(hosts)
 
 
 def service_config(
@@ -76,10 +157,18 @@ def service_config(
     return json.dumps(config)
 
 
+def tls_requested(addresses: str | Sequence[str]) -> bool:
+    """Whether the target is written `grpcs://...` (every address of a list, or its first)."""
+    first = addresses.split(",")[0] if isinstance(addresses, str) else (addresses[0] if addresses else "")
+    return first.strip().startswith(TLS_SCHEME)
+
+
 def target_for(addresses: str | Sequence[str]) -> str:
     """One channel target for one or many `host:port` addresses (static list → `ipv4:`/`ipv6:` URI)."""
     items = [
-        a.strip() for a in (addresses.split(",") if isinstance(addresses, str) else addresses) if a.strip()
+        a.strip().removeprefix(TLS_SCHEME)
+        for a in (addresses.split(",") if isinstance(addresses, str) else addresses)
+        if a.strip()
     ]
     if not items:
         raise ValueError("no address given")
@@ -119,6 +208,17 @@ def channel_options(
     ]
 
 
+def secure_target(
+    addresses: str | Sequence[str], access: Access | None
+) -> tuple[str, grpc.ChannelCredentials | None]:
+    """The channel target and its credentials (None: plain) for `access` (None: from the environment)."""
+    access = access or Access.from_env()
+    if tls_requested(addresses) and not access.tls:
+        access = Access(token=access.token, tls=True, tls_ca=access.tls_ca)
+    target = target_for(addresses)
+    return target, access.credentials(target)
+
+
 def aio_channel(
     addresses: str | Sequence[str],
     service_names: Iterable[str],
@@ -126,9 +226,13 @@ def aio_channel(
     retry: bool = True,
     health_service: str | None = None,
     no_retry: Iterable[tuple[str, str]] = (),
+    access: Access | None = None,
 ) -> grpc.aio.Channel:
     options = channel_options(service_names, retry=retry, health_service=health_service, no_retry=no_retry)
-    return grpc.aio.insecure_channel(target_for(addresses), options=options)
+    target, credentials = secure_target(addresses, access)
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options=options)
+    return grpc.aio.secure_channel(target, credentials, options=options)
 
 
 def sync_channel(
@@ -138,6 +242,10 @@ def sync_channel(
     retry: bool = True,
     health_service: str | None = None,
     no_retry: Iterable[tuple[str, str]] = (),
+    access: Access | None = None,
 ) -> grpc.Channel:
     options = channel_options(service_names, retry=retry, health_service=health_service, no_retry=no_retry)
-    return grpc.insecure_channel(target_for(addresses), options=options)
+    target, credentials = secure_target(addresses, access)
+    if credentials is None:
+        return grpc.insecure_channel(target, options=options)
+    return grpc.secure_channel(target, credentials, options=options)
