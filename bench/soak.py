@@ -1,8 +1,9 @@
 """Soak with faults: episodes through the trainer paths, all at once, while infrastructure fails.
 
 A training run lives for hours through deploys, scale-in and blips. This runs `codegym up
---runtimes 2 --workers 2 --openenv-port 0` over a Redis of its own (an append-only file, so a
-restarted Redis keeps its sessions) and plays recorded oracle trajectories (codegym/samples/trajectories.jsonl)
+--runtimes 2 --workers 2 --openenv-port 0` over the Redis that `up` starts for itself (its
+append-only file beside the library, supervised by `up`; `--redis given`: a Redis of the soak's own
+given through `--sessions`, also append-only) and plays recorded oracle trajectories (codegym/samples/trajectories.jsonl)
 through each path, with think time between steps, while a schedule of faults runs in a loop:
 
   rolling restart   each runtime replica sent SIGTERM in turn (`codegym up` starts it again on
@@ -11,7 +12,8 @@ through each path, with think time between steps, while a schedule of faults run
   worker drained    a sandbox worker sent SIGTERM (scale-in)
   worker frozen     a sandbox worker stopped with SIGSTOP for 15 s, then SIGCONT
   gateway restart   the OpenEnv gateway sent SIGTERM
-  redis restart     Redis stopped and started again on its port and file
+  redis restart     up's own Redis SIGKILLed (`up` starts it again on its port and file); with
+                    `--redis given`, the soak's Redis stopped and started again the same way
 
 Paths, all at once:
 
@@ -39,7 +41,7 @@ server at start and end (growth within `--memory-growth-mib`). It exits 1 when a
 fails, after the report.
 
     .venv/bin/python bench/soak.py [--minutes 20] [--rollouts 16] [--think-s 1] [--faults all]
-        [--paths all] [--trainers-python .venv-trainers/bin/python]
+        [--paths all] [--redis up|given] [--trainers-python .venv-trainers/bin/python]
 """
 
 from __future__ import annotations
@@ -96,7 +98,10 @@ MEMORY_GROWTH_MIB = 64.0
 # longest recorded episodes run past verl's usual 8,192 tokens in bytes.
 RESPONSE_TOKENS = 1 << 20
 # A server's line in `codegym up`'s output: at start and after each restart.
-SERVER_LINE = re.compile(r"(runtime \d+|sandbox worker \d+|openenv gateway) (?:back )?at (\S+) \(pid (\d+)\)")
+SERVER_LINE = re.compile(
+    r"(runtime \d+|sandbox worker \d+|openenv gateway|redis) (?:back )?at (\S+) \(pid (\d+)[);]"
+)
+REDIS_URL = re.compile(r"redis at (redis://\S+) \(pid")
 FREEZE_S = 15.0
 SERVERS = ("runtime 1", "runtime 2", "sandbox worker 1", "sandbox worker 2", "openenv gateway")
 
@@ -122,21 +127,26 @@ class PathTally:
 
 
 class Stack:
-    """`codegym up` over our own Redis; knows each server's current pid from up's output."""
+    """`codegym up` over its own Redis (`redis="up"`) or ours (`"given"`); knows each server's
+    current pid from up's output."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, redis: str = "up") -> None:
         self.workdir = workdir
         self.redis_folder = workdir / "redis"
-        self.redis_folder.mkdir()
-        self.redis = RedisServer(folder=self.redis_folder)
+        self.redis: RedisServer | None = None
         argv = [sys.executable, "-m", "codegym_cli.cli", "up", "--library", str(workdir / "library.db"),
                 "--port", "0", "--runtimes", "2", "--workers", "2", "--openenv-port", "0",
-                "--sessions", self.redis.url]  # fmt: skip
+                "--redis-dir", str(self.redis_folder)]  # fmt: skip
+        if redis == "given":
+            self.redis_folder.mkdir()
+            self.redis = RedisServer(folder=self.redis_folder)
+            argv[-2:] = ["--sessions", self.redis.url]
         self.up = ServerProcess(argv, name="codegym up", keep=100_000, timeout_s=180)
         self.runtimes = self.up.address.split(",")
-        # `codegym up` names its servers right after its ready line.
+        # `codegym up` names its servers right after its ready line (its Redis before it).
+        named = (*SERVERS, "redis") if self.redis is None else SERVERS
         deadline = time.monotonic() + 30
-        while len(self.servers()) < len(SERVERS):
+        while len(self.servers()) < len(named):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"codegym up named only {sorted(self.servers())}")
             time.sleep(0.1)
@@ -147,6 +157,14 @@ class Stack:
         for name, address, pid in SERVER_LINE.findall(self.up.text):
             found[name] = (address, int(pid))
         return found
+
+    @property
+    def redis_url(self) -> str:
+        if self.redis is not None:
+            return self.redis.url
+        found = REDIS_URL.search(self.up.text)
+        assert found, "codegym up printed no redis line"
+        return found.group(1)
 
     def gateway_url(self) -> str:
         return f"ws://{self.servers()['openenv gateway'][0]}/ws"
@@ -180,13 +198,15 @@ class Stack:
             out[name] = (
                 sum((proctree.memory_kb(p) or {}).get("Pss", 0) for p in tree if p not in forked) / 1024
             )
-        out["redis"] = tree_memory_kb(self.redis.pid)[1] / 1024
+        if self.redis is not None:  # up's own Redis is one of its servers above
+            out["redis"] = tree_memory_kb(self.redis.pid)[1] / 1024
         out["resident sessions"] = float(sessions)
         return out
 
     def stop(self) -> None:
         self.up.stop()
-        self.redis.stop()
+        if self.redis is not None:
+            self.redis.stop()
 
 
 async def fault_loop(stack: Stack, faults: list[str], until: float, log: list[str]) -> None:
@@ -238,9 +258,13 @@ async def restart_gateway(stack: Stack) -> None:
 
 
 async def restart_redis(stack: Stack) -> None:
-    port = stack.redis.port
-    stack.redis.stop()
-    stack.redis = RedisServer(port=port, folder=stack.redis_folder)
+    if stack.redis is not None:
+        stack.redis.stop()
+        stack.redis = stack.redis.again()
+        return
+    pid = stack.pid("redis")
+    os.kill(pid, signal.SIGKILL)
+    await stack.restarted("redis", pid)
 
 
 FAULT_ACTIONS: dict[str, Callable[[Stack], Awaitable[None]]] = {
@@ -535,7 +559,7 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line]) -> dic
         finally:
             pool.shutdown(wait=True)
             spec.client().close()
-    left_open = await sessions_left(stack.redis.url)
+    left_open = await sessions_left(stack.redis_url)
     return {
         "minutes": args.minutes,
         "faults": faults_log,
@@ -569,6 +593,13 @@ def main() -> None:
     parser.add_argument("--faults", default="all", help=f"comma list of {', '.join(FAULTS)}, or all")
     parser.add_argument("--paths", default="all", help=f"comma list of {', '.join(PATHS)}, or all")
     parser.add_argument(
+        "--redis",
+        choices=("up", "given"),
+        default="up",
+        help="up: the Redis codegym up starts for itself, SIGKILLed by the redis fault; given: one of "
+        "the soak's own, passed with --sessions, stopped and started again",
+    )
+    parser.add_argument(
         "--outage-wait-s", type=float, default=600.0, help="the trainer adapters' outage wait (their default)"
     )
     parser.add_argument(
@@ -588,7 +619,7 @@ def main() -> None:
     ]
     workdir = Path(tempfile.mkdtemp(prefix="codegym-soak-"))
     os.chmod(workdir, 0o755)
-    stack = Stack(workdir)
+    stack = Stack(workdir, args.redis)
     try:
         report = asyncio.run(soak(args, stack, lines))
     finally:
