@@ -758,7 +758,9 @@ class CodeGymSpec:
         if datasets is None:
             raise ValueError("the curriculum dataset needs `datasets` (TRL brings it)")
         source = Curriculum(self, prompts_per_draw=prompts_per_draw, seed=seed, **options)
-        return datasets.IterableDataset.from_generator(source.rows)
+        key = len(_CURRICULA)
+        _CURRICULA[key] = source
+        return datasets.IterableDataset.from_generator(_curriculum_rows, gen_kwargs={"key": key})
 
     def _get_env(self, env_id: str) -> Any:
         """GetEnv's answer for `env_id`; its tool schemas are kept (library rows and tool schemas
@@ -923,6 +925,16 @@ class Curriculum:
             chosen = random.Random(seed).choices(self.spec.rows, k=size)
             rows = [dict(row) for row in chosen]
         return rows
+
+
+# The curricula `CodeGymSpec.curriculum()` made, by key: `datasets` pickles a generator and its
+# arguments to fingerprint the dataset, and a curriculum holds the spec's gRPC channel, which does
+# not pickle; the generator is a module function and its argument a number.
+_CURRICULA: dict[int, Curriculum] = {}
+
+
+def _curriculum_rows(key: int) -> Iterator[dict[str, Any]]:
+    yield from _CURRICULA[key].rows()
 
 
 def _run_callback(run: _Run) -> Any:
