@@ -30,10 +30,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TextIO
 
+from codegym.auth import SERVICE, TOKENS_FILE_ENV, TRAINER, ServerAuth, check_bind, local_tokens
 from codegym.grpcutil import wait_serving
 from codegym.library import Library, default_library_path
 from codegym.procs import RedisServer, ServerProcess, codegym_command
 from codegym.samples import ENVS, TASKS
+from codegym_client.channels import TOKEN_ENV
 from sandbox_worker.residency import default_budget_mb
 
 GATEWAY_STOP_S = 45.0  # a gateway's default --grace-s (30 s) and its closing, before SIGKILL
@@ -163,6 +165,31 @@ class Supervisor:
         return ""
 
 
+def configure_access(args: argparse.Namespace, library: Path) -> list[str]:
+    """`--auth`: every server takes the tokens of a 0600 file beside the library (made on first use,
+    then kept, so an exported trainer token stays good), and calls the others with the service
+    token; both reach the children through their environment, never their command line (which any
+    user can read). Without it, no server takes or sends a token, whatever this shell exported.
+    The flags every server gets are returned (`--insecure`)."""
+    os.environ.pop(TOKEN_ENV, None)
+    os.environ.pop(TOKENS_FILE_ENV, None)
+    if args.auth:
+        path = library.with_name(f"{library.stem}.tokens.json")
+        tokens = local_tokens(path)
+        os.environ[TOKENS_FILE_ENV] = str(path)
+        os.environ[TOKEN_ENV] = tokens[SERVICE]
+        print(
+            f"access tokens on: a trainer's token (use it with every client and codegym command):\n"
+            f"  export {TOKEN_ENV}={tokens[TRAINER]}\n"
+            f"  the operator's token (sandbox run --target, library oracle --sandbox, library replay) "
+            f"and the services' are in {path} (mode 0600)",
+            flush=True,
+        )
+    elif not args.insecure:
+        check_bind(args.host, ServerAuth())
+    return ["--insecure"] if args.insecure else []
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     library = Path(args.library)
     if not library.exists():
@@ -177,6 +204,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    server_flags = configure_access(args, library)
     try:
         private_redis = args.runtimes > 1 and not args.sessions
         redis_dir = Path(args.redis_dir) if args.redis_dir else library.with_name(f"{library.stem}.redis")
@@ -196,6 +224,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 # The workers share this machine: each gets its part of the resident budget.
                 "--resident-memory-mb",
                 str(args.resident_memory_mb or default_budget_mb(args.workers)),
+                *server_flags,
             ]
             children.append(Child(f"sandbox worker {i + 1}", worker_args))
         workers = [c.address for c in children]
@@ -214,7 +243,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         for i in range(args.runtimes):
             runtime_args = [
                 "serve", "runtime", "--host", args.host, "--port", str(args.port if i == 0 else 0),
-                "--library", str(library), "--sandbox", ",".join(workers),
+                "--library", str(library), "--sandbox", ",".join(workers), *server_flags,
             ]  # fmt: skip
             if sessions:
                 runtime_args += ["--sessions", sessions]
@@ -310,6 +339,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="memory each worker spends on resident sessions (0 = half of this machine's, shared by the workers)",
     )
     up.add_argument("--host", default="127.0.0.1", help="address every server binds")
+    up.add_argument(
+        "--auth",
+        action="store_true",
+        help="access tokens on every server: a trainer's token is printed (export CODEGYM_TOKEN=...), the "
+        "operator's and the services' are kept in LIBRARY.tokens.json (0600) beside the library",
+    )
+    up.add_argument(
+        "--insecure",
+        action="store_true",
+        help="with a --host other than loopback and no --auth: serve every caller that reaches the ports",
+    )
     up.add_argument("--port", type=int, default=50051, help="runtime port (0 = any free port)")
     up.add_argument(
         "--sandbox-port", type=int, default=0, help="first sandbox worker port (0 = any free ports)"

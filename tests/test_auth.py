@@ -466,3 +466,42 @@ def test_a_runtime_with_tokens_steps_through_workers_with_tokens(
             assert reply.done and reply.reward == 1.0
     finally:
         assert runtime.stop() == 0
+
+
+@pytest.mark.jail
+def test_codegym_up_auth_prints_a_trainers_token_and_wires_every_server(
+    library: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    up = ServerProcess(
+        [
+            "up",
+            "--auth",
+            "--workers",
+            "1",
+            "--jails",
+            "1",
+            "--port",
+            "0",
+            "--library",
+            str(library),
+            "--no-record",
+        ],
+        env=environ(CODEGYM_TOKEN="a-token-from-the-shell"),
+    )
+    try:
+        exported = [line for line in up.output if f"export {TOKEN_ENV}=" in line]
+        assert len(exported) == 1, up.output
+        trainer = exported[0].split("=", 1)[1].strip()
+        tokens_file = library.with_name(f"{library.stem}.tokens.json")
+        assert tokens_file.stat().st_mode & 0o777 == 0o600
+        assert read_tokens(tokens_file)[trainer].role == TRAINER
+        with RuntimeClient(up.address) as client, pytest.raises(Unauthenticated):
+            client.get_env("Sample_0006_I__ArrayGcdEnv")
+        monkeypatch.setenv(TOKEN_ENV, trainer)
+        with RuntimeClient(up.address, timeout_s=60) as client:  # the runtime reaches its workers
+            session = client.create_session(ability=ARRAY_GCD)
+            assert (
+                client.step(session.session_id, '{"name": "Done", "parameters": {"answer": 6}}').reward == 1.0
+            )
+    finally:
+        assert up.stop() == 0
