@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,8 @@ from codegym.library_records import TaskRecord
 from codegym_client import RuntimeClient
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.errors import CodeGymError
-from services.runtime.episode_record import ENV_SCOPE, merge, task_scope
+from services.runtime.curriculum import Record, sample
+from services.runtime.episode_record import ENV_SCOPE, merge, task_key, task_scope
 from services.runtime.record_store import RedisRecordStore, SqliteRecordStore, record_path_for
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.processes import wait_until
@@ -390,3 +392,21 @@ def test_replicas_share_one_record_in_redis_and_it_survives_restarting_everythin
             again.stop()
     finally:
         redis.stop()
+
+
+def test_the_sampler_prefers_tasks_whose_groups_are_likelier_to_teach(library: Path) -> None:
+    """Two learnable tasks, one at a pass rate of one half, one at 15 of 16: a group of 8 on the
+    first has rewards that differ almost surely, on the second about half the time. Drawn one at a
+    time over many seeds, the first comes first clearly more often, and the second still comes."""
+    half = {"recent": "01" * 8, "episodes": 16}
+    nearly = {"recent": "0" + "1" * 15, "episodes": 16}
+    a, b = task_key(MAX, json.dumps(ONE)), task_key(PREFIX, json.dumps({"words": ["a"]}))
+    record = Record(run={a: half, b: nearly}, everyone={a: half, b: nearly}, envs={})
+    firsts = Counter(
+        sample(library, record, rt.SampleTasksRequest(run_id="w", n=1, seed=seed, explore=0.0))
+        .tasks[0]
+        .env_id
+        for seed in range(400)
+    )
+    assert firsts[MAX] + firsts[PREFIX] == 400
+    assert firsts[MAX] > 1.4 * firsts[PREFIX] and firsts[PREFIX] > 50, firsts

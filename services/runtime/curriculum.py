@@ -15,7 +15,9 @@ An environment whose steps fail above `QUARANTINE_RATE` (environment errors and 
 its last steps) puts every task of it in `quarantined`: never sampled until an operator lifts it.
 
 The sampler fills most of a choice from `learnable` and a share (`explore`) from `unseen`, caps
-the tasks of one environment, and fills any shortfall from what is left (retired pools last). The
+the tasks of one environment, and fills any shortfall from what is left (retired pools last).
+Within a pool, tasks whose GRPO group is likelier to have rewards that differ go first (weighted,
+not sorted: a task at a pass rate of 0.9 still gets its turns, less often than one at 0.5). The
 pools are derived from the durable record every call, so they persist with it; the same seed and
 record give the same choice. Everything here is plain computation over the record and a
 read-only library, run in a thread so the event loop keeps serving steps.
@@ -45,6 +47,8 @@ QUARANTINE_RATE = 0.5
 DEFAULT_EXPLORE = 0.05
 # Episodes of a task's recent window its pool is decided by (`TASK_WINDOW` are kept).
 POOL_WINDOW = 16
+# Episodes of one GRPO group, as the sampler weighs tasks (CodeGym's and most trainers' 8).
+GROUP = 8
 DEFAULT_MIN_EPISODES = 4
 DEFAULT_PER_ENV_CAP = 2
 # Pools in the order a shortfall is filled from.
@@ -93,20 +97,29 @@ def recent_rate(tally: dict[str, Any], last: int = 0) -> tuple[int, float]:
 
 def pool_of(
     run: dict[str, Any] | None, everyone: dict[str, Any] | None, prior: float | None, band: Band
-) -> tuple[str, float]:
-    """The task's pool for a run and the pass rate it was placed by (see the module doc)."""
+) -> tuple[str, float, float]:
+    """The task's pool for a run, the pass rate it was placed by (see the module doc), and the
+    run's pass rate as the sampler estimates it (the window's, smoothed toward one half by one
+    pass and one failure: 16 passes of 16 is not a certainty)."""
     if run and int(run.get("episodes", 0)) > 0:
         seen, rate = recent_rate(run, POOL_WINDOW)
+        estimate = (rate * seen + 1) / (seen + 2)
         if seen >= band.min_episodes:
-            return band.place(rate), rate
-        return "learnable", rate
+            return band.place(rate), rate, estimate
+        return "learnable", rate, estimate
     if everyone and int(everyone.get("episodes", 0)) >= band.min_episodes:
         seen, rate = recent_rate(everyone, POOL_WINDOW)
         if seen >= band.min_episodes and rate <= band.low:
-            return "unsolved", rate
+            return "unsolved", rate, rate
     if prior is not None:
-        return band.place(prior), prior
-    return "unseen", 0.0
+        return band.place(prior), prior, prior
+    return "unseen", 0.0, 0.5
+
+
+def informative(rate: float, group: int = GROUP) -> float:
+    """The chance a GRPO group of `group` episodes at this pass rate has rewards that differ: the
+    groups that teach (all equal, the advantage is zero)."""
+    return 1.0 - rate**group - (1.0 - rate) ** group
 
 
 def quarantine_reason(env: dict[str, Any] | None) -> str:
@@ -144,6 +157,7 @@ class Candidate:
     pool: str
     rate: float
     episodes: int
+    estimate: float = 0.5
 
 
 def candidates(library: Library, record: Record, band: Band, prefix: str) -> Iterator[Candidate]:
@@ -155,8 +169,8 @@ def candidates(library: Library, record: Record, band: Band, prefix: str) -> Ite
         if task.env_id in quarantined:
             yield Candidate(task.ability, task.env_id, "quarantined", 0.0, episodes)
             continue
-        pool, rate = pool_of(run, record.everyone.get(key), prior_of(task.scores), band)
-        yield Candidate(task.ability, task.env_id, pool, rate, episodes)
+        pool, rate, estimate = pool_of(run, record.everyone.get(key), prior_of(task.scores), band)
+        yield Candidate(task.ability, task.env_id, pool, rate, episodes, estimate)
 
 
 def sample(
@@ -182,9 +196,12 @@ def sample(
     taken: set[str] = set()
 
     def take(pool: str, wanted: int) -> None:
+        """Up to `wanted` of a pool, in a random order weighted by how likely each task's group is
+        to teach (`informative`: a task near a pass rate of one half before one near 0 or 1), by
+        Efraimidis and Spirakis' keys: each item's u ** (1 / weight), largest first."""
         items = pools.get(pool, [])
-        order = list(range(len(items)))
-        rng.shuffle(order)
+        keys = [rng.random() ** (1.0 / max(1e-6, informative(c.estimate))) for c in items]
+        order = sorted(range(len(items)), key=lambda i: keys[i], reverse=True)
         for i in order:
             if wanted <= 0:
                 return
@@ -226,7 +243,7 @@ def task_stats(task: TaskRecord, record: Record, band: Band, quarantined: dict[s
     if task.env_id in quarantined:
         pool = "quarantined"
     else:
-        pool, _ = pool_of(record.run.get(key), record.everyone.get(key), prior, band)
+        pool, _, _ = pool_of(record.run.get(key), record.everyone.get(key), prior, band)
     stats = rt.TaskStats(
         ability=task.ability,
         env_id=task.env_id,
