@@ -11,9 +11,24 @@ from __future__ import annotations
 import argparse
 import os
 
+import grpc
+
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
 
 TARGET_OPTIONS = ("--target", "--sandbox", "--runtime", "--synthesis", "--verification")
+
+
+REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether `exc` is a server's refusal of the access token (typed by the client or raw)."""
+    return isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)) and exc.code() in REFUSALS
+
+
+def refusal_line(exc: BaseException) -> str:
+    assert isinstance(exc, grpc.RpcError)
+    return f"{exc.code().name}: {exc.details()}"
 
 
 def takes_target(parser: argparse.ArgumentParser) -> bool:

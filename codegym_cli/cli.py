@@ -11,6 +11,8 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 import argparse
 import sys
 
+import grpc
+
 from codegym_cli import (
     access,
     demo_command,
@@ -121,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, JailDied) as exc:
         # Ports in use, unreadable files, jails that cannot start: what failed, without a traceback.
         print(f"codegym: {exc}", file=sys.stderr)
+        return 1
+    except grpc.RpcError as exc:
+        # A server refused this command's access token: its one line says what to set.
+        if not access.refused(exc):
+            raise
+        print(f"codegym: {access.refusal_line(exc)}", file=sys.stderr)
         return 1
     return result
 
