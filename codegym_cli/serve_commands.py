@@ -9,7 +9,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from codegym.inside.settings import JailSettings
-from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits
+from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits, unreachable_by_jails
 
 if TYPE_CHECKING:
     from services.runtime.episode_record import RecordStore
@@ -93,6 +93,9 @@ def start_metrics(args: argparse.Namespace) -> None:
 
 
 def _serve_sandbox(args: argparse.Namespace) -> int:
+    unreachable = unreachable_by_jails()  # said in one line, not as nsjail's failed mount
+    if unreachable:
+        raise SystemExit(f"codegym serve sandbox: {unreachable}")
     configure_access(args)
     start_metrics(args)
     from codegym.serving import serve

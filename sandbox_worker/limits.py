@@ -6,8 +6,11 @@ reviewer can read the whole jail in one place.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import shlex
+import stat
 import sys
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -122,6 +125,68 @@ def _python_mounts() -> list[MountPt]:
 def python_executable() -> str:
     """The venv interpreter (its pyvenv.cfg puts the venv's site-packages on the path)."""
     return str(Path(sys.prefix) / "bin" / "python3")
+
+
+def jail_sources() -> tuple[list[Path], list[Path]]:
+    """What nsjail reaches from outside to start a jail: the folders it bind-mounts, and the files
+    the zygote runs or imports first (the interpreter, the standard library, gymnasium and numpy
+    from the venv, the jail's package)."""
+    folders = [Path(m.src) for m in _python_mounts() if m.src] + [INSIDE]
+    files = [Path(python_executable()).resolve(), Path(os.__file__).resolve()]
+    for name in ("gymnasium", "numpy"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            files.append(Path(spec.origin).resolve())
+    files += sorted(INSIDE.glob("*.py"))
+    return folders, files
+
+
+def unreachable_by_jails(folders: list[Path] | None = None, files: list[Path] | None = None) -> str:
+    """Why a jail cannot reach what it needs from outside, with the one command that fixes it; ""
+    when it can.
+
+    nsjail makes its mounts as the jail's root, an unprivileged outside uid that owns nothing and
+    is in no group (`BASE_ID`): every folder on the way to a mount's source must let others in
+    (o+x), and what the zygote runs must be readable by others. A venv under a home folder of mode
+    0700 or 0750 fails that, and nsjail's own error is a failed mount. `make install` opens the way
+    with the same chmod (its `jail-paths` target); a `pip install` elsewhere gets it here. Modes are
+    read, not tried with os.access: root passes every access check."""
+    if folders is None or files is None:
+        folders, files = jail_sources()
+    closed: list[Path] = []  # folders others cannot enter, outermost first
+    for folder in [*folders, *(f.parent for f in files)]:
+        path = folder.resolve()
+        for step in [*reversed(path.parents), path]:
+            try:
+                mode = step.stat().st_mode
+            except OSError:
+                continue
+            if not mode & stat.S_IXOTH and step not in closed:
+                closed.append(step)
+    unreadable: list[Path] = []  # roots of the files others cannot read
+    for file in files:
+        try:
+            mode = file.stat().st_mode
+        except OSError:
+            continue
+        needs = stat.S_IROTH | (stat.S_IXOTH if mode & stat.S_IXUSR else 0)  # the interpreter runs
+        if mode & needs != needs:
+            root = next((f for f in folders if file.is_relative_to(f)), file.parent)
+            if root not in unreadable:
+                unreadable.append(root)
+    if not closed and not unreadable:
+        return ""
+    why, commands = [], []
+    if closed:
+        why.append("others cannot enter " + ", ".join(str(p) for p in sorted(closed)))
+        commands.append("chmod o+x " + " ".join(shlex.quote(str(p)) for p in sorted(closed)))
+    if unreadable:
+        why.append("others cannot read files under " + ", ".join(str(p) for p in unreadable))
+        commands.append("chmod -R o+rX " + " ".join(shlex.quote(str(p)) for p in unreadable))
+    return (
+        f"jails run as an unprivileged uid and cannot reach the interpreter or the package "
+        f"({'; '.join(why)}); fix: {' && '.join(commands)}"
+    )
 
 
 def build_jail_config(
