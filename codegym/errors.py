@@ -104,8 +104,7 @@ class Reason(enum.Enum):
     UNAUTHENTICATED = row(
         "UNAUTHENTICATED",
         "never",
-        "the server takes access tokens and the call carried none it knows: set `CODEGYM_TOKEN` or "
-        "`--token`",
+        "the server takes access tokens and the call carried none it knows: set `CODEGYM_TOKEN` or `--token`",
     )
     PERMISSION_DENIED = row(
         "PERMISSION_DENIED",

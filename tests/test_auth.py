@@ -97,7 +97,7 @@ def environ(**extra: str) -> dict[str, str]:
 
 
 def reason_of(error: grpc.RpcError) -> str:
-    return str(dict(error.trailing_metadata() or ()).get(REASON_TRAILER, ""))  # type: ignore[attr-defined]
+    return str(dict(error.trailing_metadata() or ()).get(REASON_TRAILER, ""))
 
 
 def rpc_count(metrics_address: str, method: str, code: str) -> float:
