@@ -131,13 +131,28 @@ def env_gateways(specs: list[str], library: Path) -> list[tuple[str, int]]:
 
 
 class Supervisor:
-    """Restarts dead servers on their own port, with back-off; gives up past a restart budget."""
+    """Restarts dead servers on their own port, with back-off; gives up past a restart budget.
 
-    def __init__(self, children: list[Supervised], *, max_restarts: int = 5, window_s: float = 60.0) -> None:
+    The back-off and the budget count a server's restarts in the last `window_s` while it keeps
+    dying within `settled_s` of its start (a crash loop); one that served that long and then died
+    (killed, OOM) is started again after the first delay, its history forgotten.
+    """
+
+    def __init__(
+        self,
+        children: list[Supervised],
+        *,
+        max_restarts: int = 5,
+        window_s: float = 60.0,
+        settled_s: float = 10.0,
+    ) -> None:
         self.children = children
         self.max_restarts = max_restarts
         self.window_s = window_s
+        self.settled_s = settled_s
         self.restarts: dict[str, list[float]] = {}
+        self.since = time.monotonic()  # the servers were started just before
+        self.started: dict[str, float] = {}
 
     def check(self) -> str:
         """Restart what died; return why the set must stop ("" to go on)."""
@@ -146,12 +161,15 @@ class Supervisor:
             if code is None:
                 continue
             now = time.monotonic()
+            if now - self.started.get(child.name, self.since) >= self.settled_s:
+                self.restarts.pop(child.name, None)
             recent = [t for t in self.restarts.get(child.name, []) if now - t < self.window_s]
             if len(recent) >= self.max_restarts:
                 return f"{child.name} exited with {code} {len(recent) + 1} times in {self.window_s:.0f} s"
             delay = min(0.5 * 2 ** len(recent), 8.0)
             print(f"codegym up: {child.name} exited with {code}; restarting in {delay:.1f} s", flush=True)
             time.sleep(delay)
+            self.started[child.name] = time.monotonic()
             try:
                 self.children[i] = child.again()
             except RuntimeError as exc:

@@ -84,7 +84,8 @@ class Jail:
             hello = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
         except (TimeoutError, JailDied) as exc:
             await self.kill()
-            why = unreachable_by_jails() or self._log_tail()  # a failed mount says less than this
+            # A failed mount says less than which folder closes the way and the command that opens it.
+            why = "; ".join(x for x in (self._log_tail(), unreachable_by_jails()) if x)
             raise JailDied(f"jail {self.index} did not start: {why}") from exc
         if not hello.get("ready"):
             await self.kill()

@@ -4,7 +4,8 @@ The Redis that `up` starts for its runtimes keeps an append-only file beside the
 started again on its port and folder when it dies. Killed with SIGKILL while episodes are in flight
 through the async client (every call riding out the outage, as the trainer adapters send them),
 it costs no episode and shapes no observation, and the episode record that lives in it (Stats)
-keeps what it held.
+keeps what it held. The supervisor backs off a server that keeps dying at once (and stops the set
+past its budget), but starts one killed after it served again after its first delay, every time.
 """
 
 from __future__ import annotations
@@ -20,18 +21,18 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from codegym.procs import codegym_command
+from codegym_cli import up_command
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.outages import ride_out_async
 from tests.conftest import SAMPLES
 from tests.helpers.processes import wait_until
 from tests.helpers.servers import ServerProcess, require_redis_server
-
-pytestmark = [pytest.mark.jail, pytest.mark.slow]
 
 TRAJECTORIES = [
     t
@@ -158,6 +159,8 @@ async def kill_redis_mid_run(up: ServerProcess, redis_pid: int) -> dict[str, Any
         await client.close()
 
 
+@pytest.mark.jail
+@pytest.mark.slow
 def test_killing_ups_own_redis_mid_run_loses_no_episode_and_keeps_the_record(tmp_path: Path) -> None:
     up = start_up(tmp_path)
     try:
@@ -185,6 +188,8 @@ def test_killing_ups_own_redis_mid_run_loses_no_episode_and_keeps_the_record(tmp
         assert up.stop() == 0
 
 
+@pytest.mark.jail
+@pytest.mark.slow
 def test_a_second_up_on_the_same_redis_folder_stops_before_starting_anything(tmp_path: Path) -> None:
     up = start_up(tmp_path, "--workers", "1")
     try:
@@ -205,3 +210,70 @@ def test_a_second_up_on_the_same_redis_folder_stops_before_starting_anything(tmp
         assert "sandbox worker" not in done.stdout + done.stderr  # refused before any server started
     finally:
         assert up.stop() == 0
+
+
+# --- The supervisor's back-off, on a clock of its own ------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+class FakeServer:
+    """A supervised server whose process is alive until `die()`."""
+
+    def __init__(self, name: str = "redis") -> None:
+        self.name = name
+        self.address = "127.0.0.1:1"
+        self.code: int | None = None
+        self.proc = SimpleNamespace(poll=lambda: self.code, pid=1)
+
+    def die(self) -> None:
+        self.code = -9
+
+    def again(self) -> FakeServer:
+        return FakeServer(self.name)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int | None:
+        return self.code
+
+
+def test_a_server_that_keeps_dying_at_once_backs_off_and_stops_the_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(up_command, "time", clock)
+    servers: list[Any] = [FakeServer()]
+    supervisor = up_command.Supervisor(servers)
+    problem = ""
+    for _ in range(10):
+        servers[0].die()
+        clock.now += 1.0  # it lived a second
+        problem = supervisor.check()
+        if problem:
+            break
+    assert clock.slept == [0.5, 1.0, 2.0, 4.0, 8.0]
+    assert problem.startswith("redis exited with -9 6 times in 60 s")
+
+
+def test_a_server_killed_after_it_served_is_restarted_after_the_first_delay_every_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(up_command, "time", clock)
+    servers: list[Any] = [FakeServer()]
+    supervisor = up_command.Supervisor(servers)
+    for _ in range(20):  # a kill every 12 s, as the soak's faults come
+        clock.now += 12.0
+        servers[0].die()
+        assert supervisor.check() == ""
+    assert clock.slept == [0.5] * 20
