@@ -38,10 +38,12 @@ from codegym_client.errors import (
     EpisodeFailed,
     InfrastructureFailure,
     InvalidRequest,
+    PermissionDenied,
     RuntimeUnavailable,
     SessionDone,
     SessionNotFound,
     StepConflict,
+    Unauthenticated,
     is_infrastructure,
 )
 from codegym_client.online import OnlineGymEnv
@@ -68,6 +70,7 @@ __all__ = [
     "InfrastructureFailure",
     "InvalidRequest",
     "OnlineGymEnv",
+    "PermissionDenied",
     "RemoteEnv",
     "RuntimeClient",
     "RuntimeUnavailable",
@@ -75,6 +78,7 @@ __all__ = [
     "SessionNotFound",
     "StepConflict",
     "StepStream",
+    "Unauthenticated",
     "create_request",
     "from_tool_calls",
     "is_infrastructure",

@@ -8,13 +8,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import grpc
 
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
-from codegym_client.channels import HEALTH_CHECK, HEALTH_REQUEST, PROBE_TIMEOUT_S, aio_channel, target_text
+from codegym_client.channels import (
+    HEALTH_CHECK,
+    HEALTH_REQUEST,
+    PROBE_TIMEOUT_S,
+    Access,
+    aio_channel,
+    target_text,
+)
 from codegym_client.errors import SessionNotFound, raises_typed, typed_error, unreachable
 from codegym_client.requests import (
     DEFAULT_TARGET,
@@ -42,7 +50,8 @@ R = TypeVar("R")
 class AsyncRuntimeClient:
     """asyncio client; create it inside the running event loop. Failed calls raise `CodeGymError`s.
 
-    Same resending as `RuntimeClient` (`timeout_s` per send, `attempts` sends at most).
+    Same resending and access as `RuntimeClient` (`timeout_s` per send, `attempts` sends at most;
+    `token` and `tls_ca`, else `CODEGYM_TOKEN` and `CODEGYM_TLS_CA`).
     """
 
     def __init__(
@@ -51,9 +60,12 @@ class AsyncRuntimeClient:
         *,
         timeout_s: float = 30.0,
         attempts: int = DEFAULT_ATTEMPTS,
+        token: str | None = None,
+        tls_ca: str | Path | None = None,
     ) -> None:
         self.target = target_text(target)
-        self.channel = aio_channel(target, [SERVICE], no_retry=NOT_RETRIED)
+        access = Access.from_env(token, tls_ca)
+        self.channel = aio_channel(target, [SERVICE], no_retry=NOT_RETRIED, access=access)
         self.stub = rt_grpc.RuntimeServiceStub(self.channel)
         self.timeout_s = timeout_s
         self.attempts = max(1, attempts)

@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
-from codegym_client.channels import HEALTH_CHECK, HEALTH_REQUEST, PROBE_TIMEOUT_S, sync_channel, target_text
+from codegym_client.channels import (
+    HEALTH_CHECK,
+    HEALTH_REQUEST,
+    PROBE_TIMEOUT_S,
+    Access,
+    sync_channel,
+    target_text,
+)
 from codegym_client.errors import SessionNotFound, raises_typed, typed_error, unreachable
 from codegym_client.requests import (
     DEFAULT_TARGET,
@@ -50,7 +58,9 @@ class RuntimeClient:
     `timeout_s` is each send's deadline; a step (or batch step) of a session this client created gets
     at least twice the session's step timeout and 10 s more (`resend.RUNS_PER_STEP`). `attempts`: how
     many times a step, create or reset is sent at most when its reply is lost (1: never resent).
-    See `codegym_client.resend`.
+    See `codegym_client.resend`. `token`: the access token sent with every call (`CODEGYM_TOKEN` when
+    None); `tls_ca`: the PEM file of the CA that signed the runtime's certificate, which turns TLS
+    on (`CODEGYM_TLS_CA` when None). A refused token raises `Unauthenticated` or `PermissionDenied`.
     """
 
     def __init__(
@@ -59,9 +69,12 @@ class RuntimeClient:
         *,
         timeout_s: float = 30.0,
         attempts: int = DEFAULT_ATTEMPTS,
+        token: str | None = None,
+        tls_ca: str | Path | None = None,
     ) -> None:
         self.target = target_text(target)
-        self.channel = sync_channel(target, [SERVICE], no_retry=NOT_RETRIED)
+        access = Access.from_env(token, tls_ca)
+        self.channel = sync_channel(target, [SERVICE], no_retry=NOT_RETRIED, access=access)
         self.stub = rt_grpc.RuntimeServiceStub(self.channel)
         self.timeout_s = timeout_s
         self.attempts = max(1, attempts)

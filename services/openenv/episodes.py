@@ -9,8 +9,11 @@ changes `conn.episode` expects its caller to hold `conn.lock`.
 
 The session count is never kept by hand: it is `len(held)`, the connections that hold a runtime
 session or are creating one (a slot is taken before the create, so concurrent resets cannot pass
-`--max-sessions` together). Adding and discarding are idempotent, so no path can count a session
-twice or drive the count below zero; every change to a connection's episode happens under its lock.
+`--max-sessions` together). A session being closed is no longer held: its connection leaves the
+set before the runtime is asked to close it. Adding and discarding are idempotent, so no path can
+count a session twice or drive the count below zero; every change to a connection's episode happens
+under its lock. Without `--max-sessions` the runtime's own session cap is the limit (protocol.py,
+`GatewayConfig.max_sessions`).
 """
 
 from __future__ import annotations
@@ -73,16 +76,20 @@ class Episodes:
         return len(self.held)
 
     async def close(self, conn: Connection) -> None:
-        """Close the episode the connection holds (never raises); the caller holds `conn.lock`."""
+        """Close the episode the connection holds (never raises); the caller holds `conn.lock`.
+
+        The connection stops counting before the runtime is asked: a close in flight holds nothing a
+        new episode could use, so a client that closes its socket and opens the next episode's at
+        once is never refused for the session it is giving back (issue #31: 1,024 such clients drew
+        95 CAPACITY_REACHED a minute while closes were counted until the runtime answered)."""
         episode, conn.episode = conn.episode, None
+        self.held.discard(conn)
         if episode is None:
             return
         try:
             await asyncio.wait_for(self.runtime.close_session(episode.session_id), 30)
         except (CodeGymError, TimeoutError) as exc:
             log.warning("closing session %s: %s", episode.session_id, exc)
-        finally:
-            self.held.discard(conn)
 
     async def fixed_env(self) -> FixedEnv | None:
         """The gateway's one environment (`--env`), or None when resets name their own."""
@@ -147,7 +154,7 @@ class Episodes:
                 reason="DRAINING",
                 retryable=True,
             )
-        if len(self.held) >= self.config.max_sessions:
+        if 0 < self.config.max_sessions <= len(self.held):
             raise GatewayError(
                 CAPACITY_REACHED,
                 f"the gateway holds {len(self.held)} sessions, its limit (--max-sessions): retry later",

@@ -7,8 +7,13 @@ thing kept here is routing: which socket holds which runtime session, and the HT
 tokens OpenEnv's production-mode MCP client opens before it attaches a socket (`/mcp`,
 `openenv/session/create`); both die with the socket or the idle limit. The session count (for
 `--max-sessions` and the `codegym_openenv_sessions_open` gauge) is the size of the set of
-connections holding one, not a counter kept by hand; a connection's episode changes only under its
-lock (steps, resets and every close alike).
+connections holding one, not a counter kept by hand (a session being closed is no longer held); a
+connection's episode changes only under its lock (steps, resets and every close alike). Without
+`--max-sessions` the runtime's own session cap is the limit.
+
+Access (access.py): with tokens configured, every request but the probes shows
+`Authorization: Bearer <token>` (401 without a known one, 403 for a role that may not play), the
+WebSocket handshake included; an MCP session token serves only the tenant that opened it.
 
 Stopping (SIGTERM, a rolling update: `drain`): the gateway stops taking new sockets, MCP sessions
 and episodes (`/health` answers 503 "draining", so readiness takes it out of the Service), lets the
@@ -34,12 +39,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from codegym.auth import Identity
 from services.openenv import metrics
+from services.openenv.access import RequireToken, caller
 from services.openenv.episodes import Episodes
 from services.openenv.protocol import (
     CAPACITY_REACHED,
@@ -85,6 +93,7 @@ class Gateway:
                 Route("/mcp", self.http_mcp, methods=["POST"]),
                 WebSocketRoute("/ws", self.websocket),
             ],
+            middleware=[Middleware(RequireToken, tokens=config.tokens)],
             lifespan=self._lifespan,
         )
 
@@ -235,11 +244,13 @@ class Gateway:
             rpc = json.loads(body)
         except ValueError:
             return JSONResponse(rpc_error(None, -32700, "Parse error"))
-        return JSONResponse(await self.mcp(rpc, None))
+        return JSONResponse(await self.mcp(rpc, None, tenant_of(caller(request.scope))))
 
     # JSON-RPC (tools/list, tools/call, openenv/session/create|close) ---------------------------
 
-    async def mcp(self, rpc: Any, conn: Connection | None) -> dict[str, Any]:
+    async def mcp(self, rpc: Any, conn: Connection | None, tenant: str = "") -> dict[str, Any]:
+        """One JSON-RPC call, on a socket (`conn`) or over HTTP by `tenant`, whose MCP session
+        tokens are the only ones it can name (another tenant's is unknown to it)."""
         if not isinstance(rpc, dict) or not isinstance(rpc.get("method"), str):
             return rpc_error(None, -32600, "Invalid Request: expected a JSON-RPC 2.0 object with a method")
         rid = rpc.get("id")
@@ -252,16 +263,16 @@ class Gateway:
                 return rpc_result(rid, {"session_id": conn.token or "ws"})
             if self.draining:
                 return rpc_error(rid, -32000, "CAPACITY_REACHED: DRAINING: the gateway is shutting down")
-            if len(self.tokens) >= 2 * self.config.max_sessions:
+            if len(self.tokens) >= self.config.max_mcp_tokens:
                 return rpc_error(rid, -32000, "CAPACITY_REACHED: too many open MCP sessions")
             token = uuid.uuid4().hex
-            self.tokens[token] = Connection(websocket=None, token=token)
+            self.tokens[token] = Connection(websocket=None, token=token, tenant=tenant)
             return rpc_result(rid, {"session_id": token})
         if method == "openenv/session/close":
-            return await self._close_token(rid, str(params.get("session_id", "")), conn)
+            return await self._close_token(rid, str(params.get("session_id", "")), conn, tenant)
         if conn is None:
             conn = self.tokens.get(str(params.get("session_id", "")))
-            if conn is None:
+            if conn is None or conn.tenant != tenant:
                 return rpc_error(rid, -32602, f"Unknown session_id: {params.get('session_id')!r}")
         conn.last_active = time.monotonic()
         if method == "tools/list":
@@ -294,12 +305,14 @@ class Gateway:
             )
         return rpc_error(rid, -32601, f"Method not found: {method}")
 
-    async def _close_token(self, rid: Any, token: str, caller: Connection | None) -> dict[str, Any]:
+    async def _close_token(
+        self, rid: Any, token: str, caller: Connection | None, tenant: str
+    ) -> dict[str, Any]:
         """`openenv/session/close`, as OpenEnv's server answers it: a session attached to a socket
         closes with that socket (its token is gone at once); a detached one closes now, under its
         lock, so a `tools/call` in flight on it finishes first."""
         target = self.tokens.get(token)
-        if target is None:
+        if target is None or target.tenant != (caller.tenant if caller is not None else tenant):
             return rpc_error(rid, -32602, f"Unknown session_id: {token!r}")
         if target is caller:
             return rpc_error(rid, -32600, "Cannot close active WebSocket-managed session via MCP method")
@@ -325,17 +338,19 @@ class Gateway:
                 await ws.close(code=1013)
             return
         await ws.accept()
+        tenant = tenant_of(caller(ws.scope))
         token = ws.query_params.get("session_id", "")
         if token:
             conn = self.tokens.get(token)
-            if conn is None or conn.websocket is not None or conn.closed:
-                why = "unknown" if conn is None or conn.closed else "already attached"
+            if conn is None or conn.websocket is not None or conn.closed or conn.tenant != tenant:
+                owned = conn is not None and not conn.closed and conn.tenant == tenant
+                why = "already attached" if owned else "unknown"
                 await ws.send_text(error_text(SESSION_ERROR, f"session_id {token!r} is {why}"))
                 await ws.close()
                 return
             conn.websocket = ws
         else:
-            conn = Connection(websocket=ws)
+            conn = Connection(websocket=ws, tenant=tenant)
         self.connections.add(conn)
         metrics.SOCKETS.inc()
         try:
@@ -416,3 +431,8 @@ class Gateway:
 
 
 KNOWN_TYPES = frozenset({"reset", "step", "state", "close", "mcp"})
+
+
+def tenant_of(identity: Identity | None) -> str:
+    """The tenant a request speaks for ("" when the gateway takes no tokens)."""
+    return identity.tenant if identity is not None else ""

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.websockets import WebSocket
 
+from codegym.auth import Identity
 from codegym_client.errors import (
     CapacityExceeded,
     CodeGymError,
@@ -51,10 +53,22 @@ USE_WEBSOCKET = (
 )
 
 
+# A gateway with no `--max-sessions` of its own keeps at most this many MCP session tokens without a
+# socket (each opens at most one runtime session): a deliberate bound on memory against a flood of
+# `openenv/session/create`, twice the runtime's default session cap (its `--max-sessions`, 50,000).
+# Tokens idle past `--idle-timeout-s` are dropped. With `--max-sessions N`: 2 N.
+MCP_TOKENS_WITHOUT_CAP = 100_000
+
+
 @dataclass
 class GatewayConfig:
     runtime: str
-    max_sessions: int = 1024
+    # Sessions this gateway holds at once (0: no cap of its own). By default the limit is the
+    # runtime's: its session cap (`codegym serve runtime --max-sessions`, 50,000 by default, per
+    # replica) and the tenants' quotas, which it answers with CAPACITY and a retry-after, passed on as
+    # CAPACITY_REACHED. A copy of that number here would be wrong as soon as the runtime is set
+    # otherwise or several gateways share it; a gateway's own cap is a choice (`--max-sessions`).
+    max_sessions: int = 0
     idle_timeout_s: float = 900.0  # <= 0: no idle reaper
     ping_interval_s: float | None = 30.0
     ping_timeout_s: float | None = 120.0
@@ -69,6 +83,12 @@ class GatewayConfig:
     env: str = ""
     # SIGTERM: how long open episodes may go on stepping before their sockets are closed.
     grace_s: float = 30.0
+    # Access tokens the gateway takes (`codegym.auth.ServerAuth.tokens`; empty: every caller served).
+    tokens: Mapping[str, Identity] = field(default_factory=dict)
+
+    @property
+    def max_mcp_tokens(self) -> int:
+        return 2 * self.max_sessions if self.max_sessions > 0 else MCP_TOKENS_WITHOUT_CAP
 
 
 @dataclass
@@ -92,8 +112,11 @@ class GatewayError(Exception):
 
 
 def from_runtime(error: CodeGymError) -> GatewayError:
-    """Our typed runtime errors as OpenEnv codes (`reason` and `retryable` kept for callers)."""
-    extra = {"reason": error.reason, "retryable": bool(getattr(error, "retryable", False))}
+    """Our typed runtime errors as OpenEnv codes (`reason`, `retryable` and the runtime's
+    `retry_after_s` kept for callers)."""
+    extra: dict[str, Any] = {"reason": error.reason, "retryable": bool(getattr(error, "retryable", False))}
+    if error.retry_after_s is not None:
+        extra["retry_after_s"] = error.retry_after_s
     detail = error.details() if callable(getattr(error, "details", None)) else str(error)
     message = f"{error.reason}: {detail}"
     if isinstance(error, CapacityExceeded):
@@ -131,6 +154,7 @@ class Connection:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
     token: str = ""  # the HTTP MCP session token this socket attached to, if any
+    tenant: str = ""  # whose it is (with access tokens): an MCP token serves its own tenant only
 
 
 def tool_entry(spec: Any) -> dict[str, Any]:
