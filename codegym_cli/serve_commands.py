@@ -226,6 +226,13 @@ def _serve_verification(args: argparse.Namespace) -> int:
 
 
 def _serve_openenv(args: argparse.Namespace) -> int:
+    from codegym.auth import ServerAuth, check_bind
+
+    try:  # the gRPC servers' tokens (--tokens, --token); the runtime is called with --token
+        auth = ServerAuth.from_settings(token=args.token, tokens_file=args.tokens, insecure=args.insecure)
+    except ValueError as exc:
+        raise SystemExit(f"codegym serve: {exc}") from None
+    check_bind(args.host, auth)
     start_metrics(args)
     from services.openenv.gateway import GatewayConfig
     from services.openenv.server import serve
@@ -240,6 +247,7 @@ def _serve_openenv(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_bytes,
         env=args.env,
         grace_s=args.grace_s,
+        tokens=auth.tokens,
     )
     run_server(lambda: serve(config, args.host, args.port))
     return 0
@@ -465,7 +473,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     openenv.add_argument("--host", default="127.0.0.1", help="address to bind")
     openenv.add_argument("--port", type=int, default=8000, help="port (0 = any free port)")
     openenv.add_argument(
-        "--max-sessions", type=int, default=1024, help="sessions held at once (then CAPACITY_REACHED)"
+        "--max-sessions",
+        type=int,
+        default=0,
+        help="sessions this gateway holds at once, then CAPACITY_REACHED (0 = no cap of its own: the "
+        "runtime's session cap, its --max-sessions, is the limit; a session being closed never counts)",
     )
     openenv.add_argument(
         "--idle-timeout-s",
@@ -503,6 +515,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "let open episodes step to their end for this long, then close the rest and exit",
     )
     openenv.add_argument("--log-level", default="INFO", help="logging level")
+    openenv.add_argument(
+        "--tokens",
+        default=None,
+        help="access tokens this gateway takes as `Authorization: Bearer TOKEN` (a trainer's or an "
+        "operator's), the gRPC servers' file ($CODEGYM_TOKENS_FILE when not given); --token adds one "
+        "operator token and is what the gateway sends the runtime. Without either, every caller is served",
+    )
+    openenv.add_argument(
+        "--insecure",
+        action="store_true",
+        help="bind an address other than loopback without access tokens (refused otherwise)",
+    )
     openenv.set_defaults(func=_serve_openenv)
     for server in (sandbox, runtime, synthesis, verification):
         add_access_arguments(server)

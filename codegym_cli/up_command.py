@@ -281,7 +281,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         # balances over them, so a replica restarting (sessions in Redis) costs the gateway nothing.
         gateways: list[Child] = []
         every_runtime = ",".join(r.address for r in runtimes)
-        openenv_args = ["serve", "openenv", "--host", args.host, "--runtime", every_runtime]
+        # With --auth they take the trainers' tokens (the file in their environment) and call the
+        # runtime with the service token, as every server here does.
+        openenv_args = ["serve", "openenv", "--host", args.host, "--runtime", every_runtime, *server_flags]
         if args.openenv_port >= 0:
             gateways.append(Child("openenv gateway", [*openenv_args, "--port", str(args.openenv_port)]))
         for env_id, port in one_env:
@@ -294,6 +296,12 @@ def cmd_up(args: argparse.Namespace) -> int:
                 print(f"{child.name} at {child.address} (pid {child.proc.pid})", flush=True)
         for child in gateways:
             print(f"  {child.name}: OpenEnv base_url http://{child.address}", flush=True)
+        if gateways and args.auth:
+            print(
+                f"  OpenEnv clients send the trainer's token: EnvClient(base_url, headers="
+                f'{{"Authorization": "Bearer " + os.environ["{TOKEN_ENV}"]}})',
+                flush=True,
+            )
         print(f"library {library}; Ctrl-C stops everything", flush=True)
         supervisor = Supervisor(children)
         while not stopping:
