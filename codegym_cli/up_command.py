@@ -135,7 +135,7 @@ class Supervisor:
 
     The back-off and the budget count a server's restarts in the last `window_s` while it keeps
     dying within `settled_s` of its start (a crash loop); one that served that long and then died
-    (killed, OOM) is started again after the first delay, its history forgotten.
+    (killed, OOM) is started again at once, its history forgotten.
     """
 
     def __init__(
@@ -166,8 +166,11 @@ class Supervisor:
             recent = [t for t in self.restarts.get(child.name, []) if now - t < self.window_s]
             if len(recent) >= self.max_restarts:
                 return f"{child.name} exited with {code} {len(recent) + 1} times in {self.window_s:.0f} s"
-            delay = min(0.5 * 2 ** len(recent), 8.0)
-            print(f"codegym up: {child.name} exited with {code}; restarting in {delay:.1f} s", flush=True)
+            # At once the first time (an outage as short as a start: Redis's is about what the
+            # clients' own resends cover), then 0.5 s doubling up to 8 s.
+            delay = min(0.25 * 2 ** len(recent), 8.0) if recent else 0.0
+            when = f"in {delay:.1f} s" if delay else "now"
+            print(f"codegym up: {child.name} exited with {code}; restarting {when}", flush=True)
             time.sleep(delay)
             self.started[child.name] = time.monotonic()
             try:
