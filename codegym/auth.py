@@ -70,6 +70,17 @@ class Identity:
     role: str
 
 
+@dataclass(frozen=True)
+class TenantLimits:
+    """What one tenant may hold and start, per runtime replica (0 = no limit): sessions open, steps
+    per second and creates per second. Past one, its calls get CAPACITY with a retry-after; other
+    tenants are not touched."""
+
+    sessions: int = 0
+    steps_per_s: float = 0.0
+    creates_per_s: float = 0.0
+
+
 # The caller of the RPC being served (None: the server takes no tokens).
 CALLER: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("codegym_caller", default=None)
 
@@ -87,6 +98,8 @@ class ServerAuth:
     `grpc.health.v1` only, for Kubernetes probes, which cannot speak TLS (-1: none)."""
 
     tokens: Mapping[str, Identity] = field(default_factory=dict)
+    # Limits by tenant, from the tokens file's `tenants` (a tenant it does not name has none).
+    limits: Mapping[str, TenantLimits] = field(default_factory=dict)
     tls_cert: bytes | None = None
     tls_key: bytes | None = None
     insecure: bool = False
@@ -112,15 +125,17 @@ class ServerAuth:
         token = (os.environ.get(TOKEN_ENV, "") if token is None else token).strip()
         tokens_file = os.environ.get(TOKENS_FILE_ENV, "") if tokens_file is None else tokens_file
         tokens: dict[str, Identity] = {}
+        limits: dict[str, TenantLimits] = {}
         if token:
             tokens[token] = Identity(*SINGLE_TOKEN)
         if tokens_file:
             tokens.update(read_tokens(Path(tokens_file)))
+            limits = read_limits(Path(tokens_file))
         if bool(tls_cert) != bool(tls_key):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         cert = read_file(tls_cert, "--tls-cert") if tls_cert else None
         key = read_file(tls_key, "--tls-key") if tls_key else None
-        return cls(tokens, cert, key, insecure, health_port)
+        return cls(tokens, limits, cert, key, insecure, health_port)
 
 
 def read_file(path: str, what: str) -> bytes:
@@ -152,6 +167,36 @@ def read_tokens(path: Path) -> dict[str, Identity]:
             f'the tokens file {path} is not {{"tokens": {{TOKEN: {{"tenant": ..., "role": ...}}}}}}: {exc}'
         ) from None
     return tokens
+
+
+def read_limits(path: Path) -> dict[str, TenantLimits]:
+    """The tokens file's optional `tenants`: `{"team-a": {"sessions": 512, "steps_per_s": 200,
+    "creates_per_s": 20}}` (a field left out, or 0, is no limit)."""
+    try:
+        entries = json.loads(path.read_text()).get("tenants") or {}
+        if not isinstance(entries, dict):
+            raise TypeError("`tenants` is not an object")
+        limits = {}
+        for tenant, entry in entries.items():
+            unknown = set(entry) - {"sessions", "steps_per_s", "creates_per_s"}
+            if unknown:
+                raise ValueError(f"tenant {tenant!r}: unknown limits {sorted(unknown)}")
+            limit = TenantLimits(
+                int(entry.get("sessions", 0)),
+                float(entry.get("steps_per_s", 0)),
+                float(entry.get("creates_per_s", 0)),
+            )
+            if min(limit.sessions, limit.steps_per_s, limit.creates_per_s) < 0:
+                raise ValueError(f"tenant {tenant!r}: a negative limit")
+            limits[str(tenant)] = limit
+    except OSError as exc:
+        raise ValueError(f"cannot read the tokens file {path}: {exc.strerror or exc}") from None
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ValueError(
+            f'the tokens file\'s "tenants" in {path} is not {{TENANT: {{"sessions": N, "steps_per_s": X, '
+            f'"creates_per_s": Y}}}}: {exc}'
+        ) from None
+    return limits
 
 
 def write_tokens(path: Path, tokens: Mapping[str, Identity]) -> None:

@@ -115,6 +115,16 @@ RECORD_TASKS = Gauge(
     "Tasks played by any run, by recent pass-rate band (refreshed every 30 s)",
     ["band"],
 )
+# Per tenant (the tenants a tokens file names: a few, never a trainer's own label).
+TENANT_REFUSALS = Counter(
+    "codegym_runtime_tenant_refusals_total",
+    "Calls refused with CAPACITY by a tenant's quota, by tenant and limit (sessions, steps, creates)",
+    ["tenant", "limit"],
+)
+TENANT_CALLS = Counter(
+    "codegym_runtime_tenant_calls_total", "Creates and steps admitted, by tenant and kind", ["tenant", "kind"]
+)
+TENANT_SESSIONS = Gauge("codegym_runtime_tenant_sessions", "Sessions open, by tenant", ["tenant"])
 RECORD_QUARANTINED = Gauge("codegym_record_quarantined_envs", "Environments quarantined from sampling")
 
 PIPELINE_OUTCOMES = Counter(

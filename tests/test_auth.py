@@ -334,7 +334,7 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
 
 async def test_tls_round_trip_with_a_token(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
-    auth = ServerAuth(TOKENS, cert.read_bytes(), key.read_bytes(), health_port=0)
+    auth = ServerAuth(TOKENS, tls_cert=cert.read_bytes(), tls_key=key.read_bytes(), health_port=0)
     with serving_with(auth):
         server = SynthesisServer(LLMSettings(base_url="http://127.0.0.1:9/v1"), tmp_path)
     await server.start()

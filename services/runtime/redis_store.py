@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 FIELDS = (
     "env_id", "config_json", "state", "max_steps", "step_timeout_ms", "seed", "step_index", "reward", "done",
     "truncated", "last_reply", "last_action", "sha256", "run_id", "policy_version",
+    "tenant",
 )  # fmt: skip
 # Replace the hash only if its step_index is still ARGV[1] and, when a lease token is given
 # (ARGV[5]), the step lease KEYS[3] still holds it; then renew the expiry and the index.
@@ -49,6 +50,7 @@ if ARGV[5] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[5] then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+if #KEYS >= 4 then redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4]) end
 return 1
 """
 # Renew only the expiry (the idle TTL) and the index, if the step_index is still ARGV[1]: what a
@@ -57,6 +59,7 @@ TOUCH = """
 if redis.call('HGET', KEYS[1], 'step_index') ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+if #KEYS >= 3 then redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4]) end
 return 1
 """
 RELEASE = """
@@ -107,6 +110,7 @@ def _mapping(session: Session) -> dict[Any, Any]:
         "sha256": session.sha256,
         "run_id": session.run_id,
         "policy_version": "" if session.policy_version is None else session.policy_version,
+        "tenant": session.tenant,
     }
 
 
@@ -127,6 +131,10 @@ class RedisSessionStore:
 
     def key(self, session_id: str) -> str:
         return f"{self.prefix}session:{session_id}"
+
+    def tenant_index(self, tenant: str) -> str:
+        """The tenant's sessions, scored by expiry like `index` (its quota counts them)."""
+        return f"{self.prefix}tenant-sessions:{tenant}"
 
     def lock_key(self, session_id: str) -> str:
         return f"{self.prefix}lock:{session_id}"
@@ -166,6 +174,7 @@ class RedisSessionStore:
             sha256=bytes(f.get("sha256", b"")).decode(),
             run_id=bytes(f.get("run_id", b"")).decode(),
             policy_version=int(f["policy_version"]) if f.get("policy_version") else None,
+            tenant=bytes(f.get("tenant", b"")).decode(),
         )
         session.touch()  # Redis holds only live sessions (its expiry is the idle TTL)
         return session
@@ -176,6 +185,9 @@ class RedisSessionStore:
             pipe.hset(key, mapping=_mapping(session))
             pipe.pexpire(key, self.ttl_ms)
             pipe.zadd(self.index, {session.session_id: time.time() + self.ttl_ms / 1000})
+            pipe.zadd(
+                self.tenant_index(session.tenant), {session.session_id: time.time() + self.ttl_ms / 1000}
+            )
             await pipe.execute()
 
     async def commit(self, session: Session, expected_step_index: int) -> bool:
@@ -198,7 +210,12 @@ class RedisSessionStore:
         ]
         for name, value in _mapping(session).items():
             args += [name, value]
-        keys = [self.key(session.session_id), self.index, self.lock_key(session.session_id)]
+        keys = [
+            self.key(session.session_id),
+            self.index,
+            self.lock_key(session.session_id),
+            self.tenant_index(session.tenant),
+        ]
         async with self._calls():
             done = await self._commit(keys=keys, args=args)
         return bool(done)
@@ -208,15 +225,25 @@ class RedisSessionStore:
         `SessionStore.touch`). A session gone from Redis stays gone."""
         args: list[Any] = [step_index, self.ttl_ms, time.time() + self.ttl_ms / 1000, session.session_id]
         async with self._calls():
-            done = await self._touch(keys=[self.key(session.session_id), self.index], args=args)
+            keys = [self.key(session.session_id), self.index, self.tenant_index(session.tenant)]
+            done = await self._touch(keys=keys, args=args)
         return bool(done)
 
     async def delete(self, session_id: str) -> bool:
-        async with self._calls(), self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self.key(session_id))
-            pipe.zrem(self.index, session_id)
-            deleted, _ = await pipe.execute()
+        async with self._calls():
+            tenant = await self.redis.hget(self.key(session_id), "tenant")
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.delete(self.key(session_id))
+                pipe.zrem(self.index, session_id)
+                owner = tenant.decode() if isinstance(tenant, bytes) else str(tenant or "")
+                pipe.zrem(self.tenant_index(owner), session_id)
+                deleted, _, _ = await pipe.execute()
         return bool(deleted)
+
+    async def count_of(self, tenant: str) -> int:
+        async with self._calls():
+            await self.redis.zremrangebyscore(self.tenant_index(tenant), "-inf", time.time())
+            return int(await self.redis.zcard(self.tenant_index(tenant)))
 
     async def count(self) -> int:
         async with self._calls():

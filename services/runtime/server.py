@@ -8,6 +8,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from codegym.auth import configured
 from codegym.grpcutil import ManagedServer
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.dispatcher import SandboxDispatcher
@@ -15,6 +16,7 @@ from services.runtime.catalog import Catalog
 from services.runtime.episode_record import Recorder, RecordStore
 from services.runtime.service import RuntimeConfig, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, SessionStore
+from services.runtime.tenancy import Quotas
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
@@ -40,7 +42,12 @@ class RuntimeServer:
         self.dispatcher = SandboxDispatcher(sandbox)
         self.recorder = None if record is None else Recorder(record, self.catalog.oracle_steps)
         self.servicer = RuntimeServicer(
-            self.catalog, store or InMemorySessionStore(), self.dispatcher, config, self.recorder
+            self.catalog,
+            store or InMemorySessionStore(),
+            self.dispatcher,
+            config,
+            self.recorder,
+            Quotas(configured().limits),
         )
         self._background: list[asyncio.Task[None]] = []
         self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)

@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from codegym.auth import CALLER, OPERATOR
 from codegym.errors import (
     Reason,
     Refusal,
@@ -43,6 +44,8 @@ from codegym.metrics import (
     SESSIONS_OPEN,
     STEPS,
     STEPS_IN_FLIGHT,
+    TENANT_CALLS,
+    TENANT_SESSIONS,
     WORKER_QUEUE_DEPTH,
 )
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
@@ -57,6 +60,7 @@ from services.runtime.outcomes import action_digest, env_failed, recorded_reply,
 from services.runtime.requests import action_text, config_json, shown
 from services.runtime.sessions import Session, SessionStore, StoreUnavailable
 from services.runtime.streaming import batch_step, step_stream
+from services.runtime.tenancy import Quotas
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +110,13 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         dispatcher: SandboxDispatcher,
         config: RuntimeConfig | None = None,
         recorder: Recorder | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self.catalog = catalog
         # The record of served episodes (None: the runtime runs without one, `--no-record`).
         self.recorder = recorder
+        # Each tenant's limits (none without a tokens file naming tenants).
+        self.quotas = quotas or Quotas({})
         self.store = store
         self.dispatcher = dispatcher
         self.config = config or RuntimeConfig()
@@ -121,8 +128,23 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
 
     # ---- helpers ------------------------------------------------------------------------------
 
+    @staticmethod
+    def _tenant() -> str:
+        """The tenant of the call being served ("" without access tokens)."""
+        caller = CALLER.get()
+        return caller.tenant if caller is not None else ""
+
+    @staticmethod
+    def _owns(session: Session) -> bool:
+        """Whether the caller may use the session: its own tenant's, or any for an operator. Another
+        tenant's session id is answered as unknown, never with its state."""
+        caller = CALLER.get()
+        return caller is None or caller.role == OPERATOR or caller.tenant == session.tenant
+
     async def _session(self, session_id: str) -> Session:
         session = await self.store.get(session_id)
+        if session is not None and not self._owns(session):
+            session = None
         if session is not None and time.monotonic() - session.last_used > self.config.session_ttl_s:
             await self._forget(session_id)
             session = None
@@ -133,6 +155,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         return session
 
     async def _forget(self, session_id: str) -> bool:
+        session = await self.store.get(session_id)
+        if session is None or not self._owns(session):
+            return False
         existed = await self.store.delete(session_id)
         if existed:
             self._release(session_id)
@@ -201,6 +226,13 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 Reason.INVALID_REQUEST,
                 f"step_timeout_ms {timeout_ms} exceeds {self.config.max_step_timeout_ms}",
             )
+        tenant = self._tenant()
+        self.quotas.admit_create(
+            tenant,
+            await self.store.count_of(tenant) if self.quotas.limit(tenant).sessions else 0,
+            self.config.retry_after_ms,
+        )
+        TENANT_CALLS.labels(tenant, "create").inc()
         if await self.store.count() >= self.config.max_sessions:
             await self._expire()
             if await self.store.count() >= self.config.max_sessions:
@@ -232,6 +264,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             seed=seed,
             run_id=request.run_id,
             policy_version=request.policy_version if request.HasField("policy_version") else None,
+            tenant=tenant,
         )
         session.touch()
         await self.store.put(session)
@@ -265,6 +298,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 f"{len(self.steps_in_flight)} steps in flight (max {self.config.max_steps_in_flight}); retry later",
                 self.config.step_retry_after_ms,
             )
+        tenant = self._tenant()
+        self.quotas.admit_step(tenant)
+        TENANT_CALLS.labels(tenant, "step").inc()
         token = object()
         self.steps_in_flight.add(token)
         try:
@@ -442,9 +478,13 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         interval = max(0.05, min(self.config.session_ttl_s / 4, 10.0))
         while True:
             await asyncio.sleep(interval)
-            with contextlib.suppress(Exception):
+            try:
                 await self._expire()
                 SESSIONS_OPEN.set(await self.store.count())
+                for tenant in self.quotas.limits:
+                    TENANT_SESSIONS.labels(tenant).set(await self.store.count_of(tenant))
+            except Exception as exc:  # the store is down now: the next round tries again
+                log.warning("session reaper: %s", exc)
 
     async def gauges(self, every_s: float = 30.0) -> None:
         """Refresh the record's Prometheus gauges (bands and totals only: no env or task label)."""

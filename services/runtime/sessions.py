@@ -60,6 +60,8 @@ class Session:
     # them (episode_record.py).
     run_id: str = ""
     policy_version: int | None = None
+    # The tenant whose token created the session ("" without tokens): only it may use the session.
+    tenant: str = ""
 
     def touch(self, now: float | None = None) -> None:
         self.last_used = time.monotonic() if now is None else now
@@ -93,6 +95,10 @@ class SessionStore(Protocol):
 
     async def count(self) -> int: ...
 
+    async def count_of(self, tenant: str) -> int:
+        """Sessions held for one tenant (its quota)."""
+        ...
+
     async def expire(self, idle_s: float) -> list[str]:
         """Drop sessions idle for longer than `idle_s`; return their ids."""
         ...
@@ -105,6 +111,20 @@ class InMemorySessionStore:
         self._sessions: OrderedDict[str, Session] = OrderedDict()
         self._committed: dict[str, int] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Session ids by tenant: the same sessions as `_sessions`, added and dropped with them.
+        self._tenants: dict[str, set[str]] = {}
+
+    def _drop(self, session_id: str) -> Session | None:
+        session = self._sessions.pop(session_id, None)
+        self._committed.pop(session_id, None)
+        self._locks.pop(session_id, None)
+        if session is not None:
+            held = self._tenants.get(session.tenant)
+            if held is not None:
+                held.discard(session_id)
+                if not held:
+                    del self._tenants[session.tenant]
+        return session
 
     async def get(self, session_id: str) -> Session | None:
         return self._sessions.get(session_id)
@@ -113,6 +133,7 @@ class InMemorySessionStore:
         self._sessions[session.session_id] = session
         self._sessions.move_to_end(session.session_id)
         self._committed[session.session_id] = session.step_index
+        self._tenants.setdefault(session.tenant, set()).add(session.session_id)
 
     async def commit(self, session: Session, expected_step_index: int) -> bool:
         if self._committed.get(session.session_id) != expected_step_index:
@@ -137,12 +158,13 @@ class InMemorySessionStore:
             yield
 
     async def delete(self, session_id: str) -> bool:
-        self._committed.pop(session_id, None)
-        self._locks.pop(session_id, None)
-        return self._sessions.pop(session_id, None) is not None
+        return self._drop(session_id) is not None
 
     async def count(self) -> int:
         return len(self._sessions)
+
+    async def count_of(self, tenant: str) -> int:
+        return len(self._tenants.get(tenant, ()))
 
     async def expire(self, idle_s: float) -> list[str]:
         cutoff = time.monotonic() - idle_s
@@ -151,8 +173,6 @@ class InMemorySessionStore:
             session_id, session = next(iter(self._sessions.items()))
             if session.last_used > cutoff:
                 break
-            del self._sessions[session_id]
-            self._committed.pop(session_id, None)
-            self._locks.pop(session_id, None)
+            self._drop(session_id)
             expired.append(session_id)
         return expired

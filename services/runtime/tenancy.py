@@ -1,0 +1,95 @@
+"""Quotas between tenants: what one trainer may hold and start, so a flood from one leaves the others
+served.
+
+A tenant is who an access token speaks for (`codegym.auth`: the tokens file maps each token to a
+tenant, and its `tenants` section gives each tenant its `TenantLimits`). Per runtime replica:
+- sessions open: counted from the sessions the store holds for the tenant (never a counter kept by
+  hand), checked at create;
+- creates and steps per second: a token bucket each, holding one second of its rate, so a burst of
+  that size passes and a steady flood is held to the rate.
+Past a limit the call gets CAPACITY with the time until the bucket has a token (or, for sessions,
+the runtime's retry-after), which the clients honour; nothing else changes, and no other
+tenant's bucket or sessions are touched. Without tokens (auth off) every caller is the tenant ""
+with no limits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from codegym.auth import TenantLimits
+from codegym.errors import Reason, Refusal
+from codegym.metrics import TENANT_REFUSALS
+
+
+@dataclass
+class Bucket:
+    """A token bucket: `rate` tokens a second, at most `rate` (one second's) held, at least one."""
+
+    rate: float
+    tokens: float = field(default=0.0)
+    stamp: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.tokens = self.capacity
+
+    @property
+    def capacity(self) -> float:
+        return max(1.0, self.rate)
+
+    def take(self, now: float | None = None) -> float:
+        """Take a token: 0.0 when there was one, else the seconds until there is."""
+        now = time.monotonic() if now is None else now
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+class Quotas:
+    """Each tenant's limits and buckets in this runtime."""
+
+    def __init__(self, limits: Mapping[str, TenantLimits]) -> None:
+        self.limits = dict(limits)
+        self.buckets: dict[tuple[str, str], Bucket] = {}
+
+    def limit(self, tenant: str) -> TenantLimits:
+        return self.limits.get(tenant, TenantLimits())
+
+    def _bucket(self, tenant: str, kind: str, rate: float) -> Bucket:
+        bucket = self.buckets.get((tenant, kind))
+        if bucket is None or bucket.rate != rate:
+            bucket = self.buckets[(tenant, kind)] = Bucket(rate)
+        return bucket
+
+    def _rate(self, tenant: str, kind: str, rate: float, what: str) -> None:
+        if rate <= 0:
+            return
+        wait_s = self._bucket(tenant, kind, rate).take()
+        if wait_s > 0:
+            TENANT_REFUSALS.labels(tenant, kind).inc()
+            raise Refusal(
+                Reason.CAPACITY,
+                f"tenant {tenant!r} is past its {what} quota ({rate:g}/s); retry later",
+                max(1, math.ceil(wait_s * 1000)),
+            )
+
+    def admit_step(self, tenant: str) -> None:
+        self._rate(tenant, "steps", self.limit(tenant).steps_per_s, "steps")
+
+    def admit_create(self, tenant: str, open_sessions: int, retry_after_ms: int) -> None:
+        limit = self.limit(tenant)
+        if limit.sessions and open_sessions >= limit.sessions:
+            TENANT_REFUSALS.labels(tenant, "sessions").inc()
+            raise Refusal(
+                Reason.CAPACITY,
+                f"tenant {tenant!r} holds {open_sessions} sessions (its quota is {limit.sessions}); close "
+                "finished sessions or retry",
+                retry_after_ms,
+            )
+        self._rate(tenant, "creates", limit.creates_per_s, "creates")
