@@ -56,18 +56,27 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runtime(library: Path) -> Iterator[str]:
-    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "2"])
+def worker() -> Iterator[str]:
+    proc = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "2"])
     try:
-        rt = ServerProcess(
-            ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", worker.address]
-        )
-        try:
-            yield rt.address
-        finally:
-            rt.stop()
+        yield proc.address
     finally:
-        worker.stop()
+        proc.stop()
+
+
+def start_runtime(library: Path, worker: str, *extra: str) -> ServerProcess:
+    return ServerProcess(
+        ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", worker, *extra]
+    )
+
+
+@pytest.fixture(scope="module")
+def runtime(library: Path, worker: str) -> Iterator[str]:
+    rt = start_runtime(library, worker)
+    try:
+        yield rt.address
+    finally:
+        rt.stop()
 
 
 def start_gateway(runtime: str, *extra: str) -> ServerProcess:
@@ -226,6 +235,65 @@ async def test_over_the_cap_answers_capacity_reached(runtime: str) -> None:
         await held[1].close()
     finally:
         assert proc.stop() == 0, proc.text[-3000:]
+
+
+async def test_closes_in_flight_never_count_against_new_sessions(
+    runtime: str, runtime_client: RuntimeClient
+) -> None:
+    """Issue #31: 1,024 OpenEnv clients, each closing its socket and at once opening the next
+    episode's, drew CAPACITY_REACHED while their closes were in flight. Here `--max-sessions`
+    clients hold an episode each, then all close and open the next at once, round after round: no
+    refusal, and every closed session is gone from the runtime."""
+    (row, _), *_ = rows(1)
+    limit = 16
+    proc = start_gateway(runtime, "--max-sessions", str(limit))
+    try:
+        url = f"ws://{proc.address}/ws"
+        opened: list[str] = []
+        held: list[ClientConnection] = []
+        for _ in range(6):
+            await asyncio.gather(*(ws.close() for ws in held))
+            held = list(await asyncio.gather(*(connect(url) for _ in range(limit))))
+            answers = await asyncio.gather(*(reset_on(ws, row) for ws in held))
+            assert [a["type"] for a in answers] == ["observation"] * limit, [
+                a["data"] for a in answers if a["type"] == "error"
+            ]
+            opened += [a["data"]["metadata"]["session_id"] for a in answers]
+        await asyncio.gather(*(ws.close() for ws in held))
+        await asyncio.to_thread(
+            wait_true,
+            lambda: all(session_gone(runtime_client, s) for s in opened),
+            20,
+            "every closed session to be gone",
+        )
+    finally:
+        assert proc.stop() == 0, proc.text[-3000:]
+
+
+async def test_the_default_limit_is_the_runtimes_session_cap(library: Path, worker: str) -> None:
+    """No `--max-sessions`: the gateway keeps no cap of its own, and the runtime's (here 2) answers
+    as CAPACITY_REACHED, retryable, with the runtime's reason and hint."""
+    (row, _), *_ = rows(1)
+    rt = start_runtime(library, worker, "--max-sessions", "2", "--no-record")
+    proc = start_gateway(rt.address)
+    try:
+        url = f"ws://{proc.address}/ws"
+        held = [await connect(url) for _ in range(3)]
+        answers = [await reset_on(ws, row) for ws in held]
+        assert [a["type"] for a in answers] == ["observation", "observation", "error"], answers
+        refused = answers[-1]["data"]
+        assert refused["code"] == "CAPACITY_REACHED" and refused["reason"] == "CAPACITY", refused
+        assert refused["retryable"] is True and "session limit reached (2 open)" in refused["message"]
+        await held[0].close()  # its slot comes back once the runtime has closed it
+        deadline = time.monotonic() + 10
+        while (answer := await reset_on(held[2], row))["type"] != "observation":
+            assert time.monotonic() < deadline, answer
+            await asyncio.sleep(0.05)
+        for ws in held[1:]:
+            await ws.close()
+    finally:
+        assert proc.stop() == 0, proc.text[-3000:]
+        assert rt.stop() == 0, rt.text[-3000:]
 
 
 async def test_hostile_messages_get_openenv_errors(gateway: str) -> None:
