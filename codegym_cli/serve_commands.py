@@ -130,6 +130,8 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
 def record_store(args: argparse.Namespace) -> RecordStore | None:
     """Where the runtime keeps its episode record: `--record` as given; by default in Redis when the
     sessions are there (every replica writes one record), else in a file beside the library."""
+    import sqlite3
+
     from services.runtime.record_store import RedisRecordStore, SqliteRecordStore, record_path_for
 
     place = "off" if args.no_record else args.record
@@ -140,7 +142,13 @@ def record_store(args: argparse.Namespace) -> RecordStore | None:
         place = place or str(record_path_for(args.library))
     if place.startswith(("redis://", "rediss://", "unix://")):
         return RedisRecordStore(place)
-    return SqliteRecordStore(place)
+    try:
+        return SqliteRecordStore(place)
+    except (sqlite3.Error, OSError) as exc:
+        raise SystemExit(
+            f"codegym serve runtime: cannot keep the episode record in {place} ({exc}): give --record FILE "
+            "(somewhere writable) or --no-record"
+        ) from None
 
 
 def _serve_runtime(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 
 from codegym.library import Library
 from codegym.library_records import TaskRecord
+from codegym.procs import codegym_command
 from codegym_client import RuntimeClient
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.errors import CodeGymError
@@ -410,3 +412,15 @@ def test_the_sampler_prefers_tasks_whose_groups_are_likelier_to_teach(library: P
     )
     assert firsts[MAX] + firsts[PREFIX] == 400
     assert firsts[MAX] > 1.4 * firsts[PREFIX] and firsts[PREFIX] > 50, firsts
+
+
+def test_a_record_that_cannot_be_written_stops_the_runtime_with_the_fix(library: Path) -> None:
+    args = ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", "127.0.0.1:9"]
+    run = subprocess.run(
+        codegym_command([*args, "--record", str(library.parent / "no" / "such" / "record.sqlite")]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode != 0
+    assert "cannot keep the episode record" in run.stderr and "--no-record" in run.stderr, run.stderr
