@@ -11,9 +11,12 @@ serves only its own tenant; a non-loopback bind without tokens refuses to start.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -232,3 +235,30 @@ def test_the_refusals_are_exported_typed() -> None:
     assert codegym_client.Unauthenticated is errors.Unauthenticated
     assert codegym_client.PermissionDenied is errors.PermissionDenied
     assert {"Unauthenticated", "PermissionDenied"} <= set(codegym_client.__all__)
+
+
+# ---- codegym up --auth --------------------------------------------------------------------------------
+
+
+async def test_codegym_up_auth_gives_its_gateway_the_tokens(tmp_path: Path) -> None:
+    """The gateway `up --auth --openenv-port 0` starts refuses a client without the printed trainer
+    token, plays an episode with it (calling the runtime with the service token), and says how."""
+    library = tmp_path / "lib.db"
+    args = ["up", "--auth", "--library", str(library), "--port", "0", "--workers", "1", "--jails", "1"]
+    up = ServerProcess([*args, "--no-record", "--openenv-port", "0"], env=environ(), timeout=120)
+    try:
+        deadline = time.monotonic() + 60
+        while "Ctrl-C stops everything" not in up.text:
+            assert time.monotonic() < deadline, up.text
+            await asyncio.sleep(0.05)
+        trainer = re.search(rf"export {TOKEN_ENV}=(\S+)", up.text)
+        base = re.search(r"openenv gateway: OpenEnv base_url (http://\S+)", up.text)
+        assert trainer is not None and base is not None, up.text
+        assert 'headers={"Authorization": "Bearer "' in up.text
+        status, _, body = await asyncio.to_thread(http, f"{base.group(1)}/metadata")
+        assert status == 401, body
+        async with GenericEnvClient(base_url=base.group(1), headers=bearer(trainer.group(1))) as env:
+            await env.reset(ability=ARRAY_GCD)
+            assert (await env.step(SOLVE)).reward == 1.0
+    finally:
+        assert up.stop() == 0, up.text[-3000:]
