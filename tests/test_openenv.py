@@ -565,8 +565,8 @@ async def test_concurrent_close_and_tool_call_keep_the_session_count(
                     await ws.send(json.dumps({"type": "close"}))
                 await ws.close()
 
-            answers = await asyncio.gather(*calls, close())
-            for answer in answers[:-1]:  # a step's result, or a session error: never a crash
+            finished = await asyncio.gather(*calls, close())
+            for answer in finished[:-1]:  # a step's result, or a session error: never a crash
                 assert isinstance(answer, dict) and ("result" in answer or "error" in answer), answer
             seen.append(await asyncio.to_thread(sessions_gauge, metrics))
         assert min(seen) >= 0 and max(seen) <= limit, seen
