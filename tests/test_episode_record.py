@@ -27,7 +27,7 @@ from codegym_client import RuntimeClient
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.errors import CodeGymError
 from services.runtime.curriculum import Record, sample
-from services.runtime.episode_record import ENV_SCOPE, merge, task_key, task_scope
+from services.runtime.episode_record import ENV_SCOPE, EpisodeOutcome, Recorder, merge, task_key, task_scope
 from services.runtime.record_store import RedisRecordStore, SqliteRecordStore, record_path_for
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.processes import wait_until
@@ -424,3 +424,39 @@ def test_a_record_that_cannot_be_written_stops_the_runtime_with_the_fix(library:
     )
     assert run.returncode != 0
     assert "cannot keep the episode record" in run.stderr and "--no-record" in run.stderr, run.stderr
+
+
+def test_what_the_store_did_not_take_while_down_goes_with_the_next_flush(tmp_path: Path) -> None:
+    """Redis restarts (as `codegym up` restarts its own): the outcomes recorded meanwhile are held,
+    in order, and written once it is back; nothing is counted twice."""
+    require_redis_server()
+    folder = tmp_path / "redis"
+    folder.mkdir()
+
+    def outcome(n: int, passed: bool) -> EpisodeOutcome:
+        return EpisodeOutcome(f"s{n}", MAX, json.dumps(ONE), "r", n, 1.0 if passed else 0.0, 3, "done")
+
+    async def scenario() -> dict[str, Any]:
+        redis = Redis(folder)
+        store = RedisRecordStore(redis.url)
+        recorder = Recorder(store, lambda env_id, config: 0)
+        try:
+            recorder.episode(outcome(1, True))
+            await recorder.flush()
+            redis.stop()
+            recorder.episode(outcome(2, False))
+            await recorder.flush()  # refused: held
+            assert recorder.deltas
+            recorder.episode(outcome(3, True))
+            redis = Redis(folder, port=redis.port)
+            await recorder.flush()
+            assert not recorder.deltas
+            body = await store.read_one(task_scope("r"), task_key(MAX, json.dumps(ONE)))
+        finally:
+            await store.close()
+            redis.stop()
+        assert body is not None
+        return body
+
+    body = asyncio.run(scenario())
+    assert (body["episodes"], body["passes"], body["recent"], body["version"]) == (3, 2, "101", 3)

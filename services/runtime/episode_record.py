@@ -198,7 +198,9 @@ class Recorder:
         RECORD_EVENTS.labels("passed" if outcome.passed else "failed").inc()
 
     async def flush(self) -> None:
-        """Merge what is held into the store (what fails to merge is dropped and counted)."""
+        """Merge what is held into the store. What the store did not take (down: a Redis restart)
+        is held again, ahead of what came meanwhile, and goes with the next flush; only past
+        `MAX_PENDING_KEYS` entries is it dropped and counted."""
         if not self.deltas and not self.runs:
             return
         deltas, self.deltas = self.deltas, {}
@@ -207,9 +209,19 @@ class Recorder:
         try:
             await self.store.apply(deltas, runs)
             self.flushed += len(deltas)
-        except Exception as exc:  # the store is down or refused: evidence lost, never a step
-            RECORD_EVENTS.labels("dropped").inc(len(deltas))
-            log.warning("episode record: %d entries not written (%s)", len(deltas), exc)
+        except Exception as exc:  # the store is down or refused: evidence for a sampler, never a step
+            for key, later in self.deltas.items():
+                deltas[key] = merge(deltas[key], later) if key in deltas else later
+            self.deltas = deltas
+            self.runs = {**runs, **self.runs}
+            if len(self.deltas) > MAX_PENDING_KEYS:
+                RECORD_EVENTS.labels("dropped").inc(len(self.deltas))
+                log.warning(
+                    "episode record: %d entries dropped, the store is down (%s)", len(self.deltas), exc
+                )
+                self.deltas, self.runs = {}, {}
+            else:
+                log.warning("episode record: %d entries held until the store is back (%s)", len(deltas), exc)
 
     async def run(self, every_s: float = FLUSH_EVERY_S) -> None:
         """Flush about every `every_s` (at once when the deltas fill up), until cancelled."""
