@@ -53,7 +53,7 @@ def message_dict(message: Message) -> dict[str, Any]:
     return {f.name: data[f.name] for f in message.DESCRIPTOR.fields if f.name in data}
 
 
-def entry_dict(entry: rt.StatsEntry) -> dict[str, Any]:
+def entry_dict(entry: rt.StatsResponse) -> dict[str, Any]:
     """One `Stats` entry as a JSON object: `kind` ("task" or "env"), then its fields."""
     kind = entry.WhichOneof("entry") or ""
     return {"kind": kind, **(message_dict(getattr(entry, kind)) if kind else {})}
@@ -174,7 +174,7 @@ def _quarantine(client: RuntimeClient, args: argparse.Namespace) -> int:
 
 
 def task_labels(
-    entries: Iterable[rt.StatsEntry], low: float, high: float, min_episodes: int
+    entries: Iterable[rt.StatsResponse], low: float, high: float, min_episodes: int
 ) -> tuple[list[tuple[str, str, str]], Counter[str]]:
     """(env_id, canonical config, label) of each played task that earns one, and what the rest
     were: "too_few" (fewer than `min_episodes` episodes), "unreadable" (an ability not parsed).

@@ -214,7 +214,7 @@ class AsyncRuntimeClient:
     @raises_typed("Stats")
     async def stats(
         self, run_id: str = "", *, env_prefix: str = "", envs_only: bool = False, played_only: bool = False
-    ) -> list[rt.StatsEntry]:
+    ) -> list[rt.StatsResponse]:
         """The runtime's record of served episodes: each task (unless `envs_only`), then each env."""
         request = rt.StatsRequest(
             run_id=run_id, env_prefix=env_prefix, envs_only=envs_only, played_only=played_only

@@ -226,7 +226,7 @@ class RuntimeClient:
     @raises_typed("Stats")
     def stats(
         self, run_id: str = "", *, env_prefix: str = "", envs_only: bool = False, played_only: bool = False
-    ) -> Iterator[rt.StatsEntry]:
+    ) -> Iterator[rt.StatsResponse]:
         """The runtime's record of served episodes: each task (unless `envs_only`), then each env."""
         request = rt.StatsRequest(
             run_id=run_id, env_prefix=env_prefix, envs_only=envs_only, played_only=played_only

@@ -285,24 +285,24 @@ def env_stats(env_id: str, body: dict[str, Any]) -> rt.EnvStats:
 
 def stats_pages(
     library_path: str | Path, record: Record, request: rt.StatsRequest, page: int = 512
-) -> Iterator[list[rt.StatsEntry]]:
+) -> Iterator[list[rt.StatsResponse]]:
     """Stats entries a page at a time: each task of the library (unless envs only), then each
     environment the record knows (of the prefix). Streamed, so 80,000 tasks are never held."""
     band = Band()
     quarantined = record.quarantined()
-    entries: list[rt.StatsEntry] = []
+    entries: list[rt.StatsResponse] = []
     if not request.envs_only:
         with Library(library_path, read_only=True) as library:
             for task in library.iter_tasks(request.env_prefix):
                 if request.played_only and task_key(task.env_id, task.config_json) not in record.run:
                     continue
-                entries.append(rt.StatsEntry(task=task_stats(task, record, band, quarantined)))
+                entries.append(rt.StatsResponse(task=task_stats(task, record, band, quarantined)))
                 if len(entries) >= page:
                     yield entries
                     entries = []
     for env_id in sorted(record.envs):
         if env_id.startswith(request.env_prefix):
-            entries.append(rt.StatsEntry(env=env_stats(env_id, record.envs[env_id])))
+            entries.append(rt.StatsResponse(env=env_stats(env_id, record.envs[env_id])))
             if len(entries) >= page:
                 yield entries
                 entries = []

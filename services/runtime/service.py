@@ -576,7 +576,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     @guarded_stream
     async def Stats(
         self, request: rt.StatsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[rt.StatsEntry]:
+    ) -> AsyncIterator[rt.StatsResponse]:
         record = await self._record(request.run_id)
         path = self.catalog.path
         async for page in iterate_in_thread(lambda: stats_pages(path, record, request)):

@@ -1097,7 +1097,7 @@ class EnvStats(_message.Message):
 Global___EnvStats: _TypeAlias = EnvStats  # noqa: Y015
 
 @_typing.final
-class StatsEntry(_message.Message):
+class StatsResponse(_message.Message):
     """One entry of Stats."""
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1126,7 +1126,7 @@ class StatsEntry(_message.Message):
     _WhichOneofArgType_entry: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_entry) -> _WhichOneofReturnType_entry | None: ...
 
-Global___StatsEntry: _TypeAlias = StatsEntry  # noqa: Y015
+Global___StatsResponse: _TypeAlias = StatsResponse  # noqa: Y015
 
 @_typing.final
 class SampleTasksRequest(_message.Message):

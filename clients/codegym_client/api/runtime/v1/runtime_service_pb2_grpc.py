@@ -84,7 +84,7 @@ class RuntimeServiceStub:
         self.Stats = channel.unary_stream(
                 '/codegym.runtime.v1.RuntimeService/Stats',
                 request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsRequest.SerializeToString,
-                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsEntry.FromString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsResponse.FromString,
                 _registered_method=True)
         self.SampleTasks = channel.unary_unary(
                 '/codegym.runtime.v1.RuntimeService/SampleTasks',
@@ -242,7 +242,7 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
             'Stats': grpc.unary_stream_rpc_method_handler(
                     servicer.Stats,
                     request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsRequest.FromString,
-                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsEntry.SerializeToString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsResponse.SerializeToString,
             ),
             'SampleTasks': grpc.unary_unary_rpc_method_handler(
                     servicer.SampleTasks,
@@ -526,7 +526,7 @@ class RuntimeService:
             target,
             '/codegym.runtime.v1.RuntimeService/Stats',
             codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsRequest.SerializeToString,
-            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsEntry.FromString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.StatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,7 +56,7 @@ class RuntimeServiceStub:
     """Environments in the library."""
     GetEnv: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GetEnvRequest, _runtime_service_pb2.GetEnvResponse]
     """One environment: tools and task text."""
-    Stats: _grpc.UnaryStreamMultiCallable[_runtime_service_pb2.StatsRequest, _runtime_service_pb2.StatsEntry]
+    Stats: _grpc.UnaryStreamMultiCallable[_runtime_service_pb2.StatsRequest, _runtime_service_pb2.StatsResponse]
     """What served episodes say about each task and environment: pass rates (all time and recent),
     steps against the oracle's, how episodes ended, health. Tasks first, then environments.
     """
@@ -95,7 +95,7 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """Environments in the library."""
     GetEnv: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GetEnvRequest, _runtime_service_pb2.GetEnvResponse]  # type: ignore[assignment]
     """One environment: tools and task text."""
-    Stats: _aio.UnaryStreamMultiCallable[_runtime_service_pb2.StatsRequest, _runtime_service_pb2.StatsEntry]  # type: ignore[assignment]
+    Stats: _aio.UnaryStreamMultiCallable[_runtime_service_pb2.StatsRequest, _runtime_service_pb2.StatsResponse]  # type: ignore[assignment]
     """What served episodes say about each task and environment: pass rates (all time and recent),
     steps against the oracle's, how episodes ended, health. Tasks first, then environments.
     """
@@ -191,7 +191,7 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _runtime_service_pb2.StatsRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_runtime_service_pb2.StatsEntry], _abc.AsyncIterator[_runtime_service_pb2.StatsEntry]]:
+    ) -> _typing.Union[_abc.Iterator[_runtime_service_pb2.StatsResponse], _abc.AsyncIterator[_runtime_service_pb2.StatsResponse]]:
         """What served episodes say about each task and environment: pass rates (all time and recent),
         steps against the oracle's, how episodes ended, health. Tasks first, then environments.
         """
