@@ -135,6 +135,13 @@ bench-library:
 bench-curriculum:
 	$(PY) bench/curriculum_bench.py $(CURRICULUM_ARGS)
 
+# Access tokens and TLS under the steady rollout shape (off / --auth / TLS, alternating, repeated),
+# then two tenants, one flooding ten times its quota (targets PASS/FAIL): e.g.
+# `make bench-access ACCESS_ARGS=--quick`; every option in `$(PY) bench/access_bench.py --help`.
+.PHONY: bench-access
+bench-access:
+	$(PY) bench/access_bench.py $(ACCESS_ARGS)
+
 # Episodes through the trainer paths while runtimes, workers, the gateway and Redis fail on a
 # schedule (20 minutes by default; `SOAK_ARGS="--minutes 3"` for a short one).
 .PHONY: soak
