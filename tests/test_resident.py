@@ -9,6 +9,8 @@ state.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -402,3 +404,21 @@ def test_what_a_resident_costs_is_measured_on_the_live_processes() -> None:
             assert figures["codegym_sandbox_resident_capacity"] == min(1024, budget // cost)
     finally:
         assert worker.stop() == 0
+
+
+def test_a_jails_process_tree_is_read_from_children_files_as_a_scan_of_proc_reads_it() -> None:
+    """`sample_cost` finds the zygotes' children from /proc/PID/task/*/children, not by reading the
+    stat of every process on the machine; both give the same children."""
+    from sandbox_worker.residency import _children_by_scan, children_of
+
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    try:
+        direct = children_of(os.getpid())
+        assert direct is not None and {p.pid for p in sleepers} <= set(direct)
+        assert sorted(direct) == sorted(_children_by_scan().get(os.getpid(), []))
+        assert children_of(sleepers[0].pid) == []
+    finally:
+        for proc in sleepers:
+            proc.kill()
+            proc.wait()
+    assert children_of(sleepers[0].pid) == []  # gone: no children, never an error

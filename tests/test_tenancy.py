@@ -47,10 +47,21 @@ TOKENS = {
 
 def test_a_bucket_passes_a_second_of_its_rate_then_holds_to_it() -> None:
     bucket = TokenBucket(4.0, stamp=0.0)
-    bucket.tokens = bucket.capacity
     assert [bucket.take(now=0.0) for _ in range(4)] == [0.0] * 4
     assert bucket.take(now=0.0) == pytest.approx(0.25)
     assert bucket.take(now=0.25) == 0.0  # a quarter second later, one more
+
+
+def test_calls_refused_together_are_told_to_come_back_one_tokens_time_apart() -> None:
+    """Twenty callers refused at once come back spread out, so each finds its token instead of
+    nineteen being refused again every token's time."""
+    bucket = TokenBucket(50.0, stamp=0.0)
+    for _ in range(50):
+        assert bucket.take(now=0.0) == 0.0
+    waits = [bucket.take(now=0.0) for _ in range(20)]
+    assert waits == pytest.approx([(i + 1) / 50 for i in range(20)])
+    # Each comes back at its time and is served: none refused again.
+    assert all(bucket.take(now=w) == 0.0 for w in waits)
 
 
 def test_quotas_refuse_with_capacity_and_a_retry_after_and_leave_others_alone() -> None:

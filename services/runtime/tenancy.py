@@ -24,14 +24,24 @@ from codegym.auth import TenantLimits
 from codegym.errors import Reason, Refusal
 from codegym.metrics import TENANT_REFUSALS
 
+# The longest retry-after a refused call is told (a flood of thousands is spread over at most this).
+MAX_WAIT_S = 30.0
+
 
 @dataclass
 class Bucket:
-    """A token bucket: `rate` tokens a second, at most `rate` (one second's) held, at least one."""
+    """A token bucket: `rate` tokens a second, at most `rate` (one second's) held, at least one.
+
+    A refused call is told when to come back, and the calls refused after it later still, one
+    token's time apart (`slot`): twenty rollouts of a flooding tenant told the same instant would
+    all come back at once and be refused again, nineteen of them, every token's time, and each
+    refusal costs the runtime a call's CPU that the other tenants then wait for."""
 
     rate: float
     tokens: float = field(default=0.0)
     stamp: float = field(default_factory=time.monotonic)
+    # The instant promised to the last refused call.
+    slot: float = 0.0
 
     def __post_init__(self) -> None:
         self.tokens = self.capacity
@@ -41,14 +51,16 @@ class Bucket:
         return max(1.0, self.rate)
 
     def take(self, now: float | None = None) -> float:
-        """Take a token: 0.0 when there was one, else the seconds until there is."""
+        """Take a token: 0.0 when there was one, else the seconds the caller should wait."""
         now = time.monotonic() if now is None else now
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
+        if self.tokens >= 1.0 - 1e-9:  # a token's time later is a token, whatever the rounding
+            self.tokens = max(0.0, self.tokens - 1.0)
             return 0.0
-        return (1.0 - self.tokens) / self.rate
+        self.slot = max(now + (1.0 - self.tokens) / self.rate, self.slot + 1.0 / self.rate)
+        self.slot = min(self.slot, now + MAX_WAIT_S)
+        return self.slot - now
 
 
 class Quotas:
