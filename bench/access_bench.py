@@ -63,7 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import median, rusage_cpu_s  # noqa: E402
-from bench.library_scale import print_rows, report_busy  # noqa: E402
+from bench.library_scale import report_busy  # noqa: E402
 from bench.rollout_bench import (  # noqa: E402
     CLIENT_TIMEOUT_S,
     Col,
@@ -84,6 +84,7 @@ from bench.rollout_bench import (  # noqa: E402
     tree_pids,
     up,
 )  # fmt: skip
+from bench.targets import print_targets, spread_verdicts, verdict  # noqa: E402
 from codegym.auth import OPERATOR, SERVICE, TOKENS_FILE_ENV, TRAINER, local_tokens, read_tokens  # noqa: E402
 from codegym.procs import ServerProcess  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
@@ -99,11 +100,6 @@ QUOTA_B = {"steps_per_s": 200}
 FLOOD_RAMP_S = 1.0  # a floods this long before b starts: b meets a tenant already past its quota
 P99_FACTOR = 1.5  # b's p99 with the flood against alone (see the docstring)
 SERVED_PCT = 97.0
-
-
-def verdict(target: str, bound: str, value: str, met: bool | None, **figures: float) -> Figures:
-    """A target's row; `met` None: a figure printed beside the targets, not one itself."""
-    return {"target": target, "bound": bound, "value": value, "met": met, **figures}
 
 
 def tokens_path(library: Path) -> Path:
@@ -240,20 +236,6 @@ def run_auth(
             )
             rows.append({"stack": name, "point": f"round {round_}", **figures})
     return rows
-
-
-def spread_verdicts(rows: list[Figures], on: str, off: str, target: bool) -> list[Figures]:
-    """Per percentile: median `on` against median `off`, within the larger run-to-run spread."""
-    out = []
-    for key in ("p50_ms", "p99_ms"):
-        a, b = ([r[key] for r in rows if r["stack"] == s and r.get(key) is not None] for s in (on, off))
-        if a and b:
-            spread, diff = max(max(a) - min(a), max(b) - min(b)), median(a) - median(b)
-            text = f"{median(a):.2f} - {median(b):.2f} = {diff:+.2f} ms (spread {spread:.2f})"
-            met = abs(diff) < spread if target else None
-            out.append(verdict(f"{on} - {off}, step {key[:3]}", "|diff| < spread", text, met,
-                               on=median(a), off=median(b), diff=diff, spread=spread))  # fmt: skip
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,16 +415,6 @@ TENANT_COLUMNS = (
 )  # fmt: skip
 
 
-def print_targets(verdicts: list[Figures]) -> None:
-    print("\ntargets")
-    said = {True: "PASS", False: "FAIL", None: "beside"}
-    print_rows(
-        ["target", "bound", "value", "verdict"],
-        [[v["target"], v["bound"], v["value"], said[v["met"]]] for v in verdicts],
-    )
-    sys.stdout.flush()
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -494,7 +466,7 @@ def main() -> None:
         if "auth" in args.parts:
             results["auth"] = run_auth(args, lines, workdir, logs, revision)
             print_table("auth", results["auth"], specs, AUTH_COLUMNS)
-            verdicts += spread_verdicts(results["auth"], "auth", "off", target=True)
+            verdicts += spread_verdicts(results["auth"], "auth", "off")
             verdicts += spread_verdicts(results["auth"], "tls", "off", target=False)
         if "tenants" in args.parts:
             results["tenants"] = run_tenants(args, lines, workdir, logs, revision)

@@ -72,7 +72,6 @@ from bench.library_scale import (  # noqa: E402
     env_rows,
     env_schema,
     load_samples,
-    print_rows,
     report_busy,
     run_import,
     task_rows,
@@ -93,6 +92,7 @@ from bench.rollout_bench import (  # noqa: E402
     progress,
     up,
 )  # fmt: skip
+from bench.targets import print_targets, spread_verdicts, verdict  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 from codegym_client.errors import CapacityExceeded, InvalidRequest  # noqa: E402
@@ -360,23 +360,9 @@ def run_recording(args: argparse.Namespace, workdir: Path, logs: Path, revision:
     return rows
 
 
-def verdict(target: str, bound: str, value: str, met: bool, **figures: float) -> Figures:
-    return {"target": target, "bound": bound, "value": value, "met": met, **figures}
-
-
 def recording_targets(rows: list[Figures]) -> list[Figures]:
-    """Per percentile: median on against median off, within the larger run-to-run spread (max - min)."""
-    out = []
-    for key in ("p50_ms", "p99_ms"):
-        on, off = (
-            [r[key] for r in rows if r["stack"] == name and r.get(key) is not None] for name in ("on", "off")
-        )
-        if on and off:
-            spread, diff = max(max(on) - min(on), max(off) - min(off)), median(on) - median(off)
-            text = f"{median(on):.2f} - {median(off):.2f} = {diff:+.2f} ms (spread {spread:.2f})"
-            out.append(verdict(f"record on - off, step {key[:3]}", "|diff| < spread", text, abs(diff) < spread,
-                               on=median(on), off=median(off), diff=diff, spread=spread))  # fmt: skip
-    return out
+    """Recording on against off, judged by the run-to-run spread."""
+    return spread_verdicts(rows, "on", "off", name="record")
 
 
 def curriculum_targets(rows: list[Figures]) -> list[Figures]:
@@ -404,13 +390,6 @@ RECORDING_COLUMNS = (
      Col("CPU ms/step", "cpu_ms_per_step", ".2f"), Col("recorded", "recorded", "d"), Col("errors", "errors", "d"),
      Col("mismatch", "mismatches", "d"), Col("other CPU %", "other_cpu_pct")],
 )  # fmt: skip
-
-
-def print_targets(verdicts: list[Figures]) -> None:
-    print("\ntargets")
-    body = [[v["target"], v["bound"], v["value"], "PASS" if v["met"] else "FAIL"] for v in verdicts]
-    print_rows(["target", "bound", "value", "verdict"], body)
-    sys.stdout.flush()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
