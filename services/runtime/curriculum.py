@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,17 +160,21 @@ class Candidate:
     estimate: float = 0.5
 
 
+def candidate(task: TaskRecord, record: Record, band: Band, quarantined: Mapping[str, str]) -> Candidate:
+    """The task as the sampler sees it for the run: its pool and the rates it was placed by."""
+    key = task_key(task.env_id, task.config_json)
+    run = record.run.get(key)
+    episodes = int(run.get("episodes", 0)) if run else 0
+    if task.env_id in quarantined:
+        return Candidate(task.ability, task.env_id, "quarantined", 0.0, episodes)
+    pool, rate, estimate = pool_of(run, record.everyone.get(key), prior_of(task.scores), band)
+    return Candidate(task.ability, task.env_id, pool, rate, episodes, estimate)
+
+
 def candidates(library: Library, record: Record, band: Band, prefix: str) -> Iterator[Candidate]:
     quarantined = record.quarantined()
     for task in library.iter_tasks(prefix):
-        key = task_key(task.env_id, task.config_json)
-        run = record.run.get(key)
-        episodes = int(run.get("episodes", 0)) if run else 0
-        if task.env_id in quarantined:
-            yield Candidate(task.ability, task.env_id, "quarantined", 0.0, episodes)
-            continue
-        pool, rate, estimate = pool_of(run, record.everyone.get(key), prior_of(task.scores), band)
-        yield Candidate(task.ability, task.env_id, pool, rate, episodes, estimate)
+        yield candidate(task, record, band, quarantined)
 
 
 def sample(
@@ -233,17 +237,13 @@ def _counts(body: dict[str, Any], names: tuple[str, ...]) -> dict[str, int]:
     return {name: int(body[name]) for name in names if body.get(name)}
 
 
-def task_stats(task: TaskRecord, record: Record, band: Band, quarantined: dict[str, str]) -> rt.TaskStats:
+def task_stats(task: TaskRecord, record: Record, band: Band, quarantined: Mapping[str, str]) -> rt.TaskStats:
     key = task_key(task.env_id, task.config_json)
     body = record.run.get(key) or {}
     episodes = int(body.get("episodes", 0))
     passes = int(body.get("passes", 0))
     seen, recent = recent_rate(body)
     prior = prior_of(task.scores)
-    if task.env_id in quarantined:
-        pool = "quarantined"
-    else:
-        pool, _, _ = pool_of(record.run.get(key), record.everyone.get(key), prior, band)
     stats = rt.TaskStats(
         ability=task.ability,
         env_id=task.env_id,
@@ -256,7 +256,7 @@ def task_stats(task: TaskRecord, record: Record, band: Band, quarantined: dict[s
         oracle_steps=task.solve_fc_round,
         endings=_counts(body, ("done", "truncated")),
         step_errors=_counts(body, FAILURE_KINDS),
-        pool=pool,
+        pool=candidate(task, record, band, quarantined).pool,
         last_policy_version=int(body.get("version", 0)),
     )
     if prior is not None:

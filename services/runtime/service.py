@@ -54,7 +54,7 @@ from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from services.dispatcher import QueueFull, SandboxDispatcher, SandboxUnavailable
 from services.runtime.catalog import Catalog, tool_specs
-from services.runtime.curriculum import Record, pass_rate_bands, sample, stats_pages
+from services.runtime.curriculum import Record, pass_rate_bands, quarantine_reason, sample, stats_pages
 from services.runtime.episode_record import ENV_SCOPE, EpisodeOutcome, Recorder, task_scope
 from services.runtime.outcomes import action_digest, env_failed, recorded_reply, step_error
 from services.runtime.requests import action_text, config_json, shown
@@ -419,15 +419,19 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             )
         )
 
-    async def _record(self, run_id: str) -> Record:
-        """The record as it stands, with what this runtime holds in memory written first."""
+    async def _flushed(self) -> Recorder:
+        """The recorder, with what this runtime holds in memory written to its store."""
         if self.recorder is None:
             raise Refusal(
                 Reason.INVALID_REQUEST,
                 "this runtime keeps no episode record (it was started with --no-record)",
             )
         await self.recorder.flush()
-        store = self.recorder.store
+        return self.recorder
+
+    async def _record(self, run_id: str) -> Record:
+        """The record as it stands, with what this runtime holds in memory written first."""
+        store = (await self._flushed()).store
         everyone = await store.read(task_scope(""))
         run = everyone if not run_id else await store.read(task_scope(run_id))
         return Record(run=run, everyone=everyone, envs=await store.read(ENV_SCOPE))
@@ -599,12 +603,12 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def LiftQuarantine(
         self, request: rt.LiftQuarantineRequest, context: grpc.aio.ServicerContext
     ) -> rt.LiftQuarantineResponse:
-        record = await self._record("")
-        if request.env_id not in record.quarantined():
-            if request.env_id not in record.envs:
+        store = (await self._flushed()).store
+        env = await store.read_one(ENV_SCOPE, request.env_id)  # the env's record, not the run's tasks
+        if not quarantine_reason(env):
+            if env is None:
                 self.catalog.env(request.env_id)  # ENV_NOT_FOUND for an id the library lacks
             return rt.LiftQuarantineResponse(lifted=False)
-        assert self.recorder is not None
-        await self.recorder.store.apply({(ENV_SCOPE, request.env_id): {"reset": ["window"], "lifts": 1}}, {})
+        await store.apply({(ENV_SCOPE, request.env_id): {"reset": ["window"], "lifts": 1}}, {})
         log.info("quarantine of %s lifted", request.env_id)
         return rt.LiftQuarantineResponse(lifted=True)
