@@ -62,7 +62,20 @@ EXAMPLES = {
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Descriptions as written (they hold examples and layouts), every option with its default."""
+    """Descriptions as written (they hold examples and layouts), every option with its default.
+
+    The one formatter of every command and command group: set here, after the modules registered
+    their parsers, so no module picks its own."""
+
+
+def subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below `parser`: command groups (`serve`, `pipeline`, ...) and commands."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += [sub, *subparsers(sub)]
+    return found
 
 
 def commands(
@@ -95,9 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline_command.register(sub)
     export_command.register(sub)
     eval_command.register(sub)
+    for below in subparsers(parser):
+        below.formatter_class = HelpFormatter
     for words, command, summary in commands(parser):
         # Every --help says what the command does, every default, and one example.
-        command.formatter_class = HelpFormatter
         if not command.description:
             command.description = summary[:1].upper() + summary[1:] + "."
         if access.takes_target(command):

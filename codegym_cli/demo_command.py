@@ -249,7 +249,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser(
         "demo",
         help="play every sample task through a running runtime (oracle replays + random agent)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     demo.add_argument("--target", default=DEFAULT_TARGET, help="runtime address")
     demo.add_argument(

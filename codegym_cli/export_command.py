@@ -334,7 +334,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "export",
         help="write the library's verified task configs as training instances (JSONL or Parquet)",
         description=__doc__,
-        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=40),
     )
     export.add_argument(
         "--library", default=str(default_library_path()), help="library (default: %(default)s)"

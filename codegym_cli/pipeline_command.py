@@ -321,14 +321,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "pipeline",
         help="problems in, a verified environment library out (synthesis + verification + filters)",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     pipe_sub = pipeline.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
     run = pipe_sub.add_parser(
         "run",
         help="run (or resume) a pipeline over a problem file",
         description=__doc__,
-        formatter_class=lambda prog: argparse.ArgumentDefaultsHelpFormatter(prog, max_help_position=40),
     )
     run.add_argument(
         "--problems",

@@ -90,7 +90,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     run = sandbox_sub.add_parser(
         "run",
         help="run one operation on a file and print the result as JSON (exit 0 when status is OK)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     run.add_argument("file", help="environment (or solution) source file")
     run.add_argument("--op", choices=OPS, default="solve", help="operation")

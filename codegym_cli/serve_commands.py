@@ -278,7 +278,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Stateless gRPC executor of untrusted environment code. Limits below are per request "
         f"defaults; a request may ask for more up to wall {MAX_LIMITS.wall_ms} ms, CPU {MAX_LIMITS.cpu_ms} ms, "
         f"memory {MAX_LIMITS.memory_mb} MiB, output {MAX_LIMITS.output_bytes} bytes.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     sandbox.add_argument("--host", default="127.0.0.1", help="address to bind")
     sandbox.add_argument("--port", type=int, default=50061, help="port (0 = any free port)")
@@ -375,7 +374,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     runtime = serve_sub.add_parser(
         "runtime",
         help="runtime: environment sessions for RL trainers over sandbox workers",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     runtime.add_argument(
         "--library", default=str(default_library_path()), help="environment library (SQLite)"
@@ -438,7 +436,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     synthesis = serve_sub.add_parser(
         "synthesis",
         help="synthesis: environments, unit tests and solve() candidates from an LLM",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     synthesis.add_argument("--host", default="127.0.0.1", help="address to bind")
     synthesis.add_argument("--port", type=int, default=50071, help="port (0 = any free port)")
@@ -456,7 +453,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Runs every piece of generated code in the sandbox workers given with --sandbox "
         "(CheckEnvironment, ValidateUnitTests, CheckSolvability, CheckShortcuts); thresholds are request "
         "fields. Example: codegym serve verification --sandbox 127.0.0.1:50061,127.0.0.1:50062",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_sandbox_target(verification)
     verification.add_argument("--host", default="127.0.0.1", help="address to bind")
@@ -470,7 +466,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Stateless gateway: each WebSocket (/ws) holds at most one runtime session, closed "
         "with the socket, on a second reset, or after --idle-timeout-s without a message. Example: "
         "codegym serve openenv --runtime 127.0.0.1:50051 --port 8000",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     openenv.add_argument(
         "--runtime",

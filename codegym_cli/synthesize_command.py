@@ -179,7 +179,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "synthesize",
         help="turn problems (JSONL/Parquet) into environments, unit tests and solve() candidates with an LLM",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     synth.add_argument("--problems", required=True, help="JSONL or Parquet: question_id, question, solution")
     synth.add_argument("--out", required=True, help="output folder")
