@@ -6,7 +6,9 @@ call credentials send, `codegym_client.channels.Access`) before its handler runs
 - no token, or one the server does not know: UNAUTHENTICATED, saying which setting is missing;
 - a known token whose role may not call this service: PERMISSION_DENIED (`ROLES_BY_SERVICE`: a
   trainer's token never reaches a sandbox worker, whatever the network lets through);
-- otherwise the handler runs with the caller's `Identity` in `CALLER` (a tenant, for quotas).
+- otherwise the handler runs with the caller's `Identity` in `CALLER` (a tenant, for quotas). A
+  front end on a service or operator token (the OpenEnv gateway) names the tenant it plays for in
+  `codegym-tenant` metadata, and the call runs as that tenant's trainer (`forwarded`).
 
 Health checks and reflection stay open: Kubernetes probes carry no token.
 
@@ -60,6 +62,12 @@ OPEN_SERVICES = (
 )
 # A single token's identity when the tokens file does not name it.
 SINGLE_TOKEN = ("default", OPERATOR)
+# The metadata key a front end (the OpenEnv gateway) names its own caller's tenant with. A server
+# honours it only from the roles in `FORWARDERS`: the call then runs as that tenant's trainer, so its
+# quotas, its session ownership and the roles it may call are the trainer's, not the front end's. A
+# trainer who sends it is still itself.
+TENANT_METADATA = "codegym-tenant"
+FORWARDERS = frozenset({SERVICE, OPERATOR})
 
 
 @dataclass(frozen=True)
@@ -272,6 +280,23 @@ def configure(auth: ServerAuth) -> None:
     _configured.set(auth)
 
 
+def metadata_value(metadata: Any, key: str) -> str:
+    """The first value of `key` in a call's metadata ("" when it has none)."""
+    for name, value in metadata or ():
+        if name == key:
+            return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return ""
+
+
+def forwarded(identity: Identity, metadata: Any) -> Identity:
+    """The identity a call runs as: the tenant a forwarding front end names for its caller (as that
+    tenant's trainer), else the token's own."""
+    tenant = metadata_value(metadata, TENANT_METADATA).strip()
+    if tenant and identity.role in FORWARDERS:
+        return Identity(tenant[:128], TRAINER)
+    return identity
+
+
 def bearer(metadata: Any) -> str:
     """The token of an `authorization: Bearer <token>` entry ("" when there is none)."""
     for key, value in metadata or ():
@@ -312,6 +337,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
                 Reason.UNAUTHENTICATED,
                 f"{method} {what}: set {TOKEN_ENV} or --token (codegym up --auth prints one)",
             )
+        identity = forwarded(identity, handler_call_details.invocation_metadata)
         allowed = ROLES_BY_SERVICE.get(service, frozenset({OPERATOR}))
         if identity.role not in allowed:
             return refusing(

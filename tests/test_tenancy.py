@@ -208,6 +208,50 @@ def test_another_tenants_session_is_unknown_and_untouched(
         client.close()
 
 
+def test_a_front_end_plays_as_the_tenant_it_names_and_a_trainer_cannot_name_one(
+    runtime: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OpenEnv gateway calls on its service token and names its caller's tenant: the call is
+    that tenant's (its quota, its sessions). A trainer naming another tenant stays itself."""
+    tight = client_of(runtime.address, "tight-token", monkeypatch)
+    roomy = client_of(runtime.address, "roomy-token", monkeypatch)
+    as_tight = (("codegym-tenant", "tight"),)
+    channel, stub = raw_stub(runtime.address, "service-token")
+    made = [
+        stub.CreateSession(rt.CreateSessionRequest(ability=ABILITY), metadata=as_tight, timeout=10).session_id
+        for _ in range(2)
+    ]
+    # tight's quota of 2 sessions holds what the front end opened for it...
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.CreateSession(rt.CreateSessionRequest(ability=ABILITY), metadata=as_tight, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "tenant 'tight'" in str(refused.value.details())
+    # ...and those sessions are tight's own, unknown to roomy.
+    assert tight.get_session(made[0]).step_index == 0
+    with pytest.raises(SessionNotFound):
+        roomy.get_session(made[0])
+    # A trainer's token naming another tenant is still its own tenant's.
+    trainer_channel, trainer_stub = raw_stub(runtime.address, "roomy-token")
+    theirs = trainer_stub.CreateSession(
+        rt.CreateSessionRequest(ability=ABILITY), metadata=as_tight, timeout=10
+    ).session_id
+    trainer_channel.close()
+    assert roomy.get_session(theirs).step_index == 0
+    with pytest.raises(SessionNotFound):
+        tight.get_session(theirs)
+    # Without a name, the service's own calls are its own tenant's, not tight's.
+    own = stub.CreateSession(rt.CreateSessionRequest(ability=ABILITY), timeout=10).session_id
+    with pytest.raises(SessionNotFound):
+        tight.get_session(own)
+    stub.CloseSession(rt.CloseSessionRequest(session_id=own), timeout=10)
+    channel.close()
+    for session_id in made:
+        assert tight.close_session(session_id) is True
+    assert roomy.close_session(theirs) is True
+    tight.close()
+    roomy.close()
+
+
 def test_in_redis_the_quota_counts_the_tenants_sessions_across_replicas(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
