@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from codegym import proctree
 from sandbox_worker.limits import ID_SPAN
 
 log = logging.getLogger(__name__)
@@ -94,77 +94,28 @@ class Residency:
             self.cost_bytes = max(MIN_COST // 4, cost)
 
 
-def _stat_ppid(pid: str) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def process_cost(pid: int) -> int | None:
     """Private pages + page tables + the kernel's per-process memory of one process, in bytes."""
-    private = 0
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                    private += int(line.split()[1])
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmPTE:"):
-                    private += int(line.split()[1])
-    except (OSError, ValueError, IndexError):
+    memory = proctree.memory_kb(pid)
+    status = proctree.status_kb(pid)
+    if memory is None or status is None:
         return None
+    private = memory.get("Private_Clean", 0) + memory.get("Private_Dirty", 0) + status.get("VmPTE", 0)
     return private * 1024 + KERNEL_PER_PROCESS
-
-
-def children_of(pid: int) -> list[int] | None:
-    """A process's children, from /proc/PID/task/*/children (None where the kernel has no such file:
-    then the caller scans /proc)."""
-    found: list[int] = []
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
-                found += [int(child) for child in f.read().split()]
-    except FileNotFoundError:
-        return [] if not os.path.exists(f"/proc/{pid}") else None
-    except (OSError, ValueError):
-        return []
-    return found
-
-
-def _children_by_scan() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            ppid = _stat_ppid(name)
-            if ppid is not None:
-                children.setdefault(ppid, []).append(int(name))
-    return children
 
 
 def sample_cost(jail_pids: list[int]) -> int | None:
     """Mean cost of the session processes (the zygotes' children) under the given nsjail pids, over
     at most `SAMPLE` of them per zygote.
 
-    Reads /proc (the worker is outside the jails' pid namespaces and sees every process); runs in a
-    thread, a few times a minute. The jails' process trees are read from their `children` files, not
-    by reading every process's stat on the machine (with a thousand residents per worker that scan
-    was a tenth of a worker's CPU); the scan is the fallback where the kernel lacks those files.
+    Reads /proc through `codegym.proctree` (the worker is outside the jails' pid namespaces and sees
+    every process); runs in a thread, a few times a minute. The jails' process trees are read from
+    their `children` files (`proctree.children_reader`), not by reading every process's stat on the
+    machine (with a thousand residents per worker that scan was a tenth of a worker's CPU); the scan
+    is the fallback where the kernel lacks those files.
     None when no jail holds a session process yet.
     """
-    scanned: dict[int, list[int]] | None = None
-
-    def kids(pid: int) -> list[int]:
-        nonlocal scanned
-        direct = children_of(pid)
-        if direct is not None:
-            return direct
-        if scanned is None:
-            scanned = _children_by_scan()
-        return scanned.get(pid, [])
-
+    kids = proctree.children_reader()
     sessions: list[int] = []
     for jail in jail_pids:
         for zygote in kids(jail):

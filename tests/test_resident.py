@@ -407,15 +407,17 @@ def test_what_a_resident_costs_is_measured_on_the_live_processes() -> None:
 
 
 def test_a_jails_process_tree_is_read_from_children_files_as_a_scan_of_proc_reads_it() -> None:
-    """`sample_cost` finds the zygotes' children from /proc/PID/task/*/children, not by reading the
-    stat of every process on the machine; both give the same children."""
-    from sandbox_worker.residency import _children_by_scan, children_of
+    """`sample_cost` finds the zygotes' children from /proc/PID/task/*/children (through
+    `codegym.proctree`), not by reading the stat of every process on the machine; both give the
+    same children."""
+    from codegym.proctree import children_by_parent, children_of, children_reader
 
     sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
     try:
         direct = children_of(os.getpid())
         assert direct is not None and {p.pid for p in sleepers} <= set(direct)
-        assert sorted(direct) == sorted(_children_by_scan().get(os.getpid(), []))
+        assert sorted(direct) == sorted(children_by_parent().get(os.getpid(), []))
+        assert sorted(children_reader()(os.getpid())) == sorted(direct)
         assert children_of(sleepers[0].pid) == []
     finally:
         for proc in sleepers:
