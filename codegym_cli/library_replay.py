@@ -42,442 +42,48 @@ failed for the infrastructure get no line, so the next run tries them again.
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
-import hashlib
-import json
-import random
-import secrets
 import sqlite3
 import sys
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections import Counter
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 import grpc
 
-from codegym.library import EnvRecord, Library, default_library_path
+from codegym.library import Library, default_library_path
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
 from codegym_cli.progress import stderr_progress
-from codegym_client.actions import ActionParseError, action_from_object
+from codegym_cli.replay_playing import (
+    STEP_TIMEOUT_MS,
+    Limits,
+    Settings,
+    StateFile,
+    Tally,
+    replay_library,
+)
+from codegym_cli.replay_recordings import Recordings, Unreadable, parse_trajectory, select
 from codegym_client.channels import aio_channel, target_for
-from services.dispatcher import SANDBOX_SERVICE, QueueFull, SandboxDispatcher, SandboxUnavailable
+from services.dispatcher import SANDBOX_SERVICE, SandboxDispatcher
 
-# The runtime's defaults (services/runtime/service.py RuntimeConfig): a replay holds an environment
-# to the time a trainer's session would give it.
-STEP_TIMEOUT_MS = 5_000
-CREATE_TIMEOUT_MS = 10_000
-# Sends of one operation while the infrastructure fails (each already retried by the dispatcher).
-INFRA_ATTEMPTS = 3
-INFRA_BACKOFF_S = 0.5
-# How much of an observation or a message a report line holds.
-EXCERPT = 160
-MESSAGE = 300
+# The command's API, the reading and playing it is made of included (replay_recordings.py,
+# replay_playing.py): `from codegym_cli.library_replay import parse_trajectory` keeps working.
+__all__ = [
+    "Limits",
+    "Settings",
+    "StateFile",
+    "Tally",
+    "Unreadable",
+    "add_parser",
+    "parse_trajectory",
+    "replay_library",
+    "run",
+]
+
 # The report's columns: "failed" is the environment's (or the library's) fault, "infra" the
 # infrastructure's.
 COLUMNS = ("identical", "different", "failed", "infra", "unreadable")
-
-
-# ---- reading the recordings -----------------------------------------------------------------------
-
-
-class Unreadable(ValueError):
-    """A recording that cannot be read as a list of actions and the observations they got."""
-
-
-@dataclass(frozen=True)
-class Trajectory:
-    actions: list[str]  # canonical action JSON text, as the environment is sent it
-    observations: list[str]  # one per action
-    first: str | None = None  # the reset's observation, when the recording holds it
-
-
-def _literal(text: str, what: str, quoted: bool = False) -> list[Any]:
-    """A recorded field as a list: a Python literal, else JSON text (once more when that is itself
-    a string, as a field quoted twice on its way)."""
-    value: Any = None
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError):
-            raise Unreadable(f"{what} is neither a Python literal nor JSON: {cut(text, 60)!r}") from None
-    if isinstance(value, str) and not quoted:
-        return _literal(value, what, quoted=True)
-    if not isinstance(value, list | tuple):
-        raise Unreadable(f"{what} holds {type(value).__name__}, not a list")
-    return list(value)
-
-
-def _action(item: Any, index: int) -> str:
-    """The canonical text of one recorded action (see the module doc for what is read)."""
-    if isinstance(item, list | tuple) and len(item) == 1:
-        item = item[0]
-    if isinstance(item, str):
-        try:
-            item = json.loads(item)
-        except (ValueError, RecursionError):
-            raise Unreadable(f"action {index} is not JSON: {cut(item, 60)!r}") from None
-        if isinstance(item, list) and len(item) == 1:
-            item = item[0]
-    try:
-        return action_from_object(item).to_json()
-    except ActionParseError as exc:
-        raise Unreadable(f"action {index}: {exc}") from None
-    except (TypeError, ValueError) as exc:  # parameters JSON cannot carry (a set, bytes)
-        raise Unreadable(f"action {index} cannot be sent as JSON: {exc}") from None
-
-
-def _observation(item: Any) -> str:
-    """A recorded observation as the sandbox renders `env.step()`'s return (inside/operations.py)."""
-    if isinstance(item, tuple) and len(item) == 2:
-        item = item[1]
-    return item if isinstance(item, str) else str(item)
-
-
-def parse_trajectory(std_traj: str, obs_traj: str) -> Trajectory:
-    raw_actions = _literal(std_traj, "std_traj")
-    raw_observations = _literal(obs_traj, "obs_traj")
-    if not raw_actions:
-        raise Unreadable("std_traj holds no action")
-    actions = [_action(item, i) for i, item in enumerate(raw_actions, 1)]
-    observations = [_observation(item) for item in raw_observations]
-    if len(observations) == len(actions):
-        return Trajectory(actions, observations)
-    if len(observations) == len(actions) + 1:
-        return Trajectory(actions, observations[1:], observations[0])
-    raise Unreadable(f"{len(actions)} actions but {len(observations)} observations")
-
-
-def cut(text: str, limit: int = MESSAGE) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def first_difference(a: str, b: str) -> int:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
-def excerpt(text: str, at: int, width: int = EXCERPT) -> str:
-    """`width` characters of `text` around offset `at` (where two texts part), marked where cut."""
-    start = max(0, min(at - width // 4, len(text) - width))
-    end = start + width
-    return ("..." if start else "") + text[start:end] + ("..." if end < len(text) else "")
-
-
-# ---- the library ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TaskRow:
-    task_id: int
-    env_id: str
-    config_json: str
-    source_sha: str
-    std_traj: str
-    obs_traj: str
-
-
-class Recordings:
-    """The library's tasks with trajectories, read by id (one indexed read per task)."""
-
-    def __init__(self, library: Library) -> None:
-        self.library = library
-        db = library.db
-        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        self.present = "trajectories" in tables
-        columns = {row[1] for row in db.execute("PRAGMA table_info(tasks)")}
-        self.source_sha = "t.source_sha" if "source_sha" in columns else "''"
-
-    def task_ids(self, prefix: str = "") -> list[int]:
-        """Ids of the tasks with a trajectory whose env id starts with `prefix`, in order."""
-        if not self.present:
-            return []
-        rows = self.library.db.execute(
-            "SELECT t.id FROM trajectories r JOIN tasks t ON t.id = r.task_id"
-            " WHERE substr(t.env_id, 1, ?) = ? ORDER BY t.id",
-            (len(prefix), prefix),
-        )
-        return [int(row[0]) for row in rows]
-
-    def row(self, task_id: int) -> TaskRow | None:
-        row = self.library.db.execute(
-            f"SELECT t.env_id, t.config_json, {self.source_sha}, r.std_traj, r.obs_traj"
-            " FROM tasks t JOIN trajectories r ON r.task_id = t.id WHERE t.id = ?",
-            (task_id,),
-        ).fetchone()
-        return None if row is None else TaskRow(task_id, *row)
-
-    def code(self, task: TaskRow) -> EnvRecord | str:
-        """The code the task was recorded with (as the runtime picks it, catalog.py), or why not."""
-        env = self.library.get(task.env_id, tasks=False)
-        if env is None:
-            return f"environment {task.env_id} is not in the library"
-        if not task.source_sha or task.source_sha == env.sha256:
-            return env
-        variant = self.library.variant(task.source_sha)
-        if variant is None or variant.env_id != task.env_id:
-            return (
-                f"the code the task was recorded with (sha256 {task.source_sha[:12]}) is not in the library"
-            )
-        return variant
-
-
-def select(task_ids: list[int], sample: int | None, seed: int) -> list[int]:
-    """All of `task_ids`, or `sample` of them drawn with `seed` (the same draw every time), in order."""
-    if sample is None or sample >= len(task_ids):
-        return task_ids
-    return sorted(random.Random(seed).sample(task_ids, sample))
-
-
-def fingerprint(task: TaskRow, code_sha: str) -> str:
-    """What a verdict depends on: a state line applies to a task only while this is unchanged."""
-    text = json.dumps([task.env_id, task.config_json, code_sha, task.std_traj, task.obs_traj])
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
-# ---- replaying ------------------------------------------------------------------------------------
-
-
-class Sandbox(Protocol):
-    """What a replay needs of the workers (`services.dispatcher.SandboxDispatcher`)."""
-
-    async def execute(self, op: sb.Operation, source: str, key: str = "") -> sb.OperationResult: ...
-
-    async def release(self, key: str) -> None: ...
-
-
-class InfrastructureFault(Exception):
-    """No worker gave an answer to an operation, however often it was sent."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    step_ms: int = STEP_TIMEOUT_MS
-    create_ms: int = CREATE_TIMEOUT_MS
-
-
-async def run_operation(sandbox: Sandbox, op: sb.Operation, source: str, key: str) -> sb.OperationResult:
-    """The worker's answer to `op`, sent again while the infrastructure fails: every operation is a
-    pure function of (source, state, input, seed), so a resend cannot change a result."""
-    problem = ""
-    for attempt in range(INFRA_ATTEMPTS):
-        if attempt:
-            await asyncio.sleep(INFRA_BACKOFF_S * 2 ** (attempt - 1))
-        try:
-            result = await sandbox.execute(op, source, key)
-        except (SandboxUnavailable, QueueFull) as exc:
-            problem = str(exc)
-        except grpc.aio.AioRpcError as exc:
-            problem = f"{exc.code().name}: {exc.details()}"
-        else:
-            if result.status != sb.STATUS_SOURCE_NEEDED:
-                return result
-            problem = "the worker asked for the source again after it was sent"
-    raise InfrastructureFault(f"{problem} ({INFRA_ATTEMPTS} attempts)")
-
-
-def status_name(result: sb.OperationResult) -> str:
-    return sb.Status.Name(result.status).removeprefix("STATUS_").lower()
-
-
-def verdict(
-    result: sb.OperationResult, step: int, action: str | None, expected: str | None
-) -> dict[str, Any] | None:
-    """How a task ended at this step (the environment failed, or answered otherwise than recorded),
-    or None: it goes on."""
-    if result.status != sb.STATUS_OK:
-        return {
-            "outcome": "failed",
-            "fault": "environment",
-            "status": status_name(result),
-            "step": step,
-            "action": None if action is None else cut(action),
-            "message": cut(result.message or result.stderr or status_name(result)),
-        }
-    if expected is not None and result.observation != expected:
-        at = first_difference(expected, result.observation)
-        return {
-            "outcome": "different",
-            "step": step,
-            "action": None if action is None else cut(action),
-            "at": at,
-            "expected": excerpt(expected, at),
-            "got": excerpt(result.observation, at),
-        }
-    return None
-
-
-async def replay_task(
-    sandbox: Sandbox, task: TaskRow, code: EnvRecord, trajectory: Trajectory, limits: Limits, seed: int
-) -> dict[str, Any]:
-    """Play the recorded actions through the workers, as one session (resident on its worker, so a
-    step costs no fork); the outcome's fields of the task's line."""
-    key = f"replay-{task.task_id}-{secrets.token_hex(6)}"
-    source = sb.SourceRef(sha256=code.sha256)
-    step, action = 0, None
-    try:
-        create = sb.CreateOp(config_json=task.config_json, session_key=key)
-        op = sb.Operation(source=source, limits=sb.Limits(wall_ms=limits.create_ms), seed=seed, create=create)
-        result = await run_operation(sandbox, op, code.source, key)
-        ended = verdict(result, 0, None, trajectory.first)
-        for step, action in enumerate(trajectory.actions, 1):
-            if ended is not None:
-                return ended
-            op = sb.Operation(
-                source=source,
-                limits=sb.Limits(wall_ms=limits.step_ms),
-                seed=(seed + step) % (1 << 63),
-                step=sb.StepOp(state=result.state, action=action, session_key=key),
-            )
-            result = await run_operation(sandbox, op, code.source, key)
-            ended = verdict(result, step, action, trajectory.observations[step - 1])
-        return ended or {"outcome": "identical", "reward": result.reward, "done": result.done}
-    except InfrastructureFault as exc:
-        return {
-            "outcome": "failed",
-            "fault": "infrastructure",
-            "step": step,
-            "action": None if action is None else cut(action),
-            "message": cut(str(exc)),
-        }
-    finally:
-        await sandbox.release(key)
-
-
-@dataclass
-class Tally:
-    """Counts per environment (the outcomes, "failed" split into the environment's or the library's
-    fault and the infrastructure's), and the first problems for the report."""
-
-    envs: dict[str, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
-    resumed: int = 0
-    problems: list[dict[str, Any]] = field(default_factory=list)
-    examples: int = 20
-
-    @staticmethod
-    def column(line: dict[str, Any]) -> str:
-        if line["outcome"] == "failed":
-            return "infra" if line.get("fault") == "infrastructure" else "failed"
-        return str(line["outcome"])
-
-    def add(self, line: dict[str, Any], resumed: bool) -> None:
-        self.envs[line["env_id"]][self.column(line)] += 1
-        self.resumed += resumed
-        if line["outcome"] != "identical" and len(self.problems) < self.examples:
-            self.problems.append(line)
-
-    def total(self) -> Counter[str]:
-        total: Counter[str] = Counter()
-        for counts in self.envs.values():
-            total.update(counts)
-        return total
-
-
-class StateFile:
-    """Verdicts of finished tasks, one JSON line each, appended as they come (a killed run keeps
-    every line it wrote; a cut last line is ignored)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.done: dict[int, dict[str, Any]] = {}
-        if path.exists():
-            for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    line = json.loads(text)
-                except ValueError:
-                    continue
-                if isinstance(line, dict) and isinstance(line.get("task_id"), int) and "key" in line:
-                    self.done[line["task_id"]] = line
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (closed by close())
-        if self.file.tell():
-            self.file.seek(self.file.tell() - 1)
-            if self.file.read(1) != "\n":  # a line cut by a kill: end it, so the next one is whole
-                self.file.write("\n")
-
-    def finished(self, task_id: int, key: str) -> dict[str, Any] | None:
-        line = self.done.get(task_id)
-        return line if line is not None and line.get("key") == key else None
-
-    def record(self, line: dict[str, Any]) -> None:
-        self.file.write(json.dumps(line, ensure_ascii=False) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
-
-
-@dataclass(frozen=True)
-class Settings:
-    concurrency: int = 4
-    limits: Limits = Limits()
-
-
-async def replay_library(
-    library: Library,
-    task_ids: list[int],
-    sandbox: Sandbox,
-    state: StateFile,
-    out: TextIO | None = None,
-    settings: Settings = Settings(),
-    progress: Callable[[dict[str, Any]], None] = lambda line: None,
-) -> Tally:
-    """Replay `task_ids` (skipping those `state` holds), `settings.concurrency` at a time."""
-    recordings = Recordings(library)
-    tally = Tally()
-    pending: Iterator[int] = iter(task_ids)
-
-    async def one(task_id: int) -> tuple[dict[str, Any], bool] | None:
-        task = recordings.row(task_id)
-        if task is None:  # removed since the ids were read
-            return None
-        code = recordings.code(task)
-        key = fingerprint(task, code.sha256 if isinstance(code, EnvRecord) else task.source_sha)
-        line: dict[str, Any] = {"task_id": task_id, "env_id": task.env_id, "source_sha": task.source_sha}
-        finished = state.finished(task_id, key)
-        if finished is not None:
-            return finished, True
-        try:
-            trajectory = parse_trajectory(task.std_traj, task.obs_traj)
-        except Unreadable as exc:
-            line |= {"outcome": "unreadable", "message": cut(str(exc))}
-        else:
-            line["steps"] = len(trajectory.actions)
-            if isinstance(code, str):
-                line |= {"outcome": "failed", "fault": "library", "message": code}
-            else:
-                seed = int(key[:15], 16)
-                line |= await replay_task(sandbox, task, code, trajectory, settings.limits, seed)
-        line["key"] = key
-        if line.get("fault") != "infrastructure":
-            state.record(line)
-        return line, False
-
-    async def worker() -> None:
-        # Each worker takes the next id when it is free: at most `concurrency` tasks in flight.
-        for task_id in pending:
-            done = await one(task_id)
-            if done is None:
-                continue
-            line, resumed = done
-            tally.add(line, resumed)
-            if out is not None:
-                out.write(json.dumps(line | {"resumed": resumed}, ensure_ascii=False) + "\n")
-                out.flush()
-            progress(line)
-
-    await asyncio.gather(*(worker() for _ in range(max(1, settings.concurrency))))
-    return tally
-
-
-# ---- the command ----------------------------------------------------------------------------------
 
 
 def report(tally: Tally, console: TextIO) -> None:
