@@ -1,7 +1,7 @@
 """Agent-evaluation benchmark: the oracle agent played through `codegym eval`'s loop (1 runtime, 2 workers).
 
 The Evaluator of codegym_cli/evaluation.py runs in-process, as `codegym eval` runs it, against a
-zero-latency scripted OpenAI-compatible server (tests/helpers/fake_llm.py, in a thread of this
+zero-latency scripted OpenAI-compatible server (codegym_testkit/fake_llm.py, in a thread of this
 process, as the tests run it) that replays the oracle trajectories of codegym/samples/trajectories.jsonl.
 Per concurrency level it prints episodes/s, turns/s and wall time, and splits every turn into
   (a) the runtime Step call (AsyncRuntimeClient.step, from call to return),
@@ -56,8 +56,8 @@ from codegym_cli.evaluation import (  # noqa: E402
 )
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
-from tests.helpers.agents import oracle_agent  # noqa: E402
-from tests.helpers.fake_llm import Reply, ScriptedLLM  # noqa: E402
+from codegym_testkit.agents import oracle_agent  # noqa: E402
+from codegym_testkit.fake_llm import Reply, ScriptedLLM  # noqa: E402
 
 SAMPLES = ROOT / "codegym" / "samples"
 

@@ -79,8 +79,8 @@ from codegym_client.errors import CodeGymError, EpisodeEnded, EpisodeFailed, Inf
 from codegym_client.outages import ride_out_async  # noqa: E402
 from codegym_client.trl import CodeGymSpec  # noqa: E402
 from codegym_client.verl import run_episode  # noqa: E402
+from codegym_testkit.trainer_script import TOKENIZER, ability, oracle_turns  # noqa: E402
 from sandbox_worker.limits import JAIL_ZYGOTE  # noqa: E402
-from tests.helpers.trainer_script import TOKENIZER, ability, oracle_turns  # noqa: E402
 
 Line = dict[str, Any]
 FAULTS = ("rolling", "kill", "drain", "freeze", "gateway", "redis")

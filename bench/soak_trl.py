@@ -19,11 +19,12 @@ How:
   `--max-steps-per-episode` steps (generation costs a forward per token on a shared CPU), one
   dataset row each, the spec's row with `[trajectory K]` as its prompt's text and a `trajectory`
   column (TRL passes the row's columns to `reset`).
-- The model (tests/helpers/trl_run.py's, generalised): a real `PreTrainedModel` whose backbone
-  writes, at each position, the one-hot vector of the scripted next token and whose LM head is a
-  trainable linear layer. The script reads `[trajectory K]` from the input ids and plays trajectory
-  K's recorded actions as hermes tool calls, one per assistant turn, then ends its turn without a
-  call (which ends TRL's tool loop). The tokenizer is byte-level, with TRL's Qwen2.5 template.
+- The model (codegym_testkit/scripted_lm.py): a real `PreTrainedModel` whose backbone writes, at
+  each position, the one-hot vector of the scripted next token and whose LM head is a trainable
+  linear layer. Its script (codegym_testkit/script.py, `Tagged`) reads `[trajectory K]` from the
+  input ids and plays trajectory K's recorded actions as hermes tool calls, one per assistant
+  turn, then ends its turn without a call (which ends TRL's tool loop). The tokenizer is
+  byte-level, with TRL's Qwen2.5 template.
 - Recording: each environment class of `spec.environment_factory` is subclassed (same name, so
   TRL's reward column keeps it) with each tool method wrapped to record what it returned or
   raised for the current episode (from `reset` to the next); the wrappers keep the names,
@@ -54,7 +55,6 @@ How:
 from __future__ import annotations
 
 import argparse
-import bisect
 import inspect
 import json
 import logging
@@ -82,13 +82,13 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from codegym_client.errors import CodeGymError  # noqa: E402
 from codegym_client.trl import CodeGymEnvironment, CodeGymSpec  # noqa: E402
-from tests.helpers.scripted_lm import ScriptConfig, ScriptedModel  # noqa: E402
-from tests.helpers.trainer_script import TRAJECTORIES, ability, chatml_tokenizer, hermes  # noqa: E402
+from codegym_testkit.script import TAG, Script, Tagged  # noqa: E402
+from codegym_testkit.scripted_lm import ScriptConfig, ScriptedModel  # noqa: E402
+from codegym_testkit.trainer_script import TRAJECTORIES, ability, chatml_tokenizer, hermes  # noqa: E402
 
 log = logging.getLogger("soak_trl")
 Line = dict[str, Any]
 RESERVED = ("reset", "get_reward")
-TAG = "[trajectory {}]"
 
 
 # -- Output --------------------------------------------------------------------------------------
@@ -111,64 +111,6 @@ class Out:
             self.stream.write(json.dumps(record) + "\n")
             self.stream.flush()
             self.outcomes[str(record.get("outcome"))] += 1
-
-
-# -- The scripted model --------------------------------------------------------------------------
-
-
-def keyed(ids: list[int]) -> str:
-    """Token ids as a string, one character per id, to search id sequences with `str.find`."""
-    return "".join(map(chr, ids))
-
-
-class Script:
-    """The next token after each position: in a sequence tagged `[trajectory K]`, the k-th
-    assistant turn is trajectory K's k-th recorded action as a hermes tool call, then the end of
-    turn; past the recording (or untagged), the end of turn at once."""
-
-    def __init__(self, tokenizer: Any, lines: list[Line]) -> None:
-        self.tokenizer = tokenizer
-        self.lines = lines
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        self.start = keyed(tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False))
-        prefix, _, suffix = TAG.partition("{}")
-        self.tag = keyed(tokenizer.encode(prefix, add_special_tokens=False))
-        self.tag_end = keyed(tokenizer.encode(suffix, add_special_tokens=False))
-        self.turns: dict[int, list[list[int]]] = {}
-
-    def script(self, key: str) -> list[list[int]]:
-        at = key.find(self.tag)
-        if at < 0:
-            return []
-        stop = key.find(self.tag_end, at + len(self.tag))
-        number = self.tokenizer.decode([ord(c) for c in key[at + len(self.tag) : stop]])
-        k = int(number) if number.isdigit() else -1
-        if not 0 <= k < len(self.lines):
-            return []
-        turns = self.turns.get(k)
-        if turns is None:
-            turns = self.turns[k] = [
-                self.tokenizer.encode(hermes(action) + "<|im_end|>", add_special_tokens=False)
-                for action, _ in self.lines[k]["steps"]
-            ]
-        return turns
-
-    def next_tokens(self, ids: list[int], first: int = 0) -> list[int]:
-        """The scripted next token at positions `first`.. of `ids`."""
-        key = keyed(ids)
-        script = self.script(key)
-        starts = []  # the position of the last token of each `<|im_start|>assistant\n`
-        at = key.find(self.start)
-        while at >= 0:
-            starts.append(at + len(self.start) - 1)
-            at = key.find(self.start, at + 1)
-        out = []
-        for t in range(max(0, first), len(ids)):
-            turn = bisect.bisect_right(starts, t)
-            tokens = script[turn - 1] if 0 < turn <= len(script) else []
-            j = t - starts[turn - 1] if turn else 0
-            out.append(tokens[j] if j < len(tokens) else self.end)
-        return out
 
 
 # -- Recording environments ----------------------------------------------------------------------
@@ -436,7 +378,7 @@ def main() -> int:
         config = ScriptConfig(
             vocab_size=len(tokenizer), eos_token_id=end, pad_token_id=tokenizer.pad_token_id
         )
-        model = ScriptedModel(config, Script(tokenizer, lines))
+        model = ScriptedModel(config, Script(tokenizer, Tagged(tokenizer, lines)))
         model.generation_config.use_cache = False
         grpo = GRPOConfig(
             output_dir=scratch.name,  # nothing is saved; removed at exit

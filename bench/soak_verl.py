@@ -14,7 +14,7 @@ root, against a runtime serving the sample library (`codegym up`, or tests/helpe
     .venv-trainers/bin/python bench/soak_verl.py --target HOST:PORT[,HOST:PORT] --minutes M \\
         [--rollouts 8] [--think-s 1] [--outage-wait-s 600] [--seed N]
 
-The loop is built as tests/test_verl_real.py builds it (tests/helpers/verl_loops.py):
+The loop is built as tests/test_verl_real.py builds it (codegym_testkit/verl_loops.py):
 examples/verl/codegym_agent_loop.yaml registered in verl's `_agent_loop_registry`, instantiated
 with hydra with verl's wrappers and the part of the trainer config the loops read, a real Hugging
 Face tokenizer with a ChatML template (`chatml_tokenizer`: one token per byte, Qwen's special
@@ -66,8 +66,8 @@ sys.path.insert(0, str(ROOT))
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from codegym_client.verl import CodeGymAgentLoop  # noqa: E402
-from tests.helpers.trainer_script import TRAJECTORIES, ability, chatml_tokenizer, oracle_turns  # noqa: E402
-from tests.helpers.verl_loops import instantiate, our_entry, trainer_config  # noqa: E402
+from codegym_testkit.trainer_script import TRAJECTORIES, ability, chatml_tokenizer, oracle_turns  # noqa: E402
+from codegym_testkit.verl_loops import instantiate, our_entry, trainer_config  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Solve the task with the tools."}]
 # One token per byte: the longest recording is ~45 KB of turns and observations; verl's usual

@@ -53,7 +53,7 @@ from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc  # noqa: E402
 from codegym.verification.v1 import verification_service_pb2 as vf  # noqa: E402
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc  # noqa: E402
 from codegym_client.api.common.v1 import common_pb2 as cm  # noqa: E402
-from tests.helpers.sample_configs import sample_configs  # noqa: E402
+from codegym_testkit.sample_configs import sample_configs  # noqa: E402
 
 ENV = ROOT / "codegym" / "samples" / "envs" / "Sample_0001_I__MaxSubarraySumEnv.py"
 ENV_CLASS = "MaxSubarraySumEnv"

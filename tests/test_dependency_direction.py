@@ -1,6 +1,7 @@
 """Dependencies point one way (README, "Where things are"): the client (`codegym_client`) at the
 bottom, then the shared core (`codegym`), then the sandbox worker, the services and the command
-line. Every import statement of every module (function-level ones included) is read from its AST,
+line; above them what the tests and the benchmarks share (`codegym_testkit`), then the benchmarks,
+which import no `tests` module. Every import statement of every module (function-level ones included) is read from its AST,
 so a module that imports upwards fails here even when nothing runs that import."""
 
 from __future__ import annotations
@@ -21,8 +22,23 @@ ALLOWED = {
     "sandbox_worker": {"codegym", "codegym_client"},
     "services": {"codegym", "codegym_client"},
     "codegym_cli": {"codegym", "codegym_client", "sandbox_worker", "services"},
+    # What the tests and the benchmarks share (scripted models, trainers, servers): above the
+    # command line, below both of its users.
+    "codegym_testkit": {"codegym", "codegym_client", "sandbox_worker", "services", "codegym_cli"},
+    # The benchmarks: at the top with the tests, but never importing them (an arrow the import
+    # graph does not draw, since a bench runs as a script).
+    "bench": {"codegym", "codegym_client", "sandbox_worker", "services", "codegym_cli", "codegym_testkit"},
 }
-PROJECT = {"codegym", "codegym_client", "sandbox_worker", "services", "codegym_cli", "tests", "bench"}
+PROJECT = {
+    "codegym",
+    "codegym_client",
+    "sandbox_worker",
+    "services",
+    "codegym_cli",
+    "codegym_testkit",
+    "tests",
+    "bench",
+}
 # The services share the sandbox dispatcher; none imports another service.
 SHARED_SERVICE_MODULES = {"services", "services.dispatcher"}
 
@@ -66,3 +82,16 @@ def test_services_do_not_import_each_other() -> None:
                 if parts[0] == "services" and name not in SHARED_SERVICE_MODULES and parts[1] != service.name:
                     crossing.append(f"{path.relative_to(ROOT)}:{line}: {name}")
     assert crossing == []
+
+
+def test_benches_import_no_test_module() -> None:
+    """Said apart from the floors above: what a bench needs of the tests' helpers lives in
+    codegym_testkit, which both import."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for folder in ("bench", "codegym_testkit")
+        for path in modules_of(folder)
+        for name, line in imported_modules(path)
+        if name.split(".")[0] == "tests"
+    ]
+    assert found == []

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import pytest
 from codegym.library import Library
 from codegym.llm import context_overflow
 from codegym_cli.eval_results import done_keys, summarize
+from codegym_testkit.waiting import wait_until
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.agents import (
     CONTEXT_OVERFLOW,
@@ -135,13 +136,6 @@ def run_eval(runtime: str, llm: ScriptedLLM, out: Path, *args: str) -> subproces
 
 def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def scores_of(library: Path, prefix: str) -> dict[str, dict[str, float]]:

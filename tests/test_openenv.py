@@ -12,7 +12,7 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +28,12 @@ from codegym.procs import codegym_command
 from codegym_cli.oracle import read_trajectories
 from codegym_client.errors import SessionNotFound
 from codegym_client.runtime_client import RuntimeClient
+from codegym_testkit.waiting import wait_until
 from tests.conftest import ENV_DIR, FIXTURE_ENVS, SAMPLES, SHARED_DATA, training_instances
 from tests.helpers.openenv_play import play_tool_calls, rows
 from tests.helpers.servers import ServerProcess
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
-
-
-def wait_true(condition: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Seconds until `condition` held; fails the test after `timeout_s`."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +175,7 @@ async def test_second_reset_closes_the_first_session(gateway: str, runtime_clien
         assert second != first
         assert session_gone(runtime_client, first)
         runtime_client.get_session(second)
-    wait_true(lambda: session_gone(runtime_client, second), 10, "the closed client's session to close")
+    wait_until(lambda: session_gone(runtime_client, second), 10, "the closed client's session to close")
 
 
 async def test_dropped_and_idle_sockets_are_reaped(runtime: str, runtime_client: RuntimeClient) -> None:
@@ -197,12 +188,12 @@ async def test_dropped_and_idle_sockets_are_reaped(runtime: str, runtime_client:
         await ws.send(json.dumps({"type": "reset", "data": row}))
         dropped = json.loads(await ws.recv())["data"]["metadata"]["session_id"]
         ws.transport.abort()
-        await asyncio.to_thread(wait_true, lambda: session_gone(runtime_client, dropped), 5, "drop")
+        await asyncio.to_thread(wait_until, lambda: session_gone(runtime_client, dropped), 5, "drop")
         # A socket that stays open but says nothing: reaped within the idle limit (2 s).
         ws = await connect(url)
         await ws.send(json.dumps({"type": "reset", "data": row}))
         idle = json.loads(await ws.recv())["data"]["metadata"]["session_id"]
-        took = await asyncio.to_thread(wait_true, lambda: session_gone(runtime_client, idle), 6, "reap")
+        took = await asyncio.to_thread(wait_until, lambda: session_gone(runtime_client, idle), 6, "reap")
         assert took < 5
         said = json.loads(await ws.recv())
         assert said["data"]["code"] == "SESSION_ERROR" and "idle" in said["data"]["message"]
@@ -261,7 +252,7 @@ async def test_closes_in_flight_never_count_against_new_sessions(
             opened += [a["data"]["metadata"]["session_id"] for a in answers]
         await asyncio.gather(*(ws.close() for ws in held))
         await asyncio.to_thread(
-            wait_true,
+            wait_until,
             lambda: all(session_gone(runtime_client, s) for s in opened),
             20,
             "every closed session to be gone",
@@ -501,7 +492,7 @@ async def test_verifiers_openenv_env_plays_a_one_env_gateway_to_reward_1(
 
 
 def metrics_address(proc: ServerProcess) -> str:
-    wait_true(lambda: re.search(r"metrics on (127\.0\.0\.1:\d+)", proc.text) is not None, 10, "metrics")
+    wait_until(lambda: re.search(r"metrics on (127\.0\.0\.1:\d+)", proc.text) is not None, 10, "metrics")
     found = re.search(r"metrics on (127\.0\.0\.1:\d+)", proc.text)
     assert found is not None
     return found.group(1)
@@ -574,10 +565,10 @@ async def test_concurrent_close_and_tool_call_keep_the_session_count(
         def settled() -> bool:
             return sessions_gauge(metrics) == 1 and all(session_gone(runtime_client, s) for s in raced)
 
-        await asyncio.to_thread(wait_true, settled, 10, "the count to settle on the one open session")
+        await asyncio.to_thread(wait_until, settled, 10, "the count to settle on the one open session")
         runtime_client.get_session(kept_session)  # the one the count says is open is open
         await kept.close()
-        await asyncio.to_thread(wait_true, lambda: sessions_gauge(metrics) == 0, 10, "the count to reach 0")
+        await asyncio.to_thread(wait_until, lambda: sessions_gauge(metrics) == 0, 10, "the count to reach 0")
 
         # N + 1 open attempts, one after another: the last refused, the others fine.
         held = [await connect(url) for _ in range(limit + 1)]
@@ -588,7 +579,7 @@ async def test_concurrent_close_and_tool_call_keep_the_session_count(
         assert await asyncio.to_thread(sessions_gauge, metrics) == limit
         for ws in held:
             await ws.close()
-        await asyncio.to_thread(wait_true, lambda: sessions_gauge(metrics) == 0, 10, "the count to reach 0")
+        await asyncio.to_thread(wait_until, lambda: sessions_gauge(metrics) == 0, 10, "the count to reach 0")
         # ... and all at once: exactly one refused.
         held = [await connect(url) for _ in range(limit + 1)]
         answers = await asyncio.gather(*(reset_on(ws, row) for ws in held))
@@ -596,7 +587,7 @@ async def test_concurrent_close_and_tool_call_keep_the_session_count(
         assert [a["data"]["code"] for a in answers if a["type"] == "error"] == ["CAPACITY_REACHED"]
         for ws in held:
             await ws.close()
-        await asyncio.to_thread(wait_true, lambda: sessions_gauge(metrics) == 0, 10, "the count to reach 0")
+        await asyncio.to_thread(wait_until, lambda: sessions_gauge(metrics) == 0, 10, "the count to reach 0")
     finally:
         assert proc.stop() == 0, proc.text[-3000:]
 
@@ -623,7 +614,7 @@ async def test_sigterm_lets_open_episodes_finish(runtime: str, runtime_client: R
         start = time.monotonic()
         proc.proc.send_signal(signal.SIGTERM)
         await asyncio.to_thread(
-            wait_true, lambda: http(f"{base}/health")[0] == 503, 3, "/health to say draining"
+            wait_until, lambda: http(f"{base}/health")[0] == 503, 3, "/health to say draining"
         )
         assert http(f"{base}/health") == (503, {"status": "draining"})
         # Liveness stays green: a draining gateway is not a hung one.
@@ -684,7 +675,7 @@ async def test_codegym_up_starts_one_gateway_per_environment(tmp_path: Path) -> 
             "--openenv-env", ONE_ENV, "--openenv-env", other]  # fmt: skip
     up = ServerProcess(args, timeout=120)
     try:
-        await asyncio.to_thread(wait_true, lambda: "Ctrl-C stops everything" in up.text, 60, "codegym up")
+        await asyncio.to_thread(wait_until, lambda: "Ctrl-C stops everything" in up.text, 60, "codegym up")
         urls = dict(re.findall(r"openenv gateway (\S+): OpenEnv base_url (http://\S+)", up.text))
         assert set(urls) == {ONE_ENV, other}, up.text
         assert len(set(urls.values())) == 2

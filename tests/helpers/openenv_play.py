@@ -9,7 +9,7 @@ from typing import Any
 
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
-from tests.helpers.trainer_script import TRAJECTORIES, ability
+from codegym_testkit.trainer_script import TRAJECTORIES, ability
 
 Step = tuple[dict[str, Any], str]  # (the action, its recorded observation)
 

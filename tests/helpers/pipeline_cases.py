@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from tests.helpers.fake_llm import (
+from codegym_testkit.fake_llm import (
     GOOD_SOLVE,
     SAMPLE,
     SAMPLE_TASK,

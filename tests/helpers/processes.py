@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import socket
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 # The /proc reading the benchmarks share (bench/common.py).
 from codegym.proctree import children_by_parent, cmdline, stat_fields
+
+# The one wait of the tests and benchmarks, re-exported here where the tests look for it.
+from codegym_testkit.waiting import wait_for, wait_until  # noqa: F401
 
 # (pid, start time in clock ticks since boot): a pid alone may be reused by a new process.
 Proc = tuple[int, int]
@@ -129,22 +130,6 @@ def port_free(port: int) -> bool:
         except OSError:
             return False
         return True
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, poll_s: float = 0.01) -> bool:
-    """Whether `condition` became true within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(poll_s)
-    return True
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Return once `condition` holds; fail the test naming `what` after `timeout_s`."""
-    if not wait_for(condition, timeout_s):
-        raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 def assert_all_gone(tree: dict[Proc, str], timeout_s: float = 10.0) -> None:

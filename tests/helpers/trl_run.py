@@ -10,12 +10,13 @@ instances still hold (checked open in the runtime), then exits without closing a
 training script does: the adapter's exit hook must close them (tests/test_trl_real.py checks that
 from outside).
 
-The model is tests/helpers/scripted_lm.py's: a real `PreTrainedModel` whose backbone writes, at each
+The model is codegym_testkit/scripted_lm.py's: a real `PreTrainedModel` whose backbone writes, at each
 position, the one-hot vector of the scripted next token (the turns of the rollout's script, chosen
-by the env's tools in the prompt), and whose LM head is a trainable linear layer. So TRL generates, parses tool calls with
-its own response template, calls the environment's methods, computes log-probs through its fused
-LM head and steps the optimizer. The tokenizer is byte-level, with the Qwen2.5 chat template that
-TRL ships (read from the installed package), which TRL's `add_response_schema` recognises.
+by the env's tools in the prompt: codegym_testkit/script.py), and whose LM head is a trainable
+linear layer. So TRL generates, parses tool calls with its own response template, calls the
+environment's methods, computes log-probs through its fused LM head and steps the optimizer.
+The tokenizer is byte-level, with the Qwen2.5 chat template that TRL ships (read from the
+installed package), which TRL's `add_response_schema` recognises.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from trl import GRPOConfig, GRPOTrainer
 
 from codegym_client import RuntimeClient
 from codegym_client.trl import CodeGymSpec
-from tests.helpers.scripted_lm import ScriptConfig, ScriptedModel
-from tests.helpers.trainer_script import ability, chatml_tokenizer, hermes, trajectory
+from codegym_testkit.script import Marked, Script, turns
+from codegym_testkit.scripted_lm import ScriptConfig, ScriptedModel
+from codegym_testkit.trainer_script import ability, chatml_tokenizer, trajectory
 
 RIGHT = trajectory("Sample_0006_I__ArrayGcdEnv")
 WRONG = trajectory("Sample_0001_I__MaxSubarraySumEnv", 3)
@@ -51,41 +53,16 @@ def wrong_answer(recorded: dict[str, Any]) -> list[str]:
     return [*actions[:-1], json.dumps(last)]
 
 
-class Script:
-    """The next token after each position: the k-th assistant turn of a sequence is turn k of its
-    script, then the end of turn."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        def turns(actions: list[str]) -> list[list[int]]:
-            return [tokenizer.encode(hermes(a) + "<|im_end|>", add_special_tokens=False) for a in actions]
-
-        self.right = turns([a for a, _ in RIGHT["steps"]])
-        self.wrong = turns(wrong_answer(WRONG))
-        self.unfinished = turns([a for a, _ in UNFINISHED["steps"][:UNFINISHED_CALLS]])
-        self.unfinished.append(tokenizer.encode("I stop here.<|im_end|>", add_special_tokens=False))
-        self.start = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
-        self.end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        # Markers as token ids (ids 0-255 are the 256 byte tokens, in the tokenizer's own order).
-        self.wrong_marker = bytes(tokenizer.encode(WRONG_MARKER, add_special_tokens=False))
-        self.unfinished_marker = bytes(tokenizer.encode(UNFINISHED_MARKER, add_special_tokens=False))
-
-    def next_tokens(self, ids: list[int], first: int = 0) -> list[int]:
-        text = bytes(t for t in ids if t < 256)  # the byte tokens' ids; special tokens dropped
-        script = self.right
-        if self.wrong_marker in text:
-            script = self.wrong
-        elif self.unfinished_marker in text:
-            script = self.unfinished
-        out: list[int] = []
-        turn, since = 0, -1
-        n = len(self.start)
-        for t in range(len(ids)):
-            if t + 1 >= n and ids[t + 1 - n : t + 1] == self.start:
-                turn, since = turn + 1, t
-            tokens = script[turn - 1] if 0 < turn <= len(script) else []
-            j = t - since
-            out.append(tokens[j] if since >= 0 and j < len(tokens) else self.end)
-        return out[first:]
+def script(tokenizer: Any) -> Script:
+    """Which rollout plays what, told apart by the env's tools in the prompt (`Marked`)."""
+    unfinished = turns(tokenizer, (a for a, _ in UNFINISHED["steps"][:UNFINISHED_CALLS]))
+    unfinished.append(tokenizer.encode("I stop here.<|im_end|>", add_special_tokens=False))
+    choose = Marked(
+        tokenizer,
+        default=turns(tokenizer, (a for a, _ in RIGHT["steps"])),
+        marked=[(WRONG_MARKER, turns(tokenizer, wrong_answer(WRONG))), (UNFINISHED_MARKER, unfinished)],
+    )
+    return Script(tokenizer, choose)
 
 
 RUN_NAME = "trl-real-run"
@@ -100,7 +77,7 @@ def main(runtime: str, out: Path, curriculum: bool = False) -> None:
     tokenizer.padding_side = "left"
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     config = ScriptConfig(vocab_size=len(tokenizer), eos_token_id=end, pad_token_id=tokenizer.pad_token_id)
-    model = ScriptedModel(config, Script(tokenizer))
+    model = ScriptedModel(config, script(tokenizer))
     model.generation_config.use_cache = False
 
     rows = [{"ability": ability(RIGHT)}, {"ability": ability(WRONG)}, {"ability": ability(UNFINISHED)}]
