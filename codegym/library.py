@@ -16,8 +16,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from codegym.library_import import ImportProgress, add_task, import_paths, put_environment
+from codegym.library_import import ImportProgress, import_paths
 from codegym.library_records import EnvRecord, ImportReport, TaskRecord, Tool, canonical_config
+from codegym.library_writes import add_task, put_environment
 
 # The records are part of the library's API (`from codegym.library import EnvRecord`).
 __all__ = [

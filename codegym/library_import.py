@@ -13,42 +13,47 @@ the library's code or replace it; a task row recorded with code other than its e
 its own code (a row of `variants`, the task's `source_sha`); every row skipped is counted with its
 reason. Functions of the library's SQLite connection: `Library` (library.py) owns the connection and
 its schema and hands it over.
+
+Checking a source is library_analysis.py's, writing one environment or task library_writes.py's;
+this module reads the sources and decides what becomes of each row.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
-import os
 import sqlite3
-import sys
-import time
-import warnings
 from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from codegym.contract import (
-    EnvStringError,
-    analyze_source,
-    parse_config,
-    sha256_text,
-    split_env_id,
-    tool_text,
-    tools_schema,
-    tools_text,
-)
+from codegym.contract import EnvStringError, parse_config, sha256_text
+from codegym.library_analysis import PYTHON, Analyzer, unfit
 from codegym.library_published import BadRow, EnvRow, Row, Source, TaskRow, find_sources
 from codegym.library_records import Conflict, ImportReport, SourceReport, TaskRecord, canonical_config
+from codegym.library_writes import (
+    add_task,
+    find_task,
+    insert_task,
+    keep_recordings,
+    merge_task,
+    put_environment,
+    store_env,
+)
+
+# What was imported from here before checking (library_analysis.py) and single writes
+# (library_writes.py) had modules of their own.
+__all__ = [
+    "ON_CONFLICT",
+    "PYTHON",
+    "ImportProgress",
+    "add_task",
+    "import_paths",
+    "put_environment",
+]
 
 ON_CONFLICT = ("refuse", "keep", "replace")
-# Sources to check in a batch before worker processes are worth starting for them.
-PARALLEL_MIN = 16
-PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 class ImportProgress(Protocol):
@@ -57,95 +62,6 @@ class ImportProgress(Protocol):
     def start(self, name: str, total: int | None) -> None: ...
 
     def advance(self, rows: int) -> None: ...
-
-
-@dataclass(frozen=True)
-class Analysis:
-    """What the contract checker makes of one source: its class and tools, or why it cannot serve."""
-
-    sha256: str
-    env_class: str = ""
-    tools_json: str = ""
-    tools_text: str = ""
-    reason: str = ""  # "" = it can serve
-    detail: str = ""
-
-
-def analyze(source: str) -> Analysis:
-    """Compile `source` (this Python's parser and compiler, nothing run) and check it statically."""
-    digest = sha256_text(source)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SyntaxWarnings of LLM-written code are not the import's
-        try:
-            compile(source, "<env>", "exec", dont_inherit=True)
-        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-            line = getattr(exc, "lineno", None)
-            detail = f"{getattr(exc, 'msg', None) or exc}" + (f" (line {line})" if line else "")
-            return Analysis(digest, reason=f"does not compile on Python {PYTHON}", detail=detail)
-    spec = analyze_source(source)
-    if spec.violations:
-        detail = "; ".join(f"{v.code}: {v.message}" for v in spec.violations[:5])
-        return Analysis(digest, reason="contract violations", detail=detail)
-    tools = [
-        {"name": t.name, "signature": t.signature, "text": tool_text(t), "schema": s}
-        for t, s in zip(spec.tools, tools_schema(spec), strict=True)
-    ]
-    return Analysis(digest, spec.class_name, json.dumps(tools), tools_text(spec))
-
-
-class Analyzer:
-    """Each distinct source analysed once per import.
-
-    A batch's sources are analysed together, in worker processes when there are many (a compile and
-    the contract checker cost about 15 ms a source: the published 22,366 environments are minutes
-    of one core). What failed is remembered for the whole import (task rows repeat their code in
-    every row); what passed only for the batch, which writes it into the library.
-    """
-
-    def __init__(self, jobs: int | None = None) -> None:
-        self.jobs = jobs or len(os.sched_getaffinity(0))
-        self._pool: ProcessPoolExecutor | None = None
-        self._batch: dict[str, Analysis] = {}
-        self._failed: dict[str, Analysis] = {}
-
-    def prefetch(self, sources: dict[str, str]) -> None:
-        """Analyse these sources (by sha256) now, side by side when there are enough of them."""
-        todo = [s for sha, s in sources.items() if sha not in self._failed and sha not in self._batch]
-        results: Iterable[Analysis] = ()
-        if self.jobs > 1 and len(todo) >= PARALLEL_MIN:
-            try:
-                results = list(
-                    self._workers().map(analyze, todo, chunksize=max(1, len(todo) // (4 * self.jobs)))
-                )
-            except BrokenProcessPool:  # a worker died (a source crashing the compiler): go on here
-                self._pool = None
-        for analysis in results or map(analyze, todo):
-            self._keep(analysis)
-
-    def get(self, source: str, sha: str) -> Analysis:
-        found = self._failed.get(sha) or self._batch.get(sha)
-        if found is None:
-            found = analyze(source)
-            self._keep(found)
-        return found
-
-    def end_batch(self) -> None:
-        self._batch.clear()
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
-
-    def _keep(self, analysis: Analysis) -> None:
-        (self._failed if analysis.reason else self._batch)[analysis.sha256] = analysis
-
-    def _workers(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            # spawn: the importing process may hold threads (a progress bar) that fork must not copy.
-            context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context)
-        return self._pool
 
 
 def import_paths(
@@ -272,7 +188,7 @@ class Writer:
     def write_env(self, row: EnvRow, sha: str, *, replacing: KnownEnv | None) -> tuple[str, str, str] | None:
         """Check and write an environment; (reason, where, detail) when it cannot serve."""
         analysis = self.analyzer.get(row.source, sha)
-        failure = _unfit(analysis, row.env_id)
+        failure = unfit(analysis, row.env_id)
         if failure is not None:
             return failure[0], row.where, failure[1]
         if replacing is not None:
@@ -355,7 +271,7 @@ class Writer:
         if self.db.execute("SELECT 1 FROM variants WHERE sha256 = ?", (sha,)).fetchone():
             return None
         analysis = self.analyzer.get(source, sha)
-        failure = _unfit(analysis, env_id)
+        failure = unfit(analysis, env_id)
         if failure is not None:
             return f"recorded code: {failure[0]}", failure[1]
         self.db.execute(
@@ -389,154 +305,3 @@ class Writer:
                 ):
                     wanted[sha] = row.gym_env
         return wanted
-
-
-def _unfit(analysis: Analysis, env_id: str) -> tuple[str, str] | None:
-    """(reason, detail) when checked code cannot serve as environment `env_id`."""
-    if analysis.reason:
-        return analysis.reason, f"{env_id}: {analysis.detail}"
-    env_class = split_env_id(env_id)[1]
-    if analysis.env_class != env_class:
-        return "wrong env class", f"the source defines {analysis.env_class}, not {env_class}"
-    return None
-
-
-def store_env(
-    db: sqlite3.Connection,
-    env_id: str,
-    source: str,
-    analysis: Analysis,
-    *,
-    task_text: str,
-    metadata: dict[str, Any],
-) -> None:
-    """Write an environment (new, or its code replaced); an empty task text keeps the one stored."""
-    code_id, env_class = split_env_id(env_id)
-    db.execute(
-        "INSERT INTO envs (env_id, code_id, env_class, source, sha256, tools_json, tools_text, task_text,"
-        " metadata, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        " ON CONFLICT(env_id) DO UPDATE SET source = excluded.source, sha256 = excluded.sha256,"
-        " tools_json = excluded.tools_json, tools_text = excluded.tools_text,"
-        " task_text = CASE excluded.task_text WHEN '' THEN envs.task_text ELSE excluded.task_text END,"
-        " metadata = excluded.metadata, updated_at = excluded.updated_at",
-        (
-            env_id,
-            code_id,
-            env_class,
-            source,
-            analysis.sha256,
-            analysis.tools_json,
-            analysis.tools_text,
-            task_text,
-            json.dumps(metadata, ensure_ascii=False, default=str),
-            time.time(),
-        ),
-    )
-
-
-def keep_recordings(db: sqlite3.Connection, env_id: str, old_sha: str, new_sha: str) -> None:
-    """Before an environment's code is replaced: tasks that carry a reference trajectory recorded
-    with the old code keep that code (a variant); tasks recorded with the new code now have it."""
-    recorded = "env_id = ? AND source_sha = '' AND id IN (SELECT task_id FROM trajectories)"
-    if db.execute(f"SELECT 1 FROM tasks WHERE {recorded} LIMIT 1", (env_id,)).fetchone():
-        db.execute(
-            "INSERT OR IGNORE INTO variants (sha256, env_id, source, tools_json, tools_text)"
-            " SELECT sha256, env_id, source, tools_json, tools_text FROM envs WHERE env_id = ?",
-            (env_id,),
-        )
-        db.execute(f"UPDATE tasks SET source_sha = ? WHERE {recorded}", (old_sha, env_id))
-    db.execute("UPDATE tasks SET source_sha = '' WHERE env_id = ? AND source_sha = ?", (env_id, new_sha))
-
-
-def put_environment(
-    db: sqlite3.Connection,
-    env_id: str,
-    source: str,
-    *,
-    task_text: str,
-    metadata: dict[str, Any],
-    tasks: Iterable[TaskRecord],
-) -> ImportReport:
-    """One verified environment and exactly these task configs (the pipeline's output), replacing
-    the environment's code and task configs if it had any: a pipeline run is the authority."""
-    report = ImportReport()
-    counts = report.source("pipeline", "pipeline")
-    analysis = analyze(source)
-    failure = _unfit(analysis, env_id)
-    if failure is not None:
-        counts.skip(failure[0], env_id, failure[1])
-        return report
-    existed = db.execute("SELECT 1 FROM envs WHERE env_id = ?", (env_id,)).fetchone() is not None
-    store_env(db, env_id, source, analysis, task_text=task_text, metadata=metadata)
-    db.execute("DELETE FROM tasks WHERE env_id = ?", (env_id,))
-    (report.updated if existed else report.added).append(env_id)
-    for task in tasks:
-        if add_task(db, task, "pipeline"):
-            counts.tasks_added += 1
-        else:
-            counts.tasks_present += 1
-    return report
-
-
-# ---- task rows: one spelling per config (`canonical_config`), the published text kept -----------
-
-TASK_FIELDS = "id, difficulty, solve_fc_round, scores, extra, guess_rate"
-
-
-def find_task(db: sqlite3.Connection, env_id: str, config_json: str) -> tuple[Any, ...] | None:
-    row: tuple[Any, ...] | None = db.execute(
-        f"SELECT {TASK_FIELDS} FROM tasks WHERE env_id = ? AND config_json = ?", (env_id, config_json)
-    ).fetchone()
-    return row
-
-
-def insert_task(db: sqlite3.Connection, task: TaskRecord, origin: str) -> int:
-    cursor = db.execute(
-        "INSERT INTO tasks (env_id, config_json, difficulty, solve_fc_round, origin, scores, guess_rate,"
-        " config_text, source_sha, extra) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            task.env_id,
-            task.config_json,
-            task.difficulty,
-            task.solve_fc_round,
-            origin,
-            json.dumps(task.scores),
-            task.guess_rate,
-            task.config_text,
-            task.source_sha,
-            json.dumps(task.extra, ensure_ascii=False, default=str),
-        ),
-    )
-    return int(cursor.lastrowid or 0)
-
-
-def merge_task(db: sqlite3.Connection, existing: tuple[Any, ...], task: TaskRecord) -> int:
-    """A task seen again keeps what it had and learns what it lacked (difficulty, oracle rounds,
-    scores, guessability, published fields); written only when something was learnt."""
-    task_id, difficulty, rounds, scores, extra, guess = existing
-    had = json.loads(scores)
-    merged = {**task.scores, **had}
-    learnt = (
-        difficulty or task.difficulty,
-        rounds or task.solve_fc_round,
-        merged,
-        extra if extra != "{}" or not task.extra else json.dumps(task.extra, ensure_ascii=False, default=str),
-        task.guess_rate if task.guess_rate is not None else guess,
-    )
-    if learnt != (difficulty, rounds, had, extra, guess):
-        db.execute(
-            "UPDATE tasks SET difficulty = ?, solve_fc_round = ?, scores = ?, extra = ?, guess_rate = ?"
-            " WHERE id = ?",
-            (learnt[0], learnt[1], json.dumps(merged), learnt[3], learnt[4], task_id),
-        )
-    return int(task_id)
-
-
-def add_task(db: sqlite3.Connection, task: TaskRecord, origin: str) -> bool:
-    """Insert a task config, or merge it into the one stored; True when it was new."""
-    existing = find_task(db, task.env_id, task.config_json)
-    if existing is None:
-        insert_task(db, task, origin)
-        return True
-    merge_task(db, existing, task)
-    return False
