@@ -10,7 +10,8 @@ LINT_PATHS := codegym codegym_cli sandbox_worker services clients tests bench
 
 .PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test test-fast test-trainers bench up demo clean k8s-validate docker-lint
 
-install: deb-packages venv node_modules/.bin/buf jail-paths
+# npm is not needed here: buf (protobuf lint) is installed by `make lint` the first time it runs.
+install: deb-packages venv jail-paths
 
 deb-packages:
 	@if [ "$$(id -u)" = "0" ] && command -v apt-get >/dev/null; then \
@@ -36,7 +37,9 @@ venv:
 	  && $(PY) -m pip install -q -e './clients[gym]' -e '.[server,dev]'; } >$$log 2>&1 \
 	  || { cat $$log; rm -f $$log; exit 1; }; rm -f $$log
 
+# Only `make lint` needs buf, so only it needs npm (`make install` does not).
 node_modules/.bin/buf: package.json
+	@command -v npm >/dev/null || { echo "make lint needs npm to install buf (protobuf lint): apt-get install npm"; exit 1; }
 	@echo "installing buf (protobuf lint) with npm"
 	@npm install --silent --no-audit --no-fund
 	@touch $@

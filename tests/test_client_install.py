@@ -1,7 +1,8 @@
-"""A trainer installs the client alone and runs the README's trainer example against `codegym up`.
+"""A trainer installs the client alone and runs the docs' trainer example (docs/clients.md)
+against `codegym up`.
 
 `pip install ./clients` must bring one package, `codegym_client`, with grpcio and protobuf (and what
-they need) and nothing else: no server package, no `codegym` command. The README's example runs
+they need) and nothing else: no server package, no `codegym` command. The docs' example runs
 there as written (only its address pointed at the test's runtime); its gymnasium example fails with
 a message naming the `gym` extra, and runs once that extra is installed.
 """
@@ -24,7 +25,8 @@ from tests.helpers.servers import ServerProcess
 
 CLIENT = ROOT / "clients"
 PACKAGE = CLIENT / "codegym_client"
-README_TARGET = "127.0.0.1:50051"
+CLIENT_DOCS = ROOT / "docs" / "clients.md"
+DOCS_TARGET = "127.0.0.1:50051"
 SERVER_PACKAGES = {"codegym", "codegym_cli", "services", "sandbox_worker", "clients"}
 # The adapters' modules and what they import beyond the client (an extra's, or the trainer's own).
 ADAPTED = {
@@ -84,10 +86,10 @@ print(json.dumps({
 """
 
 
-def readme_examples() -> tuple[str, str]:
-    """The README's trainer examples (python blocks using the client): the one without gymnasium,
-    the one with it."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+def docs_examples() -> tuple[str, str]:
+    """The trainer examples of docs/clients.md (python blocks using the client): the one without
+    gymnasium, the one with it."""
+    blocks = re.findall(r"```python\n(.*?)```", CLIENT_DOCS.read_text(), re.DOTALL)
     # The trainer examples use the runtime clients; the trainer integrations (TRL, verl) need their
     # trainers installed and have tests of their own.
     client = [
@@ -98,7 +100,7 @@ def readme_examples() -> tuple[str, str]:
     plain = [b for b in client if "RemoteEnv" not in b]
     gym = [b for b in client if "RemoteEnv" in b]
     assert len(plain) == 1 and len(gym) == 1, client
-    assert README_TARGET in plain[0] and README_TARGET in gym[0]
+    assert DOCS_TARGET in plain[0] and DOCS_TARGET in gym[0]
     return plain[0], gym[0]
 
 
@@ -142,7 +144,7 @@ def test_the_client_alone_runs_the_readme_example(tmp_path: Path, interpreter: s
     base = sys.executable if interpreter == "this" else oldest_python()
     if base is None:
         pytest.skip(f"no Python {OLDEST} on this machine (the oldest the client supports)")
-    plain_example, gym_example = readme_examples()
+    plain_example, gym_example = docs_examples()
     # A copy of clients/ as a fresh clone has it: the build writes nothing into the checkout.
     source = tmp_path / "clients"
     shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
@@ -185,11 +187,11 @@ def test_the_client_alone_runs_the_readme_example(tmp_path: Path, interpreter: s
         assert {"codegym_client", "grpc"} <= modules
         assert not modules & (SERVER_PACKAGES | {"gymnasium", "openai", "grpc_health"})
 
-        example = run([python, "-c", plain_example.replace(README_TARGET, up.address)], tmp_path, 120)
+        example = run([python, "-c", plain_example.replace(DOCS_TARGET, up.address)], tmp_path, 120)
         assert example.returncode == 0, example.stderr[-3000:]
         assert "GetElement" in example.stdout and "12 2" in example.stdout, example.stdout
 
-        gym = gym_example.replace(README_TARGET, up.address)
+        gym = gym_example.replace(DOCS_TARGET, up.address)
         without = run([python, "-c", gym], tmp_path, 120)
         assert without.returncode != 0 and "codegym-client[gym]" in without.stderr, without.stderr[-3000:]
         extra = run([*pip, f"{source}[gym]"], tmp_path)

@@ -363,16 +363,16 @@ def table_rows(text: str, header: str) -> dict[str, list[str]]:
 
 
 def test_the_written_tables_are_the_table() -> None:
-    """The client's docstring and the README list every reason, with the same infrastructure
-    answer the errors give."""
+    """The client's docstring and the docs' error table (docs/errors.md) list every reason, with
+    the same infrastructure answer the errors give."""
     documented = {
         "client": {
             name: cells[4] for name, cells in table_rows(errors_doc(), "| reason              |").items()
         },
-        "README": {
+        "docs/errors.md": {
             name: cells[4]
             for name, cells in table_rows(
-                (ROOT / "README.md").read_text(), "| reason (`codegym-reason`) |"
+                (ROOT / "docs" / "errors.md").read_text(), "| reason (`codegym-reason`) |"
             ).items()
         },
     }

@@ -2,7 +2,7 @@
 environments): `codegym export` streams (its memory does not grow with the rows), its abilities
 carry each config as published, byte for byte, its `--split` is the same on every run; TRL's
 `CodeGymSpec` reads a large exported file without a GetEnv per environment when the rows carry
-their tools, and asks GetEnv concurrently otherwise; verl's Parquet (the README's command) is the
+their tools, and asks GetEnv concurrently otherwise; verl's Parquet (docs/trainers/verl.md's command) is the
 same rows, read a row group at a time.
 
 The libraries are the samples copied with SQL (each copy a sample's source plus a unique comment
@@ -401,7 +401,7 @@ def test_verl_dataset_is_the_export_read_a_row_group_at_a_time(
     big_library: tuple[Path, int], tmp_path: Path
 ) -> None:
     """verl's dataset is `codegym export --tools json --split 0.1 --out data/codegym.parquet`
-    (README, examples/verl/train_grpo.sh), which verl reads with `datasets` (Arrow). Its rows: the
+    (docs/trainers/verl.md, examples/verl/train_grpo.sh), which verl reads with `datasets` (Arrow). Its rows: the
     columns verl's RLHFDataset and CodeGymAgentLoop read (prompt, data_source, reward_model,
     extra_info with index, ability), in row groups, whole environments held out."""
     library, tasks = big_library
