@@ -7,7 +7,7 @@ with 429 and 500 first, difficulty filtering on export, and resuming after a kil
 
 Only the agent's own outcomes count: a runtime that goes away mid-run and an endpoint that fails
 past its retries leave failed attempts with their error, outside every figure and score, and
-the same command played again plays exactly those. The scripted server as the README starts it
+the same command played again plays exactly those. The scripted server as docs/eval.md starts it
 (`python -m tests.helpers.fake_llm`) plays every sample environment as its oracle would.
 """
 
@@ -470,7 +470,7 @@ def test_a_failing_endpoint_scores_nothing_and_is_played_again(
 
 @pytest.mark.jail
 def test_the_scripted_server_plays_the_sample_envs_as_their_oracle(sandbox: str, tmp_path: Path) -> None:
-    """The default script (what `python -m tests.helpers.fake_llm` serves, as the README starts it)
+    """The default script (what `python -m tests.helpers.fake_llm` serves, as docs/eval.md starts it)
     plays as an agent, on configs no trajectory was recorded for."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(

@@ -461,7 +461,7 @@ def model_replies(trajectory: dict[str, Any]) -> list[str]:
 async def test_verifiers_openenv_env_plays_a_one_env_gateway_to_reward_1(
     one_env_gateway: str, gateway: str, runtime_client: RuntimeClient
 ) -> None:
-    """The README's verifiers configuration: `[env.taskset] id = "openenv"`, `base_url` a
+    """docs/trainers/verifiers.md's configuration: `[env.taskset] id = "openenv"`, `base_url` a
     `codegym serve openenv --env ENV_ID` gateway, `resets = [{seed = ...}, ...]`."""
     env_tools = {t.name for t in runtime_client.get_env(ONE_ENV).tools}
     seeds = recorded_seeds(runtime_client, ONE_ENV)
