@@ -71,7 +71,7 @@ def runtime(library: Path, workers: list[ServerProcess]) -> Iterator[ServerProce
     yield proc
     assert proc.stop() == 0
     # No hostile request reached the last line of defence (an unexpected exception in the servicer).
-    assert "ERROR services.runtime.service" not in proc.text, proc.text[-3000:]
+    assert "ERROR services.runtime." not in proc.text, proc.text[-3000:]
 
 
 @pytest.fixture(scope="module")

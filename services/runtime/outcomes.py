@@ -6,6 +6,7 @@ UNAVAILABLE (service.py)."""
 from __future__ import annotations
 
 import hashlib
+import time
 
 from codegym.errors import Reason, Refusal
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
@@ -59,3 +60,23 @@ def step_error(result: sb.OperationResult) -> rt.StepError | None:
         name = sb.Status.Name(status).removeprefix("STATUS_").lower()
         return rt.StepError(code=rt.STEP_ERROR_CODE_SANDBOX_LIMIT, message=f"sandbox {name}: {detail}")
     return rt.StepError(code=rt.STEP_ERROR_CODE_ENV_ERROR, message=f"environment error: {detail}")
+
+
+def session_reply(session: Session, ttl_s: float) -> rt.GetSessionResponse:
+    """What GetSession tells of a session: where it stands, and how long it lives unused."""
+    if session.truncated:
+        status = rt.SESSION_STATUS_TRUNCATED
+    elif session.done:
+        status = rt.SESSION_STATUS_DONE
+    else:
+        status = rt.SESSION_STATUS_ACTIVE
+    idle = time.monotonic() - session.last_used
+    return rt.GetSessionResponse(
+        session_id=session.session_id,
+        env_id=session.env_id,
+        status=status,
+        step_index=session.step_index,
+        reward=session.reward,
+        max_steps=session.max_steps,
+        expires_in_s=max(0, int(ttl_s - idle)),
+    )

@@ -18,8 +18,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from codegym.errors import Reason, Refusal
 from codegym_client.actions import ActionParseError, action_from_object
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from services.runtime.config import RuntimeConfig
 
 # Actions and configs deeper than this are refused (CodeGym's are a few levels deep); environment
 # code, which may recurse over what it is given, never sees them.
@@ -139,3 +141,23 @@ def action_text(
     if not is_unicode(canonical):
         return _invalid(f"action is not valid: {LONE_SURROGATE}")
     return canonical, None
+
+
+def create_limits(request: rt.CreateSessionRequest, config: RuntimeConfig) -> tuple[int, int]:
+    """A create's step cap and step timeout (its own or the defaults), refused past the runtime's
+    bounds; and its run id's length, which keys the episode record."""
+    options = request.options
+    max_steps = options.max_steps or config.default_max_steps
+    if max_steps > config.max_max_steps:
+        raise Refusal(Reason.INVALID_REQUEST, f"max_steps {max_steps} exceeds {config.max_max_steps}")
+    if len(request.run_id) > config.max_run_id:
+        raise Refusal(
+            Reason.INVALID_REQUEST,
+            f"run_id is {len(request.run_id)} characters long (max {config.max_run_id})",
+        )
+    timeout_ms = options.step_timeout_ms or config.step_timeout_ms
+    if timeout_ms > config.max_step_timeout_ms:
+        raise Refusal(
+            Reason.INVALID_REQUEST, f"step_timeout_ms {timeout_ms} exceeds {config.max_step_timeout_ms}"
+        )
+    return max_steps, timeout_ms

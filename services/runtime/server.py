@@ -65,7 +65,7 @@ class RuntimeServer:
             loop = asyncio.get_running_loop()
             self._background = [
                 loop.create_task(self.recorder.run()),
-                loop.create_task(self.servicer.gauges()),
+                loop.create_task(self.servicer.desk.gauges()),
             ]
         log.info("runtime on %s serving %d environments", self.address, len(self.catalog))
 

@@ -15,31 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from codegym.auth import CALLER, OPERATOR
-from codegym.errors import (
-    Reason,
-    Refusal,
-    add_lenient,
-    entry_status,
-    guarded,
-    guarded_stream,
-)
+from codegym.errors import Reason, Refusal, add_lenient, entry_status, guarded, guarded_stream
 from codegym.library import EnvRecord
 from codegym.logs import SESSION_ID
 from codegym.metrics import (
     ADMISSION_REFUSALS,
-    RECORD_QUARANTINED,
-    RECORD_TASKS,
     SESSIONS_EXPIRED,
     SESSIONS_OPEN,
     STEPS,
@@ -49,15 +38,16 @@ from codegym.metrics import (
     WORKER_QUEUE_DEPTH,
 )
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
-from codegym.threaded import iterate_in_thread
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
-from services.dispatcher import QueueFull, SandboxDispatcher, SandboxUnavailable
+from services.dispatcher import SandboxDispatcher
 from services.runtime.catalog import Catalog, tool_specs
-from services.runtime.curriculum import Record, pass_rate_bands, quarantine_reason, sample, stats_pages
-from services.runtime.episode_record import ENV_SCOPE, EpisodeOutcome, Recorder, task_scope
-from services.runtime.outcomes import action_digest, env_failed, recorded_reply, step_error
-from services.runtime.requests import action_text, config_json, shown
+from services.runtime.config import RuntimeConfig, session_seed
+from services.runtime.episode_record import Recorder
+from services.runtime.outcomes import action_digest, env_failed, recorded_reply, session_reply, step_error
+from services.runtime.record_desk import STEP_OUTCOMES, RecordDesk
+from services.runtime.requests import action_text, config_json, create_limits, shown
+from services.runtime.sandbox_calls import execute
 from services.runtime.sessions import Session, SessionStore, StoreUnavailable
 from services.runtime.streaming import batch_step, step_stream
 from services.runtime.tenancy import Quotas
@@ -65,35 +55,7 @@ from services.runtime.tenancy import Quotas
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
-# Step outcomes as counted in codegym_runtime_steps_total: "ok" or the step error's name.
-STEP_OUTCOMES = {
-    value.number: value.name.removeprefix("STEP_ERROR_CODE_").lower()
-    for value in rt.StepErrorCode.DESCRIPTOR.values
-}
-
-
-@dataclass(frozen=True)
-class RuntimeConfig:
-    max_sessions: int = 50_000
-    session_ttl_s: float = 30 * 60
-    default_max_steps: int = 256
-    max_max_steps: int = 4096
-    step_timeout_ms: int = 5_000
-    max_step_timeout_ms: int = 60_000
-    create_timeout_ms: int = 10_000
-    max_action_bytes: int = 64 * 1024
-    max_batch: int = 1024
-    retry_after_ms: int = 1_000
-    # Steps admitted (running or waiting for a worker) at once; past it a step is refused with
-    # CAPACITY and `step_retry_after_ms` instead of queueing behind work it would time out on.
-    max_steps_in_flight: int = 8192
-    step_retry_after_ms: int = 100
-    # Longest run id a create may name (it keys the episode record).
-    max_run_id: int = 256
-
-
-def session_seed(session_id: str) -> int:
-    return int.from_bytes(hashlib.sha256(session_id.encode()).digest()[:8], "big") >> 1
+__all__ = ["SERVICE_NAME", "RuntimeConfig", "RuntimeServicer", "add_to_server", "session_seed"]
 
 
 def add_to_server(servicer: RuntimeServicer, server: grpc.aio.Server) -> None:
@@ -113,13 +75,13 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         quotas: Quotas | None = None,
     ) -> None:
         self.catalog = catalog
-        # The record of served episodes (None: the runtime runs without one, `--no-record`).
-        self.recorder = recorder
+        self.config = config or RuntimeConfig()
+        # The record of served episodes (its recorder None: the runtime runs without one, `--no-record`).
+        self.desk = RecordDesk(catalog, recorder, self.config.max_batch)
         # Each tenant's limits (none without a tokens file naming tenants).
         self.quotas = quotas or Quotas({})
         self.store = store
         self.dispatcher = dispatcher
-        self.config = config or RuntimeConfig()
         self.releases: set[asyncio.Task[None]] = set()
         # One token per step admitted and not yet answered.
         self.steps_in_flight: set[object] = set()
@@ -174,34 +136,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         return self.store.lock(session_id)
 
     async def _execute(self, op: sb.Operation, record: EnvRecord, key: str = "") -> sb.OperationResult:
-        """Run an operation on a worker. A worker that cannot be reached or does not answer in time
-        is an infrastructure fault (UNAVAILABLE: nothing was committed, the caller may resend), never
-        the environment's answer.
-
-        A create carries its source: it is most often the first time a worker sees that environment
-        (a trainer's batch draws across tens of thousands), and asking first would cost a second
-        trip through the queue. Steps and resets send the sha256 alone; the session's worker got
-        the code with the create."""
-        if op.WhichOneof("kind") == "create":
-            op.source.code = record.source
-        try:
-            return await self.dispatcher.execute(op, record.source, key)
-        except QueueFull as exc:
-            ADMISSION_REFUSALS.labels("queue").inc()
-            raise Refusal(
-                Reason.CAPACITY,
-                f"the sandbox workers are busy ({exc}); retry later",
-                self.config.step_retry_after_ms,
-            ) from None
-        except SandboxUnavailable as exc:
-            raise Refusal(Reason.UNAVAILABLE, str(exc), self.config.retry_after_ms) from None
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                message = "no sandbox worker answered in time; nothing was applied"
-            else:
-                log.error("sandbox call failed: %s %s", exc.code().name, exc.details())
-                message = f"sandbox call failed ({exc.code().name}): {exc.details()}"
-            raise Refusal(Reason.UNAVAILABLE, message, self.config.retry_after_ms) from None
+        return await execute(self.dispatcher, op, record, key, self.config)
 
     # ---- sessions -----------------------------------------------------------------------------
 
@@ -210,22 +145,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         config_json = self._config_json(config)
         record = self.catalog.task_code(named, config)
         options = request.options
-        max_steps = options.max_steps or self.config.default_max_steps
-        if max_steps > self.config.max_max_steps:
-            raise Refusal(
-                Reason.INVALID_REQUEST, f"max_steps {max_steps} exceeds {self.config.max_max_steps}"
-            )
-        if len(request.run_id) > self.config.max_run_id:
-            raise Refusal(
-                Reason.INVALID_REQUEST,
-                f"run_id is {len(request.run_id)} characters long (max {self.config.max_run_id})",
-            )
-        timeout_ms = options.step_timeout_ms or self.config.step_timeout_ms
-        if timeout_ms > self.config.max_step_timeout_ms:
-            raise Refusal(
-                Reason.INVALID_REQUEST,
-                f"step_timeout_ms {timeout_ms} exceeds {self.config.max_step_timeout_ms}",
-            )
+        max_steps, timeout_ms = create_limits(request, self.config)
         tenant = self._tenant()
         self.quotas.admit_create(
             tenant,
@@ -287,9 +207,6 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             raise Refusal(Reason.INVALID_REQUEST, f"bad task: config is not JSON: {problem}")
         return text
 
-    def _action(self, request: rt.StepRequest, record: EnvRecord) -> tuple[str, rt.StepError | None]:
-        return action_text(request, record.tool_names, self.config.max_action_bytes)
-
     async def _step(self, request: rt.StepRequest) -> rt.StepResponse:
         if len(self.steps_in_flight) >= self.config.max_steps_in_flight:
             ADMISSION_REFUSALS.labels("steps").inc()
@@ -326,7 +243,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     f"session {shown(session_id)} is {ended} after {session.step_index} steps; Reset it or open a new one",
                 )
             record = self.catalog.code(session.env_id, session.sha256)
-            action, error = self._action(request, record)
+            action, error = action_text(request, record.tool_names, self.config.max_action_bytes)
             if request.HasField("step_index") and request.step_index != session.step_index:
                 return recorded_reply(session, request.step_index, action)
             if error is None:
@@ -338,7 +255,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 )
                 result = await self._execute(op, record, session_id)
                 error = step_error(result)
-                self._served(session, error)
+                self.desk.served(session, error)
                 if await self.store.get(session_id) is None:
                     # Closed (or expired) while the step ran: do not bring it back.
                     raise Refusal(
@@ -386,55 +303,12 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     f"session {shown(session_id)} moved on while this step ran; the step was not applied",
                 )
             if session.done:
-                self._ended(session)
+                self.desk.ended(session)
             if session.truncated:
                 # The environment does not know the episode ended: free its process now (the
                 # worker ends it by itself when the environment says done).
                 self._release(session_id)
             return reply
-
-    def _served(self, session: Session, error: rt.StepError | None) -> None:
-        """Count a step a worker ran in the record (an action refused before it is not one)."""
-        if self.recorder is None:
-            return
-        failure = None if error is None else STEP_OUTCOMES.get(error.code, "env_error")
-        message = "" if error is None else error.message
-        self.recorder.step(session.env_id, session.config_json, session.run_id, failure, message)
-
-    def _ended(self, session: Session) -> None:
-        """Record a committed episode end (only committed ones: a step that failed or conflicted
-        ended nothing, and a session closed before its end is no outcome)."""
-        if self.recorder is None:
-            return
-        self.recorder.episode(
-            EpisodeOutcome(
-                session_id=session.session_id,
-                env_id=session.env_id,
-                config_json=session.config_json,
-                run_id=session.run_id,
-                policy_version=session.policy_version,
-                reward=session.reward,
-                steps=session.step_index,
-                ending="truncated" if session.truncated else "done",
-            )
-        )
-
-    async def _flushed(self) -> Recorder:
-        """The recorder, with what this runtime holds in memory written to its store."""
-        if self.recorder is None:
-            raise Refusal(
-                Reason.INVALID_REQUEST,
-                "this runtime keeps no episode record (it was started with --no-record)",
-            )
-        await self.recorder.flush()
-        return self.recorder
-
-    async def _record(self, run_id: str) -> Record:
-        """The record as it stands, with what this runtime holds in memory written first."""
-        store = (await self._flushed()).store
-        everyone = await store.read(task_scope(""))
-        run = everyone if not run_id else await store.read(task_scope(run_id))
-        return Record(run=run, everyone=everyone, envs=await store.read(ENV_SCOPE))
 
     async def _reset(self, request: rt.ResetRequest) -> rt.ResetResponse:
         await self._session(request.session_id)
@@ -487,20 +361,14 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 SESSIONS_OPEN.set(await self.store.count())
                 for tenant in self.quotas.limits:
                     TENANT_SESSIONS.labels(tenant).set(await self.store.count_of(tenant))
-            except Exception as exc:  # the store is down now: the next round tries again
-                log.warning("session reaper: %s", exc)
-
-    async def gauges(self, every_s: float = 30.0) -> None:
-        """Refresh the record's Prometheus gauges (bands and totals only: no env or task label)."""
-        while True:
-            try:
-                record = await self._record("")
-                for band, count in pass_rate_bands(record.everyone).items():
-                    RECORD_TASKS.labels(band).set(count)
-                RECORD_QUARANTINED.set(len(record.quarantined()))
-            except Exception as exc:  # a store down now is no reason to stop refreshing later
-                log.warning("episode record gauges not refreshed: %s", exc)
-            await asyncio.sleep(every_s)
+            except StoreUnavailable as exc:  # the store is down now: the next round tries again
+                log.warning(
+                    "session reaper: the session store is unavailable (%s); next round in %.0f s",
+                    exc,
+                    interval,
+                )
+            except Exception:  # a bug must not stop the reaping for good, nor go unseen
+                log.exception("session reaper: round failed; next round in %.0f s", interval)
 
     # ---- RPCs ---------------------------------------------------------------------------------
 
@@ -549,23 +417,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def GetSession(
         self, request: rt.GetSessionRequest, context: grpc.aio.ServicerContext
     ) -> rt.GetSessionResponse:
-        session = await self._session(request.session_id)
-        if session.truncated:
-            status = rt.SESSION_STATUS_TRUNCATED
-        elif session.done:
-            status = rt.SESSION_STATUS_DONE
-        else:
-            status = rt.SESSION_STATUS_ACTIVE
-        idle = time.monotonic() - session.last_used
-        return rt.GetSessionResponse(
-            session_id=session.session_id,
-            env_id=session.env_id,
-            status=status,
-            step_index=session.step_index,
-            reward=session.reward,
-            max_steps=session.max_steps,
-            expires_in_s=max(0, int(self.config.session_ttl_s - idle)),
-        )
+        return session_reply(await self._session(request.session_id), self.config.session_ttl_s)
 
     @guarded
     async def ListEnvs(
@@ -581,34 +433,17 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def Stats(
         self, request: rt.StatsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rt.StatsResponse]:
-        record = await self._record(request.run_id)
-        path = self.catalog.path
-        async for page in iterate_in_thread(lambda: stats_pages(path, record, request)):
-            for entry in page:
-                yield entry
+        async for entry in self.desk.stats(request):
+            yield entry
 
     @guarded
     async def SampleTasks(
         self, request: rt.SampleTasksRequest, context: grpc.aio.ServicerContext
     ) -> rt.SampleTasksResponse:
-        if request.n > self.config.max_batch * 64:
-            raise Refusal(Reason.INVALID_REQUEST, f"n {request.n} exceeds {self.config.max_batch * 64}")
-        record = await self._record(request.run_id)
-        try:
-            return await asyncio.to_thread(sample, self.catalog.path, record, request)
-        except ValueError as exc:
-            raise Refusal(Reason.INVALID_REQUEST, str(exc)) from None
+        return await self.desk.sample(request)
 
     @guarded
     async def LiftQuarantine(
         self, request: rt.LiftQuarantineRequest, context: grpc.aio.ServicerContext
     ) -> rt.LiftQuarantineResponse:
-        store = (await self._flushed()).store
-        env = await store.read_one(ENV_SCOPE, request.env_id)  # the env's record, not the run's tasks
-        if not quarantine_reason(env):
-            if env is None:
-                self.catalog.env(request.env_id)  # ENV_NOT_FOUND for an id the library lacks
-            return rt.LiftQuarantineResponse(lifted=False)
-        await store.apply({(ENV_SCOPE, request.env_id): {"reset": ["window"], "lifts": 1}}, {})
-        log.info("quarantine of %s lifted", request.env_id)
-        return rt.LiftQuarantineResponse(lifted=True)
+        return await self.desk.lift_quarantine(request)
