@@ -51,7 +51,7 @@ def row(name: str, retry: str, meaning: str) -> Row:
 
 
 class Reason(enum.Enum):
-    """Why a call was refused. The value is the row of the table (README: "Errors"); the status and
+    """Why a call was refused. The value is the row of the table (docs/errors.md); the status and
     the exception come from the client's table (`codegym_client.errors.REASONS`), so both sides
     read one table."""
 
@@ -250,7 +250,7 @@ class Undecodable:
 
 
 def table_markdown() -> str:
-    """The table as the README shows it (a test keeps the two equal)."""
+    """The table as docs/errors.md shows it (tests/test_outcomes.py keeps the two equal)."""
     lines = [
         "| reason (`codegym-reason`) | gRPC status | client exception | retry | infrastructure | meaning |",
         "|---|---|---|---|---|---|",
