@@ -14,7 +14,13 @@ def _serve_openenv(args: argparse.Namespace) -> int:
     from codegym.auth import ServerAuth, check_bind
 
     try:  # the gRPC servers' tokens (--tokens, --token); the runtime is called with --token
-        auth = ServerAuth.from_settings(token=args.token, tokens_file=args.tokens, insecure=args.insecure)
+        auth = ServerAuth.from_settings(
+            token=args.token,
+            tokens_file=args.tokens,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            insecure=args.insecure,
+        )
     except ValueError as exc:
         raise SystemExit(f"codegym serve: {exc}") from None
     check_bind(args.host, auth)
@@ -34,7 +40,8 @@ def _serve_openenv(args: argparse.Namespace) -> int:
         grace_s=args.grace_s,
         tokens=auth.tokens,
     )
-    run_server(lambda: serve(config, args.host, args.port))
+    tls = (args.tls_cert, args.tls_key) if args.tls_cert else None  # both read above, or refused
+    run_server(lambda: serve(config, args.host, args.port, tls))
     return 0
 
 
@@ -105,6 +112,13 @@ def add_parser(servers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "operator's), the gRPC servers' file ($CODEGYM_TOKENS_FILE when not given); --token adds one "
         "operator token and is what the gateway sends the runtime. Without either, every caller is served",
     )
+    openenv.add_argument(
+        "--tls-cert",
+        default="",
+        help="serve HTTPS and WSS with this certificate (PEM; with --tls-key): tokens sent beyond this "
+        "machine must not travel in plain text. The probes (/health, /live) are then HTTPS too",
+    )
+    openenv.add_argument("--tls-key", default="", help="the TLS certificate's private key (PEM)")
     openenv.add_argument(
         "--insecure",
         action="store_true",

@@ -37,6 +37,7 @@ from codegym_client import AsyncRuntimeClient, RuntimeClient, Unauthenticated, e
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
 from services.openenv.access import GATEWAY_ROLES
 from tests.helpers.servers import ServerProcess
+from tests.test_auth import self_signed
 
 pytestmark = pytest.mark.jail  # the stack has a sandbox worker
 
@@ -159,6 +160,45 @@ async def test_openenvs_client_is_refused_without_headers_and_plays_with_them(st
         assert result.done is False
         result = await env.step(SOLVE)
         assert result.done is True and result.reward == 1.0
+
+
+async def test_the_gateway_serves_https_and_wss_with_tls(
+    stack: tuple[str, str], tokens_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --tls-cert/--tls-key the gateway speaks HTTPS and WSS only: OpenEnv's client plays over
+    them with its token, and a plain-text request never reaches a route."""
+    cert, key = self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the clients trust the test's own certificate
+    runtime, _ = stack
+    env = environ(CODEGYM_TOKENS_FILE=str(tokens_file), CODEGYM_TOKEN="service-token")
+    args = [
+        "serve",
+        "openenv",
+        "--runtime",
+        runtime,
+        "--port",
+        "0",
+        "--tls-cert",
+        str(cert),
+        "--tls-key",
+        str(key),
+    ]
+    gateway = ServerProcess(args, env=env)
+    try:
+        assert "(https;" in gateway.text
+        base = f"https://localhost:{gateway.address.rsplit(':', 1)[1]}"
+        status, _, body = http(f"{base}/metadata", "trainer-token")
+        assert status == 200 and body["name"] == "codegym", body
+        assert http(f"{base}/metadata")[0] == 401
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            http(f"http://{gateway.address}/metadata", "trainer-token")
+        async with GenericEnvClient(base_url=base, headers=bearer("trainer-token")) as env_client:
+            result = await env_client.reset(ability=ARRAY_GCD)
+            assert result.done is False
+            result = await env_client.step(SOLVE)
+            assert result.done is True and result.reward == 1.0
+    finally:
+        assert gateway.stop() == 0, gateway.text[-3000:]
 
 
 async def test_an_mcp_session_token_serves_its_own_tenant_only(stack: tuple[str, str]) -> None:

@@ -38,8 +38,13 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_config(gateway: Gateway, log_level: str = "warning") -> uvicorn.Config:
+def uvicorn_config(
+    gateway: Gateway, log_level: str = "warning", tls: tuple[str, str] | None = None
+) -> uvicorn.Config:
+    """uvicorn's settings for the gateway; `tls` (certificate, key: PEM files) serves HTTPS and WSS,
+    as a gateway reached beyond this machine must when its callers send access tokens."""
     config = gateway.config
+    cert, key = tls or (None, None)
     return uvicorn.Config(
         gateway.app,
         ws="websockets-sansio",
@@ -51,12 +56,16 @@ def uvicorn_config(gateway: Gateway, log_level: str = "warning") -> uvicorn.Conf
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=10,
+        ssl_certfile=cert,
+        ssl_keyfile=key,
     )
 
 
-async def serve(config: GatewayConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
+async def serve(
+    config: GatewayConfig, host: str = "127.0.0.1", port: int = 8000, tls: tuple[str, str] | None = None
+) -> None:
     gateway = Gateway(config)
-    server = QuietServer(uvicorn_config(gateway))
+    server = QuietServer(uvicorn_config(gateway, tls=tls))
     sock = bind(host, port)
     loop = asyncio.get_running_loop()
     draining: list[asyncio.Task[None]] = []
@@ -82,5 +91,9 @@ async def serve(config: GatewayConfig, host: str = "127.0.0.1", port: int = 8000
     if server.started:
         bound = sock.getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        print(f"openenv gateway listening on {shown}:{bound[1]} (runtime {config.runtime})", flush=True)
+        scheme = "https" if tls else "http"
+        print(
+            f"openenv gateway listening on {shown}:{bound[1]} ({scheme}; runtime {config.runtime})",
+            flush=True,
+        )
     await task
