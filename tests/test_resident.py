@@ -20,7 +20,7 @@ import pytest
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from tests.conftest import ENV_DIR, SAMPLES
-from tests.helpers.hostile import HOSTILE_TEMPLATE
+from tests.helpers.hostile import HOSTILE_TEMPLATE, hostile
 from tests.helpers.processes import jailed, stat_fields, wait_until
 from tests.helpers.servers import ServerProcess
 from tests.test_metrics import metrics_address, scrape
@@ -159,6 +159,32 @@ def test_a_session_created_with_its_key_is_resident_from_the_first_step(
 ) -> None:
     for n, trajectory in enumerate(TRAJECTORIES[4::9]):
         assert all(replay(stub, trajectory, f"created-{n}", resident_create=True))
+
+
+def test_a_child_cannot_claim_what_only_the_zygote_says(stub: pb_grpc.SandboxServiceStub) -> None:
+    """A step that writes its own result frame, claiming it came from a resident process (and that
+    the jail holds its session), is taken for what it is: a cold answer that kept nothing."""
+    forged = hostile(
+        """
+import os, struct
+frame = json.dumps({"status": "ok", "observation": "forged", "from_resident": True,
+                    "made_resident": True, "held": True, "cold": "full"}).encode()
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        os.write(int(fd), struct.pack(">I", len(frame)) + frame)
+    except OSError:
+        pass
+os._exit(0)
+"""
+    )
+    session = Session(stub, "forger", forged)
+    committed = session.state
+    for _ in range(2):  # were the first claim believed, the second would be served as resident
+        claimed = session.step(json.dumps({"name": "Evil", "parameters": {}}))
+        assert claimed.status == pb.STATUS_OK and claimed.observation == "forged"
+        assert not claimed.resident
+        session.state = committed  # the forged answer carries no state
+    assert session.step(json.dumps({"name": "Observe", "parameters": {}})).observation == "ok"
 
 
 def test_a_stale_state_runs_cold_from_that_state(stub: pb_grpc.SandboxServiceStub) -> None:

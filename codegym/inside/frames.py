@@ -6,7 +6,7 @@ One format on every pipe: worker <-> zygote (the jail's stdin/stdout) and zygote
 import json
 import os
 import struct
-from typing import Any
+from collections.abc import Mapping
 
 HEADER = struct.Struct(">I")
 # Largest frame either side accepts (a result with a large pickled state and captured output).
@@ -34,11 +34,11 @@ def frame(body: bytes) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def encode(obj: dict[str, Any]) -> bytes:
+def encode(obj: Mapping[str, object]) -> bytes:
     return frame(json.dumps(obj, separators=(",", ":")).encode())
 
 
-def send(fd: int, obj: dict[str, Any]) -> None:
+def send(fd: int, obj: Mapping[str, object]) -> None:
     write_all(fd, encode(obj))
 
 

@@ -22,6 +22,7 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+from .messages import Request, Result
 from .values import ConfigError, canonical, parse_config
 
 MODULE_NAME = "__codegym_env__"
@@ -74,7 +75,7 @@ class CappedWriter(io.TextIOBase):
 class Child:
     """Everything that happens in the forked process: untrusted code runs only here."""
 
-    def __init__(self, req: dict[str, Any], code: types.CodeType) -> None:
+    def __init__(self, req: Request, code: types.CodeType) -> None:
         self.req = req
         self.code = code
         self.stdout = CappedWriter(req["limits"]["output_bytes"])
@@ -84,21 +85,26 @@ class Child:
         self.env: Any = None
         self.config: dict[str, Any] = {}
 
-    def next_request(self, req: dict[str, Any]) -> None:
+    def next_request(self, req: Request) -> None:
         """A resident child's next step: fresh output capture, same module and env."""
         self.req = req
         self.stdout = CappedWriter(req["limits"]["output_bytes"])
         self.stderr = CappedWriter(req["limits"]["output_bytes"])
 
-    def step_env(self, action: str, result: dict[str, Any]) -> None:
+    def step_env(self, action: str, result: Result) -> None:
         out = self.env.step(action)
         observation = out[1] if isinstance(out, tuple) and len(out) == 2 else out
         result["observation"] = str(observation)
-        state = self.pack_state(self.env, self.config)
-        result["state"] = state
-        if self.req.get("resident"):
-            result["state_sha"] = hashlib.sha256(state).hexdigest()
+        self.put_state(self.pack_state(self.env, self.config), result)
         self.episode(self.env, result)
+
+    def put_state(self, state: bytes, result: Result) -> None:
+        """The session's state into its result (base64), with the version a process that may be
+        kept as the session's resident now holds (the sha256 of the raw state, as the worker
+        computes it of the state it sends with the session's next step)."""
+        result["state"] = base64.b64encode(state).decode()
+        if self.req.get("keep_process"):
+            result["state_sha"] = hashlib.sha256(state).hexdigest()
 
     def load_module(self, as_main: bool = False) -> types.ModuleType:
         module = types.ModuleType("__main__" if as_main else MODULE_NAME)
@@ -144,15 +150,15 @@ class Child:
         except Exception as exc:
             raise BadRequest(f"state cannot be restored: {type(exc).__name__}: {exc}") from None
 
-    def episode(self, env: Any, result: dict[str, Any]) -> None:
+    def episode(self, env: Any, result: Result) -> None:
         result["reward"] = float(getattr(env, "reward", 0.0) or 0.0)
         result["done"] = bool(getattr(env, "finished", False))
         result["step_count"] = int(getattr(env, "step_count", 0) or 0)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Result:
         req = self.req
         op = req["op"]
-        result: dict[str, Any] = {"status": "ok"}
+        result: Result = {"status": "ok"}
         if op == "run_script":
             return self.run_script(result)
         self.load_module()
@@ -162,10 +168,7 @@ class Child:
             self.config = config_of(req)
             self.env, observation = self.make_env(self.config)
             result["observation"] = str(observation)
-            state = self.pack_state(self.env, self.config)
-            result["state"] = state
-            if req.get("resident"):
-                result["state_sha"] = hashlib.sha256(state).hexdigest()
+            self.put_state(self.pack_state(self.env, self.config), result)
             self.episode(self.env, result)
         elif op == "step":
             self.config, self.env = self.unpack_state()
@@ -175,7 +178,7 @@ class Child:
             if req.get("config"):
                 config = config_of(req)
             result["observation"] = str(env.reset(config))
-            result["state"] = self.pack_state(env, config)
+            result["state"] = base64.b64encode(self.pack_state(env, config)).decode()
             self.episode(env, result)
         elif op == "ref_answer":
             import tracemalloc
@@ -198,14 +201,14 @@ class Child:
             raise BadRequest(f"unknown operation {op!r}")
         return result
 
-    def answer(self, value: Any, result: dict[str, Any]) -> None:
+    def answer(self, value: Any, result: Result) -> None:
         result["answer_repr"] = repr(value)[:4096]
         try:
             result["answer_json"] = json.dumps(canonical(value), sort_keys=True, separators=(",", ":"))
         except (TypeError, ValueError):
             result["answer_json"] = ""
 
-    def solve(self, result: dict[str, Any]) -> None:
+    def solve(self, result: Result) -> None:
         req = self.req
         config = config_of(req)
         cls = self.env_class()
@@ -241,7 +244,7 @@ class Child:
             result["trajectory"] = trajectory
         self.episode(env, result)
 
-    def run_script(self, result: dict[str, Any]) -> dict[str, Any]:
+    def run_script(self, result: Result) -> Result:
         sys.stdin = io.StringIO(self.req.get("stdin", ""))
         code = 0
         try:
@@ -279,8 +282,8 @@ def warm_up() -> None:
 
 
 def run_request(
-    req: dict[str, Any], codes: Mapping[str, types.CodeType], child: "Child | None"
-) -> tuple[dict[str, Any], "Child | None"]:
+    req: Request, codes: Mapping[str, types.CodeType], child: "Child | None"
+) -> tuple[Result, "Child | None"]:
     """Serve one request in this process (a fresh `Child`, or the resident one for its next step)."""
     import random
 
@@ -326,8 +329,6 @@ def run_request(
         result["stdout"] = child.stdout.getvalue()
         result["stderr"] = child.stderr.getvalue()
         result["output_truncated"] = child.stdout.truncated or child.stderr.truncated
-    if isinstance(result.get("state"), bytes):
-        result["state"] = base64.b64encode(result["state"]).decode()
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result["usage"] = {
         "wall_ms": int((time.monotonic() - started) * 1000),
@@ -338,7 +339,7 @@ def run_request(
     return result, child
 
 
-def config_of(req: dict[str, Any]) -> dict[str, Any]:
+def config_of(req: Request) -> dict[str, Any]:
     """The request's task config ({} when it carries none), read by the one rule of `values`."""
     text = req.get("config") or ""
     if not text:
@@ -354,7 +355,7 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def encode_result(result: dict[str, Any]) -> bytes:
+def encode_result(result: Result) -> bytes:
     """A result as JSON bytes (without the length header)."""
     try:
         return _dumps(result).encode()

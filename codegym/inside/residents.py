@@ -2,8 +2,8 @@
 between steps.
 
 Every child is forked before its request arrives (the spare), waits for one request and serves it
-(`operations`). When the request asks for residency (a session's create or cold step) and it
-succeeded, the child stays: it keeps the env object and serves the session's next steps from its
+(`operations`). When the zygote asks it to stay (`keep_process`: a session's create or cold step)
+and the request succeeded, the child stays: it keeps the env object and serves the session's next steps from its
 request pipe, with no fork and no unpickling. One session per process, never two, so sessions
 never share an interpreter.
 
@@ -24,6 +24,7 @@ import types
 from collections.abc import Mapping
 
 from . import frames
+from .messages import Request, Result
 from .operations import cpu_seconds, encode_result, run_request, warm_up
 
 
@@ -72,13 +73,13 @@ def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType],
         warm_up()
     try:
         body = frames.read_body(req_fd)
-        req = json.loads(body) if body is not None else None
+        req: Request | None = json.loads(body) if body is not None else None
     except ValueError:
         req = None
     if not isinstance(req, dict):
         os._exit(0)
     limits = req["limits"]
-    if req.get("resident"):
+    if req.get("keep_process"):
         limit_cpu(limits["cpu_ms"])
     else:
         cpu_s = max(1, -(-limits["cpu_ms"] // 1000))
@@ -88,7 +89,10 @@ def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType],
     result, child = run_request(req, codes, None)
     frames.write_all(result_fd, frames.frame(encode_result(result)))
     if not (
-        req.get("resident") and result.get("status") == "ok" and child is not None and child.env is not None
+        req.get("keep_process")
+        and result.get("status") == "ok"
+        and child is not None
+        and child.env is not None
     ):
         os._exit(0)
     # Resident: serve the session's steps until the zygote closes the pipe (eviction) or a step
@@ -102,10 +106,10 @@ def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType],
         if body is None:
             break
         try:
-            step_req = json.loads(body)
+            step_req: Request = json.loads(body)
             limit_cpu(step_req["limits"]["cpu_ms"])
         except (ValueError, KeyError, TypeError) as exc:
-            bad = {"status": "bad_request", "message": f"bad resident request: {exc}"}
+            bad: Result = {"status": "bad_request", "message": f"bad resident request: {exc}"}
             frames.write_all(result_fd, frames.frame(encode_result(bad)))
             break
         out, _ = run_request(step_req, codes, child)

@@ -11,46 +11,32 @@ import os
 import select
 import signal
 import time
-from typing import Any
 
 from .frames import HEADER
-
-# What the zygote itself adds to a result (whether it reaped the child) and what the worker adds (a
-# jail that died): a child that wrote them into its own result would steer its own handling.
-ZYGOTE_KEYS = (
-    "reaped",
-    "jail_died",
-    "id",
-    "residents",
-    "evictions",
-    "cold",
-    "held",
-    "code_cache",
-    "forgotten",
-)
+from .messages import Limits, Result, Usage, from_child
 
 
 def child_status(
     pid: int,
     started: float,
-    limits: dict[str, int],
+    limits: Limits,
     timed_out: bool,
     oversized: int,
     *,
     kill: bool = False,
-) -> dict[str, Any]:
+) -> Result:
     """Reap a child that gave no usable result (killing it first) and say why. `oversized`: the
     result size limit it broke, or 0."""
     if timed_out or oversized or kill:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     _, status, usage = os.wait4(pid, 0)
-    usage_out = {
+    usage_out: Usage = {
         "wall_ms": int((time.monotonic() - started) * 1000),
         "cpu_ms": int((usage.ru_utime + usage.ru_stime) * 1000),
         "peak_rss_kb": usage.ru_maxrss,
     }
-    result: dict[str, Any]
+    result: Result
     if timed_out:
         result = {"status": "timeout", "message": f"wall-clock limit of {limits['wall_ms']} ms exceeded"}
     elif oversized:
@@ -75,10 +61,10 @@ def collect(
     pid: int,
     res_r: int,
     started: float,
-    limits: dict[str, int],
+    limits: Limits,
     max_result_bytes: int,
     pidfd: int | None = None,
-) -> dict[str, Any]:
+) -> Result:
     """One result from a child within the request's wall limit, or the reason there is none.
 
     A result that came back has no "reaped" key; otherwise the child was killed (if it overran)
@@ -126,12 +112,10 @@ def collect(
             os.close(pidfd)
     if not (timed_out or oversized) and need is not None and len(buf) >= need:
         try:
-            result = json.loads(bytes(buf[HEADER.size : need]))
-            if isinstance(result, dict):
+            sent = json.loads(bytes(buf[HEADER.size : need]))
+            if isinstance(sent, dict):
                 # Keys only the zygote and the worker may set: a child's own say is never taken.
-                for key in ZYGOTE_KEYS:
-                    result.pop(key, None)
-                return result
+                return from_child(sent)  # type: ignore[arg-type]  # a child's claim, checked later
         except ValueError:
             pass
     # No usable result: whatever the child still does is of no use; make sure it is gone.

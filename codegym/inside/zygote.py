@@ -2,28 +2,26 @@
 
 Runs as `python -m inside.zygote SETTINGS_JSON` with `/sandbox` on the path (the package is
 mounted there; see `sandbox_worker/limits.py`). It talks to the trusted worker over its
-stdin/stdout with length-prefixed JSON frames (`frames`) and answers one request at a time; after
-each, every process of the jail that is not the zygote, the spare or a resident session is killed
-and /tmp is wiped (`hygiene`), so nothing a request starts outlives it.
+stdin/stdout with length-prefixed JSON frames (`frames`) carrying the messages of `messages`, and
+answers one request at a time; after each, every process of the jail that is not the zygote, the
+spare or a resident session is killed and /tmp is wiped (`hygiene`), so nothing a request starts
+outlives it.
 """
 
-import base64
 import collections
 import contextlib
 import gc
-import hashlib
 import json
-import marshal
 import os
 import resource
 import signal
 import sys
 import time
-import types
-from typing import Any
 
 from . import frames
+from .codecache import CodeCache
 from .hygiene import FULL_SCAN_EVERY, Jail, become, kill_leftovers, last_pid, vm_bytes, wipe_tmp
+from .messages import Cold, EvictionReason, Hello, Request, Result, without
 from .residents import Resident, child_main
 from .settings import JailSettings
 from .watchdog import collect
@@ -75,27 +73,19 @@ class Zygote:
 
     Forking a process that has numpy and gymnasium loaded costs over a millisecond; doing it (and
     reaping the previous child) after answering keeps it off the request's latency. A session's
-    steps after its first skip the fork altogether (resident.py).
+    steps after its first skip the fork altogether (`residents`).
     """
 
     def __init__(self, settings: JailSettings, base_vm_bytes: int) -> None:
         self.settings = settings
         self.base_vm_bytes = base_vm_bytes
-        # Compiled sources, least recently used first, with what each costs (its marshalled size),
-        # bounded by `settings.code_cache_bytes`; what left since the last answer, and the cache's
-        # hits, misses and evictions since then, are told to the worker with the next answer.
-        self.codes: collections.OrderedDict[str, types.CodeType] = collections.OrderedDict()
-        self.code_costs: dict[str, int] = {}
-        self.forgotten: list[str] = []
-        self.code_events: collections.Counter[str] = collections.Counter()
+        self.code = CodeCache(settings.code_cache_bytes)
         self.spare: tuple[int, int, int] | None = None
-        # Sources compiled since the spare was forked: it did not inherit them, so it is sent them.
-        self.compiled_after_spare: set[str] = set()
         self.residents: collections.OrderedDict[str, Resident] = collections.OrderedDict()
         # Residency the worker's memory budget allows at the measured cost (each request says).
         self.cap = settings.resident_cap
         # Residents ended since the last answer, by reason: told to the worker with the next one.
-        self.evictions: collections.Counter[str] = collections.Counter()
+        self.evictions: collections.Counter[EvictionReason] = collections.Counter()
         # Sessions whose process ends after the answer (their episode is over).
         self.finished: list[str] = []
         # Processes killed and not yet reaped, by pidfd, with their ids (held until they are gone).
@@ -122,7 +112,7 @@ class Zygote:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         uid = self.allocate_uid() if Jail.isolated else 0
-        self.compiled_after_spare.clear()
+        self.code.spare_forked()
         pid = os.fork()
         if pid == 0:
             become(uid)
@@ -137,7 +127,7 @@ class Zygote:
             # large jail (closerange is one close_range call, whatever the span).
             os.closerange(high + 1, fd_ceiling())
             try:
-                child_main(req_r, res_w, self.codes, self.base_vm_bytes)
+                child_main(req_r, res_w, self.code.codes, self.base_vm_bytes)
             finally:
                 os._exit(70)
         os.close(req_r)
@@ -160,67 +150,7 @@ class Zygote:
         os.close(res_r)
         return True
 
-    def touch(self, sha: str) -> None:
-        """Mark a cached source as recently used, so LRU eviction matches the worker's bookkeeping."""
-        if sha in self.codes:
-            self.codes.move_to_end(sha)
-
-    def keep_code(self, sha: str, code: types.CodeType) -> None:
-        """Cache a compiled source, and make room by bytes (least recently used out first)."""
-        self.codes[sha] = code
-        self.code_costs[sha] = len(marshal.dumps(code))
-        self.compiled_after_spare.add(sha)
-        while sum(self.code_costs.values()) > self.settings.code_cache_bytes and len(self.codes) > 1:
-            old, _ = self.codes.popitem(last=False)
-            del self.code_costs[old]
-            self.forgotten.append(old)
-            self.code_events["eviction"] += 1
-
-    def code_for_spare(self, req: dict[str, Any]) -> dict[str, Any]:
-        """The request as the spare gets it: a source compiled after the spare was forked goes as
-        its code object (marshalled here, loaded there before any of its code runs), so a source
-        new to the jail costs one compile, not one here and one again in the child."""
-        sha = str(req.get("sha") or "")
-        if sha not in self.compiled_after_spare or sha not in self.codes:
-            return req
-        sent = {k: v for k, v in req.items() if k != "source"}
-        sent["code"] = base64.b64encode(marshal.dumps(self.codes[sha])).decode()
-        return sent
-
-    def check_source(self, req: dict[str, Any]) -> dict[str, Any] | None:
-        """Compile a source new to this jail into the cache (once), or say why it cannot be served."""
-        sha = req.get("sha", "")
-        source = req.get("source")
-        if sha in self.codes:
-            self.code_events["hit"] += 1
-            return None
-        self.code_events["miss"] += 1
-        if source is None:
-            return {"status": "source_needed", "message": "source not cached in the jail"}
-        if hashlib.sha256(source.encode()).hexdigest() != sha:
-            return {
-                "status": "bad_request",
-                "message": "source does not match its sha256",
-                "source_rejected": True,
-            }
-        try:
-            code = compile(source, "<env>", "exec", dont_inherit=True)
-        except (SyntaxError, ValueError) as exc:
-            return {
-                "status": "bad_request",
-                "message": f"source does not compile: {exc}",
-                "source_rejected": True,
-            }
-        except (MemoryError, RecursionError) as exc:
-            return {
-                "status": "bad_request",
-                "message": f"source too complex to compile: {type(exc).__name__}",
-                "source_rejected": True,
-            }
-        self.keep_code(sha, code)
-        return None
-
-    def serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    def serve(self, req: Request) -> tuple[Result, int | None]:
         """Run one request; return its result and the one-shot child to reap after answering."""
         result, pid = self._serve(req)
         result["residents"] = len(self.residents)
@@ -231,19 +161,10 @@ class Zygote:
         if self.evictions:
             result["evictions"] = dict(self.evictions)
             self.evictions.clear()
-        if self.code_events:  # a resident step looks nothing up: its answer carries nothing here
-            result["code_cache"] = {
-                "entries": len(self.codes),
-                "bytes": sum(self.code_costs.values()),
-                **self.code_events,
-            }
-            self.code_events.clear()
-        if self.forgotten:
-            result["forgotten"] = self.forgotten
-            self.forgotten = []
+        self.code.report(result)
         return result, pid
 
-    def _serve(self, req: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    def _serve(self, req: Request) -> tuple[Result, int | None]:
         op = req.get("op")
         cap = req.get("cap")
         if isinstance(cap, int) and cap >= 0:
@@ -252,11 +173,11 @@ class Zygote:
             self.evict(str(req.get("session") or ""), "release")
             return {"status": "ok"}, None
         key = str(req.get("session") or "") if op in ("step", "create") else ""
-        cold = ""
+        cold: Cold | None = None
         if key and op == "create":
             # The new session lives on in the process that built it: its first step is resident.
             self.evict(key, "stale")
-            req["resident"] = True
+            req["keep_process"] = True
         elif key:
             # The worker sends the state's sha256 with every session step; none never matches.
             version = str(req.get("state_sha") or "")
@@ -267,12 +188,12 @@ class Zygote:
                     return self.serve_resident(key, held, req), None
                 self.evict(key, "stale")
                 cold = "stale"
-            req["resident"] = True
+            req["keep_process"] = True
         if key and not self.admit():
-            req["resident"] = False
+            req["keep_process"] = False
             if cold:
                 cold = "full"
-        problem = self.check_source(req)
+        problem = self.code.check(req)
         if problem is not None:
             return problem, None
         if self.spare is not None and self.spare_died():
@@ -285,7 +206,7 @@ class Zygote:
         # spare_uid stays until the next prefork: the resident made from this child keeps it.
         started = time.monotonic()
         with contextlib.suppress(OSError):
-            frames.write_all(req_w, frames.encode(self.code_for_spare(req)))
+            frames.write_all(req_w, frames.encode(self.code.for_spare(req)))
         result = collect(pid, res_r, started, req["limits"], self.settings.max_result_bytes)
         if cold:
             result["cold"] = cold
@@ -298,19 +219,19 @@ class Zygote:
             and single_threaded(pid)
         ):
             self.residents[key] = Resident(pid, req_w, res_r, str(result.pop("state_sha")), self.spare_uid)
-            result["resident"] = False
+            result["made_resident"] = True
             return result, None
         result.pop("state_sha", None)
         os.close(req_w)
         os.close(res_r)
         return result, (None if result.pop("reaped", False) else pid)
 
-    def serve_resident(self, key: str, held: Resident, req: dict[str, Any]) -> dict[str, Any]:
+    def serve_resident(self, key: str, held: Resident, req: Request) -> Result:
         """A step in the session's own process: no fork, no unpickling."""
         self.residents.move_to_end(key)
         started = time.monotonic()
-        light = {k: v for k, v in req.items() if k not in ("state", "source")}
-        light["resident"] = True
+        light = without(req, "state", "source")
+        light["keep_process"] = True
         with contextlib.suppress(OSError):
             frames.write_all(held.req_w, frames.encode(light))
         result = collect(
@@ -325,7 +246,7 @@ class Zygote:
         ):
             held.version = str(result.pop("state_sha"))
             held.last_used = time.monotonic()
-            result["resident"] = True
+            result["from_resident"] = True
             if result.get("done"):
                 # The episode is over: its process would only hold memory (a Reset runs cold).
                 self.finished.append(key)
@@ -356,7 +277,7 @@ class Zygote:
         self.evict(oldest_key, "room")
         return True
 
-    def evict(self, key: str, reason: str) -> None:
+    def evict(self, key: str, reason: EvictionReason) -> None:
         held = self.residents.pop(key, None)
         if held is None:
             return
@@ -387,7 +308,7 @@ class Zygote:
                 os.close(pidfd)
                 del self.dying[pidfd]
 
-    def cleanup(self, req: dict[str, Any], pid: int | None) -> None:
+    def cleanup(self, req: Request, pid: int | None) -> None:
         """After answering: reap the child, kill whatever else ran, evict idle sessions, fork the next spare."""
         if pid is not None:
             # It has answered: whatever it still does (a sleep after writing its own result) must
@@ -420,7 +341,7 @@ class Zygote:
             self.since_scan = 0
         wipe_tmp()
         self.reap()
-        self.touch(str(req.get("sha", "")))
+        self.code.touch(str(req.get("sha", "")))
         if self.spare is None:
             self.prefork()
         self.seen_last_pid = last_pid()
@@ -438,10 +359,13 @@ def main() -> None:
     gc.freeze()
     zygote.prefork()
     in_fd, out_fd = 0, 1
-    frames.send(
-        out_fd,
-        {"ready": True, "pid": os.getpid(), "python": sys.version.split()[0], "isolated": Jail.isolated},
-    )
+    hello: Hello = {
+        "ready": True,
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "isolated": Jail.isolated,
+    }
+    frames.send(out_fd, hello)
     while True:
         try:
             body = frames.read_body(in_fd)
@@ -449,7 +373,7 @@ def main() -> None:
             return
         if body is None:
             return
-        req = json.loads(body)
+        req: Request = json.loads(body)
         pid = None
         try:
             result, pid = zygote.serve(req)
