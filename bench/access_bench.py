@@ -62,28 +62,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import median, rusage_cpu_s  # noqa: E402
-from bench.library_scale import report_busy  # noqa: E402
-from bench.rollout_bench import (  # noqa: E402
-    CLIENT_TIMEOUT_S,
-    Col,
-    Figures,
-    GrpcEpisode,
-    Line,
-    Load,
-    Plan,
-    Stack,
-    StackSpec,
-    git,
-    make_sure_gone,
-    measure,
-    points,
-    print_table,
-    progress,
-    stop_rollouts,
-    tree_pids,
-    up,
-)  # fmt: skip
+from bench.common import Figures, Line, median, progress, rusage_cpu_s, start_process  # noqa: E402
+from bench.episodes import GrpcEpisode  # noqa: E402
+from bench.load import CLIENT_TIMEOUT_S, Load, Plan, measure, stop_rollouts  # noqa: E402
+from bench.rollout_bench import points  # noqa: E402
+from bench.stacks import Stack, StackSpec, git, make_sure_gone, tree_pids, up  # noqa: E402
+from bench.tables import Col, print_table, report_busy  # noqa: E402
 from bench.targets import print_targets, spread_verdicts, verdict  # noqa: E402
 from codegym.auth import OPERATOR, SERVICE, TOKENS_FILE_ENV, TRAINER, local_tokens, read_tokens  # noqa: E402
 from codegym.procs import ServerProcess  # noqa: E402
@@ -141,14 +125,6 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-class OwnStack(Stack):
-    """Servers this process started itself: `cpu_by_role` finds them among its own children."""
-
-    @property
-    def pid(self) -> int:
-        return os.getpid()
-
-
 @contextlib.contextmanager
 def tls_stack(spec: StackSpec, cert: Path, key: Path) -> Iterator[tuple[Stack, str]]:
     """2 workers and a runtime serving TLS with `up --auth`'s tokens: (the stack, a trainer token)."""
@@ -159,14 +135,14 @@ def tls_stack(spec: StackSpec, cert: Path, key: Path) -> Iterator[tuple[Stack, s
     env.update(
         {TOKENS_FILE_ENV: str(tokens_path(spec.library)), TOKEN_ENV: tokens[SERVICE], TLS_CA_ENV: str(cert)}
     )
-    serve = [sys.executable, "-m", "codegym_cli.cli", "serve"]
+    serve = ["-m", "codegym_cli.cli", "serve"]
     flags = ["--host", "127.0.0.1", "--port", "0", "--tls-cert", str(cert), "--tls-key", str(key)]
     servers: list[ServerProcess] = []
     try:
         with open(spec.log, "ab") as log:
 
             def start(name: str, args: list[str]) -> ServerProcess:
-                server = ServerProcess([*serve, *args, *flags], name=name, env=env, cwd=spec.tree,
+                server = start_process([*serve, *args, *flags], name=name, env=env, cwd=spec.tree,
                                        stderr=log.fileno(), keep=200, timeout_s=120)  # fmt: skip
                 servers.append(server)
                 return server
@@ -176,7 +152,8 @@ def tls_stack(spec: StackSpec, cert: Path, key: Path) -> Iterator[tuple[Stack, s
                 start(f"tls worker {i + 1}", ["sandbox", "--jails", "2", "--resident-memory-mb", budget])
             sandbox = ",".join(s.address for s in servers)
             runtime = start("tls runtime", ["runtime", "--library", str(spec.library), "--sandbox", sandbox])
-            yield OwnStack(runtime, runtime.address), tokens[TRAINER]
+            # Servers this process started itself: `cpu_by_role` finds them among its own children.
+            yield Stack(runtime, root_pid=os.getpid()), tokens[TRAINER]
     finally:
         pids = set().union(*(tree_pids(s.pid) for s in servers))
         for server in reversed(servers):

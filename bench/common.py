@@ -1,5 +1,5 @@
-"""Benchmark helpers: a bare gRPC echo server for the baseline, percentiles, timing, and the CPU and
-memory of process trees.
+"""Benchmark helpers: a bare gRPC echo server for the baseline, starting a server, percentiles,
+timing, progress lines, and the CPU and memory of process trees.
 
 Process trees are read from /proc through `codegym.proctree`, which the tests share; it is imported
 inside the functions that use it, not at the top, as `codegym.procs` is: this file also runs as
@@ -15,9 +15,15 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
+
+if TYPE_CHECKING:
+    from codegym.procs import ServerProcess
+
+Line = dict[str, Any]  # one recorded trajectory: env_id, config, steps = [[action, observation], ...]
+Figures = dict[str, Any]  # one measurement's figures, in display units (ms, MiB, KiB), JSON-ready
 
 ECHO_METHOD = "/bench.Echo/Echo"
 
@@ -40,18 +46,24 @@ async def serve_echo() -> None:
     await server.wait_for_termination()
 
 
-def start_process(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    """`python ARGS...` once it prints `listening on HOST:PORT`: (its process, that address).
+def start_process(args: list[str], **options: Any) -> ServerProcess:
+    """`python ARGS...` once it prints `listening on HOST:PORT` (its `address`): the one way the
+    benches start a server, `codegym up` included (bench/stacks.py).
 
     The shared server lifecycle (`codegym.procs`): the process dies with the benchmark however the
-    benchmark ends, and its output keeps being drained so it never blocks on a full pipe.
+    benchmark ends, its output keeps being drained so it never blocks on a full pipe, and `stop`
+    ends it by pid. `options` go to `ServerProcess` (by default stderr is dropped and the last 50
+    lines of output kept).
     """
     from codegym.procs import ServerProcess
 
-    server = ServerProcess(
-        [sys.executable, *args], name=" ".join(args[:4]), stderr=subprocess.DEVNULL, keep=50
-    )
-    return server.proc, server.address
+    settings: dict[str, Any] = {"name": " ".join(args[:4]), "stderr": subprocess.DEVNULL, "keep": 50}
+    return ServerProcess([sys.executable, *args], **(settings | options))
+
+
+def progress(message: str) -> None:
+    """Progress goes to stderr, so stdout holds only the tables."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def echo_callable(channel: grpc.aio.Channel) -> Callable[[bytes], Awaitable[bytes]]:

@@ -63,8 +63,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import median  # noqa: E402
-from bench.library_scale import (  # noqa: E402
+from bench.common import (  # noqa: E402
+    Figures,
+    median,
+    progress,
+)
+from bench.episodes import DEFAULT_RETRY_S  # noqa: E402
+from bench.library_build import run_import  # noqa: E402
+from bench.library_data import (  # noqa: E402
     ENVS_DIR,
     TASKS_DIR,
     TRAJECTORIES,
@@ -72,26 +78,14 @@ from bench.library_scale import (  # noqa: E402
     env_rows,
     env_schema,
     load_samples,
-    report_busy,
-    run_import,
     task_rows,
     task_schema,
     write_shards,
-)  # fmt: skip
-from bench.rollout_bench import (  # noqa: E402
-    CLIENT_TIMEOUT_S,
-    DEFAULT_RETRY_S,
-    Col,
-    Figures,
-    Plan,
-    StackSpec,
-    git,
-    measure,
-    points,
-    print_table,
-    progress,
-    up,
-)  # fmt: skip
+)
+from bench.load import CLIENT_TIMEOUT_S, Plan, measure  # noqa: E402
+from bench.rollout_bench import points  # noqa: E402
+from bench.stacks import StackSpec, git, up  # noqa: E402
+from bench.tables import Col, print_table, report_busy  # noqa: E402
 from bench.targets import print_targets, spread_verdicts, verdict  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402

@@ -32,7 +32,6 @@ import asyncio
 import json
 import random
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -521,9 +520,10 @@ async def measure(args: argparse.Namespace, workdir: Path) -> tuple[int, list[tu
     library, task_texts = build_library(workdir)
     tasks, warm = pick_tasks(library, args.tasks)
     trajectories = [t for t in read_trajectories(Path(args.trajectories)) if t.get("steps")]
-    up, address = start_process(
+    up = start_process(
         ["-m", "codegym_cli.cli", "up", "--library", str(library), "--port", "0", "--workers", "2"]
     )
+    address = up.address
     try:
         with ScriptedLLM(oracle_agent(trajectories, task_texts)) as llm:
             # http.server listens with a backlog of 5: more connects at once get refused and
@@ -533,8 +533,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> tuple[int, list[tu
             await warm_up(address, llm, warm, workdir / "warm", up.pid, server)
             columns = await measure_levels(args, address, llm, tasks, trajectories, workdir, up.pid, server)
     finally:
-        up.send_signal(signal.SIGTERM)
-        up.wait(30)
+        up.stop(timeout_s=30)
     return len(tasks), columns
 
 

@@ -176,7 +176,7 @@ def runtime_pid(up_pid: int) -> int:
 
 async def run(args: argparse.Namespace) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="codegym-bench-"))
-    up, address = start_process(
+    up = start_process(
         [
             "-m",
             "codegym_cli.cli",
@@ -189,7 +189,8 @@ async def run(args: argparse.Namespace) -> None:
             "2",
         ]
     )
-    echo, echo_address = start_process([str(ROOT / "bench" / "common.py")])
+    echo = start_process([str(ROOT / "bench" / "common.py")])
+    address, echo_address = up.address, echo.address
     trajectories = [t for t in read_trajectories(args.trajectories) if t.get("steps")]
     rows: list[tuple[str, str, str]] = []
     try:
@@ -302,10 +303,8 @@ async def run(args: argparse.Namespace) -> None:
                 ("echo server RSS MiB", "", f"{tree_memory_kb(echo.pid)[0] / 1024:.0f}"),
             ]
     finally:
-        up.send_signal(signal.SIGTERM)
-        echo.kill()
-        up.wait(30)
-        echo.wait(10)
+        up.stop(timeout_s=30)
+        echo.stop(signal.SIGKILL, timeout_s=10)
         shutil.rmtree(workdir, ignore_errors=True)
     width = max(len(r[0]) for r in rows)
     print(f"{'figure':<{width}}  {'runtime':>26}  {'bare gRPC echo':>22}")

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
 import sys
 import time
 from pathlib import Path
@@ -42,10 +41,9 @@ def solve_candidates(source: str, count: int) -> list[str]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
-    worker, worker_addr = start_process(
-        ["-m", "codegym_cli.cli", "serve", "sandbox", "--port", "0", "--jails", "2"]
-    )
-    echo, echo_addr = start_process([str(ROOT / "bench" / "common.py")])
+    worker = start_process(["-m", "codegym_cli.cli", "serve", "sandbox", "--port", "0", "--jails", "2"])
+    echo = start_process([str(ROOT / "bench" / "common.py")])
+    worker_addr, echo_addr = worker.address, echo.address
     source = ENV.read_text()
     try:
         async with grpc.aio.insecure_channel(worker_addr) as wch, grpc.aio.insecure_channel(echo_addr) as ech:
@@ -97,9 +95,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             solved = sum(1 for r in batch.results if r.status == pb.STATUS_OK and r.reward == 1.0)
             rss_kb, pss_kb = tree_memory_kb(worker.pid)
     finally:
-        for proc in (worker, echo):
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(20)
+        for server in (worker, echo):
+            server.stop()
     return {
         "step_p50_ms": round(median(step_lat) * 1000, 3),
         "step_p99_ms": round(pct(step_lat, 0.99) * 1000, 3),

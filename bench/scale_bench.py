@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -61,16 +60,15 @@ def run(args: argparse.Namespace) -> None:
                 "--workers", str(workers), "--jails", "1", "--runtimes", str(runtimes)]  # fmt: skip
         if redis is not None:
             argv += ["--sessions", redis.url]
-        up, address = start_process(argv)
+        up = start_process(argv)
         try:
             rate, p50 = asyncio.run(
-                measure(address, trajectories, args.sessions, args.steps, args.max_seconds)
+                measure(up.address, trajectories, args.sessions, args.steps, args.max_seconds)
             )
             rows.append((label, rate, p50))
             print(f"... {label}: {rate:.0f} steps/s", file=sys.stderr, flush=True)
         finally:
-            up.send_signal(signal.SIGTERM)
-            up.wait(60)
+            up.stop(timeout_s=60)
             if redis is not None:
                 redis.stop()
             time.sleep(0.5)

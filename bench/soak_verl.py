@@ -51,7 +51,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import random
 import re
 import sys
@@ -65,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
+from bench.judge import Judge  # noqa: E402
 from codegym_client.verl import CodeGymAgentLoop  # noqa: E402
 from codegym_testkit.trainer_script import TRAJECTORIES, ability, chatml_tokenizer, oracle_turns  # noqa: E402
 from codegym_testkit.verl_loops import instantiate, our_entry, trainer_config  # noqa: E402
@@ -115,11 +115,10 @@ def shown_observations(output: Any, tokenizer: Any) -> list[str]:
 
 
 def classify(line: dict[str, Any], output: Any, tokenizer: Any) -> dict[str, Any]:
-    """One episode's line (without the exception case) from the `AgentLoopOutput` verl gets."""
+    """One episode's line (without the exception case) from the `AgentLoopOutput` verl gets: a
+    failed row must be masked whole (what only verl can get wrong), then bench/judge.py's verdict."""
     extra = output.extra_fields
     steps = int(extra.get("codegym_steps") or 0)
-    expected = [observation for _, observation in line["steps"]]
-    shown = shown_observations(output, tokenizer)
     result = {
         "path": "verl",
         "env_id": line["env_id"],
@@ -137,36 +136,21 @@ def classify(line: dict[str, Any], output: Any, tokenizer: Any) -> dict[str, Any
             "example": f"{trained} of {len(output.response_mask)} response tokens with mask 1; "
             f"{extra.get('codegym_failure_reason')}"[:300],
         }
-    for index, got in enumerate(shown):
-        want = expected[index] if index < len(expected) else None
-        if got != want:
-            where = " (in a failed row, masked)" if failed else ""
-            return result | {
-                "outcome": "shaped",
-                "reason": f"observation {index} differs from the recording{where}",
-                "example": f"step {index}: shown {got[:120]!r}, recorded {(want or '')[:120]!r}",
-            }
-    if failed:
-        return result | {
-            "outcome": "failed",
-            "reason": str(extra.get("codegym_failure_reason") or "infrastructure"),
-            "example": f"stop={extra.get('codegym_stop')}, {len(shown)} observations shown, mask all 0",
-        }
-    if extra.get("codegym_done") and steps == len(expected) and len(shown) == len(expected) - 1:
-        # The final answer's observation is never shown: its reward says whether it was applied.
-        if not math.isclose(float(output.reward_score or 0.0), float(line["reward"])):
-            return result | {
-                "outcome": "shaped",
-                "reason": "the reward differs from the recording",
-                "example": f"reward {output.reward_score}, recorded {line['reward']}",
-            }
-        return result | {"outcome": "finished", "reason": "done", "example": f"reward {output.reward_score}"}
-    return result | {
-        "outcome": "lost",
-        "reason": f"stop={extra.get('codegym_stop')}",
-        "example": f"{steps} of {len(expected)} steps, {len(shown)} observations shown, "
-        f"done={extra.get('codegym_done')}, truncated={extra.get('codegym_truncated')}",
-    }
+    judge = Judge(line)
+    for observation in shown_observations(output, tokenizer):
+        judge.saw(observation)
+    verdict = judge.verdict(
+        failure=str(extra.get("codegym_failure_reason") or "infrastructure") if failed else None,
+        done=bool(extra.get("codegym_done")),
+        steps=steps,
+        reward=float(output.reward_score or 0.0),
+        last_shown=False,  # the final answer's observation is never shown
+        stop=f"stop={extra.get('codegym_stop')}",
+    )
+    example = verdict.example
+    if verdict.outcome == "lost":
+        example += f", done={extra.get('codegym_done')}, truncated={extra.get('codegym_truncated')}"
+    return result | {"outcome": verdict.outcome, "reason": verdict.reason, "example": example}
 
 
 async def episode(

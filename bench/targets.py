@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from bench.common import median
-from bench.library_scale import print_rows
-from bench.rollout_bench import Figures
+from bench.common import Figures, median
+from bench.tables import print_rows
 
 
 def verdict(target: str, bound: str, value: str, met: bool | None, **figures: float) -> Figures:

@@ -30,7 +30,6 @@ import json
 import os
 import random
 import resource
-import signal
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import median, rusage_cpu_s, start_process, tree_cpu_s  # noqa: E402
 from codegym.contract import sha256_text  # noqa: E402
 from codegym.contract.source import method_source  # noqa: E402
+from codegym.procs import ServerProcess  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc  # noqa: E402
 from codegym.verification.v1 import verification_service_pb2 as vf  # noqa: E402
@@ -165,7 +165,7 @@ async def measure(call: Callable[[], Awaitable[Any]], runs: int, server_pids: li
     return Measured(walls, last, (servers1 - servers0) / runs, (bench1 - bench0) / runs)
 
 
-def start_servers(jails: int, procs: list[subprocess.Popen[str]]) -> tuple[list[str], str]:
+def start_servers(jails: int, procs: list[ServerProcess]) -> tuple[list[str], str]:
     """WORKERS sandbox workers and a verification service over them: (workers' addresses, its address).
 
     Each process is added to `procs` as soon as it runs, so the caller stops every one started
@@ -173,7 +173,7 @@ def start_servers(jails: int, procs: list[subprocess.Popen[str]]) -> tuple[list[
     """
     addrs = []
     for _ in range(WORKERS):
-        worker, addr = start_process(
+        worker = start_process(
             [
                 "-m",
                 "codegym_cli.cli",
@@ -188,8 +188,8 @@ def start_servers(jails: int, procs: list[subprocess.Popen[str]]) -> tuple[list[
             ]
         )
         procs.append(worker)
-        addrs.append(addr)
-    verification, vaddr = start_process(
+        addrs.append(worker.address)
+    verification = start_process(
         [
             "-m",
             "codegym_cli.cli",
@@ -204,18 +204,12 @@ def start_servers(jails: int, procs: list[subprocess.Popen[str]]) -> tuple[list[
         ]
     )
     procs.append(verification)
-    return addrs, vaddr
+    return addrs, verification.address
 
 
-def stop_servers(procs: list[subprocess.Popen[str]]) -> None:
+def stop_servers(procs: list[ServerProcess]) -> None:
     for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        proc.stop()
 
 
 def solvability_call(
@@ -591,7 +585,7 @@ def report(
 async def run(args: argparse.Namespace) -> list[Section]:
     load_start = os.getloadavg()[0]  # other work on the machine skews every figure
     inputs = prepare_inputs()
-    procs: list[subprocess.Popen[str]] = []
+    procs: list[ServerProcess] = []
     tmp = tempfile.TemporaryDirectory(prefix="verification_bench_", dir="/tmp")
     try:
         worker_addrs, vaddr = start_servers(args.jails, procs)
