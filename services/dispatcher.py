@@ -44,6 +44,7 @@ import grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
 from codegym_client.channels import Access, aio_channel
+from codegym_client.errors import retryable_answer
 
 log = logging.getLogger(__name__)
 SANDBOX_SERVICE = sb.DESCRIPTOR.services_by_name["SandboxService"].full_name
@@ -53,7 +54,6 @@ DEADLINE_SLACK_S = 5.0
 # (sandbox_worker/pool.py): a call's deadline allows for both runs.
 RUNS_PER_OPERATION = 2
 T = TypeVar("T")
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 # How long a worker that answered UNAVAILABLE is skipped by pinned sessions.
 DOWN_S = 2.0
 # Creates, resets and one-shot operations out at once per worker, each its own call: enough to keep
@@ -274,7 +274,7 @@ class SandboxDispatcher:
             try:
                 return await sourced(queue.submit, op, source)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RETRYABLE:
+                if not retryable_answer(exc.code()):  # the failure table (codegym_client.errors)
                     raise
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
                     self.down_until[address] = time.monotonic() + DOWN_S
@@ -337,7 +337,7 @@ class SandboxDispatcher:
             try:
                 return await call()
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RETRYABLE:
+                if not retryable_answer(exc.code()):  # the failure table (codegym_client.errors)
                     raise
                 last = exc
                 log.warning(

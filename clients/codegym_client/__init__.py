@@ -7,9 +7,13 @@ Modules, one concern each:
 - `runtime_client`: `RuntimeClient` (blocking); `async_client`: `AsyncRuntimeClient`, `StepStream`.
 - `online`: `OnlineGymEnv`, a drop-in for CodeGym's online client; `gym_env`: `RemoteEnv`, a
   `gymnasium.Env` over one session (needs the `gym` extra: `pip install './clients[gym]'`).
-- `actions`: model output (`<|FunctionCallBegin|>` blocks, OpenAI `tool_calls`) to actions.
-- `errors`: the typed errors, one per row of the servers' error table.
-- `resend`: how a call whose reply was lost is sent again without being applied twice.
+- `actions`: model output (`<|FunctionCallBegin|>` blocks, OpenAI `tool_calls`) to actions;
+  `abilities`: the training ability string `codegym_v1@{env_id}@{config}`, built and read.
+- `errors`: the typed errors and the one failure table (what is retried, resent, waited out or
+  trained on); `typed_calls`: client methods whose gRPC failures come out typed.
+- `resend`: how a call whose reply was lost is sent again without being applied twice;
+  `outages`: how a trainer adapter waits out an outage (`ride_out`, the shared `Outage` clock).
+- `trl`, `verl`: the trainer adapters (TRL's `environment_factory`, verl's agent loop and tool).
 - `requests`: the requests built from a trainer's arguments; `channels`: the channel factory.
 - `api`: the runtime API's messages and stubs, generated from `protos/` by `make proto`.
 

@@ -23,7 +23,7 @@ from codegym_client.channels import (
     aio_channel,
     target_text,
 )
-from codegym_client.errors import SessionNotFound, raises_typed, typed_error, unreachable
+from codegym_client.errors import SessionNotFound, typed_error
 from codegym_client.requests import (
     DEFAULT_TARGET,
     NOT_RETRIED,
@@ -41,6 +41,7 @@ from codegym_client.resend import (
     resend_kind,
     step_requests,
 )
+from codegym_client.typed_calls import raises_typed, unreachable
 
 __all__ = ["AsyncRuntimeClient", "StepStream"]
 

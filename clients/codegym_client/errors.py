@@ -1,4 +1,4 @@
-"""Typed errors of CodeGym calls: one exception per row of the servers' error table.
+"""Typed errors of CodeGym calls, and the one failure table that decides what is done about each.
 
 A call a server refuses raises a `CodeGymError` subclass chosen by the `codegym-reason` trailer
 every CodeGym server sends with a refusal, or by the status code when there is none (an older
@@ -20,38 +20,79 @@ server, or a failure on the way):
 | `UPSTREAM_REJECTED` | FAILED_PRECONDITION | `CodeGymError`      | never (synthesis only)    | no             |
 | `INTERNAL`          | INTERNAL            | `CodeGymError`      | never                     | yes            |
 
+A status that came without a reason is the row its exception stands for (NOT_FOUND is
+`EnvNotFound` from CreateSession and GetEnv, `SessionNotFound` elsewhere; FAILED_PRECONDITION is
+`EnvFailed` from CreateSession and Reset, `SessionDone` elsewhere; DEADLINE_EXCEEDED is
+`RuntimeUnavailable`), or, for a status outside the table (UNKNOWN, CANCELLED, a proxy's answer), a
+`CodeGymError` with reason "": never retried, an infrastructure failure.
+
+What a client does after a call's reply was lost (`resend`) and what a trainer adapter waits out
+(`ride out`) depend on whether a CodeGym server answered: by the reason it sent (with its own
+status), else by the status alone (the way to the server broke, the call's own deadline passed):
+
+| failure                              | resend          | ride out |
+|--------------------------------------|-----------------|----------|
+| `UNAVAILABLE`                        | any call        | yes      |
+| `OUTCOME_UNKNOWN`                    | repeatable      | yes      |
+| `CAPACITY`                           | never           | yes      |
+| any other reason                     | never           | no       |
+| UNAVAILABLE, no reason               | repeatable      | yes      |
+| DEADLINE_EXCEEDED, no reason         | repeatable late | yes      |
+| CANCELLED, no reason                 | repeatable      | no       |
+| RESOURCE_EXHAUSTED, no reason        | never           | yes      |
+| any other status, no reason          | never           | no       |
+
+The columns, each read from the table (`FAILURES`, `BY_STATUS`) by the code that acts on it:
+
+- `retry` (`CodeGymError.retryable`): the same call can succeed later as it is. A server calling
+  another (the runtime's dispatcher to its sandbox workers) sends again an answer whose status is
+  a retryable reason's (`retryable_answer`).
+- `infrastructure` (`CodeGymError.infrastructure`, `is_infrastructure`): the call failed for a
+  reason that is neither the agent's nor the environment's (a runtime or worker down, full, or
+  broken, or the session of an episode the caller owns lost or moved by a replica): an episode it
+  ends says nothing about the policy, so a trainer must not learn from it (drop it, never score it
+  0). A failure on the way, with no status from the runtime, is one too.
+- `resend` (`resend.resend_kind`): sent again by the client, a short back-off later: "any call"
+  (the runtime answered that nothing of it was applied), "repeatable" (only a call that may be
+  sent twice: a step with its index, a create, a reset), "late" (once more after the call's own
+  deadline passed, as the step may have been waiting out a dead replica's step lease), or never.
+- `ride out` (`outages.clears_by_itself`): a trainer adapter sends the call again, for as long as
+  the operator allows, because the failure clears by itself (codegym_client/outages.py).
+
+The step rule (`STEP_FAULTS`), which every trainer adapter applies: an adapter's step is its own
+request (the model's call, whatever it holds, is answered by the environment as an observation),
+so any error a step raises once its outage was ridden out is not the model's doing: the episode
+ends as the infrastructure's failure, never trained on.
+
 Each error has `reason` (the row's name), `retryable`, `infrastructure` and `retry_after_s`, and
 is also a `grpc.RpcError` with `code()`, `details()` and `trailing_metadata()`, so code written
 against raw gRPC errors keeps working. The servers' side of the table is `codegym/errors.py`,
 which takes the trailer names from here; a test keeps the rows equal.
-
-`infrastructure`: the call failed for a reason that is neither the agent's nor the environment's
-(a runtime or worker down, full, or broken, or the session of an episode the caller owns lost or
-moved by a replica): an episode it ends says nothing about the policy, so a trainer must not
-learn from it (drop it, never score it 0). `is_infrastructure` answers the same for any exception
-a call raised (a failure on the way, with no status from the runtime, is one too).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, ParamSpec, TypeVar, cast
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 __all__ = [
+    "BY_STATUS",
+    "FAILURES",
     "INFRASTRUCTURE_REASONS",
     "REASONS",
     "REASON_TRAILER",
     "RETRY_AFTER_TRAILER",
+    "STEP_FAULTS",
     "CapacityExceeded",
     "CodeGymError",
     "EnvFailed",
     "EnvNotFound",
     "EpisodeEnded",
     "EpisodeFailed",
+    "Failure",
     "InfrastructureFailure",
     "InvalidRequest",
     "PermissionDenied",
@@ -60,9 +101,10 @@ __all__ = [
     "SessionNotFound",
     "StepConflict",
     "Unauthenticated",
+    "failure_row",
     "is_infrastructure",
-    "raises_typed",
     "reason_sent",
+    "retryable_answer",
     "typed_error",
 ]
 
@@ -108,16 +150,15 @@ class CodeGymError(grpc.RpcError):
         self._trailers = tuple((str(k), v) for k, v in trailers)
         self.retry_after_s = retry_after_s(self._trailers)
         sent = reason_sent(self._trailers)
-        if sent in REASONS and REASONS[sent][0] == code:
+        if sent in FAILURES and FAILURES[sent].code == code:
             self.reason = sent
         elif type(self).default_reason:
             self.reason = type(self).default_reason
         else:
             self.reason = "INTERNAL" if code == grpc.StatusCode.INTERNAL else ""
-        # Only infrastructure and capacity refusals clear up by themselves; every other reason
-        # fails the same way again until the request or the session changes.
-        self.retryable = self.reason in RETRYABLE_REASONS
-        self.infrastructure = self.reason in INFRASTRUCTURE_REASONS
+        row = FAILURES.get(self.reason, OUTSIDE)  # the table's row (OUTSIDE: reason "")
+        self.retryable = row.retryable
+        self.infrastructure = row.infrastructure
         super().__init__(f"{code.name}: {details}" if details else code.name)
 
     def code(self) -> grpc.StatusCode:
@@ -209,60 +250,129 @@ class PermissionDenied(CodeGymError):
     default_reason = "PERMISSION_DENIED"
 
 
-# reason → (status, exception): the one table. The servers' codegym/errors.py builds its rows
-# (with when to retry and what each means) from it.
-REASONS: dict[str, tuple[grpc.StatusCode, type[CodeGymError]]] = {
-    "INVALID_REQUEST": (grpc.StatusCode.INVALID_ARGUMENT, InvalidRequest),
-    "ENV_NOT_FOUND": (grpc.StatusCode.NOT_FOUND, EnvNotFound),
-    "SESSION_NOT_FOUND": (grpc.StatusCode.NOT_FOUND, SessionNotFound),
-    "SESSION_DONE": (grpc.StatusCode.FAILED_PRECONDITION, SessionDone),
-    "ENV_FAILED": (grpc.StatusCode.FAILED_PRECONDITION, EnvFailed),
-    "STEP_CONFLICT": (grpc.StatusCode.ABORTED, StepConflict),
-    "CAPACITY": (grpc.StatusCode.RESOURCE_EXHAUSTED, CapacityExceeded),
-    "UNAVAILABLE": (grpc.StatusCode.UNAVAILABLE, RuntimeUnavailable),
+# -- The failure table -----------------------------------------------------------------------------
+
+# What a client does about a failed call once its reply was lost (see the module docstring).
+NEVER = "never"
+ANY_CALL = "any call"  # the runtime answered that nothing of the call was applied
+REPEATABLE = "repeatable"  # a call that may be sent twice: a step with its index, a create, a reset
+LATE = "repeatable late"  # the same, once more after the call's own deadline passed
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One row of the failure table: a failure's status and exception, and every decision about it
+    (the module docstring's columns)."""
+
+    code: grpc.StatusCode
+    error: type[CodeGymError]
+    retryable: bool = False  # the same call can succeed later as it is
+    infrastructure: bool = False  # neither the agent's nor the environment's: never trained on
+    resend: str = NEVER  # sent again after its reply was lost: NEVER, ANY_CALL, REPEATABLE, LATE
+    rides_out: bool = False  # waited out by a trainer adapter (outages.py)
+
+
+_S = grpc.StatusCode
+# reason → row: the one table. The servers' codegym/errors.py builds its rows (with when to retry
+# and what each means) from it.
+FAILURES: dict[str, Failure] = {
+    "INVALID_REQUEST": Failure(_S.INVALID_ARGUMENT, InvalidRequest),
+    "ENV_NOT_FOUND": Failure(_S.NOT_FOUND, EnvNotFound),
+    "SESSION_NOT_FOUND": Failure(_S.NOT_FOUND, SessionNotFound, infrastructure=True),
+    "SESSION_DONE": Failure(_S.FAILED_PRECONDITION, SessionDone),
+    "ENV_FAILED": Failure(_S.FAILED_PRECONDITION, EnvFailed),
+    "STEP_CONFLICT": Failure(_S.ABORTED, StepConflict, infrastructure=True),
+    "CAPACITY": Failure(_S.RESOURCE_EXHAUSTED, CapacityExceeded, True, True, rides_out=True),
+    "UNAVAILABLE": Failure(_S.UNAVAILABLE, RuntimeUnavailable, True, True, ANY_CALL, True),
     # The store failed while a step was being committed: applied or not, nobody knows. Safe to
     # resend only with the step's index (the runtime then answers from its record).
-    "OUTCOME_UNKNOWN": (grpc.StatusCode.UNAVAILABLE, RuntimeUnavailable),
+    "OUTCOME_UNKNOWN": Failure(_S.UNAVAILABLE, RuntimeUnavailable, False, True, REPEATABLE, True),
     # Access: no token or an unknown one; a known token whose role may not call this server.
-    "UNAUTHENTICATED": (grpc.StatusCode.UNAUTHENTICATED, Unauthenticated),
-    "PERMISSION_DENIED": (grpc.StatusCode.PERMISSION_DENIED, PermissionDenied),
+    "UNAUTHENTICATED": Failure(_S.UNAUTHENTICATED, Unauthenticated),
+    "PERMISSION_DENIED": Failure(_S.PERMISSION_DENIED, PermissionDenied),
     # The synthesis server's (an LLM endpoint refusing the request); no runtime call answers it.
-    "UPSTREAM_REJECTED": (grpc.StatusCode.FAILED_PRECONDITION, CodeGymError),
-    "INTERNAL": (grpc.StatusCode.INTERNAL, CodeGymError),
+    "UPSTREAM_REJECTED": Failure(_S.FAILED_PRECONDITION, CodeGymError),
+    "INTERNAL": Failure(_S.INTERNAL, CodeGymError, infrastructure=True),
 }
-RETRYABLE_REASONS = frozenset({"UNAVAILABLE", "CAPACITY"})
-# The reasons that are not the agent's nor the environment's doing (the table's last column);
-# "" is a status outside the table (UNKNOWN, a proxy's answer): not the environment's either.
+# reason "": a status outside the table (UNKNOWN, a proxy's answer): not the environment's either.
+OUTSIDE = Failure(_S.UNKNOWN, CodeGymError, infrastructure=True)
+
+
+def _by_status(
+    code: grpc.StatusCode, error: type[CodeGymError], resend: str = NEVER, rides_out: bool = False
+) -> Failure:
+    """A row for a status that came without a reason: retry and infrastructure are those of the
+    reason its exception stands for."""
+    same = FAILURES.get(error.default_reason or ("INTERNAL" if code == _S.INTERNAL else ""), OUTSIDE)
+    return Failure(code, error, same.retryable, same.infrastructure, resend, rides_out)
+
+
+# status → row, for a failure that carries only its status (no reason: the way to the server
+# broke, the call's own deadline passed, an older server). NOT_FOUND and FAILED_PRECONDITION depend
+# on the RPC too (see `error_class`).
+BY_STATUS: dict[grpc.StatusCode, Failure] = {
+    row.code: row
+    for row in (
+        _by_status(_S.UNAVAILABLE, RuntimeUnavailable, REPEATABLE, rides_out=True),
+        _by_status(_S.DEADLINE_EXCEEDED, RuntimeUnavailable, LATE, rides_out=True),
+        _by_status(_S.CANCELLED, CodeGymError, REPEATABLE),  # a draining replica cancelled it
+        _by_status(_S.RESOURCE_EXHAUSTED, CapacityExceeded, rides_out=True),
+        _by_status(_S.FAILED_PRECONDITION, SessionDone),
+        _by_status(_S.ABORTED, StepConflict),
+        _by_status(_S.INVALID_ARGUMENT, InvalidRequest),
+        _by_status(_S.INTERNAL, CodeGymError),
+        # gRPC itself answers these too (call credentials that failed), with no trailer.
+        _by_status(_S.UNAUTHENTICATED, Unauthenticated),
+        _by_status(_S.PERMISSION_DENIED, PermissionDenied),
+    )
+}
+
+# Views of the table for code that reads one column (the servers' codegym/errors.py, verl's
+# advantage estimators).
+REASONS: dict[str, tuple[grpc.StatusCode, type[CodeGymError]]] = {
+    name: (row.code, row.error) for name, row in FAILURES.items()
+}
 INFRASTRUCTURE_REASONS = frozenset(
-    {"UNAVAILABLE", "OUTCOME_UNKNOWN", "CAPACITY", "INTERNAL", "STEP_CONFLICT", "SESSION_NOT_FOUND", ""}
+    name for name, row in {**FAILURES, "": OUTSIDE}.items() if row.infrastructure
 )
 
-# The fallback for a status that came without a reason (NOT_FOUND and FAILED_PRECONDITION depend
-# on the RPC, see `error_class`).
-BY_CODE: dict[grpc.StatusCode, type[CodeGymError]] = {
-    grpc.StatusCode.FAILED_PRECONDITION: SessionDone,
-    grpc.StatusCode.ABORTED: StepConflict,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: CapacityExceeded,
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
-    grpc.StatusCode.UNAVAILABLE: RuntimeUnavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: RuntimeUnavailable,
-    # gRPC itself answers these too (call credentials that failed), with no trailer.
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-}
+
+def failure_row(exc: BaseException) -> Failure | None:
+    """The row that decides whether a failed call is resent or ridden out: the reason the server
+    sent, when its status agrees (a reason under another status did not cause it, e.g. a proxy's);
+    else the status alone. None when `exc` is not a gRPC failure."""
+    if not isinstance(exc, grpc.RpcError):
+        return None
+    code_of = getattr(exc, "code", None)
+    code = code_of() if callable(code_of) else None
+    trailers_of = getattr(exc, "trailing_metadata", None)
+    sent = reason_sent((trailers_of() if callable(trailers_of) else None) or ())
+    row = FAILURES.get(sent) if sent else None
+    if row is not None and row.code == code:
+        return row
+    return BY_STATUS.get(code, OUTSIDE) if isinstance(code, grpc.StatusCode) else OUTSIDE
+
+
+def retryable_answer(code: grpc.StatusCode) -> bool:
+    """Whether a server's answer with this status (whatever reason it sent) may succeed when the same
+    call is sent again: the status of a retryable reason. What a server calling another decides by
+    (the runtime's dispatcher and its sandbox workers); a status no server answers with (the
+    caller's own DEADLINE_EXCEEDED) is not one."""
+    return any(row.retryable and row.code == code for row in FAILURES.values())
 
 
 def error_class(code: grpc.StatusCode, reason: str, method: str) -> type[CodeGymError]:
     """The exception for a status: the reason's row when the reason agrees with the status (a
     reason under another status was not this status's cause, e.g. a proxy's), else by status."""
-    row = REASONS.get(reason)
-    if row is not None and row[0] == code:
-        return row[1]
+    row = FAILURES.get(reason)
+    if row is not None and row.code == code:
+        return row.error
     if code == grpc.StatusCode.NOT_FOUND:
         return EnvNotFound if method in ENV_METHODS else SessionNotFound
     if code == grpc.StatusCode.FAILED_PRECONDITION and method in ENV_RESET_METHODS:
         return EnvFailed  # create and reset have no finished episode to refuse
-    return BY_CODE.get(code, CodeGymError)
+    status = BY_STATUS.get(code)
+    return CodeGymError if status is None else status.error
 
 
 def is_infrastructure(exc: BaseException) -> bool:
@@ -271,6 +381,12 @@ def is_infrastructure(exc: BaseException) -> bool:
     if isinstance(exc, CodeGymError):
         return exc.infrastructure
     return isinstance(exc, grpc.RpcError | InfrastructureFailure)
+
+
+# The step rule (see the module docstring): what a trainer adapter's step may raise once its
+# outage was ridden out, every one of it the infrastructure's failure, never the model's. Every
+# CodeGymError is a grpc.RpcError; a raw one is a failure on the way.
+STEP_FAULTS: tuple[type[BaseException], ...] = (grpc.RpcError,)
 
 
 class InfrastructureFailure(BaseException):
@@ -316,80 +432,3 @@ def typed_error(exc: grpc.RpcError, method: str) -> CodeGymError:
     trailers = tuple((trailers_of() if callable(trailers_of) else None) or ())
     kind = error_class(code, reason_sent(trailers), method)
     return kind(code, str(details), method, trailers)
-
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def raises_typed(method: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Turn the raw gRPC errors of a client method (plain, async or generator) into `CodeGymError`s."""
-
-    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
-        if inspect.iscoroutinefunction(fn):
-
-            @functools.wraps(fn)
-            async def run_async(*args: P.args, **kwargs: P.kwargs) -> Any:
-                try:
-                    return await fn(*args, **kwargs)
-                except CodeGymError:
-                    raise
-                except grpc.RpcError as exc:
-                    raise typed_error(exc, method) from exc
-
-            return cast(Callable[P, R], run_async)
-
-        if inspect.isgeneratorfunction(fn):
-
-            @functools.wraps(fn)
-            def run_generator(*args: P.args, **kwargs: P.kwargs) -> Any:
-                try:
-                    return (yield from cast(Iterator[Any], fn(*args, **kwargs)))
-                except CodeGymError:
-                    raise
-                except grpc.RpcError as exc:
-                    raise typed_error(exc, method) from exc
-
-            return cast(Callable[P, R], run_generator)
-
-        @functools.wraps(fn)
-        def run(*args: P.args, **kwargs: P.kwargs) -> R:
-            try:
-                return fn(*args, **kwargs)
-            except CodeGymError:
-                raise
-            except grpc.RpcError as exc:
-                raise typed_error(exc, method) from exc
-
-        return run
-
-    return wrap
-
-
-def connect_cause(details: str) -> str:
-    """A short reason from the details of a call that could not reach the runtime."""
-    low = details.lower()
-    for needle, cause in (
-        ("connection refused", "connection refused (nothing listens there)"),
-        ("domain name not found", "host name not found"),
-        ("name or service not known", "host name not found"),
-        ("network is unreachable", "network unreachable"),
-        ("no route to host", "no route to host"),
-        ("connection reset", "connection reset"),
-        ("deadline exceeded", "no answer in time"),
-        ("timed out", "no answer in time"),
-    ):
-        if needle in low:
-            return cause
-    return details or "no answer"
-
-
-def unreachable(target: str, timeout_s: float, probe: grpc.RpcError) -> RuntimeUnavailable | None:
-    """The error of a channel that did not connect in time, or None when the probe got through."""
-    code = probe.code()
-    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-        return None  # something answered: the channel connected after all
-    cause = connect_cause(str(probe.details() or ""))
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        cause = f"no answer after {timeout_s:g} s"
-    return RuntimeUnavailable(grpc.StatusCode.UNAVAILABLE, f"cannot reach {target}: {cause}", "wait_ready")

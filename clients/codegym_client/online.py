@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from codegym_client.abilities import is_ability
 from codegym_client.actions import BEGIN, ActionParseError, parse_function_call, tool_call_action
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.errors import CodeGymError, SessionDone
@@ -64,7 +65,7 @@ class OnlineGymEnv:
         owns = client is None
         client = client or RuntimeClient(target)
         try:
-            if env_str.startswith("codegym_v1@"):
+            if is_ability(env_str):
                 created = client.create_session(ability=env_str, max_steps=max_steps, seed=seed)
             else:
                 created = client.create_session(env_str=env_str, max_steps=max_steps, seed=seed)

@@ -14,21 +14,27 @@ raised. Every other error is raised at once: it fails the same way again.
 Only calls that may be sent twice go through here: creating a session (an orphan expires), a
 step sent with its step index (the runtime answers a repeat from its record, never applies it
 twice), a reset, a close.
+
+Which failures clear by themselves is the `ride out` column of the failure table (errors.py). The
+calls of one trainer share one wait (`Outage`: TRL's spec, verl's agent loop and tool): an outage
+is counted from the first call it failed, so a batch of rollouts waits it out once, not once per
+rollout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 
-from codegym_client.errors import CodeGymError
+from codegym_client.errors import failure_row
 
-__all__ = ["DEFAULT_OUTAGE_WAIT_S", "clears_by_itself", "ride_out", "ride_out_async"]
+__all__ = ["DEFAULT_OUTAGE_WAIT_S", "Outage", "clears_by_itself", "ride_out", "ride_out_async"]
 
 log = logging.getLogger("codegym_client.outages")
 
@@ -37,27 +43,15 @@ T = TypeVar("T")
 DEFAULT_OUTAGE_WAIT_S = 600.0
 FIRST_DELAY_S = 1.0
 MAX_DELAY_S = 30.0
-# Statuses a failure on the way has (no reason from the runtime): the runtime or the way to it down.
-TRANSIENT_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
-)
 
 
 def clears_by_itself(exc: BaseException) -> bool:
-    """Whether the same call may succeed later as it is: the runtime unavailable or full, its
-    store failing while it committed a step (`OUTCOME_UNKNOWN`: the calls sent here carry their
-    step index, so the runtime answers a repeat from its record), or the way to it broken (a
-    status with no reason from the runtime)."""
-    if isinstance(exc, CodeGymError):
-        return (
-            exc.retryable
-            or exc.reason == "OUTCOME_UNKNOWN"
-            or (exc.reason == "" and exc.code() in TRANSIENT_CODES)
-        )
-    if isinstance(exc, grpc.RpcError):
-        code = exc.code() if callable(getattr(exc, "code", None)) else None
-        return code in TRANSIENT_CODES
-    return False
+    """Whether the same call may succeed later as it is (the failure table's `ride out`): the
+    runtime unavailable or full, its store failing while it committed a step (`OUTCOME_UNKNOWN`:
+    the calls sent here carry their step index, so the runtime answers a repeat from its record),
+    or the way to it broken (a status with no reason from the runtime)."""
+    row = failure_row(exc)
+    return row is not None and row.rides_out
 
 
 class _Backoff:
@@ -124,3 +118,59 @@ async def ride_out_async(
             if delay is None:
                 raise
         await asyncio.sleep(delay)
+
+
+class Outage:
+    """The runtime's outage as the calls of one trainer see it: since when they have failed for a
+    reason that clears by itself (None: the last call was answered). The calls share one wait: an
+    outage is counted from the first call it failed, so a batch of rollouts waits `wait_s` once,
+    not once per rollout; after that each call is sent once (with the client's own resends) until
+    a call is answered. Thread-safe; shared by threads and by the tasks of event loops."""
+
+    def __init__(self, wait_s: float = DEFAULT_OUTAGE_WAIT_S) -> None:
+        self.wait_s = max(0.0, float(wait_s))
+        self.lock = threading.Lock()
+        self.since: float | None = None
+
+    def remaining(self) -> float:
+        with self.lock:
+            if self.since is None:
+                return self.wait_s
+            return max(0.0, self.since + self.wait_s - time.monotonic())
+
+    def saw(self, exc: BaseException | None) -> None:
+        """A call's outcome: answered (`exc` None, or a refusal that does not clear by itself:
+        the runtime is up) or not."""
+        with self.lock:
+            if exc is None or not clears_by_itself(exc):
+                self.since = None
+            elif self.since is None:
+                self.since = time.monotonic()
+
+    def call(self, call: Callable[[], T], what: str, wait_s: float | None = None) -> T:
+        """`call()` riding out an outage for what is left of the wait (or `wait_s`)."""
+
+        def attempt() -> T:
+            try:
+                result = call()
+            except grpc.RpcError as exc:
+                self.saw(exc)
+                raise
+            self.saw(None)
+            return result
+
+        return ride_out(attempt, what, self.remaining() if wait_s is None else wait_s)
+
+    async def call_async(self, call: Callable[[], Awaitable[T]], what: str, wait_s: float | None = None) -> T:
+        """The asyncio twin of `call`."""
+
+        async def attempt() -> T:
+            try:
+                result = await call()
+            except grpc.RpcError as exc:
+                self.saw(exc)
+                raise
+            self.saw(None)
+            return result
+
+        return await ride_out_async(attempt, what, self.remaining() if wait_s is None else wait_s)

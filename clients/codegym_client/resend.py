@@ -35,7 +35,7 @@ from typing import Any, cast
 import grpc
 
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
-from codegym_client.errors import CodeGymError, reason_sent, typed_error
+from codegym_client.errors import ANY_CALL, FAILURES, LATE, NEVER, CodeGymError, failure_row, typed_error
 from codegym_client.requests import ActionLike, step_request
 
 # How often a step, create or reset is sent at most when its reply is lost, and the back-off
@@ -57,31 +57,25 @@ TRACKED_SESSIONS = 1 << 17
 RUNS_PER_STEP = 2
 STEP_DEADLINE_SLACK_S = 10.0
 
-# Statuses a call can end with on the way, without the runtime having decided anything we know of:
-# the connection dropped or the replica died (UNAVAILABLE), our own deadline passed
-# (DEADLINE_EXCEEDED), or a draining replica cancelled the call (CANCELLED). The call may or may not
-# have been applied.
-LOST_REPLY = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
-)
-
 
 def resend_kind(error: CodeGymError, repeatable: bool) -> str:
-    """Whether a failed call is sent again: "" (no), "now" or "late" (its own deadline passed).
+    """Whether a failed call is sent again: "" (no), "now" or "late" (its own deadline passed), by
+    the `resend` column of the failure table (errors.py).
 
     `repeatable`: sending the call twice does what sending it once does (a step with its index,
     a reset, a create whose orphan may expire). Such a call is resent whenever its reply may have
-    been lost. Any call, even a step without an index, is resent when the runtime itself answered
-    UNAVAILABLE: by the error table, nothing was applied then.
+    been lost (the connection dropped or the replica died: UNAVAILABLE; our own deadline passed:
+    DEADLINE_EXCEEDED; a draining replica cancelled it: CANCELLED). Any call, even a step without
+    an index, is resent when the runtime itself answered UNAVAILABLE: by the table, nothing was
+    applied then.
     """
-    sent = reason_sent(error.trailing_metadata())
-    if sent == "OUTCOME_UNKNOWN":  # the step may have been applied: only a step with its index
-        return "now" if repeatable else ""
-    if sent:  # the runtime (not the way to it) answered: only its UNAVAILABLE clears up by itself
-        return "now" if sent == "UNAVAILABLE" and error.code() == grpc.StatusCode.UNAVAILABLE else ""
-    if not repeatable or error.code() not in LOST_REPLY:
+    row = failure_row(error)
+    resend = NEVER if row is None else row.resend
+    if resend == ANY_CALL:
+        return "now"
+    if resend == NEVER or not repeatable:
         return ""
-    return "late" if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "now"
+    return "late" if resend == LATE else "now"
 
 
 @dataclass
@@ -215,8 +209,9 @@ class StepIndexes:
 
 
 def batch_entry_lost(result: rt.BatchStepResult) -> bool:
-    """An entry the runtime answered UNAVAILABLE: by the error table, nothing of it was applied."""
-    return result.code == grpc.StatusCode.UNAVAILABLE.value[0]
+    """An entry the runtime answered UNAVAILABLE: by the failure table, nothing of it was applied (an
+    entry carries its status, not a reason: the runtime's own UNAVAILABLE row decides)."""
+    return result.code == FAILURES["UNAVAILABLE"].code.value[0]
 
 
 def step_requests(

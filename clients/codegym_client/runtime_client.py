@@ -28,7 +28,7 @@ from codegym_client.channels import (
     sync_channel,
     target_text,
 )
-from codegym_client.errors import SessionNotFound, raises_typed, typed_error, unreachable
+from codegym_client.errors import SessionNotFound, typed_error
 from codegym_client.requests import (
     DEFAULT_TARGET,
     NOT_RETRIED,
@@ -45,6 +45,7 @@ from codegym_client.resend import (
     resend_kind,
     step_requests,
 )
+from codegym_client.typed_calls import raises_typed, unreachable
 
 __all__ = ["RuntimeClient"]
 

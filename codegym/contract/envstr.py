@@ -15,7 +15,23 @@ from typing import Any
 from codegym.contract.errors import EnvStringError
 from codegym.inside import values
 
-ABILITY_PREFIX = "codegym_v1"
+# The ability format is the client's (`codegym_client.abilities`): one definition for the trainers'
+# side and the servers'. Re-exported here for the servers' modules that take it from the contract.
+from codegym_client.abilities import ABILITY_PREFIX, make_ability, split_ability
+
+__all__ = [
+    "ABILITY_PREFIX",
+    "Ability",
+    "EnvString",
+    "format_ability",
+    "format_config",
+    "format_env_str",
+    "parse_ability",
+    "parse_config",
+    "parse_env_str",
+    "split_env_id",
+]
+
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -74,14 +90,10 @@ def parse_env_str(text: str) -> EnvString:
 
 
 def parse_ability(text: str) -> Ability:
-    prefix, sep, rest = text.partition("@")
-    if not sep:
-        raise EnvStringError("ability string has no '@': expected 'codegym_v1@{code_id}__{Env}@{json}'")
-    if prefix != ABILITY_PREFIX:
-        raise EnvStringError(f"ability prefix must be {ABILITY_PREFIX!r}, got {prefix!r}")
-    env_id, sep, config = rest.partition("@")
-    if not sep:
-        raise EnvStringError("ability string has no config: expected 'codegym_v1@{code_id}__{Env}@{json}'")
+    try:
+        env_id, config = split_ability(text)
+    except ValueError as exc:
+        raise EnvStringError(str(exc)) from None
     code_id, env_class = split_env_id(env_id)
     return Ability(code_id, env_class, parse_config(config))
 
@@ -95,4 +107,4 @@ def format_env_str(env_class: str, config: dict[str, Any]) -> str:
 
 
 def format_ability(code_id: str, env_class: str, config: dict[str, Any]) -> str:
-    return f"{ABILITY_PREFIX}@{code_id}__{env_class}@{format_config(config)}"
+    return make_ability(f"{code_id}__{env_class}", format_config(config))

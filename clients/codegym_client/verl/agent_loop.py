@@ -28,9 +28,11 @@ loop's own Continuous Token builder (`ct_build_initial_tokens`, `ct_merge_assist
 has none, and the episode renders with the chat template as 0.8's `ToolAgentLoop` does.
 
 Infrastructure faults. The episode's runtime calls wait out an outage for `outage_wait_s` (10
-minutes by default) before they give up. A row they end (or the session lost) is handed to verl with
-`codegym_infrastructure_failure` set, reward 0 and a response mask of zeros: verl multiplies every
-loss term (policy, KL, entropy) by the mask, so the row gives no gradient. Its 0 would still enter
+minutes by default) before they give up; the episodes of a process share the wait (`shared_outage`:
+an outage is counted from the first call it failed, so a batch waits it out once). A row they end
+(or the session lost) is handed to verl with `codegym_infrastructure_failure` set, reward 0 and a
+response mask of zeros: verl multiplies every loss term (policy, KL, entropy) by the mask, so the
+row gives no gradient. Its 0 would still enter
 its group's baseline under verl's group estimators (they read every row's score, masked or not):
 `algorithm.adv_estimator=codegym_grpo` (codegym_client/verl/advantage.py, registered in verl's
 driver by a Ray worker setup hook) leaves rows with an all-zero mask out of their group. The loop
@@ -51,10 +53,11 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutp
 from verl.experimental.agent_loop.tool_parser import ToolParser
 from verl.tools.schemas import OpenAIFunctionToolSchema
 
+from codegym_client.abilities import ABILITY_FORMAT
 from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S
 from codegym_client.requests import DEFAULT_TARGET
 from codegym_client.verl.advantage import GROUPED, PREFIX
-from codegym_client.verl.clients import shared_client
+from codegym_client.verl.clients import shared_client, shared_outage
 from codegym_client.verl.episode import run_episode
 from codegym_client.verl.tokens import ChatTemplateRenderer, Renderer, Stream, Tokenizer
 from codegym_client.verl.tool_calls import ParseToolCalls, ToolCall, text_tool_parser
@@ -248,7 +251,7 @@ class CodeGymAgentLoop(AgentLoopBase):
             extra = kwargs.get("extra_info") or {}
             ability = extra.get("ability") if isinstance(extra, dict) else None
         if not isinstance(ability, str):
-            raise ValueError("a codegym_agent row needs 'ability' (codegym_v1@{code_id}__{Env}@{config})")
+            raise ValueError(f"a codegym_agent row needs 'ability' ({ABILITY_FORMAT})")
         raw_prompt = kwargs.get("raw_prompt")  # a list, or a numpy array of dicts: no truth test
         messages = [dict(m) for m in raw_prompt] if raw_prompt is not None else []
         if self.config.actor_rollout_ref.rollout.get("full_determinism"):
@@ -286,6 +289,7 @@ class CodeGymAgentLoop(AgentLoopBase):
             chat_template_kwargs=self.apply_chat_template_kwargs,
             renderer=renderer,
             outage_wait_s=self.outage_wait_s,
+            outage=shared_outage(self.target, self.outage_wait_s),  # one wait for the process's episodes
             run_id=self.run_id,
             # No policy version: verl 0.9.1 gives an agent loop no step. The trainer's
             # `global_steps` reaches the agent-loop worker as `meta_info` of the batch, which

@@ -33,6 +33,7 @@ pass `response_length` (a turn's tool messages that would pass it are not append
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -43,9 +44,10 @@ from typing import Any
 
 import grpc
 
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
-from codegym_client.errors import CodeGymError
-from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, ride_out_async
+from codegym_client.errors import STEP_FAULTS, CodeGymError, is_infrastructure
+from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, Outage
 from codegym_client.verl.tokens import ChatTemplateRenderer, Renderer, Stream, Tokenizer, as_ids
 from codegym_client.verl.tool_calls import ParseToolCalls, ToolCall, text_tool_parser, visible_text
 
@@ -132,6 +134,7 @@ async def run_episode(
     outage_wait_s: float = DEFAULT_OUTAGE_WAIT_S,
     run_id: str = "",
     policy_version: int | None = None,
+    outage: Outage | None = None,
 ) -> Episode:
     """Play one episode of `ability` (`codegym_v1@{code_id}__{Env}@{config}`) in one session.
 
@@ -153,33 +156,31 @@ async def run_episode(
       chat_template_kwargs)`).
     - `outage_wait_s`: how long each runtime call waits out a failure that clears by itself before
       the episode ends as an infrastructure failure (the operator's setting; 0: the client's own
-      resends only).
+      resends only). `outage`: a clock shared with other episodes (`CodeGymAgentLoop` shares one
+      per process and runtime: an outage is waited out once, not once per episode); without it,
+      the episode's calls share one of their own.
     - `run_id`, `policy_version`: the trainer's run and the policy's version, which the runtime
       records with the episode's outcome (`Stats`, `SampleTasks`).
     """
-    render = renderer or ChatTemplateRenderer(tokenizer, chat_template_kwargs)
-    parse = parse_tool_calls or text_tool_parser("hermes", tokenizer)
-    episode = Episode()
-    stream = Stream([])
-
+    play = _Play(
+        client=client,
+        tokenizer=tokenizer,
+        generate=generate,
+        parse=parse_tool_calls or text_tool_parser("hermes", tokenizer),
+        render=renderer or ChatTemplateRenderer(tokenizer, chat_template_kwargs),
+        outage=outage or Outage(outage_wait_s),
+        max_turns=max_turns,
+        max_user_turns=max_user_turns,
+        response_length=response_length,
+        max_tool_response_length=max_tool_response_length,
+        truncate_side=tool_response_truncate_side,
+        calls_per_turn=max(1, max_calls_per_turn),
+    )
+    episode = play.episode
     try:
-        try:
-            created = await ride_out_async(
-                lambda: client.create_session(
-                    ability=ability, max_steps=max_steps, run_id=run_id, policy_version=policy_version
-                ),
-                f"CodeGym CreateSession ({ability[:200]})",
-                outage_wait_s,
-            )
-        except CodeGymError as exc:
-            if not exc.infrastructure:
-                raise  # the row is wrong (unknown env, a config its env cannot start): fails again
-            return _failed(episode, "CreateSession", exc)
-        except grpc.RpcError as exc:
-            return _failed(episode, "CreateSession", exc)
-        episode.session_id, episode.env_id = created.session_id, created.env_id
-        step_index = 0  # the session's step index: what its next step applies to
-        tools = [json.loads(t.json_schema) for t in created.tools]
+        created = await play.open(ability, max_steps, run_id, policy_version)
+        if created is None:
+            return episode
         conversation = [dict(m) for m in messages or ()]
         if not conversation:
             first = (
@@ -187,94 +188,177 @@ async def run_episode(
             )
             conversation = [{"role": "user", "content": first}]
         episode.messages = conversation
-        stream = await render.prompt(list(conversation), tools)
-
-        while True:
-            started = time.monotonic()
-            output = await generate(list(stream.token_ids))
-            episode.metrics["generate_sequences"] += time.monotonic() - started
-            turn = [int(i) for i in output.token_ids]
-            episode.assistant_turns += 1
-            stream = await render.model_turn(stream, turn, getattr(output, "log_probs", None))
-            capped = ""
-            if len(stream.mask) >= response_length:
-                capped = "response_length"
-            elif max_turns and episode.assistant_turns >= max_turns:
-                capped = "max_turns"
-            elif max_user_turns and episode.user_turns >= max_user_turns:
-                capped = "max_user_turns"
-            if capped:
-                episode.messages.append({"role": "assistant", "content": _decode(tokenizer, turn)})
-                episode.stop = capped
+        play.stream = await play.render.prompt(list(conversation), play.tools)
+        while not episode.stop:
+            calls = await play.model_turn()
+            if episode.stop:
                 break
-            raw = tokenizer.decode(turn, skip_special_tokens=False)
-            shown = visible_text(raw)
-            visible = turn if shown == raw else as_ids(tokenizer.encode(shown, add_special_tokens=False))
-            calls = await parse(visible, tools)
-            episode.messages.append(
-                _assistant_message(_decode(tokenizer, turn), calls[: max(1, max_calls_per_turn)])
-            )
-            if not calls:
-                episode.stop = "no_tool_call"
-                break
-
-            tool_messages: list[dict[str, Any]] = []
-            started = time.monotonic()
-            for name, arguments in calls[: max(1, max_calls_per_turn)]:
-                action = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-                try:  # with its index: a resend the runtime applied already is answered, not applied
-                    result = await ride_out_async(
-                        functools.partial(client.step, episode.session_id, action, step_index=step_index),
-                        f"CodeGym Step {step_index} of session {episode.session_id}",
-                        outage_wait_s,
-                    )
-                except grpc.RpcError as exc:  # every CodeGymError is one: not the model's doing
-                    _failed(episode, "Step", exc)
-                    break
-                step_index = int(result.step_index)
-                episode.steps += 1
-                episode.reward = float(result.reward)
-                content = _truncate(
-                    str(result.observation), max_tool_response_length, tool_response_truncate_side
-                )
-                tool_messages.append({"role": "tool", "content": content})
-                if result.done or result.truncated:
-                    episode.done, episode.truncated = bool(result.done), bool(result.truncated)
-                    episode.stop = "truncated" if result.truncated and not result.done else "done"
-                    break
-            episode.metrics["tool_calls"] += time.monotonic() - started
-            if episode.infrastructure_failure or episode.stop:
+            tool_messages = await play.tool_calls(calls)
+            if episode.stop:
                 break  # an outage: nothing from it is appended; an ended episode: the model's call is last
-
-            previous = list(episode.messages)
-            longer = await render.messages(stream, previous, previous + tool_messages, tools)
-            if len(longer.mask) >= response_length:
-                episode.stop = "response_length"
-                break
-            stream = longer
-            episode.messages += tool_messages
-            episode.user_turns += 1
-
-        episode.prompt_ids = stream.prompt_ids
-        episode.response_ids = stream.response_ids[:response_length]
-        episode.response_mask = stream.mask[:response_length]
-        episode.response_logprobs = stream.logprobs[:response_length] if stream.logprobs else None
+            await play.append(tool_messages)
+        play.finish()
         return episode
     finally:
-        if episode.session_id:
-            # An episode a fault ended has waited out the outage once already: one try then.
-            wait_s = 0.0 if episode.infrastructure_failure else outage_wait_s
-            session_id = episode.session_id
-            try:
-                await ride_out_async(
-                    lambda: client.close_session(session_id), f"CodeGym CloseSession {session_id}", wait_s
+        await play.close(outage_wait_s)
+
+
+@dataclass
+class _Play:
+    """An episode being played: what its model turns and tool calls share (the session, the token
+    stream, the session's step index), and one method for each part of the episode."""
+
+    client: AsyncRuntimeClient
+    tokenizer: Tokenizer
+    generate: Generate
+    parse: ParseToolCalls
+    render: Renderer
+    outage: Outage
+    max_turns: int
+    max_user_turns: int
+    response_length: int
+    max_tool_response_length: int
+    truncate_side: str
+    calls_per_turn: int
+    episode: Episode = field(default_factory=Episode)
+    stream: Stream = field(default_factory=lambda: Stream([]))
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    step_index: int = 0  # the session's step index: what its next step applies to
+
+    async def open(
+        self, ability: str, max_steps: int, run_id: str, policy_version: int | None
+    ) -> rt.CreateSessionResponse | None:
+        """The episode's session, or None when the infrastructure failed it (the episode says so). A
+        failure that is not the infrastructure's (the row is wrong: an unknown env, a config its env
+        cannot start) is raised: it fails the same way again."""
+        try:
+            created = await self.outage.call_async(
+                lambda: self.client.create_session(
+                    ability=ability, max_steps=max_steps, run_id=run_id, policy_version=policy_version
+                ),
+                f"CodeGym CreateSession ({ability[:200]})",
+            )
+        except grpc.RpcError as exc:
+            if not is_infrastructure(exc):
+                raise
+            _failed(self.episode, "CreateSession", exc)
+            return None
+        self.episode.session_id, self.episode.env_id = created.session_id, created.env_id
+        self.tools = [json.loads(t.json_schema) for t in created.tools]
+        return created
+
+    async def model_turn(self) -> list[ToolCall]:
+        """One model turn, appended to the stream and the conversation; its calls to run (at most
+        `calls_per_turn`). Sets the episode's stop when the turn reaches a cap (its calls are not
+        run) or calls no tool."""
+        episode = self.episode
+        started = time.monotonic()
+        output = await self.generate(list(self.stream.token_ids))
+        episode.metrics["generate_sequences"] += time.monotonic() - started
+        turn = [int(i) for i in output.token_ids]
+        episode.assistant_turns += 1
+        self.stream = await self.render.model_turn(self.stream, turn, getattr(output, "log_probs", None))
+        capped = self.cap()
+        loop = asyncio.get_running_loop()
+        if capped:
+            text = await loop.run_in_executor(None, _decode, self.tokenizer, turn)
+            episode.messages.append({"role": "assistant", "content": text})
+            episode.stop = capped
+            return []
+        text, visible = await loop.run_in_executor(None, _read_turn, self.tokenizer, turn)
+        calls = (await self.parse(visible, self.tools))[: self.calls_per_turn]
+        episode.messages.append(_assistant_message(text, calls))
+        if not calls:
+            episode.stop = "no_tool_call"
+        return calls
+
+    def cap(self) -> str:
+        """The cap the response has reached after a model turn, or ""."""
+        if len(self.stream.mask) >= self.response_length:
+            return "response_length"
+        if self.max_turns and self.episode.assistant_turns >= self.max_turns:
+            return "max_turns"
+        if self.max_user_turns and self.episode.user_turns >= self.max_user_turns:
+            return "max_user_turns"
+        return ""
+
+    async def tool_calls(self, calls: list[ToolCall]) -> list[dict[str, Any]]:
+        """The turn's calls, each a step of the session, in order; their tool messages. Sets the
+        episode's stop when the environment ends the episode or a step fails (the step rule)."""
+        episode = self.episode
+        tool_messages: list[dict[str, Any]] = []
+        started = time.monotonic()
+        for name, arguments in calls:
+            action = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+            try:  # with its index: a resend the runtime applied already is answered, not applied
+                result = await self.outage.call_async(
+                    functools.partial(
+                        self.client.step, episode.session_id, action, step_index=self.step_index
+                    ),
+                    f"CodeGym Step {self.step_index} of session {episode.session_id}",
                 )
-            except (grpc.RpcError, ValueError, RuntimeError) as exc:  # idle expiry reclaims it
-                log.warning("could not close CodeGym session %s: %s", episode.session_id, exc)
+            except STEP_FAULTS as exc:  # the step rule (errors.py): never the model's doing
+                _failed(episode, "Step", exc)
+                break
+            self.step_index = int(result.step_index)
+            episode.steps += 1
+            episode.reward = float(result.reward)
+            content = _truncate(str(result.observation), self.max_tool_response_length, self.truncate_side)
+            tool_messages.append({"role": "tool", "content": content})
+            if result.done or result.truncated:
+                episode.done, episode.truncated = bool(result.done), bool(result.truncated)
+                episode.stop = "truncated" if result.truncated and not result.done else "done"
+                break
+        episode.metrics["tool_calls"] += time.monotonic() - started
+        return tool_messages
+
+    async def append(self, tool_messages: list[dict[str, Any]]) -> None:
+        """The turn's tool messages, appended unless they would pass the response length (then the
+        episode stops there)."""
+        episode = self.episode
+        previous = list(episode.messages)
+        longer = await self.render.messages(self.stream, previous, previous + tool_messages, self.tools)
+        if len(longer.mask) >= self.response_length:
+            episode.stop = "response_length"
+            return
+        self.stream = longer
+        episode.messages += tool_messages
+        episode.user_turns += 1
+
+    def finish(self) -> None:
+        """The trajectory: the stream's prompt and response, cut to the response length."""
+        episode, stream, length = self.episode, self.stream, self.response_length
+        episode.prompt_ids = stream.prompt_ids
+        episode.response_ids = stream.response_ids[:length]
+        episode.response_mask = stream.mask[:length]
+        episode.response_logprobs = stream.logprobs[:length] if stream.logprobs else None
+
+    async def close(self, outage_wait_s: float) -> None:
+        """Close the session, if one was opened. An episode a fault ended has waited out the outage
+        once already: one try then."""
+        session_id = self.episode.session_id
+        if not session_id:
+            return
+        wait_s = 0.0 if self.episode.infrastructure_failure else outage_wait_s
+        try:
+            await self.outage.call_async(
+                lambda: self.client.close_session(session_id), f"CodeGym CloseSession {session_id}", wait_s
+            )
+        except (grpc.RpcError, ValueError, RuntimeError) as exc:  # idle expiry reclaims it
+            log.warning("could not close CodeGym session %s: %s", session_id, exc)
 
 
 def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _read_turn(tokenizer: Tokenizer, turn: list[int]) -> tuple[str, list[int]]:
+    """A model turn's text for the conversation, and its tokens outside `<think>` (what the tool
+    parser reads): decodes, run off the event loop."""
+    raw = tokenizer.decode(turn, skip_special_tokens=False)
+    shown = visible_text(raw)
+    visible = turn if shown == raw else as_ids(tokenizer.encode(shown, add_special_tokens=False))
+    return _decode(tokenizer, turn), visible
 
 
 def _assistant_message(text: str, calls: list[ToolCall]) -> dict[str, Any]:

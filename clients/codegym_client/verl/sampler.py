@@ -44,6 +44,7 @@ import random
 from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import Any
 
+from codegym_client.abilities import ability_parts
 from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, ride_out
 from codegym_client.requests import DEFAULT_TARGET
 from codegym_client.runtime_client import RuntimeClient
@@ -64,8 +65,7 @@ def task_key(ability: str) -> tuple[str, str]:
     """A task however its config's JSON is spelled: env id and the config with sorted keys (an
     ability as `codegym export` writes it holds the config as published; the runtime's record holds
     it as the library does)."""
-    _, _, rest = ability.partition("@")
-    env_id, _, config = rest.partition("@")
+    _, env_id, config = ability_parts(ability)
     try:
         return env_id, json.dumps(json.loads(config), sort_keys=True)
     except ValueError:

@@ -25,9 +25,11 @@ Limits (what `ToolAgentLoop` does not tell a tool, and what follows):
 - **Infrastructure faults.** An outage is waited out first: creating the session, each step (sent
   with its step index, so a resend the runtime applied already is answered from its record) and
   the close are sent again with back-off for `outage_wait_s` (default 600 s) while the failure
-  clears by itself. `ToolAgentLoop` turns every `Exception` a tool raises into a tool message for
-  the model ("Error when executing tool: ..."), and a tool has no way to drop its rollout or mask
-  it (it returns a response, a reward and metrics; the loop builds the mask). So a fault that
+  clears by itself; the process's tools share the wait (`shared_outage`: an outage is counted
+  from the first call it failed, then each call is sent once until one is answered).
+  `ToolAgentLoop` turns every `Exception` a tool raises into a tool message for the model ("Error
+  when executing tool: ..."), and a tool has no way to drop its rollout or mask it (it returns a
+  response, a reward and metrics; the loop builds the mask). So a fault that
   outlasts the wait or does not clear (the session lost) raises `InfrastructureFailure`, a
   `BaseException`: it fails the rollout batch instead of putting the outage in the training data.
   A call after the episode ended raises `EpisodeEnded` (an ordinary error, which the model is shown).
@@ -61,10 +63,10 @@ import grpc
 from verl.tools.base_tool import BaseTool
 from verl.tools.schemas import ToolResponse
 
-from codegym_client.errors import CodeGymError, EpisodeEnded, InfrastructureFailure
-from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, ride_out_async
+from codegym_client.errors import STEP_FAULTS, EpisodeEnded, InfrastructureFailure, is_infrastructure
+from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, Outage
 from codegym_client.requests import DEFAULT_TARGET
-from codegym_client.verl.clients import shared_client
+from codegym_client.verl.clients import shared_client, shared_outage
 
 __all__ = ["CodeGymTool"]
 
@@ -139,31 +141,28 @@ class CodeGymTool(BaseTool):
                 if not ability:
                     raise ValueError("no 'ability' in the row's tools_kwargs create_kwargs")
                 try:
-                    created = await ride_out_async(
+                    created = await self._outage().call_async(
                         # No policy version: verl 0.9.1 hands a tool no step (`create` gets the
                         # row's create_kwargs, `execute` the call's arguments and `agent_data`).
                         lambda: client.create_session(
                             ability=ability, max_steps=self.max_steps, run_id=self.run_id
                         ),
                         f"CodeGym CreateSession ({ability[:200]})",
-                        self.outage_wait_s,
                     )
-                except CodeGymError as exc:
-                    if exc.infrastructure:
-                        raise InfrastructureFailure(f"CreateSession failed: {exc.reason or exc}") from exc
-                    raise
                 except grpc.RpcError as exc:
-                    raise InfrastructureFailure(f"CreateSession failed: {exc}") from exc
+                    if not is_infrastructure(exc):
+                        raise  # the row is wrong (unknown env, a config its env cannot start)
+                    reason = getattr(exc, "reason", "") or exc
+                    raise InfrastructureFailure(f"CreateSession failed: {reason}") from exc
                 session.session_id, session.target = created.session_id, self.target
             action = {"name": self.name, "parameters": parameters}
             index = session.step_index
             try:  # with its index: a resend the runtime applied already is answered, not applied
-                result = await ride_out_async(
+                result = await self._outage().call_async(
                     lambda: client.step(session.session_id, action, step_index=index),
                     f"CodeGym Step {index} of session {session.session_id}",
-                    self.outage_wait_s,
                 )
-            except grpc.RpcError as exc:  # every CodeGymError is one: the runtime's doing, not the model's
+            except STEP_FAULTS as exc:  # the step rule (errors.py): the runtime's doing, never the model's
                 raise InfrastructureFailure(f"Step failed: {getattr(exc, 'reason', '') or exc}") from exc
             session.step_index = int(result.step_index)
             ended = bool(result.done or result.truncated)
@@ -173,6 +172,11 @@ class CodeGymTool(BaseTool):
         reward = float(result.reward) if ended else 0.0
         metrics = {"done": bool(result.done), "truncated": bool(result.truncated), "step": result.step_index}
         return ToolResponse(text=str(result.observation)), reward, metrics
+
+    def _outage(self) -> Outage:
+        """The process's clock of this tool's runtime (`shared_outage`): an outage is waited out
+        once by every episode's calls, not once per call."""
+        return shared_outage(self.target, self.outage_wait_s)
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         """The ended episode's reward, by request id (`agent_data`) or instance id; else 0.0."""
@@ -218,10 +222,9 @@ class CodeGymTool(BaseTool):
             return
         client = shared_client(session.target or self.target, self.timeout_s)
         try:
-            await ride_out_async(
+            await shared_outage(session.target or self.target, self.outage_wait_s).call_async(
                 lambda: client.close_session(session.session_id),
                 f"CodeGym CloseSession {session.session_id}",
-                self.outage_wait_s,
             )
         except grpc.RpcError as exc:  # the runtime's idle expiry reclaims it
             log.warning("could not close CodeGym session %s: %s", session.session_id, exc)
