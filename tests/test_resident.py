@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from codegym.inside.settings import JAIL_CEILING
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from tests.conftest import ENV_DIR, SAMPLES
@@ -427,7 +428,7 @@ def test_what_a_resident_costs_is_measured_on_the_live_processes() -> None:
             assert figures["codegym_sandbox_residents"] == 4
             # The budget (half this machine's memory) holds more than the jail's ceiling at that cost.
             budget = figures["codegym_sandbox_resident_budget_bytes"]
-            assert figures["codegym_sandbox_resident_capacity"] == min(1024, budget // cost)
+            assert figures["codegym_sandbox_resident_capacity"] == min(JAIL_CEILING, budget // cost)
     finally:
         assert worker.stop() == 0
 
