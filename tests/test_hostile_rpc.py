@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import pickle
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from typing import Any
 import grpc
 import pytest
 
+from codegym.auth import TRAINER, Identity, write_tokens
 from codegym.grpcutil import ManagedServer
 from codegym_client import (
     AsyncRuntimeClient,
@@ -37,6 +39,7 @@ from codegym_client import (
     SessionNotFound,
 )
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.channels import TOKEN_ENV
 from services.dispatcher import SandboxDispatcher
 from services.runtime.catalog import Catalog
 from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeServicer, add_to_server
@@ -49,6 +52,7 @@ COUNTER = base.COUNTER
 INVALID_ACTION = rt.STEP_ERROR_CODE_INVALID_ACTION
 UNKNOWN_TOOL = rt.STEP_ERROR_CODE_UNKNOWN_TOOL
 TWO_MB = 2 * 1024 * 1024
+HOSTILE_TOKEN = "hostile-trainer-token"
 DEEP = 5000
 OBSERVE = '{"name": "Observe", "parameters": {}}'
 PYTHON_TEXT = ("Traceback", "Unexpected <class", 'File "', "RecursionError", "DecodeError")
@@ -65,10 +69,26 @@ def workers() -> Iterator[list[ServerProcess]]:
         assert proc.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def runtime(library: Path, workers: list[ServerProcess]) -> Iterator[ServerProcess]:
-    proc = base.start_runtime(library, workers)
-    yield proc
+@pytest.fixture(scope="module", params=["open", "tokens"])
+def runtime(
+    request: pytest.FixtureRequest,
+    library: Path,
+    workers: list[ServerProcess],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ServerProcess]:
+    """The runtime process every hostile request goes to: open, and again taking access tokens
+    (issue #31: auth must not change a single answer to hostile input), the test's clients then
+    carrying a trainer's token."""
+    if request.param == "open":
+        proc = base.start_runtime(library, workers)
+        yield proc
+    else:
+        tokens = tmp_path_factory.mktemp("hostile-tokens") / "tokens.json"
+        write_tokens(tokens, {HOSTILE_TOKEN: Identity("hostile", TRAINER)})
+        proc = base.start_runtime(library, workers, "--tokens", str(tokens))
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(TOKEN_ENV, HOSTILE_TOKEN)
+            yield proc
     assert proc.stop() == 0
     # No hostile request reached the last line of defence (an unexpected exception in the servicer).
     assert "ERROR services.runtime." not in proc.text, proc.text[-3000:]
@@ -409,11 +429,17 @@ UNDECODABLE: list[tuple[str, bytes]] = [
 ]
 
 
-def raw_unary(address: str, method: str, payload: bytes) -> grpc.RpcError:
+def token_metadata() -> tuple[tuple[str, str], ...]:
+    """The access token the clients send here (none when the runtime under test is open)."""
+    token = os.environ.get(TOKEN_ENV, "")
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+def raw_unary(address: str, method: str, payload: bytes, with_token: bool = True) -> grpc.RpcError:
     with grpc.insecure_channel(address) as channel:
         call = channel.unary_unary(f"/{SERVICE_NAME}/{method}")  # bytes in, bytes out
         with pytest.raises(grpc.RpcError) as info:
-            call(payload, timeout=30)
+            call(payload, timeout=30, metadata=token_metadata() if with_token else ())
     return info.value
 
 
@@ -424,6 +450,10 @@ def test_undecodable_unary_requests_to_the_runtime_process_are_invalid_argument(
     for method, payload in UNDECODABLE:
         err = raw_unary(runtime.address, method, payload)
         assert_clear(err.code(), err.details() or "", INVALID)
+        if token_metadata():  # a runtime taking tokens reads nothing of a caller it does not know
+            err = raw_unary(runtime.address, method, payload, with_token=False)
+            assert err.code() == grpc.StatusCode.UNAUTHENTICATED, err
+            assert "carries no access token" in (err.details() or "")
 
 
 async def raw_stream(address: str, session: str) -> tuple[list[rt.StepStreamResponse], grpc.StatusCode, str]:
@@ -432,7 +462,7 @@ async def raw_stream(address: str, session: str) -> tuple[list[rt.StepStreamResp
     async with grpc.aio.insecure_channel(address) as channel:
         call = channel.stream_stream(
             f"/{SERVICE_NAME}/StepStream", response_deserializer=rt.StepStreamResponse.FromString
-        )()
+        )(metadata=token_metadata())
         await call.write(good.SerializeToString())
         await call.write(b"\x12\x04\xff\xfe\xc0\x80")
         await call.write(good.SerializeToString())
