@@ -62,20 +62,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figures, Line, median, progress, rusage_cpu_s, start_process  # noqa: E402
+from bench.access_stacks import client_env, self_signed, tls_stack, tokens_path  # noqa: E402
+from bench.common import Figures, Line, median, progress, rusage_cpu_s  # noqa: E402
 from bench.episodes import GrpcEpisode  # noqa: E402
 from bench.load import CLIENT_TIMEOUT_S, Load, Plan, measure, stop_rollouts  # noqa: E402
 from bench.rollout_bench import points  # noqa: E402
-from bench.stacks import Stack, StackSpec, git, make_sure_gone, tree_pids, up  # noqa: E402
+from bench.stacks import Stack, StackSpec, git, up  # noqa: E402
 from bench.tables import Col, print_table, report_busy  # noqa: E402
 from bench.targets import print_targets, spread_verdicts, verdict  # noqa: E402
-from codegym.auth import OPERATOR, SERVICE, TOKENS_FILE_ENV, TRAINER, local_tokens, read_tokens  # noqa: E402
-from codegym.procs import ServerProcess  # noqa: E402
+from codegym.auth import OPERATOR, SERVICE, TRAINER, read_tokens  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
-from codegym_cli.up_command import build_default_library  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
-from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV  # noqa: E402
-from sandbox_worker.residency import default_budget_mb  # noqa: E402
+from codegym_client.channels import TOKEN_ENV  # noqa: E402
 
 PARTS = ("auth", "tenants")
 TRAJECTORIES = ROOT / "codegym" / "samples" / "trajectories.jsonl"
@@ -84,81 +82,6 @@ QUOTA_B = {"steps_per_s": 200}
 FLOOD_RAMP_S = 1.0  # a floods this long before b starts: b meets a tenant already past its quota
 P99_FACTOR = 1.5  # b's p99 with the flood against alone (see the docstring)
 SERVED_PCT = 97.0
-
-
-def tokens_path(library: Path) -> Path:
-    """Where `codegym up --auth` keeps the tokens of a library (and reads them when there)."""
-    return library.with_name(f"{library.stem}.tokens.json")
-
-
-@contextlib.contextmanager
-def client_env(token: str, tls_ca: str = "") -> Iterator[None]:
-    """`CODEGYM_TOKEN` (and `CODEGYM_TLS_CA`) for the clients made inside the block, as a trainer
-    exports them; never set while a stack starts (`up` would take them as its own)."""
-    saved = {key: os.environ.get(key) for key in (TOKEN_ENV, TLS_CA_ENV)}
-    os.environ[TOKEN_ENV] = token
-    if tls_ca:
-        os.environ[TLS_CA_ENV] = tls_ca
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-# ---------------------------------------------------------------------------------------------
-# The TLS stack: the servers `up` would start, with TLS, started here.
-
-
-def self_signed(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key (the certificate is its own CA), by `openssl`."""
-    cert, key = folder / "tls-cert.pem", folder / "tls-key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
-
-
-@contextlib.contextmanager
-def tls_stack(spec: StackSpec, cert: Path, key: Path) -> Iterator[tuple[Stack, str]]:
-    """2 workers and a runtime serving TLS with `up --auth`'s tokens: (the stack, a trainer token)."""
-    with contextlib.redirect_stdout(sys.stderr):
-        build_default_library(spec.library)
-    tokens = local_tokens(tokens_path(spec.library))
-    env = dict(spec.env)
-    env.update(
-        {TOKENS_FILE_ENV: str(tokens_path(spec.library)), TOKEN_ENV: tokens[SERVICE], TLS_CA_ENV: str(cert)}
-    )
-    serve = ["-m", "codegym_cli.cli", "serve"]
-    flags = ["--host", "127.0.0.1", "--port", "0", "--tls-cert", str(cert), "--tls-key", str(key)]
-    servers: list[ServerProcess] = []
-    try:
-        with open(spec.log, "ab") as log:
-
-            def start(name: str, args: list[str]) -> ServerProcess:
-                server = start_process([*serve, *args, *flags], name=name, env=env, cwd=spec.tree,
-                                       stderr=log.fileno(), keep=200, timeout_s=120)  # fmt: skip
-                servers.append(server)
-                return server
-
-            for i in range(2):  # as `up --workers 2`: each its share of the resident budget
-                budget = str(default_budget_mb(2))
-                start(f"tls worker {i + 1}", ["sandbox", "--jails", "2", "--resident-memory-mb", budget])
-            sandbox = ",".join(s.address for s in servers)
-            runtime = start("tls runtime", ["runtime", "--library", str(spec.library), "--sandbox", sandbox])
-            # Servers this process started itself: `cpu_by_role` finds them among its own children.
-            yield Stack(runtime, root_pid=os.getpid()), tokens[TRAINER]
-    finally:
-        pids = set().union(*(tree_pids(s.pid) for s in servers))
-        for server in reversed(servers):
-            server.stop()
-        make_sure_gone(pids, "tls stack")
 
 
 # ---------------------------------------------------------------------------------------------

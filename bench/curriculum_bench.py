@@ -68,6 +68,12 @@ from bench.common import (  # noqa: E402
     median,
     progress,
 )
+from bench.curriculum_targets import (  # noqa: E402
+    CURRICULUM_COLUMNS,
+    RECORDING_COLUMNS,
+    curriculum_targets,
+    recording_targets,
+)
 from bench.episodes import DEFAULT_RETRY_S  # noqa: E402
 from bench.library_build import run_import  # noqa: E402
 from bench.library_data import (  # noqa: E402
@@ -85,8 +91,8 @@ from bench.library_data import (  # noqa: E402
 from bench.load import CLIENT_TIMEOUT_S, Plan, measure  # noqa: E402
 from bench.rollout_bench import points  # noqa: E402
 from bench.stacks import StackSpec, git, up  # noqa: E402
-from bench.tables import Col, print_table, report_busy  # noqa: E402
-from bench.targets import print_targets, spread_verdicts, verdict  # noqa: E402
+from bench.tables import print_table, report_busy  # noqa: E402
+from bench.targets import print_targets  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 from codegym_client.errors import CapacityExceeded, InvalidRequest  # noqa: E402
@@ -354,36 +360,8 @@ def run_recording(args: argparse.Namespace, workdir: Path, logs: Path, revision:
     return rows
 
 
-def recording_targets(rows: list[Figures]) -> list[Figures]:
-    """Recording on against off, judged by the run-to-run spread."""
-    return spread_verdicts(rows, "on", "off", name="record")
-
-
-def curriculum_targets(rows: list[Figures]) -> list[Figures]:
-    zero = {row["point"]: row["zero_variance_pct"] for row in rows}
-    uniform, chosen = zero["uniform"], zero["curriculum"]
-    return [
-        verdict("uniform zero-variance groups", ">= 50 %", f"{uniform:.1f} %", uniform >= 50, pct=uniform),
-        verdict("curriculum zero-variance groups", "<= 10 %", f"{chosen:.1f} %", chosen <= 10, pct=chosen),
-    ]
-
-
 # ---------------------------------------------------------------------------------------------
-# Tables, command line.
-
-CURRICULUM_COLUMNS = (
-    "curriculum: B configurations x 8 episodes per training step, uniform or from SampleTasks",
-    [Col("tasks", "tasks", "d"), Col("steps", "steps", "d"), Col("groups", "groups", "d"),
-     Col("zero-var %", "zero_variance_pct", ".1f"), Col("zero-var % late", "zero_variance_late_pct", ".1f"),
-     Col("useful/1000", "useful_per_1000", ".0f"), Col("pass rate start", "pass_rate_start", ".3f"),
-     Col("pass rate end", "pass_rate_end", ".3f"), Col("s/step", "seconds_per_step", ".1f")],
-)  # fmt: skip
-RECORDING_COLUMNS = (
-    "recording on/off: steady N rollouts thinking T, one fresh stack per run, alternating",
-    [Col("served/s", "served"), Col("p50 ms", "p50_ms", ".2f"), Col("p99 ms", "p99_ms", ".1f"),
-     Col("CPU ms/step", "cpu_ms_per_step", ".2f"), Col("recorded", "recorded", "d"), Col("errors", "errors", "d"),
-     Col("mismatch", "mismatches", "d"), Col("other CPU %", "other_cpu_pct")],
-)  # fmt: skip
+# Command line (the tables and targets: bench/curriculum_targets.py).
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

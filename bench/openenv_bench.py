@@ -15,14 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import median, pct
+from bench.common import median, pct, start_process
 from codegym.library import Library
-from codegym.procs import ServerProcess, codegym_command
+from codegym.procs import ServerProcess
 from codegym_cli.oracle import read_trajectories
 from codegym_client.async_client import AsyncRuntimeClient
 
@@ -117,7 +118,9 @@ async def run(args: argparse.Namespace) -> None:
     servers: list[ServerProcess] = []
 
     def start(*argv: str) -> ServerProcess:
-        server = ServerProcess(codegym_command(list(argv)), name=" ".join(argv[:2]), keep=50)
+        server = start_process(
+            ["-m", "codegym_cli.cli", *argv], name=" ".join(argv[:2]), stderr=subprocess.STDOUT
+        )
         servers.append(server)
         return server
 

@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,111 +43,28 @@ import grpc
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import median, rusage_cpu_s, start_process, tree_cpu_s  # noqa: E402
-from codegym.contract import sha256_text  # noqa: E402
+from bench.common import rusage_cpu_s, start_process, tree_cpu_s  # noqa: E402
+from bench.verification_cases import (  # noqa: E402
+    CASE_LIMITS,
+    ENV,
+    ENV_CLASS,
+    MAX_STEPS,
+    NAIVE_RUNNER,
+    TESTS,
+    WORKERS,
+    Inputs,
+    Measured,
+    NaiveRun,
+    ServiceRuns,
+    prepare_inputs,
+)
+from bench.verification_report import Section, print_sections, report  # noqa: E402
 from codegym.contract.source import method_source  # noqa: E402
 from codegym.procs import ServerProcess  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc  # noqa: E402
 from codegym.verification.v1 import verification_service_pb2 as vf  # noqa: E402
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc  # noqa: E402
-from codegym_client.api.common.v1 import common_pb2 as cm  # noqa: E402
-from codegym_testkit.sample_configs import sample_configs  # noqa: E402
-
-ENV = ROOT / "codegym" / "samples" / "envs" / "Sample_0001_I__MaxSubarraySumEnv.py"
-ENV_CLASS = "MaxSubarraySumEnv"
-WORKERS = 2  # sandbox workers started, and naive processes run at a time (the machine has 2 cores)
-CANDIDATES = 10
-TESTS = 30
-# The limits CheckSolvability uses by default, for the ExecuteBatch matrix.
-CASE_LIMITS = sb.Limits(wall_ms=10_000, cpu_ms=10_000, memory_mb=256)
-MAX_STEPS = 1_024
-
-# One (candidate, test) case the naive way: a fresh interpreter imports the env file, builds the
-# env from its config, puts the candidate in place of solve() and prints the reward.
-NAIVE_RUNNER = """\
-import importlib.util
-import json
-import sys
-
-env_path, config_json, solve_path, class_name = sys.argv[1:5]
-spec = importlib.util.spec_from_file_location("env_under_test", env_path)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-cls = getattr(module, class_name)
-namespace = dict(vars(module))
-with open(solve_path) as f:
-    exec(compile(f.read(), "<solve>", "exec"), namespace)
-cls.solve = namespace["solve"]
-env = cls.from_env_str(f"{cls.__name__}@{json.dumps(json.loads(config_json))}")
-env.solve()
-print(env.reward)
-"""
-
-
-def kadane_trace(nums: list[int]) -> tuple[int, int, int]:
-    """(n, best, current) as the env's solve() holds them when it calls Done."""
-    best = current = nums[0]
-    for value in nums[1:]:
-        current = max(value, current + value)
-        best = max(best, current)
-    return len(nums), best, current
-
-
-def candidate_sets(source: str, configs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """(all pass, full matrix): 10 copies of the env's solve(); and 9 copies that answer wrong only
-    on the last test (told apart by what solve() itself read through the tools), then the original."""
-    body = method_source(source, "solve")
-    done = 'return call("Done", answer=best)'
-    key = kadane_trace(configs[-1]["nums"])
-    if done not in body or [kadane_trace(c["nums"]) for c in configs].count(key) != 1:
-        raise RuntimeError("cannot build candidates that fail only on the last test")
-    wrong = body.replace(done, f'return call("Done", answer=best + ((n, best, current) == {key}))')
-    all_pass = [f"# candidate {i}\n{body}" for i in range(CANDIDATES)]
-    full = [f"# candidate {i}\n{wrong}" for i in range(CANDIDATES - 1)] + [all_pass[-1]]
-    return all_pass, full
-
-
-@dataclass
-class Inputs:
-    """What the measurements send: the env, its test configs, and the two candidate sets."""
-
-    source: str
-    sha: str
-    configs: list[dict[str, Any]]
-    tasks: list[cm.TaskConfig]
-    all_pass: list[str]  # 10 copies of the env's solve()
-    full: list[str]  # 9 wrong on the last test only, then the env's solve()
-    matrix: list[tuple[int, int]]  # every (candidate, test)
-
-
-def prepare_inputs() -> Inputs:
-    source = ENV.read_text()
-    configs = sample_configs(ENV_CLASS, TESTS, seed=0)
-    all_pass, full = candidate_sets(source, configs)
-    return Inputs(
-        source=source,
-        sha=sha256_text(source),
-        configs=configs,
-        tasks=[cm.TaskConfig(config_json=json.dumps(c)) for c in configs],
-        all_pass=all_pass,
-        full=full,
-        matrix=[(c, t) for c in range(CANDIDATES) for t in range(TESTS)],
-    )
-
-
-@dataclass
-class Measured:
-    """One call measured: the walls of its timed runs, its last response, and CPU per call."""
-
-    walls: list[float]
-    last: Any
-    servers_cpu_s: float  # per call
-    bench_cpu_s: float  # per call
-
-    @property
-    def wall(self) -> float:
-        return median(self.walls)
 
 
 async def measure(call: Callable[[], Awaitable[Any]], runs: int, server_pids: list[int]) -> Measured:
@@ -264,18 +180,6 @@ def validate_call(
     return lambda: vstub.ValidateUnitTests(request, timeout=120)
 
 
-@dataclass
-class ServiceRuns:
-    allpass: Measured  # CheckSolvability, every candidate the env's solve()
-    fullm: Measured  # CheckSolvability, the full matrix
-    batch: Measured  # ExecuteBatch of the full matrix straight to the workers
-    units: Measured  # ValidateUnitTests
-    negative: Measured  # CheckNegativeControls
-    determ5: Measured  # CheckDeterminism, default 5 tests
-    determ30: Measured  # CheckDeterminism, all tests
-    guess: Measured  # MeasureGuessability
-
-
 async def measure_checks(
     vstub: vf_grpc.VerificationServiceStub,
     inputs: Inputs,
@@ -331,14 +235,6 @@ async def measure_services(
     return ServiceRuns(allpass, fullm, batch, units, *checks)
 
 
-def outcome_summary(response: vf.CheckSolvabilityResponse) -> str:
-    counts: dict[str, int] = {}
-    for report in response.candidates:
-        name = vf.CandidateOutcome.Name(report.outcome).removeprefix("CANDIDATE_OUTCOME_").lower()
-        counts[name] = counts.get(name, 0) + 1
-    return ", ".join(f"{n} {name}" for name, n in counts.items())
-
-
 async def naive_cases(
     cases: list[tuple[int, int]], configs: list[dict[str, Any]], candidate_files: list[Path], runner: Path
 ) -> tuple[float, float, list[float | None]]:
@@ -367,22 +263,6 @@ async def naive_cases(
     return wall, rusage_cpu_s(resource.RUSAGE_CHILDREN) - cpu0, list(rewards)
 
 
-@dataclass
-class NaiveRun:
-    sample: list[tuple[int, int]]  # the (candidate, test) cases timed
-    wall: float
-    cpu: float  # of the processes, reaped
-    rewards: list[float | None]
-
-    @property
-    def wall_per_case(self) -> float:
-        return self.wall / len(self.sample)
-
-    @property
-    def cpu_per_case(self) -> float:
-        return self.cpu / len(self.sample)
-
-
 async def measure_naive(inputs: Inputs, folder: Path, sample_size: int) -> NaiveRun:
     """The naive way: a sample of the same matrix cases, one fresh process each (after one warm-up)."""
     runner = folder / "naive_runner.py"
@@ -398,190 +278,6 @@ async def measure_naive(inputs: Inputs, folder: Path, sample_size: int) -> Naive
     return NaiveRun(sample, wall, cpu, rewards)
 
 
-Section = tuple[str, dict[str, object]]
-
-
-def ms(seconds: float) -> float:
-    return round(seconds * 1000, 1)
-
-
-def wall_figures(t: Measured) -> dict[str, object]:
-    return {"wall_ms_p50": ms(t.wall), "wall_ms_min_max": f"{ms(min(t.walls))} / {ms(max(t.walls))}"}
-
-
-def cpu_figures(t: Measured) -> dict[str, object]:
-    return {"servers_cpu_ms_per_call": ms(t.servers_cpu_s), "bench_cpu_ms_per_call": ms(t.bench_cpu_s)}
-
-
-def setup_section(args: argparse.Namespace, load_start: float) -> Section:
-    return (
-        "setup",
-        {
-            "environment": f"{ENV_CLASS}: {CANDIDATES} solve() candidates × {TESTS} tests",
-            "servers": f"{WORKERS} × `serve sandbox --jails {args.jails}` + `serve verification`",
-            "timing": f"wall = median of {args.runs} calls after 1 warm-up; CPU per call",
-            "load_average_1m_start_end": f"{load_start:.2f} / {os.getloadavg()[0]:.2f}",
-        },
-    )
-
-
-def solvability_figures(t: Measured) -> dict[str, object]:
-    r: vf.CheckSolvabilityResponse = t.last
-    return {
-        **wall_figures(t),
-        "verdict": f"{vf.Verdict.Name(r.verdict).removeprefix('VERDICT_')}, oracle {r.oracle_index}",
-        "candidates": outcome_summary(r),
-        "cases_run": r.cases_run,
-        "sandbox_cpu_ms_from_response": r.cpu_ms,
-        **cpu_figures(t),
-        "ms_per_case": round(ms(t.wall) / max(1, r.cases_run), 2),
-    }
-
-
-def batch_section(batch: Measured, n: int) -> Section:
-    results: dict[tuple[int, int], sb.OperationResult] = batch.last
-    rewarded = sum(1 for r in results.values() if r.status == sb.STATUS_OK and r.reward == 1.0)
-    return (
-        f"ExecuteBatch, {n} cases split over {WORKERS} workers (one call each, concurrent)",
-        {
-            **wall_figures(batch),
-            "cases_per_s": round(n / batch.wall, 1),
-            "ms_per_case": round(ms(batch.wall) / n, 2),
-            "reward_1": f"{rewarded}/{n} (expected {n - CANDIDATES + 1})",
-            "source_needed": sum(1 for r in results.values() if r.status == sb.STATUS_SOURCE_NEEDED),
-            "sandbox_cpu_ms_from_results": sum(r.usage.cpu_ms for r in results.values()),
-            **cpu_figures(batch),
-        },
-    )
-
-
-def validate_section(units: Measured) -> Section:
-    vu: vf.ValidateUnitTestsResponse = units.last
-    return (
-        f"ValidateUnitTests, {TESTS} configs",
-        {
-            **wall_figures(units),
-            "verdict": f"{vf.Verdict.Name(vu.verdict).removeprefix('VERDICT_')}, valid {vu.valid}/{TESTS}",
-            **cpu_figures(units),
-        },
-    )
-
-
-def check_sections(runs: ServiceRuns) -> list[Section]:
-    """The checks after solvability, each also as a multiple of CheckSolvability stopping at the oracle."""
-    negative, determ5, determ30, guess = runs.negative, runs.determ5, runs.determ30, runs.guess
-    checks: list[tuple[str, Measured, dict[str, object]]] = [
-        (
-            f"CheckNegativeControls, {TESTS} tests",
-            negative,
-            {
-                "wrong_answers": negative.last.controls,
-                "kinds": dict(negative.last.kinds),
-                "sandbox_runs": negative.last.runs,
-                "sandbox_cpu_ms_from_response": negative.last.cpu_ms,
-            },
-        ),
-        (
-            "CheckDeterminism, default 5 tests (10 runs)",
-            determ5,
-            {"sandbox_runs": determ5.last.runs, "sandbox_cpu_ms_from_response": determ5.last.cpu_ms},
-        ),
-        (
-            f"CheckDeterminism, all {TESTS} tests ({2 * TESTS} runs)",
-            determ30,
-            {"sandbox_runs": determ30.last.runs, "sandbox_cpu_ms_from_response": determ30.last.cpu_ms},
-        ),
-        (
-            f"MeasureGuessability, {TESTS} tests (no sandbox)",
-            guess,
-            {"guess_rate": round(guess.last.guess_rate, 3)},
-        ),
-    ]
-    allpass = runs.allpass
-    return [
-        (
-            title,
-            {
-                **wall_figures(t),
-                "verdict": vf.Verdict.Name(t.last.verdict).removeprefix("VERDICT_"),
-                **extra,
-                **cpu_figures(t),
-                "wall_vs_solvability_stop_at_oracle": round(t.wall / allpass.wall, 2),
-                "servers_cpu_vs_solvability_stop_at_oracle": round(
-                    t.servers_cpu_s / max(1e-9, allpass.servers_cpu_s), 2
-                ),
-            },
-        )
-        for title, t, extra in checks
-    ]
-
-
-def naive_section(naive: NaiveRun, results: dict[tuple[int, int], sb.OperationResult], n: int) -> Section:
-    sampled = len(naive.sample)
-    agree = sum(
-        1
-        for case, reward in zip(naive.sample, naive.rewards, strict=True)
-        if reward is not None and results[case].status == sb.STATUS_OK and reward == results[case].reward
-    )
-    return (
-        f"naive: one fresh `python` per case, {WORKERS} at a time; {sampled} of {n} cases timed,"
-        f" extrapolated to {n}",
-        {
-            f"sample_wall_ms_{sampled}_cases": ms(naive.wall),
-            "ms_per_case": round(ms(naive.wall_per_case), 2),
-            f"wall_ms_{n}_cases_extrapolated": ms(naive.wall_per_case * n),
-            f"cpu_ms_{n}_cases_extrapolated": ms(naive.cpu_per_case * n),
-            "rewards_agree_with_sandbox": f"{agree}/{sampled}",
-        },
-    )
-
-
-def ratio_section(runs: ServiceRuns, naive: NaiveRun, n: int) -> Section:
-    allpass, fullm, batch = runs.allpass, runs.fullm, runs.batch
-    ap: vf.CheckSolvabilityResponse = allpass.last
-    fm: vf.CheckSolvabilityResponse = fullm.last
-    return (
-        "ratios (naive / verification, same cases; target ≥ 20× faster)",
-        {
-            f"wall_naive_over_executebatch_{n}": round(naive.wall_per_case * n / batch.wall, 1),
-            f"wall_naive_over_checksolvability_full_{fm.cases_run}": round(
-                naive.wall_per_case * fm.cases_run / fullm.wall, 1
-            ),
-            f"wall_naive_over_checksolvability_allpass_{ap.cases_run}": round(
-                naive.wall_per_case * ap.cases_run / allpass.wall, 1
-            ),
-            f"cpu_naive_over_executebatch_{n}_servers_plus_bench": round(
-                naive.cpu_per_case * n / (batch.servers_cpu_s + batch.bench_cpu_s), 1
-            ),
-            f"cpu_naive_over_checksolvability_full_{fm.cases_run}_servers_plus_bench": round(
-                naive.cpu_per_case * fm.cases_run / (fullm.servers_cpu_s + fullm.bench_cpu_s), 1
-            ),
-        },
-    )
-
-
-def report(
-    args: argparse.Namespace, inputs: Inputs, runs: ServiceRuns, naive: NaiveRun, load_start: float
-) -> list[Section]:
-    n = len(inputs.matrix)
-    return [
-        setup_section(args, load_start),
-        (
-            "CheckSolvability, all 10 candidates = env's solve() (stops at candidate 0)",
-            solvability_figures(runs.allpass),
-        ),
-        (
-            "CheckSolvability, full matrix (candidates 0-8 wrong on the last test only)",
-            solvability_figures(runs.fullm),
-        ),
-        batch_section(runs.batch, n),
-        validate_section(runs.units),
-        *check_sections(runs),
-        naive_section(naive, runs.batch.last, n),
-        ratio_section(runs, naive, n),
-    ]
-
-
 async def run(args: argparse.Namespace) -> list[Section]:
     load_start = os.getloadavg()[0]  # other work on the machine skews every figure
     inputs = prepare_inputs()
@@ -595,14 +291,6 @@ async def run(args: argparse.Namespace) -> list[Section]:
         stop_servers(procs)
         tmp.cleanup()
     return report(args, inputs, runs, naive, load_start)
-
-
-def print_sections(sections: list[Section]) -> None:
-    width = max(len(k) for _, figures in sections for k in figures)
-    for title, figures in sections:
-        print(f"== {title}")
-        for key, value in figures.items():
-            print(f"  {key:<{width}}  {value}")
 
 
 def main() -> None:
