@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PY312 := $(shell command -v python3.12 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1)
 PROTOS := $(shell find protos -name '*.proto' | sort)
 DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server
-LINT_PATHS := codegym codegym_cli sandbox_worker services clients tests bench
+LINT_PATHS := codegym codegym_cli sandbox_worker services clients codegym_testkit tests bench
 
 
 .PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test test-fast test-trainers bench up demo clean k8s-validate docker-lint
@@ -30,7 +30,7 @@ jail-paths: venv
 	    d=$$(dirname $$d); done; done
 
 venv:
-	@test -n "$(PY312)" || { echo "Python 3.12 not found (pyenv install 3.12 or apt python3.12)"; exit 1; }
+	@test -n "$(PY312)" || { echo "Python 3.12 not found: pyenv install 3.12 && pyenv local 3.12 (Debian 12 ships 3.11; README, Prerequisites)"; exit 1; }
 	@test -x $(PY) || { echo "creating $(VENV) with $(PY312)"; $(PY312) -m venv $(VENV); }
 	@echo "installing the client, the servers and the dev tools into $(VENV) (pip; about 30 s the first time)"
 	@log=$$(mktemp); { $(PY) -m pip install -q --upgrade pip \
