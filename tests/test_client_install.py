@@ -43,11 +43,10 @@ PLAY = """
 import json, sys
 from importlib import metadata
 from codegym_client import OnlineGymEnv, RuntimeClient, SessionNotFound
+from codegym_client.abilities import make_ability
 
 trajectory = json.loads(sys.argv[2])
-env = OnlineGymEnv.from_env_str(
-    "codegym_v1@" + trajectory["env_id"] + "@" + json.dumps(trajectory["config"]), target=sys.argv[1]
-)
+env = OnlineGymEnv.from_env_str(make_ability(trajectory["env_id"], trajectory["config"]), target=sys.argv[1])
 seen = [env.step(action) for action, _ in trajectory["steps"]]
 assert seen == [o for _, o in trajectory["steps"]], seen
 assert env.finished and env.reward == 1.0

@@ -39,6 +39,7 @@ from codegym_client import (
     SessionNotFound,
     StepConflict,
 )
+from codegym_client.abilities import make_ability
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.errors import REASON_TRAILER, REASONS, RETRY_AFTER_TRAILER, reason_sent, typed_error
 from codegym_client.gym_env import RemoteEnv
@@ -148,7 +149,7 @@ def test_a_replica_killed_mid_replay_costs_no_episode(
     def play(trajectory: dict[str, Any]) -> list[str] | str:
         try:
             env = OnlineGymEnv.from_env_str(
-                f"codegym_v1@{trajectory['env_id']}@{json.dumps(trajectory['config'])}",
+                make_ability(trajectory["env_id"], trajectory["config"]),
                 target=[a.address, b.address],
             )
         except CodeGymError as exc:
@@ -232,7 +233,7 @@ def drive(driver: str, target: str, reached_slow: threading.Event) -> tuple[str,
                 seen.append(results[0].response.observation)
             return sid, seen
         if driver == "OnlineGymEnv":
-            env = OnlineGymEnv.from_env_str(f"codegym_v1@{COUNTER}@{json.dumps(config)}", client=client)
+            env = OnlineGymEnv.from_env_str(make_ability(COUNTER, config), client=client)
             seen = [env.observation, env.step(add(1))]
             reached_slow.set()
             seen += [env.step(slow(1500)), env.step(OBSERVE)]

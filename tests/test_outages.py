@@ -5,10 +5,11 @@ does not clear by itself is raised at once; a wait that runs out raises the last
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -18,7 +19,7 @@ from codegym.library import Library
 from codegym.procs import free_port
 from codegym_client import EnvNotFound, RuntimeClient, RuntimeUnavailable
 from codegym_client.errors import REASON_TRAILER, SessionNotFound
-from codegym_client.outages import clears_by_itself, ride_out
+from codegym_client.outages import Outage, clears_by_itself, ride_out
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.processes import port_free, wait_until
 from tests.helpers.servers import ServerProcess, start_runtime, start_workers
@@ -101,3 +102,51 @@ def test_a_step_whose_outcome_is_unknown_is_waited_out_like_an_outage() -> None:
         grpc.StatusCode.NOT_FOUND, "gone", "Step", ((REASON_TRAILER, "SESSION_NOT_FOUND"),)
     )
     assert not clears_by_itself(lost)
+
+
+def test_the_calls_of_one_clock_wait_an_outage_out_once() -> None:
+    """`Outage`, the clock TRL's spec and verl's loop and tool share: an outage is counted from the
+    first call it failed; once the wait is over, each call is sent once; an answer (or a refusal
+    that does not clear by itself: the runtime is up) starts the count again."""
+    down = RuntimeUnavailable(grpc.StatusCode.UNAVAILABLE, "down", "Step")
+    lost = SessionNotFound(
+        grpc.StatusCode.NOT_FOUND, "gone", "Step", ((REASON_TRAILER, "SESSION_NOT_FOUND"),)
+    )
+
+    def fails(error: Exception) -> Callable[[], object]:
+        def call() -> object:
+            raise error
+
+        return call
+
+    clock = Outage(wait_s=0.3)
+    started = time.monotonic()
+    with pytest.raises(RuntimeUnavailable):
+        clock.call(fails(down), "first")
+    assert 0.25 <= time.monotonic() - started < 2 and clock.remaining() == 0.0
+    started = time.monotonic()
+    with pytest.raises(RuntimeUnavailable):  # the wait is spent: sent once
+        clock.call(fails(down), "second")
+    assert time.monotonic() - started < 0.2
+    assert clock.call(lambda: "answered", "third") == "answered" and clock.remaining() == 0.3
+    with pytest.raises(RuntimeUnavailable):
+        asyncio.run(clock.call_async(fails_async(down), "async"))
+    assert clock.remaining() == 0.0
+    with pytest.raises(SessionNotFound):  # the runtime answered: not an outage
+        clock.call(fails(lost), "lost")
+    assert clock.remaining() == 0.3
+
+
+def fails_async(error: Exception) -> Callable[[], Awaitable[object]]:
+    async def call() -> object:
+        raise error
+
+    return call
+
+
+def test_verl_shares_one_clock_per_runtime_and_wait() -> None:
+    from codegym_client.verl.clients import shared_outage
+
+    assert shared_outage("127.0.0.1:1", 5) is shared_outage("127.0.0.1:1", 5.0)
+    assert shared_outage("127.0.0.1:1", 5) is not shared_outage("127.0.0.1:2", 5)
+    assert shared_outage("127.0.0.1:1", 5) is not shared_outage("127.0.0.1:1", 6)

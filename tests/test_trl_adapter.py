@@ -23,6 +23,7 @@ from transformers.utils import get_json_schema
 from codegym.library import Library
 from codegym_cli.oracle import read_trajectories
 from codegym_client import RuntimeClient, RuntimeUnavailable, SessionNotFound
+from codegym_client.abilities import make_ability
 from codegym_client.errors import EpisodeEnded, EpisodeFailed, InfrastructureFailure
 from codegym_client.trl import CodeGymEnvironment, CodeGymSpec, environment_class
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
@@ -32,7 +33,7 @@ TRAJECTORIES = read_trajectories(SAMPLES / "trajectories.jsonl")
 
 
 def ability(env_id: str, config: dict[str, Any]) -> str:
-    return f"codegym_v1@{env_id}@{json.dumps(config)}"
+    return make_ability(env_id, config)
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +308,7 @@ def test_optional_nested_and_union_parameters_render_and_send_as_written() -> No
     env = cls()
     assert sorted(trl_tools(env)) == ["Mark"]
     assert normalized(get_json_schema(env.Mark)) == normalized(schema)
-    assert env.reset(ability="codegym_v1@X_1__GridEnv@{}") == "Task."
+    assert env.reset(ability=make_ability("X_1__GridEnv", {})) == "Task."
     assert env.Mark(cells=[[1]], label="a", anything=None) == "ok"
     assert fake.actions == [{"name": "Mark", "parameters": {"cells": [[1]], "label": "a", "anything": None}}]
     assert env.Mark(cells=[], label=1, anything=1) == "ok"

@@ -24,6 +24,7 @@ import pytest
 from codegym.library import Library
 from codegym.procs import free_port
 from codegym_client import RuntimeClient, RuntimeUnavailable, SessionNotFound
+from codegym_client.abilities import make_ability
 from codegym_client.errors import EpisodeFailed, InfrastructureFailure
 from codegym_client.trl import CodeGymEnvironment, CodeGymSpec, environment_class, skip_failed_episodes
 from tests.conftest import ROOT
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
 
 COUNTER = "Test_0001_I__CounterEnv"
 RUNTIME_ENVS = ROOT / "tests" / "fixtures" / "runtime_envs"
-ABILITY = f"codegym_v1@{COUNTER}@{json.dumps({'target': 5})}"
+ABILITY = make_ability(COUNTER, {"target": 5})
 ROW = {"prompt": [{"role": "user", "content": ""}], "ability": ABILITY, "env_id": COUNTER}
 FIRST = "Counter at 0; reach 5."
 

@@ -22,6 +22,7 @@ import pytest
 
 from codegym.library import Library
 from codegym_client import AsyncRuntimeClient, EnvNotFound, SessionNotFound
+from codegym_client.abilities import make_ability
 from codegym_client.errors import EpisodeEnded, InfrastructureFailure
 from codegym_client.verl import run_episode, text_tool_parser, tool_config, visible_text
 from tests.conftest import ENV_DIR, SAMPLES
@@ -196,7 +197,7 @@ async def test_a_row_the_runtime_does_not_know_raises(runtime: str) -> None:
         with pytest.raises(EnvNotFound):  # the data is wrong: not an outage, not an episode
             await run_episode(
                 client,
-                'codegym_v1@Nope_0000_I__NoEnv@{"a": 1}',
+                make_ability("Nope_0000_I__NoEnv", {"a": 1}),
                 tokenizer=TOKENIZER,
                 generate=ScriptedModel([]),
             )
