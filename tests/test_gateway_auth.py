@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import re
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -94,14 +95,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tokens_file: Path) -> Iterat
                 assert proc.stop() == 0, proc.text[-3000:]
 
 
-def http(url: str, token: str = "", body: Any = None) -> tuple[int, dict[str, str], Any]:
+def http(
+    url: str, token: str = "", body: Any = None, tls: ssl.SSLContext | None = None
+) -> tuple[int, dict[str, str], Any]:
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
     request.add_header("Content-Type", "application/json")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10, context=tls) as response:
             return response.status, dict(response.headers), json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), json.loads(exc.read())
@@ -163,12 +166,12 @@ async def test_openenvs_client_is_refused_without_headers_and_plays_with_them(st
 
 
 async def test_the_gateway_serves_https_and_wss_with_tls(
-    stack: tuple[str, str], tokens_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    stack: tuple[str, str], tokens_file: Path, tmp_path: Path
 ) -> None:
     """With --tls-cert/--tls-key the gateway speaks HTTPS and WSS only: OpenEnv's client plays over
     them with its token, and a plain-text request never reaches a route."""
     cert, key = self_signed(tmp_path)
-    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the clients trust the test's own certificate
+    trust = ssl.create_default_context(cafile=str(cert))  # the clients trust the test's certificate
     runtime, _ = stack
     env = environ(CODEGYM_TOKENS_FILE=str(tokens_file), CODEGYM_TOKEN="service-token")
     args = [
@@ -186,17 +189,20 @@ async def test_the_gateway_serves_https_and_wss_with_tls(
     gateway = ServerProcess(args, env=env)
     try:
         assert "(https;" in gateway.text
-        base = f"https://localhost:{gateway.address.rsplit(':', 1)[1]}"
-        status, _, body = http(f"{base}/metadata", "trainer-token")
+        port = gateway.address.rsplit(":", 1)[1]
+        status, _, body = http(f"https://localhost:{port}/metadata", "trainer-token", tls=trust)
         assert status == 200 and body["name"] == "codegym", body
-        assert http(f"{base}/metadata")[0] == 401
+        assert http(f"https://localhost:{port}/metadata", tls=trust)[0] == 401
         with pytest.raises((urllib.error.URLError, ConnectionError)):
             http(f"http://{gateway.address}/metadata", "trainer-token")
-        async with GenericEnvClient(base_url=base, headers=bearer("trainer-token")) as env_client:
-            result = await env_client.reset(ability=ARRAY_GCD)
-            assert result.done is False
-            result = await env_client.step(SOLVE)
-            assert result.done is True and result.reward == 1.0
+        async with connect(
+            f"wss://localhost:{port}/ws", ssl=trust, additional_headers=bearer("trainer-token")
+        ) as ws:
+            await ws.send(json.dumps({"type": "reset", "data": {"ability": ARRAY_GCD}}))
+            assert json.loads(await ws.recv())["type"] == "observation"
+            await ws.send(json.dumps({"type": "step", "data": SOLVE}))
+            answer = json.loads(await ws.recv())
+            assert answer["type"] == "observation" and answer["data"]["done"] is True, answer
     finally:
         assert gateway.stop() == 0, gateway.text[-3000:]
 
