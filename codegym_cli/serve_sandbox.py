@@ -107,7 +107,7 @@ def add_parser(servers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--resident-cap",
         type=int,
         default=0,
-        help="most resident sessions per jail whatever the budget (0 = what the budget holds)",
+        help="most resident sessions per jail (0 = 1,024, the jail's ceiling; the memory budget may hold fewer)",
     )
     sandbox.add_argument(
         "--resident-idle-s",
