@@ -35,7 +35,7 @@ from codegym.grpcutil import wait_serving
 from codegym.library import Library, default_library_path
 from codegym.procs import RedisServer, ServerProcess, codegym_command
 from codegym.samples import ENVS, TASKS
-from codegym_client.channels import TOKEN_ENV
+from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
 from sandbox_worker.limits import unreachable_by_jails
 from sandbox_worker.residency import default_budget_mb
 
@@ -192,9 +192,13 @@ def configure_access(args: argparse.Namespace, library: Path) -> list[str]:
     then kept, so an exported trainer token stays good), and calls the others with the service
     token; both reach the children through their environment, never their command line (which any
     user can read). Without it, no server takes or sends a token, whatever this shell exported.
-    The flags every server gets are returned (`--insecure`)."""
+
+    `--tls-cert`/`--tls-key`: every server (the gateways included) serves TLS with them, and calls
+    the others trusting `--tls-ca` (default: the certificate itself, as a self-signed one is its own
+    CA). The flags every server gets are returned (`--insecure`, the TLS pair)."""
     os.environ.pop(TOKEN_ENV, None)
     os.environ.pop(TOKENS_FILE_ENV, None)
+    os.environ.pop(TLS_CA_ENV, None)
     if args.auth:
         path = library.with_name(f"{library.stem}.tokens.json")
         tokens = local_tokens(path)
@@ -209,7 +213,22 @@ def configure_access(args: argparse.Namespace, library: Path) -> list[str]:
         )
     elif not args.insecure:
         check_bind(args.host, ServerAuth())
-    return ["--insecure"] if args.insecure else []
+    flags = ["--insecure"] if args.insecure else []
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise SystemExit("codegym up: TLS needs both --tls-cert and --tls-key")
+    if args.tls_cert:
+        cert, key = Path(args.tls_cert).resolve(), Path(args.tls_key).resolve()
+        ca = Path(args.tls_ca).resolve() if args.tls_ca else cert
+        for what, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-ca", ca)):
+            if not path.is_file():
+                raise SystemExit(f"codegym up: {what} {path} is not a readable file")
+        os.environ[TLS_CA_ENV] = str(ca)
+        flags += ["--tls-cert", str(cert), "--tls-key", str(key)]
+        print(
+            f"TLS on every server: clients trust the servers' CA with\n  export {TLS_CA_ENV}={ca}",
+            flush=True,
+        )
+    return flags
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -298,7 +317,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             if isinstance(child, Child) and (child not in runtimes or len(runtimes) > 1):
                 print(f"{child.name} at {child.address} (pid {child.proc.pid})", flush=True)
         for child in gateways:
-            print(f"  {child.name}: OpenEnv base_url http://{child.address}", flush=True)
+            scheme = "https" if args.tls_cert else "http"
+            print(f"  {child.name}: OpenEnv base_url {scheme}://{child.address}", flush=True)
         if gateways and args.auth:
             print(
                 f"  OpenEnv clients send the trainer's token: EnvClient(base_url, headers="
@@ -382,6 +402,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--insecure",
         action="store_true",
         help="with a --host other than loopback and no --auth: serve every caller that reaches the ports",
+    )
+    up.add_argument(
+        "--tls-cert",
+        default="",
+        help="every server (gateways included) serves TLS with this certificate (PEM; with --tls-key); "
+        "it must name --host",
+    )
+    up.add_argument("--tls-key", default="", help="the TLS certificate's private key (PEM)")
+    up.add_argument(
+        "--tls-ca",
+        default="",
+        help="the CA the servers trust when they call each other (default: --tls-cert, self-signed)",
     )
     up.add_argument("--port", type=int, default=50051, help="runtime port (0 = any free port)")
     up.add_argument(

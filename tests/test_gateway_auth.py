@@ -308,3 +308,38 @@ async def test_codegym_up_auth_gives_its_gateway_the_tokens(tmp_path: Path) -> N
             assert (await env.step(SOLVE)).reward == 1.0
     finally:
         assert up.stop() == 0, up.text[-3000:]
+
+
+async def test_codegym_up_with_tls_serves_every_server_over_it(tmp_path: Path) -> None:
+    """`up --auth --tls-cert --tls-key`: the workers, the runtime and the gateway serve TLS and call
+    each other over it; a trainer with the token and the printed CA plays, without the CA it cannot
+    reach the runtime, and the gateway answers HTTPS only."""
+    cert, key = self_signed(tmp_path)
+    library = tmp_path / "lib.db"
+    args = ["up", "--auth", "--library", str(library), "--port", "0", "--workers", "1", "--jails", "1"]
+    args += ["--tls-cert", str(cert), "--tls-key", str(key), "--no-record", "--openenv-port", "0"]
+    up = ServerProcess(args, env=environ(), timeout=120)
+    try:
+        deadline = time.monotonic() + 60
+        while "Ctrl-C stops everything" not in up.text:
+            assert time.monotonic() < deadline, up.text
+            await asyncio.sleep(0.05)
+        trainer = re.search(rf"export {TOKEN_ENV}=(\S+)", up.text)
+        ca = re.search(rf"export {TLS_CA_ENV}=(\S+)", up.text)
+        base = re.search(r"openenv gateway: OpenEnv base_url (https://\S+)", up.text)
+        assert trainer is not None and ca is not None and base is not None, up.text
+        assert Path(ca.group(1)) == cert.resolve()
+        with RuntimeClient(up.address, token=trainer.group(1), tls_ca=ca.group(1)) as client:
+            session = client.create_session(ability=ARRAY_GCD)
+            assert client.step(session.session_id, json.dumps(SOLVE)).reward == 1.0
+        plain = RuntimeClient(up.address, token=trainer.group(1), attempts=1, timeout_s=5)
+        with plain, pytest.raises(errors.RuntimeUnavailable):
+            plain.create_session(ability=ARRAY_GCD)
+        trust = ssl.create_default_context(cafile=ca.group(1))
+        port = base.group(1).rsplit(":", 1)[1]
+        status, _, body = await asyncio.to_thread(
+            http, f"https://localhost:{port}/metadata", trainer.group(1), None, trust
+        )
+        assert status == 200 and body["name"] == "codegym", body
+    finally:
+        assert up.stop() == 0, up.text[-3000:]
