@@ -23,12 +23,17 @@ pass `response_length` (a turn's tool messages that would pass it are not append
 - `reward` is the environment's final reward (1.0 for a right answer);
 - an outage is waited out: creating the session, each step (sent with its step index, so that a
   resend the runtime already applied is answered from its record, never applied twice) and the
-  close go through `ride_out_async` (codegym_client/outages.py) for `outage_wait_s` (10 minutes by
-  default), with back-off and a log line saying what they wait for, while the failure is one that
-  clears by itself (the runtime unavailable or full, the way to it broken);
-- an infrastructure fault that does not clear (the session lost, a step refused) or outlasts the
-  wait ends the episode with `infrastructure_failure` set and its reason: the fault's text is
-  never a tool message, so it never reaches the model or the trajectory.
+  close go through an `Outage` clock (codegym_client/outages.py) for `outage_wait_s` (10 minutes
+  by default), with back-off and a log line saying what they wait for, while the failure is one
+  that clears by itself (the runtime unavailable or full, the way to it broken);
+- an infrastructure fault that does not clear (the session lost, a step refused: by the step rule,
+  `codegym_client.errors.STEP_FAULTS`, a failed step is never the model's) or outlasts the wait
+  ends the episode with `infrastructure_failure` set and its reason: the fault's text is never a
+  tool message, so it never reaches the model or the trajectory.
+
+The episode is a `_Play`: its session opened (`open`), then model turns (`model_turn`: generate,
+decode off the event loop, parse the calls) and tool calls (`tool_calls`: one step each, then
+`append` their messages) in turn until one of them stops it, then `finish` and `close`.
 """
 
 from __future__ import annotations
