@@ -45,6 +45,7 @@ pytestmark = pytest.mark.jail  # the stack has a sandbox worker
 TOKENS = {
     "trainer-token": Identity("team-a", TRAINER),
     "other-trainer-token": Identity("team-b", TRAINER),
+    "tight-token": Identity("team-tight", TRAINER),
     "operator-token": Identity("ops", OPERATOR),
     "service-token": Identity("codegym", SERVICE),
 }
@@ -71,6 +72,9 @@ def no_ambient_token(monkeypatch: pytest.MonkeyPatch) -> None:
 def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("gateway-auth") / "tokens.json"
     write_tokens(path, TOKENS)
+    body = json.loads(path.read_text())
+    body["tenants"] = {"team-tight": {"sessions": 1}}  # the runtime's quota, seen through the gateway
+    path.write_text(json.dumps(body))
     return path
 
 
@@ -163,6 +167,37 @@ async def test_openenvs_client_is_refused_without_headers_and_plays_with_them(st
         assert result.done is False
         result = await env.step(SOLVE)
         assert result.done is True and result.reward == 1.0
+
+
+async def reset_over(ws: Any) -> dict[str, Any]:
+    await ws.send(json.dumps({"type": "reset", "data": {"ability": ARRAY_GCD}}))
+    answer: dict[str, Any] = json.loads(await ws.recv())
+    return answer
+
+
+async def test_the_runtime_sees_the_gateways_callers_tenants(stack: tuple[str, str]) -> None:
+    """The gateway names each caller's tenant to the runtime: team-tight's quota of one session
+    counts what it opened directly and through the gateway alike, other tenants are not touched, and
+    a socket's close gives the session back (the close, too, is made as team-tight's)."""
+    runtime, base = stack
+    url = base.replace("http://", "ws://") + "/ws"
+    tight = bearer("tight-token")
+    with RuntimeClient(runtime, token="tight-token") as direct:
+        held = direct.create_session(ability=ARRAY_GCD).session_id
+        async with connect(url, additional_headers=tight) as ws:
+            refused = await reset_over(ws)
+            assert refused["type"] == "error", refused
+            assert refused["data"]["code"] == "CAPACITY_REACHED", refused
+            assert "team-tight" in refused["data"]["message"], refused
+        async with connect(url, additional_headers=bearer("trainer-token")) as other:
+            assert (await reset_over(other))["type"] == "observation"  # team-a is not touched
+        assert direct.close_session(held) is True
+    for _ in range(3):  # each socket's session is closed as team-tight's, so the quota comes back
+        async with connect(url, additional_headers=tight) as ws:
+            deadline = time.monotonic() + 10
+            while (answer := await reset_over(ws))["type"] != "observation":
+                assert time.monotonic() < deadline, answer
+                await asyncio.sleep(0.05)
 
 
 async def test_the_gateway_serves_https_and_wss_with_tls(

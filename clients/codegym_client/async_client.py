@@ -52,7 +52,8 @@ class AsyncRuntimeClient:
     """asyncio client; create it inside the running event loop. Failed calls raise `CodeGymError`s.
 
     Same resending and access as `RuntimeClient` (`timeout_s` per send, `attempts` sends at most;
-    `token` and `tls_ca`, else `CODEGYM_TOKEN` and `CODEGYM_TLS_CA`).
+    `token` and `tls_ca`, else `CODEGYM_TOKEN` and `CODEGYM_TLS_CA`). `interceptors` see every call
+    (a front end adds metadata to its own calls: the OpenEnv gateway names its caller's tenant).
     """
 
     def __init__(
@@ -63,10 +64,13 @@ class AsyncRuntimeClient:
         attempts: int = DEFAULT_ATTEMPTS,
         token: str | None = None,
         tls_ca: str | Path | None = None,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
     ) -> None:
         self.target = target_text(target)
         access = Access.from_env(token, tls_ca)
-        self.channel = aio_channel(target, [SERVICE], no_retry=NOT_RETRIED, access=access)
+        self.channel = aio_channel(
+            target, [SERVICE], no_retry=NOT_RETRIED, access=access, interceptors=interceptors
+        )
         self.stub = rt_grpc.RuntimeServiceStub(self.channel)
         self.timeout_s = timeout_s
         self.attempts = max(1, attempts)

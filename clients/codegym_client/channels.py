@@ -227,12 +227,14 @@ def aio_channel(
     health_service: str | None = None,
     no_retry: Iterable[tuple[str, str]] = (),
     access: Access | None = None,
+    interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
 ) -> grpc.aio.Channel:
     options = channel_options(service_names, retry=retry, health_service=health_service, no_retry=no_retry)
     target, credentials = secure_target(addresses, access)
+    chain = list(interceptors) or None
     if credentials is None:
-        return grpc.aio.insecure_channel(target, options=options)
-    return grpc.aio.secure_channel(target, credentials, options=options)
+        return grpc.aio.insecure_channel(target, options=options, interceptors=chain)
+    return grpc.aio.secure_channel(target, credentials, options=options, interceptors=chain)
 
 
 def sync_channel(

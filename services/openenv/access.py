@@ -15,7 +15,9 @@ and `--token`/`CODEGYM_TOKEN`), checked the same way:
 The probes (`/health`, `/live`) stay open: Kubernetes sends no token. With no tokens configured,
 nothing is checked (`codegym.auth.check_bind` refuses that beyond loopback unless `--insecure`).
 The gateway's own calls to the runtime carry its token through the one channel factory
-(`codegym_client.channels`: `CODEGYM_TOKEN`, the service token under `codegym up --auth` and in k8s).
+(`codegym_client.channels`: `CODEGYM_TOKEN`, the service token under `codegym up --auth` and in k8s),
+and name the caller's tenant (`forwarding.py`), so the runtime's quotas and session ownership hold
+per trainer behind the gateway.
 """
 
 from __future__ import annotations

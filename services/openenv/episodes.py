@@ -27,6 +27,7 @@ from typing import Any
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.errors import CodeGymError, SessionNotFound
 from services.openenv import metrics
+from services.openenv.forwarding import ForwardTenant, playing_for
 from services.openenv.protocol import (
     CAPACITY_REACHED,
     SESSION_ERROR,
@@ -58,7 +59,9 @@ class Episodes:
 
     def start(self) -> None:
         """Open the runtime client: an asyncio gRPC channel is made inside the running loop."""
-        self.client = AsyncRuntimeClient(self.config.runtime, timeout_s=self.config.runtime_timeout_s)
+        self.client = AsyncRuntimeClient(
+            self.config.runtime, timeout_s=self.config.runtime_timeout_s, interceptors=[ForwardTenant()]
+        )
 
     async def stop(self) -> None:
         """Close the runtime client (after the gateway has closed its connections' episodes)."""
@@ -87,7 +90,8 @@ class Episodes:
         if episode is None:
             return
         try:
-            await asyncio.wait_for(self.runtime.close_session(episode.session_id), 30)
+            with playing_for(conn.tenant):  # the session is the caller's tenant's at the runtime
+                await asyncio.wait_for(self.runtime.close_session(episode.session_id), 30)
         except (CodeGymError, TimeoutError) as exc:
             log.warning("closing session %s: %s", episode.session_id, exc)
 
@@ -163,10 +167,11 @@ class Episodes:
             )
         self.held.add(conn)  # the slot is taken before the create: concurrent resets count it
         try:
-            if ability:
-                created = await self.runtime.create_session(ability=ability, **named)
-            else:
-                created = await self.runtime.create_session(env_id=env_id, config=config, **named)
+            with playing_for(conn.tenant):  # the session is opened as the caller's tenant's
+                if ability:
+                    created = await self.runtime.create_session(ability=ability, **named)
+                else:
+                    created = await self.runtime.create_session(env_id=env_id, config=config, **named)
         except CodeGymError as exc:
             self.held.discard(conn)
             raise from_runtime(exc) from None
@@ -257,7 +262,8 @@ class Episodes:
         if episode is None:
             raise GatewayError(SESSION_ERROR, "no episode on this socket: send reset first")
         try:
-            response = await self.runtime.step(episode.session_id, action)
+            with playing_for(conn.tenant):
+                response = await self.runtime.step(episode.session_id, action)
         except CodeGymError as exc:
             metrics.STEPS.labels(exc.reason).inc()
             if isinstance(exc, SessionNotFound) and conn.episode is episode:  # expired: forget it
