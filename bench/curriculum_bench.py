@@ -94,6 +94,7 @@ from bench.stacks import StackSpec, git, up  # noqa: E402
 from bench.tables import print_table, report_busy  # noqa: E402
 from bench.targets import print_targets  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
+from codegym_client.abilities import make_ability  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 from codegym_client.errors import CapacityExceeded, InvalidRequest  # noqa: E402
 
@@ -124,7 +125,7 @@ def task_key(ability: str) -> str:
 
 
 def ability(task: Task) -> str:
-    return f"codegym_v1@{task.env_id}@{json.dumps(task.config)}"
+    return make_ability(task.env_id, task.config)
 
 
 def wrong(answer: Any) -> Any:

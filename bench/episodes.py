@@ -11,6 +11,7 @@ import json
 from typing import Any, Protocol
 
 from bench.common import Line
+from codegym_client.abilities import make_ability
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.errors import CapacityExceeded
 
@@ -81,7 +82,7 @@ class WsEpisode:
             self.ws = await connect(
                 self.url, open_timeout=30, max_size=None, ping_interval=20, ping_timeout=20
             )
-        ability = f"codegym_v1@{line['env_id']}@{json.dumps(line['config'])}"
+        ability = make_ability(line["env_id"], line["config"])
         await self._ask("reset", {"ability": ability})
 
     async def step(self, action: str) -> str:

@@ -25,6 +25,7 @@ from bench.common import median, pct, start_process
 from codegym.library import Library
 from codegym.procs import ServerProcess
 from codegym_cli.oracle import read_trajectories
+from codegym_client.abilities import make_ability
 from codegym_client.async_client import AsyncRuntimeClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def episodes() -> list[tuple[str, list[dict[str, Any]]]]:
     out = []
     for t in read_trajectories(ROOT / "codegym" / "samples" / "trajectories.jsonl"):
-        ability = f"codegym_v1@{t['env_id']}@{json.dumps(t['config'])}"
+        ability = make_ability(t["env_id"], t["config"])
         out.append((ability, [json.loads(action) for action, _ in t["steps"]]))
     return out
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from codegym_client.abilities import make_ability
 from codegym_client.verl import Episode
 
 SAMPLES = Path(__file__).resolve().parents[1] / "codegym" / "samples"
@@ -24,7 +25,7 @@ TRAJECTORIES = [
 
 
 def ability(trajectory: dict[str, Any]) -> str:
-    return f"codegym_v1@{trajectory['env_id']}@{json.dumps(trajectory['config'])}"
+    return make_ability(trajectory["env_id"], trajectory["config"])
 
 
 def trajectory(env_id: str, steps: int | None = None) -> dict[str, Any]:
