@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from codegym.contract.envstr import ABILITY_PREFIX
+from codegym_client.abilities import make_ability
 
 DIFFICULTIES = ("", "easy", "medium", "hard")
 # Learnability labels from the runtime's record of served episodes (`codegym library label`), apart
@@ -57,7 +57,7 @@ class TaskRecord:
     @property
     def ability(self) -> str:
         """The training ability string `codegym_v1@{env_id}@{config}`, the config as published."""
-        return f"{ABILITY_PREFIX}@{self.env_id}@{self.published_config}"
+        return make_ability(self.env_id, self.published_config)
 
 
 @dataclass

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from codegym.contract import EnvStringError, split_env_id
-from codegym.contract.envstr import ABILITY_PREFIX
 from codegym.library_records import DIFFICULTIES, canonical_config, task_text_from_prompt
+from codegym_client.abilities import split_ability
 
 # The columns that make a Parquet file an environment table.
 ENV_COLUMNS = ("env_code", "env_name", "source")
@@ -111,15 +111,10 @@ def training_row(item: dict[str, Any], where: str, shown: str = "") -> Row:
     ability = item.get("ability")
     if not isinstance(ability, str):
         return BadRow(where, "invalid ability", f"ability is a {type(ability).__name__}")
-    prefix, sep, rest = ability.partition("@")
-    env_id, sep2, config_text = rest.partition("@")
-    if not sep or not sep2:
-        return BadRow(where, "invalid ability", "expected 'codegym_v1@{code_id}__{Env}@{json}'")
-    if prefix != ABILITY_PREFIX:
-        return BadRow(where, "invalid ability", f"ability prefix must be {ABILITY_PREFIX!r}, got {prefix!r}")
     try:
+        env_id, config_text = split_ability(ability)
         code_id, _ = split_env_id(env_id)
-    except EnvStringError as exc:
+    except (ValueError, EnvStringError) as exc:
         return BadRow(where, "invalid ability", str(exc))
     info = item.get("extra_info")
     info = dict(info) if isinstance(info, dict) else {}

@@ -14,16 +14,14 @@ import os
 import grpc
 
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
+from codegym_client.errors import access_refused
 
 TARGET_OPTIONS = ("--target", "--sandbox", "--runtime", "--synthesis", "--verification")
 
 
-REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
-
-
 def refused(exc: BaseException) -> bool:
     """Whether `exc` is a server's refusal of the access token (typed by the client or raw)."""
-    return isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)) and exc.code() in REFUSALS
+    return access_refused(exc)
 
 
 def refusal_line(exc: BaseException) -> str:

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from codegym.contract import parse_ability
-from codegym.contract.envstr import ABILITY_PREFIX
 from codegym.library import EnvRecord
 from codegym.library_records import LEARNABILITY
+from codegym_client.abilities import make_ability
 
 DATA_SOURCE = "codegym_gym_v1"
 NO_ANSWER = "There is no answer"
@@ -79,7 +79,7 @@ def user_message(task_text: str, protocol: str = PROTOCOL) -> str:
 def ability(record: EnvRecord, config_text: str) -> str:
     """The ability string of one task config, with `config_text` as it stands: never re-serialised,
     so a published config keeps its spelling (separators, escapes, key order) byte for byte."""
-    return f"{ABILITY_PREFIX}@{record.code_id}__{record.env_class}@{config_text}"
+    return make_ability(f"{record.code_id}__{record.env_class}", config_text)
 
 
 def instance(

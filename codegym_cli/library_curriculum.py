@@ -33,6 +33,7 @@ from codegym.contract.errors import EnvStringError
 from codegym.library import Library, canonical_config, default_library_path
 from codegym.library_records import LEARNABILITY
 from codegym_client import CodeGymError, RuntimeClient
+from codegym_client.abilities import ABILITY_FORMAT
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 
 DEFAULT_TARGET = "127.0.0.1:50051"
@@ -224,7 +225,7 @@ def _label(client: RuntimeClient, args: argparse.Namespace) -> int:
         )
     if left["unreadable"]:
         print(
-            f"{left['unreadable']} tasks have an ability string that is not codegym_v1@{{env_id}}@{{config}}",
+            f"{left['unreadable']} tasks have an ability string that is not {ABILITY_FORMAT}",
             file=sys.stderr,
         )
     if len(labels) > total:

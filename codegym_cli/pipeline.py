@@ -38,6 +38,7 @@ from codegym_cli.pipeline_state import (
 )
 from codegym_cli.pipeline_trust import CHECK_DEADLINE_S, determinism, guessability, negative_controls
 from codegym_client.api.common.v1 import common_pb2 as cm
+from codegym_client.errors import refused_as_sent
 from services.synthesis.problems import Problem
 
 STAGES = (
@@ -55,8 +56,6 @@ STAGES = (
     "library",
 )
 LLM_STAGES = ("environment", "unit_tests", "hard_tests", "solve_functions")
-# gRPC codes that say "this request will never succeed": the stage is rejected, not retried later.
-FINAL_CODES = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION)
 LLM_DEADLINE_S = 3600.0
 DIFFICULTY = {"easy": cm.DIFFICULTY_EASY, "medium": cm.DIFFICULTY_MEDIUM, "hard": cm.DIFFICULTY_HARD}
 
@@ -136,7 +135,8 @@ class Pipeline:
                 try:
                     outcome = await getattr(self, f"_{stage}")(problem, done)
                 except grpc.aio.AioRpcError as exc:
-                    status = "rejected" if exc.code() in FINAL_CODES else "error"
+                    # A request that will never be taken as it stands is rejected, not retried later.
+                    status = "rejected" if refused_as_sent(exc.code()) else "error"
                     outcome = StageOutcome(status, reason=f"rpc_{exc.code().name.lower()}: {exc.details()}")
                 except Exception as exc:  # one problem's bug must not stop the others
                     outcome = StageOutcome("error", reason=f"internal: {type(exc).__name__}: {exc}")

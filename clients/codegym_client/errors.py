@@ -361,6 +361,19 @@ def retryable_answer(code: grpc.StatusCode) -> bool:
     return any(row.retryable and row.code == code for row in FAILURES.values())
 
 
+def refused_as_sent(code: grpc.StatusCode) -> bool:
+    """Whether a status says the request will never be taken as it stands (invalid, or a failed
+    precondition): the pipeline records such a stage as rejected instead of trying it again."""
+    row = BY_STATUS.get(code)
+    return row is not None and issubclass(row.error, InvalidRequest | SessionDone)
+
+
+def access_refused(exc: BaseException) -> bool:
+    """Whether a call failed on its access token (none, unknown, or of a role the server refuses)."""
+    row = failure_row(exc)
+    return row is not None and issubclass(row.error, Unauthenticated | PermissionDenied)
+
+
 def error_class(code: grpc.StatusCode, reason: str, method: str) -> type[CodeGymError]:
     """The exception for a status: the reason's row when the reason agrees with the status (a
     reason under another status was not this status's cause, e.g. a proxy's), else by status."""
