@@ -75,7 +75,7 @@ buf-lint: node_modules/.bin/buf
 lint: buf-lint
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
-	$(VENV)/bin/mypy codegym codegym_cli sandbox_worker services codegym_testkit
+	$(VENV)/bin/mypy codegym codegym_cli sandbox_worker services codegym_testkit bench
 	$(VENV)/bin/mypy --python-version 3.10 clients
 
 test:

@@ -66,7 +66,8 @@ def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def echo_callable(channel: grpc.aio.Channel) -> Callable[[bytes], Awaitable[bytes]]:
+def echo_callable(channel: grpc.aio.Channel) -> grpc.aio.UnaryUnaryMultiCallable:
+    """The echo method, bytes in and bytes out (called with `timeout=`)."""
     return channel.unary_unary(ECHO_METHOD, request_serializer=None, response_deserializer=None)
 
 

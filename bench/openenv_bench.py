@@ -91,7 +91,7 @@ async def gateway(url: str, clients: int, seconds: float) -> list[float]:
                     await ws.send(message)
                     answer = await ws.recv()
                     times.append(time.perf_counter() - start)
-                    assert answer.startswith('{"type": "observation"'), answer[:200]
+                    assert str(answer).startswith('{"type": "observation"'), str(answer)[:200]
             await ws.send(json.dumps({"type": "close"}))
 
     await asyncio.gather(*(one(k) for k in range(clients)))
@@ -146,7 +146,7 @@ async def run(args: argparse.Namespace) -> None:
                     took = time.monotonic() - started
                     results.setdefault((name, clients), []).append(row(name, clients, times, took))
         print(f"{'path':<18}{'clients':>8}{'steps/s':>10}{'p50 ms':>9}{'p99 ms':>9}   (median of rounds)")
-        summary = []
+        summary: list[dict[str, Any]] = []
         for (name, clients), rounds in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
             entry = {
                 "path": name,

@@ -41,11 +41,11 @@ class ByteTokenizer:
 
     pad_token_id = 0
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False, **kwargs: Any) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return bytes(ids).decode("utf-8", errors="replace")
+    def decode(self, token_ids: Any, skip_special_tokens: bool = False, **kwargs: Any) -> str:
+        return bytes(token_ids).decode("utf-8", errors="replace")
 
     def apply_chat_template(
         self,
