@@ -24,6 +24,7 @@ import random
 import uuid
 from typing import Any
 
+from codegym_client.abilities import ABILITY_FORMAT
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.errors import CodeGymError, SessionNotFound
 from services.openenv import metrics
@@ -129,8 +130,8 @@ class Episodes:
         if not ability and not env_id:
             raise GatewayError(
                 VALIDATION_ERROR,
-                "reset needs an environment: ability ('codegym_v1@{code_id}__{Env}@{config json}', a "
-                "training instance's column) or env ('{code_id}__{Env}') with config",
+                f"reset needs an environment: ability ('{ABILITY_FORMAT}', a training instance's "
+                "column) or env ('{code_id}__{Env}') with config",
             )
         if config is not None and not isinstance(config, dict | str):
             raise GatewayError(VALIDATION_ERROR, "config is an object or its JSON text")

@@ -46,6 +46,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from codegym.auth import Identity
+from codegym_client.abilities import ABILITY_FORMAT
 from services.openenv import metrics
 from services.openenv.access import RequireToken, caller
 from services.openenv.episodes import Episodes
@@ -219,7 +220,7 @@ class Gateway:
             {
                 "name": self.config.name,
                 "description": "CodeGym tool-use environments served by a CodeGym runtime; reset with a "
-                "training instance's ability (codegym_v1@Env@{config}) or env + config, then call tools.",
+                f"training instance's ability ({ABILITY_FORMAT}) or env + config, then call tools.",
                 "readme_content": None,
                 "version": "0.1.0",
                 "author": None,
