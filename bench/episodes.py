@@ -69,10 +69,12 @@ class GrpcEpisode:
 
 class WsEpisode:
     """An episode as OpenEnv's EnvClient plays it: its own WebSocket (connect options as EnvClient's
-    defaults), `reset` naming the task, `call_tool` steps, `close`."""
+    defaults, and its `Authorization: Bearer` header when given an access `token`), `reset` naming
+    the task, `call_tool` steps, `close`."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, token: str = "") -> None:
         self.url = url
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.ws: Any = None
 
     async def create(self, line: Line) -> None:
@@ -80,7 +82,12 @@ class WsEpisode:
             from websockets.asyncio.client import connect
 
             self.ws = await connect(
-                self.url, open_timeout=30, max_size=None, ping_interval=20, ping_timeout=20
+                self.url,
+                open_timeout=30,
+                max_size=None,
+                ping_interval=20,
+                ping_timeout=20,
+                additional_headers=self.headers,
             )
         ability = make_ability(line["env_id"], line["config"])
         await self._ask("reset", {"ability": ability})

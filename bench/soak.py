@@ -42,7 +42,7 @@ fails, after the report. Each episode is judged against its recording by bench/j
 stack and its faults are bench/soak_stack.py, the paths bench/soak_paths.py.
 
     .venv/bin/python bench/soak.py [--minutes 20] [--rollouts 16] [--think-s 1] [--faults all]
-        [--paths all] [--redis up|given] [--trainers-python .venv-trainers/bin/python]
+        [--paths all] [--redis up|given] [--auth] [--trainers-python .venv-trainers/bin/python]
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ from bench.soak_stack import FAULTS, fault_loop, gateway_url, memory_mib, redis_
 from bench.stacks import Stack  # noqa: E402
 from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
+from codegym_client.channels import TOKEN_ENV  # noqa: E402
 from codegym_client.trl import CodeGymSpec  # noqa: E402
 from codegym_testkit.trainer_script import ability  # noqa: E402
 
@@ -113,7 +114,7 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line], workdi
         paths: dict[str, Callable[[], RidingEpisode | WsEpisode | TrlEpisode]] = {
             "client": lambda: RidingEpisode(client),
             "trl": lambda: TrlEpisode(spec, pool),
-            "openenv": lambda: WsEpisode(gateway_url(stack)),
+            "openenv": lambda: WsEpisode(gateway_url(stack), os.environ.get(TOKEN_ENV, "")),
         }
         tasks = []
         for seed, name in enumerate(chosen):
@@ -150,6 +151,7 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line], workdi
     left_open = await sessions_left(redis_url(stack))
     return {
         "minutes": args.minutes,
+        "auth": args.auth,
         "faults": faults_log,
         "paths": {
             name: vars(t)
@@ -188,6 +190,12 @@ def main() -> None:
         "the soak's own, passed with --sessions, stopped and started again",
     )
     parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="codegym up --auth: every path plays on the trainer token up makes (the gateway's with "
+        "its Bearer header)",
+    )
+    parser.add_argument(
         "--outage-wait-s", type=float, default=600.0, help="the trainer adapters' outage wait (their default)"
     )
     parser.add_argument(
@@ -207,9 +215,10 @@ def main() -> None:
     ]
     workdir = Path(tempfile.mkdtemp(prefix="codegym-soak-"))
     os.chmod(workdir, 0o755)
-    with soak_stack(workdir, args.redis) as stack:
+    with soak_stack(workdir, args.redis, args.auth) as stack:
         report = asyncio.run(soak(args, stack, lines, workdir))
-    print(f"soak of {report['minutes']:g} min, faults: {len(report['faults'])}")
+    access = "access tokens on (up --auth)" if report["auth"] else "no access tokens"
+    print(f"soak of {report['minutes']:g} min, {access}, faults: {len(report['faults'])}")
     for entry in report["faults"]:
         print(f"  {entry}")
     print(f"{'path':<8} {'finished':>8} {'shaped':>6} {'steps':>7}  failed (marked) / lost / could not start")

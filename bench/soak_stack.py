@@ -22,7 +22,9 @@ from pathlib import Path
 from bench.common import tree_memory_kb
 from bench.stacks import ROOT, Stack, StackSpec, up
 from codegym import proctree
+from codegym.auth import TRAINER, read_tokens
 from codegym.procs import RedisServer
+from codegym_client.channels import TOKEN_ENV
 from sandbox_worker.limits import JAIL_ZYGOTE
 
 FAULTS = ("rolling", "kill", "drain", "freeze", "gateway", "redis")
@@ -32,9 +34,11 @@ REDIS_URL = re.compile(r"redis at (redis://\S+) \(pid")
 
 
 @contextlib.contextmanager
-def soak_stack(workdir: Path, redis: str = "up") -> Iterator[Stack]:
+def soak_stack(workdir: Path, redis: str = "up", auth: bool = False) -> Iterator[Stack]:
     """The soak's `codegym up` over its own Redis (`redis="up"`, append-only in workdir/redis) or
-    ours (`"given"`, `stack.redis`), once `up` has named every server; all stopped at the end."""
+    ours (`"given"`, `stack.redis`), once `up` has named every server; all stopped at the end.
+    `auth`: `up --auth`, and every path of this process and its trainer processes plays on the
+    trainer token `up` made (`CODEGYM_TOKEN`), as a trainer would."""
     folder = workdir / "redis"
     given: RedisServer | None = None
     up_args: tuple[str, ...] = ("--runtimes", "2", "--redis-dir", str(folder))
@@ -42,6 +46,8 @@ def soak_stack(workdir: Path, redis: str = "up") -> Iterator[Stack]:
         folder.mkdir()
         given = RedisServer(folder=folder)
         up_args = ("--runtimes", "2", "--sessions", given.url)
+    if auth:
+        up_args += ("--auth",)
     spec = StackSpec("soak", ROOT, "working tree", workdir / "library.db", workdir / "up.log", up_args)
     stack: Stack | None = None
     try:
@@ -54,6 +60,9 @@ def soak_stack(workdir: Path, redis: str = "up") -> Iterator[Stack]:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"codegym up named only {sorted(stack.servers())}")
                 time.sleep(0.1)
+            if auth:
+                tokens = read_tokens(spec.library.with_name(f"{spec.library.stem}.tokens.json"))
+                os.environ[TOKEN_ENV] = next(t for t, who in tokens.items() if who.role == TRAINER)
             yield stack
     finally:
         current = stack.redis if stack is not None else given  # the redis fault replaces it
