@@ -46,7 +46,7 @@ from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeService
 from services.runtime.sessions import InMemorySessionStore, Session
 from tests import test_runtime as base
 from tests.conftest import ROOT, SAMPLES
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import ServerProcess, workers_fixture
 
 COUNTER = base.COUNTER
 INVALID_ACTION = rt.STEP_ERROR_CODE_INVALID_ACTION
@@ -59,14 +59,7 @@ PYTHON_TEXT = ("Traceback", "Unexpected <class", 'File "', "RecursionError", "De
 
 # The library of test_runtime (sample envs + the counter); our own worker and runtime processes.
 library = base.library
-
-
-@pytest.fixture(scope="module")
-def workers() -> Iterator[list[ServerProcess]]:
-    procs = base.start_workers(1)
-    yield procs
-    for proc in procs:
-        assert proc.stop() == 0
+workers = workers_fixture(1)
 
 
 @pytest.fixture(scope="module", params=["open", "tokens"])

@@ -9,38 +9,25 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
-from codegym.library import Library
 from codegym.procs import free_port
 from codegym_client import EnvNotFound, RuntimeClient, RuntimeUnavailable
 from codegym_client.errors import REASON_TRAILER, SessionNotFound
 from codegym_client.outages import Outage, clears_by_itself, ride_out
-from tests.conftest import ENV_DIR, SAMPLES
+from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.processes import port_free, wait_until
-from tests.helpers.servers import ServerProcess, start_runtime, start_workers
+from tests.helpers.servers import ServerProcess, start_runtime, workers_fixture
 
 ENV = "Sample_0001_I__MaxSubarraySumEnv"
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("outages") / "library.db"
-    with Library(path) as lib:
-        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
-    return path
-
-
-@pytest.fixture(scope="module")
-def workers() -> Iterator[list[ServerProcess]]:
-    started = start_workers(1)
-    yield started
-    for worker in started:
-        assert worker.stop() == 0
+library = library_fixture(SAMPLE_LIBRARY)
+workers = workers_fixture(1)
 
 
 @pytest.mark.jail

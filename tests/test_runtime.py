@@ -35,6 +35,7 @@ from tests.conftest import (
     sample_tasks,
     training_instances,
 )
+from tests.helpers.libraries import library_fixture
 from tests.helpers.processes import (
     assert_all_gone,
     count,
@@ -45,7 +46,13 @@ from tests.helpers.processes import (
     wait_for,
     wait_until,
 )
-from tests.helpers.servers import ServerProcess, deployed_runtime, start_runtime, start_workers
+from tests.helpers.servers import (
+    ServerProcess,
+    deployed_runtime,
+    start_runtime,
+    start_workers,
+    workers_fixture,
+)
 from tests.helpers.trajectories import record
 
 RUNTIME_ENVS = ROOT / "tests" / "fixtures" / "runtime_envs"
@@ -65,24 +72,11 @@ def in_process(tasks: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
     return record(jobs)
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("library") / "library.db"
-    with Library(path) as lib:
-        report = lib.import_paths(
-            [ENV_DIR, SAMPLES / "tasks.jsonl", FIXTURE_ENVS, SHARED_DATA / "training_instance_sample.jsonl"]
-        )
-        report.merge(lib.import_paths([RUNTIME_ENVS / f"{COUNTER}.py"]))
-    assert report.skipped == []
-    return path
-
-
-@pytest.fixture(scope="module")
-def workers() -> Iterator[list[ServerProcess]]:
-    procs = start_workers()
-    yield procs
-    for proc in procs:
-        assert proc.stop() == 0
+library = library_fixture(
+    [ENV_DIR, SAMPLES / "tasks.jsonl", FIXTURE_ENVS, SHARED_DATA / "training_instance_sample.jsonl"],
+    [RUNTIME_ENVS / f"{COUNTER}.py"],
+)
+workers = workers_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import grpc
@@ -25,7 +25,6 @@ from google.protobuf.message import DecodeError
 
 from codegym.errors import Undecodable
 from codegym.grpcutil import ManagedServer
-from codegym.library import Library
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.async_client import StepStream as ClientStepStream
@@ -35,7 +34,8 @@ from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeService
 from services.runtime.sessions import InMemorySessionStore
 from services.runtime.streaming import step_stream
 from tests.conftest import ENV_DIR
-from tests.helpers.servers import ServerProcess, start_workers
+from tests.helpers.libraries import library_fixture
+from tests.helpers.servers import ServerProcess, workers_fixture
 
 ENV = "Sample_0001_I__MaxSubarraySumEnv"
 MAX_BATCH = 4
@@ -46,21 +46,8 @@ PAD = 256 * 1024  # bytes of tag per step: 200 answers of 256 KB are far more th
 DEADLINE_S = 60.0
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("library") / "library.db"
-    with Library(path) as lib:
-        report = lib.import_paths([ENV_DIR / f"{ENV}.py"])
-    assert report.skipped == []
-    return path
-
-
-@pytest.fixture(scope="module")
-def workers() -> Iterator[list[ServerProcess]]:
-    procs = start_workers(1)
-    yield procs
-    for proc in procs:
-        assert proc.stop() == 0
+library = library_fixture([ENV_DIR / f"{ENV}.py"])
+workers = workers_fixture(1)
 
 
 class CountingServicer(RuntimeServicer):

@@ -15,7 +15,6 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,8 +27,9 @@ from codegym_client.abilities import make_ability
 from codegym_client.errors import EpisodeFailed, InfrastructureFailure
 from codegym_client.trl import CodeGymEnvironment, CodeGymSpec, environment_class, skip_failed_episodes
 from tests.conftest import ROOT
+from tests.helpers.libraries import library_fixture
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess, start_runtime, start_workers
+from tests.helpers.servers import Redis, ServerProcess, start_runtime, workers_fixture
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
 
@@ -40,20 +40,8 @@ ROW = {"prompt": [{"role": "user", "content": ""}], "ability": ABILITY, "env_id"
 FIRST = "Counter at 0; reach 5."
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("trl_outages") / "library.db"
-    with Library(path) as lib:
-        lib.import_paths([RUNTIME_ENVS / f"{COUNTER}.py"])
-    return path
-
-
-@pytest.fixture(scope="module")
-def workers() -> Iterator[list[ServerProcess]]:
-    started = start_workers(1)
-    yield started
-    for worker in started:
-        assert worker.stop() == 0
+library = library_fixture([RUNTIME_ENVS / f"{COUNTER}.py"])
+workers = workers_fixture(1)
 
 
 def environment(spec: CodeGymSpec) -> CodeGymEnvironment:

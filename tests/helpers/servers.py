@@ -13,6 +13,10 @@ Two environment variables change what the tests run against:
   other tests start their own servers as usual (they kill workers, read /proc, need fixture envs).
 - `CODEGYM_TESTS_WITHOUT_REDIS=1` skips the tests that need `redis-server`. Without it, a machine
   with no `redis-server` fails them: a missing dependency must not pass as a green run.
+
+A test module's sandbox workers come from `workers_fixture` / `worker_fixture` (one line each,
+with the module's count, jails, flags and scope), or `sandbox_workers` inside a fixture whose
+workers need another fixture's value (a tokens file).
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 import redis as redis_py
@@ -31,6 +36,7 @@ from codegym import procs
 
 RUNTIME_SWITCH = "CODEGYM_TEST_RUNTIME"
 WITHOUT_REDIS = "CODEGYM_TESTS_WITHOUT_REDIS"
+Scope = Literal["session", "package", "module", "class", "function"]
 
 
 def deployed_runtime() -> str | None:
@@ -54,8 +60,79 @@ class ServerProcess(procs.ServerProcess):
         )
 
 
+def worker_args(jails: int = 1, *extra: str) -> list[str]:
+    """`codegym serve sandbox` on a free loopback port with `jails` jails, `extra` appended."""
+    return ["serve", "sandbox", "--port", "0", "--jails", str(jails), *extra]
+
+
 def start_workers(count: int = 2, jails: int = 1) -> list[ServerProcess]:
-    return [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", str(jails)]) for _ in range(count)]
+    return [ServerProcess(worker_args(jails)) for _ in range(count)]
+
+
+@contextmanager
+def sandbox_workers(
+    count: int = 2,
+    *extra: str,
+    jails: int = 1,
+    env: dict[str, str] | None = None,
+    clean_stop: bool = True,
+) -> Iterator[list[ServerProcess]]:
+    """`count` sandbox workers (`extra` on each command line, `env` their environment), all stopped
+    on the way out. With `clean_stop` each must then have exited 0: a worker that crashed, or
+    needed SIGKILL to stop, fails the fixture that used it. Every worker is stopped before that
+    check, so one bad exit leaves no other worker running."""
+    started: list[ServerProcess] = []
+    try:
+        for _ in range(count):
+            started.append(ServerProcess(worker_args(jails, *extra), env=env))
+        yield started
+    finally:
+        codes = [worker.stop() for worker in started]
+    unclean = [(worker, code) for worker, code in zip(started, codes, strict=True) if code != 0]
+    if clean_stop and unclean:
+        worker, code = unclean[0]
+        raise AssertionError(
+            f"sandbox worker {worker.address} exited with {code}, not 0:\n{worker.text[-3000:]}"
+        )
+
+
+def workers_fixture(
+    count: int = 2,
+    *extra: str,
+    jails: int = 1,
+    add_env: Mapping[str, str] | None = None,
+    clean_stop: bool = True,
+    addresses: bool = False,
+    scope: Scope = "module",
+) -> Callable[..., Any]:
+    """A pytest fixture of `count` sandbox workers (see `sandbox_workers`), for a module to bind
+    to its fixture's name (`workers = workers_fixture(1, jails=2)`): the processes, or with
+    `addresses` the comma-separated addresses `--sandbox` takes. `add_env` is added to this
+    process's environment as it is when the workers start."""
+
+    def workers() -> Iterator[list[ServerProcess] | str]:
+        env = None if add_env is None else {**os.environ, **add_env}
+        with sandbox_workers(count, *extra, jails=jails, env=env, clean_stop=clean_stop) as started:
+            yield ",".join(w.address for w in started) if addresses else started
+
+    return pytest.fixture(scope=scope)(workers)
+
+
+def worker_fixture(
+    *extra: str,
+    jails: int = 1,
+    add_env: Mapping[str, str] | None = None,
+    clean_stop: bool = True,
+    scope: Scope = "module",
+) -> Callable[..., Any]:
+    """A pytest fixture of one sandbox worker process, as `workers_fixture` starts them."""
+
+    def worker() -> Iterator[ServerProcess]:
+        env = None if add_env is None else {**os.environ, **add_env}
+        with sandbox_workers(1, *extra, jails=jails, env=env, clean_stop=clean_stop) as started:
+            yield started[0]
+
+    return pytest.fixture(scope=scope)(worker)
 
 
 def start_runtime(library: Path, workers: list[ServerProcess], *extra: str) -> ServerProcess:
