@@ -151,8 +151,8 @@ class TrlEpisode:
 def failure_reason(exc: BaseException | None) -> str:
     if isinstance(exc, CodeGymError):
         return exc.reason or type(exc).__name__
-    if isinstance(exc, Failed | Refused):  # an OpenEnv error frame
-        return str(exc).split(":", 1)[0]
+    if isinstance(exc, Failed | Refused):  # an OpenEnv error frame: its code and the runtime's reason
+        return ": ".join(str(exc).split(": ")[:2])[:60]
     if isinstance(exc, Unscored | RunEnded):
         return str(exc)
     return type(exc).__name__  # the socket dropped or was refused (websockets' kin)
