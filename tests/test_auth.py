@@ -44,9 +44,8 @@ from codegym.auth import (
 )
 from codegym.errors import REASON_TRAILER
 from codegym.grpcutil import ManagedServer
-from codegym.library import Library
 from codegym.llm import LLMSettings
-from codegym.samples import ENVS, TASKS
+from codegym.samples import ENVS
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
@@ -58,7 +57,8 @@ from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV, Access, aio_channel
 from codegym_client.errors import Unauthenticated
 from services.synthesis.service import SynthesisServer
 from services.verification.service import VerificationServer
-from tests.helpers.servers import ServerProcess
+from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
+from tests.helpers.servers import ServerProcess, sandbox_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = {
@@ -77,12 +77,7 @@ def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("library") / "library.db"
-    with Library(path) as lib:
-        lib.import_paths([ENVS, TASKS])
-    return path
+library = library_fixture(SAMPLE_LIBRARY)
 
 
 @pytest.fixture(autouse=True)
@@ -394,15 +389,8 @@ def test_local_tokens_are_kept_across_restarts(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def secured_workers(tokens_file: Path) -> Iterator[list[ServerProcess]]:
-    procs = [
-        ServerProcess(
-            ["serve", "sandbox", "--port", "0", "--jails", "1", "--tokens", str(tokens_file)], env=environ()
-        )
-        for _ in range(2)
-    ]
-    yield procs
-    for proc in procs:
-        assert proc.stop() == 0
+    with sandbox_workers(2, "--tokens", str(tokens_file), env=environ()) as procs:
+        yield procs
 
 
 def solve_request() -> sb.ExecuteRequest:

@@ -25,7 +25,6 @@ import pytest
 
 from codegym import errors
 from codegym.contract import split_env_id
-from codegym.library import Library
 from codegym_client import (
     AsyncRuntimeClient,
     CapacityExceeded,
@@ -45,8 +44,9 @@ from codegym_client.errors import REASON_TRAILER, REASONS, RETRY_AFTER_TRAILER, 
 from codegym_client.gym_env import RemoteEnv
 from codegym_client.online import OnlineGymEnv
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
+from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess, start_workers
+from tests.helpers.servers import Redis, ServerProcess, workers_fixture
 from tests.helpers.trajectories import record
 
 # No skip when redis-server is missing: the `redis` fixture fails the tests that need it then,
@@ -71,23 +71,8 @@ def slow(ms: int) -> str:
 # ---- servers --------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("retries") / "library.db"
-    with Library(path) as lib:
-        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
-        lib.import_paths([RUNTIME_ENVS / f"{COUNTER}.py"])
-    return path
-
-
-@pytest.fixture(scope="module")
-def workers() -> Iterator[str]:
-    procs = start_workers()
-    try:
-        yield ",".join(p.address for p in procs)
-    finally:
-        for proc in procs:
-            proc.stop()
+library = library_fixture(SAMPLE_LIBRARY, [RUNTIME_ENVS / f"{COUNTER}.py"])
+workers = workers_fixture(addresses=True, clean_stop=False)
 
 
 @pytest.fixture

@@ -30,8 +30,9 @@ from services.runtime.curriculum import Record, sample
 from services.runtime.episode_record import ENV_SCOPE, EpisodeOutcome, Recorder, merge, task_key, task_scope
 from services.runtime.record_store import RedisRecordStore, SqliteRecordStore, record_path_for
 from tests.conftest import ENV_DIR, SAMPLES
+from tests.helpers.libraries import SAMPLE_LIBRARY, build_library
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess, require_redis_server, start_runtime, start_workers
+from tests.helpers.servers import Redis, ServerProcess, require_redis_server, start_runtime, workers_fixture
 
 pytestmark = pytest.mark.jail  # the tests play episodes on a real sandbox worker
 
@@ -88,9 +89,8 @@ def envs_of(client: RuntimeClient, run: str = "") -> dict[str, rt.EnvStats]:
 
 @pytest.fixture
 def library(tmp_path: Path) -> Path:
-    path = tmp_path / "library.db"
+    path = build_library(tmp_path / "library.db", SAMPLE_LIBRARY)
     with Library(path) as lib:
-        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
         source = (ENV_DIR / f"{MAX}.py").read_text()
         broken = source.replace(
             "        self.step_count += 1\n",
@@ -112,14 +112,7 @@ def library(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def workers() -> Iterator[list[ServerProcess]]:
-    started = start_workers(1, jails=1)
-    try:
-        yield started
-    finally:
-        for worker in started:
-            worker.stop()
+workers = workers_fixture(1, clean_stop=False)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ server refuses names its reason in the `codegym-reason` trailer."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -17,18 +16,12 @@ from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
 from services.synthesis.service import SynthesisServer
 from services.verification.service import VerificationServer
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import ServerProcess, worker_fixture
 
 BAD_UTF8 = b"\x0a\x04\xff\xfe\xc0\x80"  # field 1 holding invalid UTF-8 (a string or a message)
 
 
-@pytest.fixture(scope="module")
-def worker() -> Iterator[ServerProcess]:
-    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
-    try:
-        yield server
-    finally:
-        assert server.stop() == 0
+worker = worker_fixture()
 
 
 async def call_raw(address: str, path: str, payload: bytes) -> grpc.aio.AioRpcError:

@@ -44,18 +44,14 @@ from tests.helpers.agents import (
     wrong_agent,
 )
 from tests.helpers.fake_llm import Reply, ScriptedLLM
+from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.sample_configs import SAMPLE_CLASSES, sample_configs
-from tests.helpers.servers import ServerProcess, deployed_runtime
+from tests.helpers.servers import ServerProcess, deployed_runtime, workers_fixture
 
 TRAJECTORIES = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("eval") / "library.db"
-    with Library(path) as lib:
-        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
-    return path
+library = library_fixture(SAMPLE_LIBRARY)
 
 
 @pytest.fixture(scope="module")
@@ -64,15 +60,8 @@ def task_texts(library: Path) -> dict[str, str]:
         return {r.env_id: r.task_text for r in lib.load_all().values()}
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[str]:
-    """Two sandbox workers (their addresses, comma-separated), shared by every runtime here."""
-    workers = [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"]) for _ in range(2)]
-    try:
-        yield ",".join(w.address for w in workers)
-    finally:
-        for worker in workers:
-            worker.stop()
+# Two sandbox workers (their addresses, comma-separated), shared by every runtime here.
+sandbox = workers_fixture(2, addresses=True, clean_stop=False)
 
 
 def start_runtime(library: Path, sandbox: str, port: int = 0) -> ServerProcess:

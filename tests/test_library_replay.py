@@ -12,7 +12,6 @@ import asyncio
 import itertools
 import json
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from codegym_cli.library_replay import (
 )
 from services.dispatcher import SandboxDispatcher, SandboxUnavailable
 from tests.conftest import ENV_DIR, SAMPLES
-from tests.helpers.servers import ServerProcess, start_workers
+from tests.helpers.servers import ServerProcess, workers_fixture
 
 RUNTIME_ENVS = Path(__file__).resolve().parent / "fixtures" / "runtime_envs"
 COUNTER = "Test_0001_I__CounterEnv"
@@ -128,12 +127,7 @@ def by_task(lines: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return {line["task_id"]: line for line in lines}
 
 
-@pytest.fixture(scope="module")
-def workers() -> Iterator[list[ServerProcess]]:
-    started = start_workers(2, jails=2)
-    yield started
-    for worker in started:
-        assert worker.stop() == 0
+workers = workers_fixture(2, jails=2)
 
 
 @pytest.fixture

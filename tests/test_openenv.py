@@ -23,36 +23,23 @@ from openenv.core.mcp_client import MCPToolClient
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from codegym.library import Library
 from codegym.procs import codegym_command
 from codegym_cli.oracle import read_trajectories
 from codegym_client.errors import SessionNotFound
 from codegym_client.runtime_client import RuntimeClient
 from codegym_testkit.waiting import wait_until
 from tests.conftest import ENV_DIR, FIXTURE_ENVS, SAMPLES, SHARED_DATA, training_instances
+from tests.helpers.libraries import library_fixture
 from tests.helpers.openenv_play import play_tool_calls, rows
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import ServerProcess, workers_fixture
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("library") / "library.db"
-    with Library(path) as lib:
-        lib.import_paths(
-            [ENV_DIR, SAMPLES / "tasks.jsonl", FIXTURE_ENVS, SHARED_DATA / "training_instance_sample.jsonl"]
-        )
-    return path
-
-
-@pytest.fixture(scope="module")
-def worker() -> Iterator[str]:
-    proc = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "2"])
-    try:
-        yield proc.address
-    finally:
-        proc.stop()
+library = library_fixture(
+    [ENV_DIR, SAMPLES / "tasks.jsonl", FIXTURE_ENVS, SHARED_DATA / "training_instance_sample.jsonl"]
+)
+worker = workers_fixture(1, jails=2, addresses=True, clean_stop=False)
 
 
 def start_runtime(library: Path, worker: str, *extra: str) -> ServerProcess:

@@ -32,16 +32,16 @@ import grpc
 import pytest
 from redis import Redis as RedisClient
 
-from codegym.library import Library
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym_client.channels import sync_channel
 from codegym_client.requests import create_request
 from services.runtime.redis_store import RedisSessionStore
 from services.runtime.sessions import InMemorySessionStore, Session
-from tests.conftest import ENV_DIR, ROOT, SAMPLES
+from tests.conftest import ROOT, SAMPLES
+from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess, require_redis_server, start_workers
+from tests.helpers.servers import Redis, ServerProcess, require_redis_server, workers_fixture
 
 TRAJECTORIES = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
 RUNTIME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
@@ -53,14 +53,7 @@ COUNTER_PATH = ROOT / "tests" / "fixtures" / "runtime_envs" / f"{COUNTER}.py"
 # opted out with CODEGYM_TESTS_WITHOUT_REDIS=1 (tests/helpers/servers.py, require_redis_server).
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("redis") / "library.db"
-    with Library(path) as lib:
-        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
-        report = lib.import_paths([COUNTER_PATH])
-    assert report.skipped == []
-    return path
+library = library_fixture(SAMPLE_LIBRARY, [COUNTER_PATH])
 
 
 @pytest.fixture
@@ -72,14 +65,7 @@ def redis(tmp_path: Path) -> Iterator[Redis]:
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def workers() -> Iterator[str]:
-    procs = start_workers()
-    try:
-        yield ",".join(p.address for p in procs)
-    finally:
-        for proc in procs:
-            proc.stop()
+workers = workers_fixture(addresses=True, clean_stop=False)
 
 
 def replica(library: Path, workers: str, redis: Redis, lease_s: float = 2.0) -> ServerProcess:

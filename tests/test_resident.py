@@ -23,7 +23,7 @@ from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.hostile import HOSTILE_TEMPLATE, hostile
 from tests.helpers.processes import jailed, stat_fields, wait_until
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import ServerProcess, worker_fixture
 from tests.test_metrics import metrics_address, scrape
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
@@ -118,11 +118,7 @@ def start_worker(*extra: str) -> ServerProcess:
     return ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", *extra])
 
 
-@pytest.fixture(scope="module")
-def worker() -> Iterator[ServerProcess]:
-    server = start_worker()
-    yield server
-    assert server.stop() == 0
+worker = worker_fixture()
 
 
 @pytest.fixture(scope="module")

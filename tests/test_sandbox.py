@@ -38,7 +38,7 @@ from tests.helpers.processes import (
     sleeping_in_jails,
     wait_until,
 )
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import ServerProcess, worker_fixture
 from tests.helpers.trajectories import record
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
@@ -52,14 +52,7 @@ SECRET_NAME = "CODEGYM_TEST_SECRET"
 SECRET = secrets.token_hex(16)
 
 
-@pytest.fixture(scope="module")
-def worker() -> Iterator[ServerProcess]:
-    env = {**os.environ, SECRET_NAME: SECRET}
-    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"], env=env)
-    try:
-        yield server
-    finally:
-        assert server.stop() == 0
+worker = worker_fixture(add_env={SECRET_NAME: SECRET})
 
 
 @pytest.fixture(scope="module")

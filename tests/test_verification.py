@@ -8,7 +8,7 @@ objects, duplicates, unreachable workers, and a budget that runs out.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -22,7 +22,7 @@ from services.verification.service import SERVICE_NAME, VerificationServer
 from services.verification.solution import find_solution_call
 from tests.conftest import ENV_DIR
 from tests.helpers.pipeline_cases import ANSWER
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import ServerProcess, worker_fixture
 
 SOURCE = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py").read_text()
 GOOD_SOLVE = method_source(SOURCE, "solve")
@@ -32,11 +32,7 @@ def tasks(*configs: str) -> list[cm.TaskConfig]:
     return [cm.TaskConfig(env_id="Sample_0006_I__ArrayGcdEnv", config_json=c) for c in configs]
 
 
-@pytest.fixture(scope="module")
-def worker() -> Iterator[ServerProcess]:
-    proc = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "2"])
-    yield proc
-    assert proc.stop() == 0
+worker = worker_fixture(jails=2)
 
 
 @pytest.fixture

@@ -20,14 +20,13 @@ from typing import Any
 
 import pytest
 
-from codegym.library import Library
 from codegym_client import AsyncRuntimeClient, EnvNotFound, SessionNotFound
 from codegym_client.abilities import make_ability
 from codegym_client.errors import EpisodeEnded, InfrastructureFailure
 from codegym_client.verl import run_episode, text_tool_parser, tool_config, visible_text
-from tests.conftest import ENV_DIR, SAMPLES
+from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess
+from tests.helpers.servers import Redis, ServerProcess, worker_fixture
 from tests.helpers.trainer_script import (
     TOKENIZER,
     TRAJECTORIES,
@@ -40,22 +39,8 @@ from tests.helpers.trainer_script import (
     trajectory,
 )
 
-
-@pytest.fixture(scope="module")
-def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("library") / "library.db"
-    with Library(path) as lib:
-        lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
-    return path
-
-
-@pytest.fixture(scope="module")
-def worker() -> Iterator[ServerProcess]:
-    process = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
-    try:
-        yield process
-    finally:
-        assert process.stop() == 0
+library = library_fixture(SAMPLE_LIBRARY)
+worker = worker_fixture()
 
 
 def start_runtime(library: Path, worker: ServerProcess) -> ServerProcess:
