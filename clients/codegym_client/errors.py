@@ -101,9 +101,11 @@ __all__ = [
     "SessionNotFound",
     "StepConflict",
     "Unauthenticated",
+    "access_refused",
     "failure_row",
     "is_infrastructure",
     "reason_sent",
+    "refused_as_sent",
     "retryable_answer",
     "typed_error",
 ]
