@@ -7,23 +7,13 @@ from __future__ import annotations
 
 import argparse
 
-from codegym_cli.serve_setup import configure_logs, run_server, start_metrics
+from codegym_cli.serve_setup import configure_logs, run_server, server_auth, start_metrics
 
 
 def _serve_openenv(args: argparse.Namespace) -> int:
-    from codegym.auth import ServerAuth, check_bind
-
-    try:  # the gRPC servers' tokens (--tokens, --token); the runtime is called with --token
-        auth = ServerAuth.from_settings(
-            token=args.token,
-            tokens_file=args.tokens,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            insecure=args.insecure,
-        )
-    except ValueError as exc:
-        raise SystemExit(f"codegym serve: {exc}") from None
-    check_bind(args.host, auth)
+    auth = server_auth(
+        args
+    )  # the gRPC servers' tokens (--tokens, --token); the runtime is called with --token
     start_metrics(args)
     from services.openenv.gateway import GatewayConfig
     from services.openenv.server import serve

@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from codegym.auth import ServerAuth
 
 
 def run_server(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -28,11 +31,11 @@ def configure_logs(level: str, fmt: str) -> None:
     configure(level, fmt)
 
 
-def configure_access(args: argparse.Namespace) -> None:
-    """The server's access settings (`--tokens`, `--token`, `--tls-cert`/`--tls-key`, `--insecure`,
-    `--health-port`) for every server this process builds; refuses a non-loopback bind without
-    tokens here, before anything starts."""
-    from codegym.auth import ServerAuth, check_bind, configure
+def server_auth(args: argparse.Namespace) -> ServerAuth:
+    """A server's access settings from its flags (`--tokens`, `--token`, `--tls-cert`/`--tls-key`,
+    `--insecure`, and `--health-port` where it has one); refuses a non-loopback bind without tokens
+    here, before anything starts."""
+    from codegym.auth import ServerAuth, check_bind
 
     try:
         auth = ServerAuth.from_settings(
@@ -41,12 +44,19 @@ def configure_access(args: argparse.Namespace) -> None:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             insecure=args.insecure,
-            health_port=args.health_port,
+            health_port=getattr(args, "health_port", -1),
         )
     except ValueError as exc:
         raise SystemExit(f"codegym serve: {exc}") from None
     check_bind(args.host, auth)
-    configure(auth)
+    return auth
+
+
+def configure_access(args: argparse.Namespace) -> None:
+    """`server_auth` for every gRPC server this process builds."""
+    from codegym.auth import configure
+
+    configure(server_auth(args))
 
 
 def add_access_arguments(parser: argparse.ArgumentParser) -> None:

@@ -46,6 +46,7 @@ from codegym_client.online import OnlineGymEnv
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.processes import wait_until
+from tests.helpers.raw_errors import RawError
 from tests.helpers.servers import Redis, ServerProcess, workers_fixture
 from tests.helpers.trajectories import record
 
@@ -458,23 +459,6 @@ def test_every_refusal_raises_the_exception_of_its_reason(runtime: ServerProcess
         err = refused(lambda: client.get_session(moved))
         assert_reason(err, RuntimeUnavailable, "UNAVAILABLE", retryable=True)
         assert time.monotonic() - started < 15
-
-
-class RawError(grpc.RpcError):
-    """A status as grpc raises it, with the trailers we choose (what an older server, or the way to
-    the server, answers: no reason)."""
-
-    def __init__(self, code: grpc.StatusCode, trailers: tuple[tuple[str, str], ...] = ()) -> None:
-        self._code, self._trailers = code, trailers
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return "details"
-
-    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._trailers
 
 
 S = grpc.StatusCode

@@ -16,6 +16,7 @@ from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
 from services.synthesis.service import SynthesisServer
 from services.verification.service import VerificationServer
+from tests.helpers.raw_errors import RawError
 from tests.helpers.servers import ServerProcess, worker_fixture
 
 BAD_UTF8 = b"\x0a\x04\xff\xfe\xc0\x80"  # field 1 holding invalid UTF-8 (a string or a message)
@@ -102,22 +103,6 @@ def test_a_step_whose_commit_failed_is_resent_only_with_its_index() -> None:
 
 
 # -- the failure table: every column, and no second table ------------------------------------------
-
-
-class RawError(grpc.RpcError):
-    """A status as grpc raises it, with the trailers we choose (no trailer: a failure on the way)."""
-
-    def __init__(self, code: grpc.StatusCode, trailers: tuple[tuple[str, str], ...] = ()) -> None:
-        self._code, self._trailers = code, trailers
-
-    def code(self) -> grpc.StatusCode:
-        return self._code
-
-    def details(self) -> str:
-        return "details"
-
-    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._trailers
 
 
 def resend_word(error: grpc.RpcError) -> str:
