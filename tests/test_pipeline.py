@@ -325,7 +325,11 @@ def test_a_run_killed_during_solvability_resumes_without_new_llm_requests(
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
             if (work / "pipeline.db").exists():
-                rows = stage_rows(work)
+                try:
+                    rows = stage_rows(work)
+                except sqlite3.OperationalError:  # the run has made the file, not yet its tables
+                    time.sleep(0.05)
+                    continue
                 slow = {s: r["status"] for (pid, s), r in rows.items() if pid == "Case_slow"}
                 if slow.get("solve_functions") == "passed" and "solvability" not in slow:
                     proc.send_signal(signal.SIGKILL)
