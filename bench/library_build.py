@@ -60,7 +60,6 @@ def library_counts(path: Path) -> tuple[int, int]:
 HWM_MAIN = """
 import atexit, runpy, sys
 
-ROOT = Path(__file__).resolve().parent.parent
 out = sys.argv.pop(1)
 def hwm():
     for line in open("/proc/self/status"):
