@@ -28,7 +28,7 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
             host=args.host,
             port=args.port,
             jails=args.jails,
-            jail_limits=JailLimits(memory_mb=args.jail_memory_mb, pids=args.jail_pids),
+            jail_limits=JailLimits(memory_mb=args.jail_memory_mb, pids=args.jail_pids, nice=args.jail_nice),
             defaults=RequestLimits(args.wall_ms, args.cpu_ms, args.memory_mb, args.output_bytes),
             maximum=MAX_LIMITS,
             max_pending=args.max_pending,
@@ -87,6 +87,15 @@ def add_parser(servers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         type=int,
         default=JailLimits.pids,
         help="process limit of a whole jail (cgroup pids and RLIMIT_NPROC)",
+    )
+    sandbox.add_argument(
+        "--jail-nice",
+        type=int,
+        choices=range(0, 20),
+        default=JailLimits.nice,
+        metavar="0..19",
+        help="how much nicer than this worker its jails run (0: an even share of the CPU; 19: only "
+        "what the trusted processes leave, and every step waits for them under load)",
     )
     sandbox.add_argument(
         "--max-pending",

@@ -38,7 +38,7 @@ from tests.helpers.processes import (
     sleeping_in_jails,
     wait_until,
 )
-from tests.helpers.servers import ServerProcess, worker_fixture
+from tests.helpers.servers import ServerProcess, sandbox_workers, worker_fixture
 from tests.helpers.trajectories import record
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
@@ -159,6 +159,36 @@ def test_solve_with_a_candidate_and_a_step_cap(stub: pb_grpc.SandboxServiceStub)
     )
     assert capped.status == pb.STATUS_OK and not capped.done and capped.step_count == 20
     assert "exceeded 20 steps" in capped.message
+
+
+NICENESS = """import os
+print(os.nice(0))
+try:
+    os.nice(-1)
+    print("lowered")
+except OSError:
+    print("refused")
+"""
+
+
+def niceness_inside(stub: pb_grpc.SandboxServiceStub) -> list[str]:
+    """What code in a jail sees of its own scheduling priority, and whether it may raise it."""
+    result = execute(stub, pb.Operation(source=pb.SourceRef(code=NICENESS), run_script=pb.RunScriptOp()))
+    assert result.status == pb.STATUS_OK, result.message
+    return result.stdout.split()
+
+
+def test_jails_share_the_cpu_with_the_worker_unless_told_otherwise(
+    stub: pb_grpc.SandboxServiceStub,
+) -> None:
+    """The same probe in this module's worker (defaults) and in one started with --jail-nice 7:
+    the first runs at the worker's own priority (this process's, which the workers inherit; nsjail
+    alone would put it at 19, where every step waits for the trusted processes under load), the
+    second 7 nicer; neither can lower it."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert niceness_inside(stub) == [str(own), "refused"]
+    with sandbox_workers(1, "--jail-nice", "7") as (nicer,), grpc.insecure_channel(nicer.address) as channel:
+        assert niceness_inside(pb_grpc.SandboxServiceStub(channel)) == [str(min(19, own + 7)), "refused"]
 
 
 def test_run_script_and_call_function(stub: pb_grpc.SandboxServiceStub) -> None:
