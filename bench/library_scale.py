@@ -43,8 +43,9 @@ Then, for the 12-sample library and the N-env one:
               (the longest episode's summed think time), create p50/p99.
 
 Targets, printed with PASS/FAIL beside the figures: served >= 97 %, step p50 <= 10 ms, p99 <= 100
-ms, create p50 <= 50 ms, p99 <= 500 ms, burst makespan <= 1.10 x ideal, no mismatch, and the
-runtime's PSS with N envs within 2x of its PSS with the 12 samples. Every stack runs the
+ms, create p50 <= 50 ms, p99 <= 500 ms (steady: a burst's creates at once queue for CPU, which
+its makespan prices), burst makespan <= 1.10 x ideal, no mismatch, and the runtime's PSS with N
+envs within 2x of its PSS with the 12 samples. Every stack runs the
 working tree ("new") or a base commit ("base", a `git worktree` of --base), one after the other,
 each measurement on a fresh `codegym up` stopped by pid (bench/rollout_bench.py's machinery).
 Progress goes to stderr, tables to stdout, every figure to --json FILE. "other CPU %" is the CPU

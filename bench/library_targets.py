@@ -124,6 +124,9 @@ class Target:
         return f"{self.op} {self.bound:g}{self.unit}"
 
 
+# The create bound is the steady shape's (#29): creates spread over time, each one compile. A
+# burst's 512 creates at once queue for capacity instead (about 15 ms of CPU each, so about 3.8 s
+# for all of them on 2 cores), which its makespan prices; the burst table shows their p50/p99.
 TARGETS = [
     Target("steady served/offered", "steady", "served_pct", ">=", 97, " %"),
     Target("steady step p50", "steady", "p50_ms", "<=", 10, " ms", ".2f"),
@@ -132,8 +135,6 @@ TARGETS = [
     Target("steady create p99", "steady", "create_p99_ms", "<=", 500, " ms"),
     Target("steady mismatches", "steady", "mismatches", "==", 0, "", "d"),
     Target("burst makespan/ideal", "burst", "makespan_ratio", "<=", 1.10, "x", ".3f"),
-    Target("burst create p50", "burst", "create_p50_ms", "<=", 50, " ms"),
-    Target("burst create p99", "burst", "create_p99_ms", "<=", 500, " ms"),
     Target("burst mismatches", "burst", "mismatches", "==", 0, "", "d"),
 ]
 PSS_TARGETS = [  # the runtime's PSS with N envs over its PSS with the samples
