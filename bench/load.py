@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import random
 import time
 from collections import Counter
@@ -197,6 +198,34 @@ def other_cpu_pct(machine_s: float, stack_s: float, generator_s: float, seconds:
     return 100 * max(0.0, machine_s - stack_s - generator_s) / seconds
 
 
+def cpu_by_process() -> dict[int, tuple[str, int]]:
+    """Every process's command name and CPU so far (utime + stime, clock ticks), kernel threads
+    included: read at both ends of a window to name what the "other CPU" went to."""
+    found = {}
+    for pid in proctree.pids():
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        name, _, rest = text.partition("(")[2].rpartition(")")
+        fields = rest.split()
+        found[pid] = (name, int(fields[11]) + int(fields[12]))
+    return found
+
+
+def top_others(
+    before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], skip: set[int], seconds: float
+) -> str:
+    """The three command names outside `skip` (the stack, this generator) that took the most CPU
+    between two `cpu_by_process` readings, as "name NN %" (100 = one CPU); those under 2 % left out."""
+    by_name: Counter[str] = Counter()
+    for pid, (name, ticks) in after.items():
+        if pid not in skip:
+            by_name[name] += ticks - before.get(pid, (name, 0))[1]
+    shares = [(name, 100 * ticks / proctree.CLK_TCK / seconds) for name, ticks in by_name.most_common(3)]
+    return ", ".join(f"{name} {share:.0f} %" for name, share in shares if share >= 2)
+
+
 def ms(seconds: list[float], q: float) -> float | None:
     return pct(seconds, q) * 1000 if seconds else None
 
@@ -289,6 +318,7 @@ async def observe(
     """The window: steps answered in it, the stack's CPU over it, its PSS (and `read_roles`) read
     halfway through."""
     cpu_before, gen_before, machine_before = cpu_by_role(stack.pid), rusage_cpu_s(), machine_busy_s()
+    processes_before = cpu_by_process()
     tally.window_start = time.monotonic()
     tally.window_end = tally.window_start + window_s
     pss_kb, read_cpu, by_role = None, 0.0, None
@@ -301,6 +331,8 @@ async def observe(
         read_cpu += roles_cpu
     await asyncio.sleep(max(0.0, tally.window_end - time.monotonic()))
     cpu_after, gen_after, machine_after = cpu_by_role(stack.pid), rusage_cpu_s(), machine_busy_s()
+    stack_pids = {os.getpid(), *proctree.descendants([stack.pid])}
+    others = top_others(processes_before, cpu_by_process(), stack_pids, window_s)
     steps = tally.in_window["steps"]
     cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_after}
     stack_cpu = sum(cpu.values())
@@ -316,6 +348,7 @@ async def observe(
         "stack_cpu_pct": 100 * stack_cpu / window_s,
         "gen_cpu_pct": 100 * (gen_after - gen_before - read_cpu) / window_s,
         "other_cpu_pct": other,
+        "other_top": others,
         "pss_mib": pss_kb / 1024 if pss_kb is not None else None,
         **({"by_role": by_role} if by_role is not None else {}),
     }

@@ -173,7 +173,9 @@ def report_busy(results: dict[str, list[Figures]]) -> None:
     """Measurements during which other work on the machine took more than BUSY_CPU_PCT of its CPU:
     their latencies include that contention."""
     busy = [
-        f"{shape} {row['point']} on {row['stack']} ({row['other_cpu_pct']:.0f} %)"
+        f"{shape} {row['point']} on {row['stack']} ({row['other_cpu_pct']:.0f} %"
+        + (f": {row['other_top']}" if row.get("other_top") else "")
+        + ")"
         for shape, rows in results.items()
         for row in rows
         if (row.get("other_cpu_pct") or 0) > BUSY_CPU_PCT
