@@ -8,6 +8,7 @@ through it, and a task recorded with code of its own is served with that code, f
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import sqlite3
@@ -23,7 +24,7 @@ from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sbg
 from codegym_client import RuntimeClient
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
-from services.runtime.catalog import Catalog
+from services.runtime.catalog import Catalog, tool_specs
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.servers import ServerProcess, start_runtime, start_workers
 from tests.test_metrics import metrics_address, scrape
@@ -94,6 +95,32 @@ def test_the_catalog_holds_a_working_set_bounded_in_bytes_not_the_library(
         # What fits stays: the last ones read are hits now, the first ones long gone.
         assert copies[-1] in catalog.records and copies[0] not in catalog.records
         assert 0 < len(catalog.records) < 3000
+    finally:
+        catalog.close()
+
+
+def test_the_working_set_costs_the_garbage_collector_two_objects_an_environment(
+    big_library: tuple[Path, list[str]],
+) -> None:
+    """A full collection walks every container the runtime holds, and stops every step in flight
+    while it does: thousands of cached environments must not add tens of thousands of them (a
+    library record with its parsed tool schemas is about 25)."""
+    path, copies = big_library
+    catalog = Catalog(path, cache_bytes=256 * 1024 * 1024)
+    try:
+        gc.collect()
+        before = len(gc.get_objects())
+        for env_id in copies[:2000]:
+            catalog.env(env_id)
+        gc.collect()  # tuples of strings leave the collector's lists at their first collection
+        tracked = len(gc.get_objects()) - before
+        assert len(catalog.records) == 2000
+        assert tracked <= 3 * 2000, tracked
+        # What a create answers is what the library holds.
+        stored = catalog.library.get(copies[0], tasks=False)
+        assert stored is not None
+        assert catalog.env(copies[0]).specs() == tool_specs(stored)
+        assert catalog.env(copies[0]).tool_names == tuple(stored.tool_names)
     finally:
         catalog.close()
 

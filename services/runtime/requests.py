@@ -16,6 +16,7 @@ always receives `{"name": ..., "parameters": {...}}`.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from codegym.errors import Reason, Refusal
@@ -93,7 +94,7 @@ def _invalid(message: str) -> tuple[str, rt.StepError]:
 
 
 def action_text(
-    request: rt.StepRequest, tool_names: list[str], max_bytes: int
+    request: rt.StepRequest, tool_names: Sequence[str], max_bytes: int
 ) -> tuple[str, rt.StepError | None]:
     """The action as the canonical CodeGym JSON string, or the typed reason it is refused."""
     which = request.WhichOneof("action")

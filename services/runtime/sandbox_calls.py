@@ -12,17 +12,17 @@ import logging
 import grpc
 
 from codegym.errors import Reason, Refusal
-from codegym.library import EnvRecord
 from codegym.metrics import ADMISSION_REFUSALS
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from services.dispatcher import QueueFull, SandboxDispatcher, SandboxUnavailable
+from services.runtime.catalog import Served
 from services.runtime.config import RuntimeConfig
 
 log = logging.getLogger(__name__)
 
 
 async def execute(
-    dispatcher: SandboxDispatcher, op: sb.Operation, record: EnvRecord, key: str, config: RuntimeConfig
+    dispatcher: SandboxDispatcher, op: sb.Operation, record: Served, key: str, config: RuntimeConfig
 ) -> sb.OperationResult:
     """Run `op` for session `key` on a worker.
 

@@ -25,7 +25,6 @@ import grpc
 
 from codegym.auth import CALLER, OPERATOR
 from codegym.errors import Reason, Refusal, add_lenient, entry_status, guarded, guarded_stream
-from codegym.library import EnvRecord
 from codegym.logs import SESSION_ID
 from codegym.metrics import (
     ADMISSION_REFUSALS,
@@ -41,7 +40,7 @@ from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from services.dispatcher import SandboxDispatcher
-from services.runtime.catalog import Catalog, tool_specs
+from services.runtime.catalog import Catalog, Served
 from services.runtime.config import RuntimeConfig, session_seed
 from services.runtime.episode_record import Recorder
 from services.runtime.outcomes import action_digest, env_failed, recorded_reply, session_reply, step_error
@@ -135,7 +134,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         """Serializes steps of one session: in this process, or across replicas (Redis lease)."""
         return self.store.lock(session_id)
 
-    async def _execute(self, op: sb.Operation, record: EnvRecord, key: str = "") -> sb.OperationResult:
+    async def _execute(self, op: sb.Operation, record: Served, key: str = "") -> sb.OperationResult:
         return await execute(self.dispatcher, op, record, key, self.config)
 
     # ---- sessions -----------------------------------------------------------------------------
@@ -191,7 +190,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         return rt.CreateSessionResponse(
             session_id=session_id,
             observation=result.observation,
-            tools=tool_specs(record),
+            tools=record.specs(),
             tools_text=record.tools_text,
             task_text=record.task_text,
             env_id=record.env_id,
