@@ -104,7 +104,7 @@ def test_the_working_set_costs_the_garbage_collector_two_objects_an_environment(
 ) -> None:
     """A full collection walks every container the runtime holds, and stops every step in flight
     while it does: thousands of cached environments must not add tens of thousands of them (a
-    library record with its parsed tool schemas is about 25)."""
+    library record with its parsed tool schemas is about 35)."""
     path, copies = big_library
     catalog = Catalog(path, cache_bytes=256 * 1024 * 1024)
     try:

@@ -45,7 +45,7 @@ class Served(NamedTuple):
 
     Strings and bytes in a tuple, because the runtime caches thousands of these for as long as
     their episodes play, and a full garbage collection walks every container it holds. A library
-    `EnvRecord` is about 25 of them (its tools, their schema dicts and lists): with the 1,800 that
+    `EnvRecord` is about 35 of them (its tools, their schema dicts and lists): with the 1,800 that
     32 MiB holds of a 13,200-environment library, one collection took 45 ms against 3 ms for the
     runtime alone, and every step in flight waited for it (the runtime paused 60-160 ms at a time
     under 1,024 rollouts). Here only the tuple itself is tracked; the tool specs stay serialized
