@@ -212,13 +212,10 @@ def cpu_by_process() -> dict[int, tuple[str, int]]:
     included: read at both ends of a window to name what the "other CPU" went to."""
     found = {}
     for pid in proctree.pids():
-        try:
-            text = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        name, _, rest = text.partition("(")[2].rpartition(")")
-        fields = rest.split()
-        found[pid] = (name, int(fields[11]) + int(fields[12]))
+        stat = proctree.named_stat(pid)
+        if stat:
+            name, fields = stat
+            found[pid] = (name, int(fields[11]) + int(fields[12]))
     return found
 
 

@@ -30,13 +30,24 @@ def pids() -> list[int]:
     return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
 
 
-def stat_fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat after the command name (which may hold spaces): state is [0], ppid [1],
-    utime stime cutime cstime [11:15] (clock ticks), start time [19] (clock ticks since boot)."""
+def named_stat(pid: int) -> tuple[str, list[str]] | None:
+    """/proc/PID/stat as its command name (which may hold spaces and parentheses) and the fields
+    after it: state is [0], ppid [1], utime stime cutime cstime [11:15] (clock ticks), start time
+    [19] (clock ticks since boot)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return None
+    head, paren, rest = text.rpartition(")")
+    if not paren:
+        return None
+    return head.partition("(")[2], rest.split()
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """`named_stat`'s fields alone."""
+    stat = named_stat(pid)
+    return stat[1] if stat else None
 
 
 def cmdline(pid: int) -> str | None:
