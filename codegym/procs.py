@@ -26,12 +26,17 @@ the benchmarks share: start a command (with the above), read its output until a
 `listening on HOST:PORT` line or a deadline, keep draining its output (a server must never block
 on a full pipe), stop it by pid with SIGTERM and then SIGKILL. `RedisServer` is the one
 `redis-server` starter.
+
+A `codegym` process that has not stopped in its time is asked for its threads' stacks
+(`STACKS_SIGNAL`, which every `codegym` command answers through `faulthandler`) before the SIGKILL:
+a hang at shutdown then names the call it hung in, in the output the caller keeps and prints.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import faulthandler
 import os
 import re
 import shutil
@@ -40,6 +45,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -131,6 +137,51 @@ def popen(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
     return result
 
 
+# `kill -USR1 PID` makes a `codegym` process write every thread's stack to its stderr (and go on).
+STACKS_SIGNAL = signal.SIGUSR1
+STACKS_WAIT_S = 1.0  # for the stacks to reach the pipe before the SIGKILL
+
+
+def answer_stacks_signal() -> None:
+    """Write every thread's stack to stderr on `STACKS_SIGNAL`. faulthandler writes from the signal
+    itself, in C: it answers even while the main thread is blocked in a call that never returns to
+    the interpreter (a server's stop, a join), which is when it is needed."""
+    faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
+
+
+EXIT_WAIT_S = 5.0  # after a server's orderly stop, for its interpreter to finish tearing down
+EXIT_BACKSTOP_S = 10.0
+
+
+def exit_within(seconds: float = EXIT_WAIT_S, code: int = 0) -> None:
+    """Make sure this process ends soon after its server stopped in order.
+
+    Everything that matters is done by then (calls drained, records written, jails killed), but the
+    interpreter's own teardown runs library code that can hang: gRPC's asyncio poller can block
+    in a write its event loop no longer reads (grpc/grpc#40989), and `asyncio.run` then waits for
+    it. A supervisor waiting on such a process sees a server that will not stop. So a daemon thread
+    waits `seconds`; if the process is still here, it says so, writes every thread's stack to
+    stderr (the hang named, for a fix) and exits with `code`, the server's own outcome. If the hang
+    holds the GIL, faulthandler's C watchdog does the same (exit code 1) after `EXIT_BACKSTOP_S`.
+    """
+
+    def leave() -> None:
+        time.sleep(seconds)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        print(
+            f"codegym: the server stopped, but the process had not exited {seconds:g} s later "
+            "(a library's teardown hung); its threads' stacks follow, then it exits",
+            file=sys.stderr,
+            flush=True,
+        )
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(code)
+
+    threading.Thread(target=leave, name="exit guard", daemon=True).start()
+    faulthandler.dump_traceback_later(max(seconds, EXIT_BACKSTOP_S), exit=True)
+
+
 def codegym_command(args: Sequence[str], python: str = sys.executable) -> list[str]:
     """The argv that runs `codegym ARGS...` with this interpreter (no reliance on PATH)."""
     return [python, "-m", "codegym_cli.cli", *args]
@@ -168,9 +219,12 @@ class ServerProcess:
         keep: int | None = None,
         env: dict[str, str] | None = None,
         cwd: str | Path | None = None,
+        stacks: bool = False,
     ) -> None:
         self.name = name or Path(argv[0]).name
         self.address = ""
+        self.stacks = stacks  # it answers STACKS_SIGNAL (a `codegym` command)
+        self.killed = False  # `stop` had to SIGKILL it
         self._ready_pattern = ready
         self._echo = echo
         self._lines: deque[str] = deque(maxlen=keep)
@@ -233,7 +287,8 @@ class ServerProcess:
         """Send `sig` to the server's pid; SIGKILL its process group if it has not exited in time.
 
         Returns its exit code. The output read up to its end is in `output` afterwards (unless a
-        process it left behind still holds the pipe).
+        process it left behind still holds the pipe). One that had to be killed has `killed` set
+        and, when it answers `STACKS_SIGNAL`, its threads' stacks at the end of its output.
         """
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
@@ -241,6 +296,12 @@ class ServerProcess:
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
+                self.killed = True
+                if self.stacks:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.proc.send_signal(STACKS_SIGNAL)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.proc.wait(STACKS_WAIT_S)
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)

@@ -123,8 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from codegym.procs import answer_stacks_signal
     from sandbox_worker.jail import JailDied
 
+    answer_stacks_signal()  # `kill -USR1 PID`: every thread's stack on stderr (a hang, named)
     args = build_parser().parse_args(argv)
     access.apply(args)
     try:

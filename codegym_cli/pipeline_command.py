@@ -68,7 +68,7 @@ def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, 
 
         def start(name: str, argv: list[str]) -> str:
             args = [*argv, "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
-            child = ServerProcess(codegym_command(args), name=name, stderr=None, keep=200)
+            child = ServerProcess(codegym_command(args), name=name, stderr=None, keep=200, stacks=True)
             started.append(child)
             stack.callback(child.stop)
             return child.address

@@ -16,13 +16,26 @@ if TYPE_CHECKING:
 
 def run_server(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """Run a server's main coroutine on uvloop where installed (about a tenth less CPU per step
-    for the runtime and the workers in bench/runtime_bench.py), else on asyncio's own loop."""
+    for the runtime and the workers in bench/runtime_bench.py), else on asyncio's own loop.
+
+    Once the coroutine has returned (the server drained and stopped) the process is bound to end
+    within `procs.EXIT_WAIT_S`, whatever the teardown after it does (`procs.exit_within`)."""
+    from codegym.procs import exit_within
+
+    async def then_exit() -> None:
+        outcome = 1
+        try:
+            await main()
+            outcome = 0
+        finally:
+            exit_within(code=outcome)
+
     try:
         import uvloop
     except ImportError:
-        asyncio.run(main())
+        asyncio.run(then_exit())
         return
-    uvloop.run(main())
+    uvloop.run(then_exit())
 
 
 def configure_logs(level: str, fmt: str) -> None:

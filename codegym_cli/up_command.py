@@ -40,6 +40,7 @@ from sandbox_worker.limits import unreachable_by_jails
 from sandbox_worker.residency import default_budget_mb
 
 GATEWAY_STOP_S = 45.0  # a gateway's default --grace-s (30 s) and its closing, before SIGKILL
+CHILD_STOP_S = 20.0  # a runtime's or worker's drain (5 s) and close, before SIGKILL
 
 
 def build_default_library(path: Path) -> None:
@@ -72,7 +73,13 @@ class Child(ServerProcess):
     def __init__(self, name: str, args: list[str], timeout_s: float = 60.0) -> None:
         self.args = args
         super().__init__(
-            codegym_command(args), name=name, timeout_s=timeout_s, stderr=None, echo=sys.stdout, keep=200
+            codegym_command(args),
+            name=name,
+            timeout_s=timeout_s,
+            stderr=None,
+            echo=sys.stdout,
+            keep=200,
+            stacks=True,
         )
 
     def again(self) -> Child:
@@ -88,6 +95,7 @@ class Supervised(Protocol):
     name: str
     address: str
     proc: subprocess.Popen[str]
+    killed: bool
 
     def again(self) -> Supervised: ...
 
@@ -345,7 +353,14 @@ def cmd_up(args: argparse.Namespace) -> int:
             if child.name.startswith("openenv gateway") and child.proc.poll() is None:
                 child.proc.send_signal(signal.SIGTERM)
         for child in reversed(children):
-            child.stop(timeout_s=GATEWAY_STOP_S if child.name.startswith("openenv gateway") else 20.0)
+            budget = GATEWAY_STOP_S if child.name.startswith("openenv gateway") else CHILD_STOP_S
+            child.stop(timeout_s=budget)
+            if child.killed:
+                print(
+                    f"codegym up: {child.name} did not stop within {budget:.0f} s: killed "
+                    "(its threads' stacks, where it answered for them, are above)",
+                    flush=True,
+                )
         for stop in cleanup:
             stop()
         if children:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -46,7 +47,11 @@ def deployed_runtime() -> str | None:
 
 class ServerProcess(procs.ServerProcess):
     """`codegym ARGS...` (e.g. `serve sandbox --port 0`) until its `listening on` line; `env`
-    replaces the environment it starts with."""
+    replaces the environment it starts with.
+
+    `stop` gives it the time it may take: `codegym up` stops its servers one after another, each
+    within its own budget (`up_command.GATEWAY_STOP_S`, `CHILD_STOP_S`), so a test must not kill
+    it sooner; a server that has not stopped in time is asked for its stacks before the kill."""
 
     def __init__(
         self,
@@ -56,8 +61,20 @@ class ServerProcess(procs.ServerProcess):
         env: dict[str, str] | None = None,
     ) -> None:
         super().__init__(
-            procs.codegym_command(args, python), name=" ".join(args[:2]), timeout_s=timeout, env=env
+            procs.codegym_command(args, python),
+            name=" ".join(args[:2]),
+            timeout_s=timeout,
+            env=env,
+            stacks=True,
         )
+        self.stop_s = UP_STOP_S if args[:1] == ["up"] else SERVER_STOP_S
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float | None = None) -> int | None:
+        return super().stop(sig, self.stop_s if timeout_s is None else timeout_s)
+
+
+SERVER_STOP_S = 20.0
+UP_STOP_S = 120.0  # its gateway's 45 s, then its runtimes' and workers' 20 s each
 
 
 def worker_args(jails: int = 1, *extra: str) -> list[str]:
