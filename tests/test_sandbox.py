@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -189,6 +190,21 @@ def test_jails_share_the_cpu_with_the_worker_unless_told_otherwise(
     assert niceness_inside(stub) == [str(own), "refused"]
     with sandbox_workers(1, "--jail-nice", "7") as (nicer,), grpc.insecure_channel(nicer.address) as channel:
         assert niceness_inside(pb_grpc.SandboxServiceStub(channel)) == [str(min(19, own + 7)), "refused"]
+
+
+def test_codegym_up_gives_its_workers_jail_nice(tmp_path: Path) -> None:
+    """`codegym up --jail-nice 5`: code in its worker's jails runs 5 nicer than the worker."""
+    args = ["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--workers", "1", "--jails", "1"]
+    up = ServerProcess([*args, "--jail-nice", "5", "--no-record"], timeout=120)
+    try:
+        wait_until(lambda: "Ctrl-C stops everything" in up.text, 60, "codegym up")
+        match = re.search(r"sandbox worker 1 at (\S+)", up.text)
+        assert match is not None, up.text
+        with grpc.insecure_channel(match.group(1)) as channel:
+            own = os.getpriority(os.PRIO_PROCESS, 0)
+            assert niceness_inside(pb_grpc.SandboxServiceStub(channel)) == [str(min(19, own + 5)), "refused"]
+    finally:
+        assert up.stop() == 0, up.text[-3000:]
 
 
 def test_run_script_and_call_function(stub: pb_grpc.SandboxServiceStub) -> None:
