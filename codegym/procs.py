@@ -142,11 +142,23 @@ STACKS_SIGNAL = signal.SIGUSR1
 STACKS_WAIT_S = 1.0  # for the stacks to reach the pipe before the SIGKILL
 
 
+def stderr_fd() -> TextIO | None:
+    """Where faulthandler can write: `sys.stderr`, or the process's own stderr when `sys.stderr`
+    has no file descriptor (a test capturing a command it calls in-process)."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__
+    return sys.stderr
+
+
 def answer_stacks_signal() -> None:
     """Write every thread's stack to stderr on `STACKS_SIGNAL`. faulthandler writes from the signal
     itself, in C: it answers even while the main thread is blocked in a call that never returns to
     the interpreter (a server's stop, a join), which is when it is needed."""
-    faulthandler.register(STACKS_SIGNAL, all_threads=True, chain=False)
+    stream = stderr_fd()
+    if stream is not None:
+        faulthandler.register(STACKS_SIGNAL, file=stream, all_threads=True, chain=False)
 
 
 EXIT_WAIT_S = 5.0  # after a server's orderly stop, for its interpreter to finish tearing down
@@ -175,11 +187,14 @@ def exit_within(seconds: float = EXIT_WAIT_S, code: int = 0) -> None:
             file=sys.stderr,
             flush=True,
         )
-        faulthandler.dump_traceback(all_threads=True)
+        if stream is not None:
+            faulthandler.dump_traceback(stream, all_threads=True)
         os._exit(code)
 
+    stream = stderr_fd()
     threading.Thread(target=leave, name="exit guard", daemon=True).start()
-    faulthandler.dump_traceback_later(max(seconds, EXIT_BACKSTOP_S), exit=True)
+    if stream is not None:
+        faulthandler.dump_traceback_later(max(seconds, EXIT_BACKSTOP_S), file=stream, exit=True)
 
 
 def codegym_command(args: Sequence[str], python: str = sys.executable) -> list[str]:
