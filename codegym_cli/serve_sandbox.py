@@ -46,6 +46,19 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_jail_nice(parser: argparse.ArgumentParser) -> None:
+    """`--jail-nice`, on `serve sandbox` and on `up` (which passes it to its workers)."""
+    parser.add_argument(
+        "--jail-nice",
+        type=int,
+        choices=range(0, 20),
+        default=JailLimits.nice,
+        metavar="0..19",
+        help="how much nicer than the worker its jails run (0: an even share of the CPU; 19: only "
+        "what the trusted processes leave, and every step waits for them under load)",
+    )
+
+
 def add_parser(servers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """The worker's options: its pool of jails and the per-request limits."""
     sandbox = servers.add_parser(
@@ -88,15 +101,7 @@ def add_parser(servers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=JailLimits.pids,
         help="process limit of a whole jail (cgroup pids and RLIMIT_NPROC)",
     )
-    sandbox.add_argument(
-        "--jail-nice",
-        type=int,
-        choices=range(0, 20),
-        default=JailLimits.nice,
-        metavar="0..19",
-        help="how much nicer than this worker its jails run (0: an even share of the CPU; 19: only "
-        "what the trusted processes leave, and every step waits for them under load)",
-    )
+    add_jail_nice(sandbox)
     sandbox.add_argument(
         "--max-pending",
         type=int,

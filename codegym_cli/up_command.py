@@ -35,8 +35,9 @@ from codegym.grpcutil import wait_serving
 from codegym.library import Library, default_library_path
 from codegym.procs import RedisServer, ServerProcess, codegym_command
 from codegym.samples import ENVS, TASKS
+from codegym_cli.serve_sandbox import add_jail_nice
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
-from sandbox_worker.limits import JailLimits, unreachable_by_jails
+from sandbox_worker.limits import unreachable_by_jails
 from sandbox_worker.residency import default_budget_mb
 
 GATEWAY_STOP_S = 45.0  # a gateway's default --grace-s (30 s) and its closing, before SIGKILL
@@ -402,15 +403,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: beside the library, LIBRARY.redis/)",
     )
     up.add_argument("--jails", type=int, default=os.cpu_count() or 2, help="jails per worker")
-    up.add_argument(
-        "--jail-nice",
-        type=int,
-        choices=range(0, 20),
-        default=JailLimits.nice,
-        metavar="0..19",
-        help="how much nicer than its worker each jail runs (serve sandbox --jail-nice; 0 shares the "
-        "CPU evenly, which is what keeps steps fast under load)",
-    )
+    add_jail_nice(up)
     up.add_argument(
         "--resident-memory-mb",
         type=int,
