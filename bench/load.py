@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import math
 import os
 import random
@@ -28,6 +27,7 @@ from bench.episodes import DEFAULT_RETRY_S, Episode, GrpcEpisode, Refused, WsEpi
 from bench.judge import Judge
 from bench.stacks import Stack
 from codegym import proctree
+from codegym.serving import settle_heap
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.errors import CodeGymError
 
@@ -169,14 +169,6 @@ class Load:
                 await asyncio.sleep(max(DEFAULT_RETRY_S, self.think_s))
 
 
-def settle_collector() -> None:
-    """Freeze what the generator holds before it measures (the recordings it replays, thousands of
-    lines for a large library): a full collection walks all of it otherwise, and a 60-80 ms pause
-    of the generator reads as every step in flight answering that much later."""
-    gc.collect()
-    gc.freeze()
-
-
 def memory_read(pid: int) -> tuple[int, float]:
     """Whole-tree PSS in KiB, and the CPU the read itself cost (taken off the generator's CPU)."""
     started = time.thread_time()
@@ -282,7 +274,10 @@ async def measure(stack: Stack, lines: Sequence[Line], plan: Plan) -> Figures:
             load = Load(lambda: GrpcEpisode(client), lines, plan.think_s, rng, plan.max_episodes)
         idle_pss = (await asyncio.to_thread(memory_read, stack.pid))[0] if plan.read_memory else None
         idle_roles = (await asyncio.to_thread(plan.read_roles, stack.pid)) if plan.read_roles else None
-        settle_collector()
+        # The generator's own heap (the recordings it replays, thousands of lines for a large
+        # library) out of the collector's sight, as a server's: a 60-80 ms pause of the generator
+        # would read as every step in flight answering that much later.
+        settle_heap()
         started = time.monotonic()
         tasks = [asyncio.create_task(load.rollout(i, rng.uniform(0, plan.think_s))) for i in range(plan.n)]
         try:
@@ -396,7 +391,7 @@ async def burst(
         plans, note = plans_of(lines, args, rng, load)
         ideal = max(sum(thinks) for _, _, thinks in plans)
         episodes = [GrpcEpisode(client) for _ in plans]
-        settle_collector()
+        settle_heap()  # as in `measure`
         cpu_before, gen_before = sum(cpu_by_role(stack.pid).values()), rusage_cpu_s()
         machine_before = machine_busy_s()
         started = load.tally.window_start = time.monotonic()

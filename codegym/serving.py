@@ -33,7 +33,8 @@ def settle_heap() -> None:
     """Take what the server built at start (modules, the library, descriptors, its jails' and
     channels' objects) out of the garbage collector's sight: a full collection walks every tracked
     object, and one over a started server's heap stalls every call in flight for tens of
-    milliseconds. Later collections only walk what was allocated since."""
+    milliseconds. Later collections only walk what was allocated since. The benches' load
+    generator calls it too, before it measures."""
     gc.collect()
     gc.freeze()
 
