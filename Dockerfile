@@ -22,6 +22,7 @@ COPY clients ./clients
 COPY codegym ./codegym
 COPY sandbox_worker ./sandbox_worker
 COPY services ./services
+COPY codegym_jobs ./codegym_jobs
 COPY codegym_cli ./codegym_cli
 # The sample environments that `codegym up`, `codegym demo` and the synthesis prompts read are
 # package data of the server distribution (codegym/samples): installed with it.

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PY312 := $(shell command -v python3.12 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1)
 PROTOS := $(shell find protos -name '*.proto' | sort)
 DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server
-LINT_PATHS := codegym codegym_cli sandbox_worker services clients codegym_testkit tests bench
+LINT_PATHS := codegym codegym_jobs codegym_cli sandbox_worker services clients codegym_testkit tests bench
 
 
 .PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test test-fast test-trainers bench up demo clean k8s-validate docker-lint
@@ -75,7 +75,7 @@ buf-lint: node_modules/.bin/buf
 lint: buf-lint
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
-	$(VENV)/bin/mypy codegym codegym_cli sandbox_worker services codegym_testkit bench
+	$(VENV)/bin/mypy codegym codegym_jobs codegym_cli sandbox_worker services codegym_testkit bench
 	$(VENV)/bin/mypy --python-version 3.10 clients
 
 test:

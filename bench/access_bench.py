@@ -70,10 +70,10 @@ from bench.rollout_bench import points  # noqa: E402
 from bench.stacks import Stack, StackSpec, git, up  # noqa: E402
 from bench.tables import Col, print_table, report_busy  # noqa: E402
 from bench.targets import print_targets, spread_verdicts, verdict  # noqa: E402
-from codegym.auth import OPERATOR, SERVICE, TRAINER, read_tokens  # noqa: E402
-from codegym_cli.oracle import read_trajectories  # noqa: E402
+from codegym.server.auth import OPERATOR, SERVICE, TRAINER, read_tokens  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 from codegym_client.channels import TOKEN_ENV  # noqa: E402
+from codegym_jobs.oracle import read_trajectories  # noqa: E402
 
 PARTS = ("auth", "tenants")
 TRAJECTORIES = ROOT / "codegym" / "samples" / "trajectories.jsonl"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from bench.common import start_process
 from bench.stacks import Stack, StackSpec, make_sure_gone, tree_pids
-from codegym.auth import SERVICE, TOKENS_FILE_ENV, TRAINER, local_tokens
 from codegym.procs import ServerProcess
-from codegym_cli.up_command import build_default_library
+from codegym.server.auth import SERVICE, TOKENS_FILE_ENV, TRAINER, local_tokens
+from codegym_cli.up import build_default_library
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
 from sandbox_worker.residency import default_budget_mb
 

@@ -93,10 +93,10 @@ from bench.rollout_bench import points  # noqa: E402
 from bench.stacks import StackSpec, git, up  # noqa: E402
 from bench.tables import print_table, report_busy  # noqa: E402
 from bench.targets import print_targets  # noqa: E402
-from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.abilities import make_ability  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 from codegym_client.errors import CapacityExceeded, InvalidRequest  # noqa: E402
+from codegym_jobs.oracle import read_trajectories  # noqa: E402
 
 PARTS = ("curriculum", "recording")
 ARMS = ("uniform", "curriculum")

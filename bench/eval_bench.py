@@ -1,6 +1,6 @@
 """Agent-evaluation benchmark: the oracle agent played through `codegym eval`'s loop (1 runtime, 2 workers).
 
-The Evaluator of codegym_cli/evaluation.py runs in-process, as `codegym eval` runs it, against a
+The Evaluator of codegym_jobs/evaluation/evaluator.py runs in-process, as `codegym eval` runs it, against a
 zero-latency scripted OpenAI-compatible server (codegym_testkit/fake_llm.py, in a thread of this
 process, as the tests run it) that replays the oracle trajectories of codegym/samples/trajectories.jsonl.
 Per concurrency level it prints episodes/s, turns/s and wall time, and splits every turn into
@@ -45,19 +45,19 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import CoroutineCpu, cpu_by_role, start_process  # noqa: E402
 from bench.eval_tables import Rows, print_table, rows_of  # noqa: E402
-from codegym.library import Library  # noqa: E402
-from codegym.llm import LLMGateway, LLMSettings, StageParams  # noqa: E402
-from codegym_cli.eval_results import summarize  # noqa: E402
-from codegym_cli.evaluation import (  # noqa: E402
+from codegym.library.store import Library  # noqa: E402
+from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
+from codegym_jobs.evaluation.evaluator import (  # noqa: E402
     EvalTask,
     Evaluator,
     run_episodes,
     tasks_from_library,
 )
-from codegym_cli.oracle import read_trajectories  # noqa: E402
-from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
+from codegym_jobs.evaluation.results import summarize  # noqa: E402
+from codegym_jobs.oracle import read_trajectories  # noqa: E402
 from codegym_testkit.agents import oracle_agent  # noqa: E402
 from codegym_testkit.fake_llm import Reply, ScriptedLLM  # noqa: E402
+from services.synthesis.llm import LLMGateway, LLMSettings, StageParams  # noqa: E402
 
 SAMPLES = ROOT / "codegym" / "samples"
 

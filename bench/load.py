@@ -27,7 +27,7 @@ from bench.episodes import DEFAULT_RETRY_S, Episode, GrpcEpisode, Refused, WsEpi
 from bench.judge import Judge
 from bench.stacks import Stack
 from codegym import proctree
-from codegym.serving import settle_heap
+from codegym.server.serving import settle_heap
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.errors import CodeGymError
 

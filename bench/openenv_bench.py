@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import median, pct, start_process
-from codegym.library import Library
+from codegym.library.store import Library
 from codegym.procs import ServerProcess
-from codegym_cli.oracle import read_trajectories
 from codegym_client.abilities import make_ability
 from codegym_client.async_client import AsyncRuntimeClient
+from codegym_jobs.oracle import read_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
 

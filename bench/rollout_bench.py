@@ -55,7 +55,7 @@ from bench.common import Figures, Line, median, progress  # noqa: E402
 from bench.load import burst, measure, plan  # noqa: E402
 from bench.stacks import StackSpec, stack_specs, up  # noqa: E402
 from bench.tables import print_table, report_problems  # noqa: E402
-from codegym_cli.oracle import read_trajectories  # noqa: E402
+from codegym_jobs.oracle import read_trajectories  # noqa: E402
 
 SHAPES = ("steady", "burst", "overload", "backtoback", "openenv")
 

@@ -36,9 +36,9 @@ from bench.common import (  # noqa: E402
     zygote_children_memory_kb,
 )
 from codegym import proctree  # noqa: E402
-from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
+from codegym_jobs.oracle import read_trajectories  # noqa: E402
 
 
 def ms(seconds: float) -> str:

@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import median, start_process  # noqa: E402
 from bench.runtime_bench import replay  # noqa: E402
-from codegym_cli.oracle import read_trajectories  # noqa: E402
-from codegym_cli.up_command import PrivateRedis  # noqa: E402
+from codegym_cli.up import PrivateRedis  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
+from codegym_jobs.oracle import read_trajectories  # noqa: E402
 
 TOPOLOGIES = [
     # (label, workers, runtimes, sessions in Redis)

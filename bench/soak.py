@@ -73,10 +73,10 @@ from bench.soak_paths import (  # noqa: E402
 )
 from bench.soak_stack import FAULTS, fault_loop, gateway_url, memory_mib, redis_url, soak_stack  # noqa: E402
 from bench.stacks import Stack  # noqa: E402
-from codegym_cli.oracle import read_trajectories  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 from codegym_client.channels import TOKEN_ENV  # noqa: E402
 from codegym_client.trl import CodeGymSpec  # noqa: E402
+from codegym_jobs.oracle import read_trajectories  # noqa: E402
 from codegym_testkit.trainer_script import ability  # noqa: E402
 
 PATHS = ("client", "trl", "verl", "openenv")

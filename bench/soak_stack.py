@@ -22,8 +22,8 @@ from pathlib import Path
 from bench.common import tree_memory_kb
 from bench.stacks import ROOT, Stack, StackSpec, up
 from codegym import proctree
-from codegym.auth import TRAINER, read_tokens
 from codegym.procs import RedisServer
+from codegym.server.auth import TRAINER, read_tokens
 from codegym_client.channels import TOKEN_ENV
 from sandbox_worker.limits import JAIL_ZYGOTE
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from codegym.metrics import CACHE_BYTES, CACHE_CAPACITY, CACHE_ENTRIES, CACHE_EVENTS
+from codegym.server.metrics import CACHE_BYTES, CACHE_CAPACITY, CACHE_ENTRIES, CACHE_EVENTS
 
 
 class BoundedCache[K, V]:

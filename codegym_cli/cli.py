@@ -15,16 +15,16 @@ import grpc
 
 from codegym_cli import (
     access,
-    demo_command,
-    env_commands,
-    eval_command,
-    export_command,
-    library_commands,
-    pipeline_command,
-    sandbox_commands,
-    serve_commands,
-    synthesize_command,
-    up_command,
+    demo,
+    env,
+    eval,
+    export,
+    library,
+    pipeline,
+    sandbox,
+    serve,
+    synthesize,
+    up,
 )
 
 # One example per command, shown at the end of its --help.
@@ -98,16 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="CodeGym service: interactive, verified tool-use environments for RL training of agents.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    env_commands.register(sub)
-    library_commands.register(sub)
-    sandbox_commands.register(sub)
-    serve_commands.register(sub)
-    up_command.register(sub)
-    demo_command.register(sub)
-    synthesize_command.register(sub)
-    pipeline_command.register(sub)
-    export_command.register(sub)
-    eval_command.register(sub)
+    env.register(sub)
+    library.register(sub)
+    sandbox.register(sub)
+    serve.register(sub)
+    up.register(sub)
+    demo.register(sub)
+    synthesize.register(sub)
+    pipeline.register(sub)
+    export.register(sub)
+    eval.register(sub)
     for below in subparsers(parser):
         below.formatter_class = HelpFormatter
     for words, command, summary in commands(parser):

@@ -1,322 +1,392 @@
-"""Training instances in CodeGym's published format, built from the environment library.
+"""`codegym export`: the library's verified task configs as RL training instances.
 
-One instance per task config:
+    codegym export --library lib.db --out train.jsonl --split 0.1     # + train.val.jsonl
 
-    ability                codegym_v1@{code_id}__{Env}@{config}, the config as published, byte for byte
-    answer                 "There is no answer" (the environment judges the answer)
-    code_id, data_source   the source problem, "codegym_gym_v1"
-    extra_info             index, solve_fc_round (oracle steps), difficulty, env_id, guess_rate,
-                           learnability (`codegym library label`), model scores
-    plugin_call_max_round  256
-    prompt                 system: the tool list (CodeGym's text form), user: protocol + task
-    reward_model           {"ground_truth": null, "style": "agent_env"}
+Writes CodeGym's training-instance format (JSONL or Parquet), one instance per task config whose
+oracle step count (`solve_fc_round`) is within bounds. `--split` holds out whole environments
+(chosen by a stable hash of their ids) into `OUT` with `.val` before the suffix. `--learnability`
+keeps the task configs a run's served episodes labelled so (`codegym library label`), and
+`--difficulty` those a `codegym eval` run solved at a given rate.
 
-The text must match CodeGym's byte for byte (agents trained on its prompts see the same thing),
-so the user message is CodeGym's protocol text verbatim and the system message is the contract's
-tool renderer's output. `tools` adds OpenAI function schemas for native function calling.
-
-Built one environment at a time (`iter_instances`): CodeGym's published library is 22,366
-environments and 80,130 task configs, and `codegym export` writes each row as it is made.
+Streams: environments are read one at a time and each row is written as it is made (Parquet in
+row groups of `ROW_GROUP_ROWS` rows), so memory does not grow with the library (CodeGym's published
+one is 80,130 rows over 22,366 environments). In Parquet, `tools` (`--tools json|both`) is each
+row's list of OpenAI tool schemas as one JSON string: a Parquet column has one type for all its
+rows, and environments' schemas differ. Files are written under a temporary name, renamed when
+complete.
 """
 
 from __future__ import annotations
 
-import hashlib
-import heapq
+import argparse
+import contextlib
 import json
-import math
-from collections.abc import Container, Iterable, Iterator
-from dataclasses import dataclass, field
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
-from codegym.contract import parse_ability
-from codegym.library import EnvRecord
-from codegym.library_records import LEARNABILITY
-from codegym_client.abilities import make_ability
-
-DATA_SOURCE = "codegym_gym_v1"
-NO_ANSWER = "There is no answer"
-PLUGIN_CALL_MAX_ROUND = 256
-# CodeGym's interaction protocol, the user message before the task statement.
-PROTOCOL = (
-    "Please answer the following question step by step according to the requirements below!\n\n"
-    "1. **Do not** write code to answer the user's question — you may only call the provided functions,"
-    " and you may call at most **one function per step**.\n"
-    "2. After you call a function, wait for the tool to return the result — do not assume what the result"
-    " will be.\n"
-    "3. If the tool’s description is unclear, you can try using it first, and then adjust your function"
-    " call based on the returned result.\n"
-    "4. Function calls should be wrapped with `<|FunctionCallBegin|>....<|FunctionCallEnd|>` and contain a"
-    " JSON-formatted list. The list should include **one dictionary**, where each dictionary contains two"
-    " parameters:\n\n"
-    "   * `name`: the function name\n"
-    "   * `parameters`: a dictionary of key-value pairs for the arguments\n\n"
-    "Here’s an example of a function call:\n"
-    '<|FunctionCallBegin|>[{"name":"function_name", "parameters":{"key1":"value1", "key2":"value2"}}]'
-    "<|FunctionCallEnd|>\n\n"
-    "**Extra requirements:**\n\n"
-    "* Do not overthink; think briefly, then decide how to call the function.\n"
-    "* Since you have many chances to call functions, you do not need to plan all steps in advance.\n"
-    "* Do not try to solve the problem without using the tools."
+from codegym.library.store import Library
+from codegym_jobs.export import (
+    TOOL_MODES,
+    Difficulty,
+    ExportCounts,
+    HeldOut,
+    iter_instances,
+    learnability_labels,
 )
-# The same rules for native function calling (`--tools json`), where calls are not written as text.
-NATIVE_PROTOCOL = (
-    "Please answer the following question step by step by calling the provided tools.\n\n"
-    "1. **Do not** write code to answer the user's question — you may only call the provided tools,"
-    " and you may call at most **one tool per step**.\n"
-    "2. After you call a tool, wait for its result — do not assume what the result will be.\n"
-    "3. Submit your final answer with the `Done` tool.\n"
-    "4. Do not try to solve the problem without using the tools."
-)
-TOOL_MODES = ("text", "json", "both")
+
+# Rows per Parquet row group: a few MB of rows held at a time, whatever the library's size.
+ROW_GROUP_ROWS = 1024
+# Row fields an environment's rows share (JsonlWriter encodes them once per run of equal values).
+REPEATED = frozenset({"prompt", "tools"})
 
 
-def user_message(task_text: str, protocol: str = PROTOCOL) -> str:
-    return f"{protocol}\n\nQuestion:\n\n\n{task_text.strip()}\n"
+class RowWriter(Protocol):
+    def write(self, item: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
 
 
-def ability(record: EnvRecord, config_text: str) -> str:
-    """The ability string of one task config, with `config_text` as it stands: never re-serialised,
-    so a published config keeps its spelling (separators, escapes, key order) byte for byte."""
-    return make_ability(f"{record.code_id}__{record.env_class}", config_text)
+class JsonlWriter:
+    """One JSON object per line (`json.dumps(item, ensure_ascii=False)`, byte for byte), written as
+    it comes. The prompt and tools of an environment's rows are the same text for each of its task
+    configs: encoded once per environment, not once per row (most of a row's bytes)."""
 
+    def __init__(self, path: Path) -> None:
+        self.file: IO[str] = open(path, "w", encoding="utf-8", buffering=1 << 20)  # noqa: SIM115 (closed by close())
+        self.encode = json.JSONEncoder(ensure_ascii=False).encode
+        self.last: dict[str, tuple[Any, str]] = {}  # key -> (value, its encoding), for REPEATED
 
-def instance(
-    record: EnvRecord, config_text: str, *, index: int, extra: dict[str, Any], tools: str = "text"
-) -> dict[str, Any]:
-    """One training instance; keys in the order of CodeGym's published files. `config_text` is the
-    task config as published (`TaskRecord.published_config`): the ability carries it verbatim."""
-    if tools not in TOOL_MODES:
-        raise ValueError(f"tools must be one of {', '.join(TOOL_MODES)}")
-    if tools == "json":
-        prompt = [{"role": "user", "content": user_message(record.task_text, NATIVE_PROTOCOL)}]
-    else:
-        prompt = [
-            {"role": "system", "content": record.tools_text, "name": "functions"},
-            {"role": "user", "content": user_message(record.task_text), "name": ""},
-        ]
-    item: dict[str, Any] = {
-        "ability": ability(record, config_text),
-        "answer": NO_ANSWER,
-        "code_id": record.code_id,
-        "data_source": DATA_SOURCE,
-        "extra_info": {"index": str(index), **extra},
-        "plugin_call_max_round": PLUGIN_CALL_MAX_ROUND,
-        "prompt": prompt,
-        "reward_model": {"ground_truth": None, "style": "agent_env"},
-    }
-    if tools != "text":
-        item["tools"] = [t.schema for t in record.tools]
-    return item
-
-
-def learnability_labels(text: str) -> frozenset[str]:
-    """`--learnability unsolved,learnable`: the labels kept (`codegym library label` writes them)."""
-    labels = frozenset(label.strip() for label in text.split(",") if label.strip())
-    unknown = sorted(labels - set(LEARNABILITY))
-    if unknown or not labels:
-        raise ValueError(f"learnability labels are {', '.join(LEARNABILITY)}, not {text!r}")
-    return labels
-
-
-def config_key(env_id: str, config: dict[str, Any]) -> tuple[str, str]:
-    """A task config however its JSON was spelled: env id and the config with sorted keys."""
-    return env_id, json.dumps(config, sort_keys=True)
-
-
-@dataclass
-class Difficulty:
-    """Keep configs a model solved in `low`..`high` of its samples (`codegym eval`'s summary.json)."""
-
-    rates: dict[str, float]
-    name: str
-    low: float = 0.0
-    high: float = 1.0
-    by_config: dict[tuple[str, str], float] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        # Abilities are matched by env id and parsed config, however their JSON was spelled.
-        for ability_text, value in self.rates.items():
-            parsed = parse_ability(ability_text)
-            self.by_config[config_key(parsed.env_id, parsed.config)] = value
-
-    @classmethod
-    def from_summary(cls, path: str, low: float, high: float) -> Difficulty:
-        summary = json.loads(Path(path).read_text(encoding="utf-8"))
-        rates = {ability: float(c["success_rate"]) for ability, c in summary["configs"].items()}
-        return cls(rates, str(summary["score_name"]), low, high)
-
-    def rate(self, ability_text: str) -> float | None:
-        parsed = parse_ability(ability_text)
-        return self.by_config.get(config_key(parsed.env_id, parsed.config))
-
-    def rate_of(self, env_id: str, config_json: str) -> float | None:
-        """The rate of a stored task config (its canonical JSON)."""
-        return self.by_config.get(config_key(env_id, json.loads(config_json)))
-
-
-class HeldOut:
-    """The environments `--split` holds out for validation, whole: the first ⌈fraction·n⌉ of the n
-    environments with task configs, ordered by the sha256 of their ids (stable across runs, and
-    the same choice as ever). Built from the ids alone, in one pass; then each environment is
-    asked before its rows are written, so the rows stream."""
-
-    def __init__(self, env_ids: Iterable[str], fraction: float) -> None:
-        self.fraction = fraction
-        self.threshold: bytes | None = None
-        if fraction <= 0:
-            return
-        digests = [_digest(env_id) for env_id in env_ids]
-        if digests:
-            count = max(1, math.ceil(fraction * len(digests)))
-            self.threshold = heapq.nsmallest(count, digests)[-1]
-
-    def __contains__(self, env_id: object) -> bool:
-        return self.threshold is not None and isinstance(env_id, str) and _digest(env_id) <= self.threshold
-
-
-def _digest(env_id: str) -> bytes:
-    # Bytes order as their hex digests do: the split is the one sorted hex digests always gave.
-    return hashlib.sha256(env_id.encode()).digest()
-
-
-@dataclass
-class ExportCounts:
-    """What an export kept and dropped, counted as the rows go by."""
-
-    train: int = 0
-    validation: int = 0
-    environments: int = 0
-    held_out_environments: int = 0
-    skipped_unverified: int = 0
-    skipped_rounds: int = 0
-    skipped_difficulty: int = 0
-    skipped_unevaluated: int = 0
-    skipped_guessable: int = 0
-    skipped_learnability: int = 0
-
-
-@dataclass
-class ExportResult:
-    train: list[dict[str, Any]]
-    validation: list[dict[str, Any]]
-    environments: int
-    held_out_environments: int
-    skipped_unverified: int
-    skipped_rounds: int
-    skipped_difficulty: int = 0
-    skipped_unevaluated: int = 0
-    skipped_guessable: int = 0
-    skipped_learnability: int = 0
-
-
-def iter_instances(
-    records: Iterable[EnvRecord],
-    counts: ExportCounts,
-    *,
-    tools: str = "text",
-    held_out: Container[str] = frozenset(),
-    min_rounds: int = 10,
-    max_rounds: int = 256,
-    include_unverified: bool = False,
-    difficulty: Difficulty | None = None,
-    max_guess_rate: float | None = None,
-    learnability: Container[str] | None = None,
-) -> Iterator[tuple[bool, dict[str, Any]]]:
-    """(held out?, instance) for every task config of every environment that passes the filters
-    (oracle steps, guess rate, given `learnability` the labels kept, and given `difficulty`, a
-    model's success rate), in the records' order, made one at a time; `counts` counts as they go
-    (complete once the iterator is done)."""
-    index = 0
-    for record in records:
-        validation = record.env_id in held_out
-        kept = 0
-        for task in record.tasks:
-            if not task.solve_fc_round and not include_unverified:
-                counts.skipped_unverified += 1
+    def write(self, item: dict[str, Any]) -> None:
+        parts: list[str] = []
+        run: dict[str, Any] = {}  # consecutive other fields, encoded together
+        for key, value in item.items():
+            if key not in REPEATED:
+                run[key] = value
                 continue
-            if task.solve_fc_round and not min_rounds <= task.solve_fc_round <= max_rounds:
-                counts.skipped_rounds += 1
-                continue
-            if (
-                max_guess_rate is not None
-                and task.guess_rate is not None
-                and task.guess_rate > max_guess_rate
-            ):
-                counts.skipped_guessable += 1
-                continue
-            if learnability is not None and task.learnability not in learnability:
-                counts.skipped_learnability += 1
-                continue
-            extra: dict[str, Any] = {"solve_fc_round": task.solve_fc_round or None}
-            if task.difficulty:
-                extra["difficulty"] = task.difficulty
-            extra["env_id"] = record.env_id
-            if task.guess_rate is not None:
-                extra["guess_rate"] = task.guess_rate
-            if task.learnability:
-                extra["learnability"] = task.learnability
-            extra.update(task.scores)
-            if difficulty is not None:
-                rate = difficulty.rate_of(f"{record.code_id}__{record.env_class}", task.config_json)
-                if rate is None:
-                    counts.skipped_unevaluated += 1
-                    continue
-                if not difficulty.low <= rate <= difficulty.high:
-                    counts.skipped_difficulty += 1
-                    continue
-                extra[difficulty.name] = rate
-            item = instance(record, task.published_config, index=index, extra=extra, tools=tools)
-            index += 1
-            kept += 1
-            if validation:
-                counts.validation += 1
-            else:
-                counts.train += 1
-            yield validation, item
-        if kept and validation:
-            counts.held_out_environments += 1
-        elif kept:
-            counts.environments += 1
+            if run:
+                parts.append(self.encode(run)[1:-1])
+                run = {}
+            last = self.last.get(key)
+            if last is None or last[0] != value:
+                last = self.last[key] = (value, self.encode(value))
+            parts.append(f"{self.encode(key)}: {last[1]}")
+        if run:
+            parts.append(self.encode(run)[1:-1])
+        self.file.write("{" + ", ".join(parts) + "}\n")
+
+    def close(self) -> None:
+        self.file.close()
 
 
-def build_instances(
-    records: Iterable[EnvRecord],
-    *,
-    tools: str = "text",
-    split: float = 0.0,
-    min_rounds: int = 10,
-    max_rounds: int = 256,
-    include_unverified: bool = False,
-    difficulty: Difficulty | None = None,
-    max_guess_rate: float | None = None,
-    learnability: Container[str] | None = None,
-) -> ExportResult:
-    """`iter_instances` into lists, split by environment (`HeldOut`): for a few records (tests,
-    `codegym eval`); `codegym export` streams instead."""
-    records = list(records)
-    counts = ExportCounts()
-    result = ExportResult([], [], 0, 0, 0, 0)
-    for validation, item in iter_instances(
-        records,
-        counts,
-        tools=tools,
-        held_out=HeldOut((r.env_id for r in records if r.tasks), split),
-        min_rounds=min_rounds,
-        max_rounds=max_rounds,
-        include_unverified=include_unverified,
-        difficulty=difficulty,
-        max_guess_rate=max_guess_rate,
-        learnability=learnability,
+class ParquetWriter:
+    """Rows in row groups of `rows_per_group` under a schema fixed before the first row
+    (`parquet_schema`): one row group is all that is held."""
+
+    def __init__(self, path: Path, schema: Any, rows_per_group: int = ROW_GROUP_ROWS) -> None:
+        import pyarrow.parquet as pq
+
+        self.schema = schema
+        self.extra_keys = frozenset(schema.field("extra_info").type.names)
+        self.rows_per_group = rows_per_group
+        self.rows: list[dict[str, Any]] = []
+        self.tools: tuple[Any, str] | None = None
+        self.writer = pq.ParquetWriter(path, schema)
+
+    def write(self, item: dict[str, Any]) -> None:
+        if not self.extra_keys.issuperset(item["extra_info"]):  # pyarrow would drop them silently
+            unknown = sorted(set(item["extra_info"]) - self.extra_keys)
+            raise ValueError(f"extra_info keys {unknown} are not in the Parquet schema")
+        if "tools" in item:  # an environment's rows have the same tools: encoded once for them
+            if self.tools is None or self.tools[0] != item["tools"]:
+                self.tools = (item["tools"], json.dumps(item["tools"], ensure_ascii=False))
+            item = {**item, "tools": self.tools[1]}
+        self.rows.append(item)
+        if len(self.rows) >= self.rows_per_group:
+            self.flush()
+
+    def flush(self) -> None:
+        import pyarrow as pa
+
+        if self.rows:
+            self.writer.write_table(pa.Table.from_pylist(self.rows, schema=self.schema))
+            self.rows.clear()
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+
+
+def json_type(kinds: set[str]) -> Any:
+    """The Arrow type of an `extra_info` value from the JSON types SQLite saw (`json_each`)."""
+    import pyarrow as pa
+
+    kinds = kinds - {"null"}
+    if kinds <= {"integer"}:
+        return pa.int64()
+    if kinds <= {"integer", "real"}:
+        return pa.float64()
+    if kinds <= {"true", "false"}:
+        return pa.bool_()
+    if kinds == {"text"}:
+        return pa.string()
+    raise ValueError(f"values of types {sorted(kinds)} cannot share a Parquet column: export JSONL")
+
+
+def extra_info_fields(library: Library, prefix: str, difficulty: Difficulty | None) -> list[tuple[str, Any]]:
+    """The `extra_info` keys the rows of `prefix` can have, with their types, in the rows' order:
+    asked of the library up front (two aggregate queries), since a Parquet schema precedes rows."""
+    import pyarrow as pa
+
+    where = "substr(t.env_id, 1, ?) = ?"
+    args = (len(prefix), prefix)
+    has_difficulty, has_guess, has_label = library.db.execute(
+        "SELECT MAX(t.difficulty != ''), MAX(t.guess_rate IS NOT NULL), MAX(t.learnability != '')"
+        f" FROM tasks t WHERE {where}",
+        args,
+    ).fetchone()
+    scores: dict[str, set[str]] = {}
+    for key, kind in library.db.execute(
+        f"SELECT DISTINCT j.key, j.type FROM tasks t, json_each(t.scores) j WHERE {where} AND t.scores != '{{}}'",
+        args,
     ):
-        (result.validation if validation else result.train).append(item)
-    result.environments = counts.environments
-    result.held_out_environments = counts.held_out_environments
-    result.skipped_unverified = counts.skipped_unverified
-    result.skipped_rounds = counts.skipped_rounds
-    result.skipped_difficulty = counts.skipped_difficulty
-    result.skipped_unevaluated = counts.skipped_unevaluated
-    result.skipped_guessable = counts.skipped_guessable
-    result.skipped_learnability = counts.skipped_learnability
-    return result
+        scores.setdefault(str(key), set()).add(str(kind))
+    fields: list[tuple[str, Any]] = [("index", pa.string()), ("solve_fc_round", pa.int64())]
+    if has_difficulty:
+        fields.append(("difficulty", pa.string()))
+    fields.append(("env_id", pa.string()))
+    if has_guess:
+        fields.append(("guess_rate", pa.float64()))
+    if has_label:
+        fields.append(("learnability", pa.string()))
+    fields += [(key, json_type(kinds)) for key, kinds in sorted(scores.items())]
+    if difficulty is not None:
+        fields = [f for f in fields if f[0] != difficulty.name] + [(difficulty.name, pa.float64())]
+    return fields
+
+
+def parquet_schema(tools: str, extra_fields: list[tuple[str, Any]]) -> Any:
+    """The Arrow schema of exported rows: CodeGym's fields, and `tools` as a JSON string."""
+    import pyarrow as pa
+
+    message = [("role", pa.string()), ("content", pa.string())]
+    if tools != "json":
+        message.append(("name", pa.string()))
+    columns = [
+        ("ability", pa.string()),
+        ("answer", pa.string()),
+        ("code_id", pa.string()),
+        ("data_source", pa.string()),
+        ("extra_info", pa.struct(extra_fields)),
+        ("plugin_call_max_round", pa.int64()),
+        ("prompt", pa.list_(pa.struct(message))),
+        ("reward_model", pa.struct([("ground_truth", pa.null()), ("style", pa.string())])),
+    ]
+    if tools != "text":
+        columns.append(("tools", pa.string()))
+    return pa.schema(columns)
+
+
+def env_ids_with_tasks(library: Library, prefix: str) -> Iterator[str]:
+    """Ids of the environments of `prefix` that have task configs (what `--split` chooses from)."""
+    rows = library.db.execute(
+        "SELECT e.env_id FROM envs e WHERE substr(e.env_id, 1, ?) = ?"
+        " AND EXISTS (SELECT 1 FROM tasks t WHERE t.env_id = e.env_id)",
+        (len(prefix), prefix),
+    )
+    return (str(row[0]) for row in rows)
+
+
+def validation_path(out: Path) -> Path:
+    return out.with_name(f"{out.stem}.val{out.suffix}")
+
+
+def partial_path(path: Path) -> Path:
+    """Where `path` is written until it is complete."""
+    return path.with_name(f".{path.name}.partial")
+
+
+def open_writer(path: Path, fmt: str, schema: Any) -> RowWriter:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "parquet":
+        return ParquetWriter(partial_path(path), schema)
+    return JsonlWriter(partial_path(path))
+
+
+def export(
+    library: Library, out: Path, fmt: str, args: argparse.Namespace, difficulty: Difficulty | None
+) -> ExportCounts:
+    """Write the instances of `library` to `out` (and the held-out ones to its `.val` sibling with
+    `args.split`), one row at a time; the counts when done."""
+    schema = None
+    if fmt == "parquet":
+        schema = parquet_schema(args.tools, extra_info_fields(library, args.prefix, difficulty))
+    held_out = HeldOut(env_ids_with_tasks(library, args.prefix), args.split)
+    paths = [out, validation_path(out)] if args.split else [out]
+    writers: list[RowWriter] = []
+    counts = ExportCounts()
+    try:
+        for path in paths:
+            writers.append(open_writer(path, fmt, schema))
+        for validation, item in iter_instances(
+            library.iter_envs(args.prefix),
+            counts,
+            tools=args.tools,
+            held_out=held_out,
+            min_rounds=args.min_solve_fc_round,
+            max_rounds=args.max_solve_fc_round,
+            include_unverified=args.include_unverified,
+            difficulty=difficulty,
+            max_guess_rate=args.max_guess_rate,
+            learnability=args.learnability,
+        ):
+            writers[1 if validation else 0].write(item)
+        while writers:
+            writers.pop(0).close()
+    except BaseException:
+        for writer in writers:
+            with contextlib.suppress(Exception):  # the first error is the one to report
+                writer.close()
+        for path in paths:
+            partial_path(path).unlink(missing_ok=True)
+        raise
+    for path in paths:
+        os.replace(partial_path(path), path)
+    return counts
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if not Path(args.library).exists():
+        print(f"codegym export: library {args.library} does not exist", file=sys.stderr)
+        return 2
+    if not 0 <= args.split < 1:
+        print("codegym export: --split is a fraction in [0, 1)", file=sys.stderr)
+        return 2
+    fmt = args.format or ("parquet" if args.out.endswith(".parquet") else "jsonl")
+    difficulty = None
+    if args.difficulty:
+        try:
+            difficulty = Difficulty.from_summary(args.difficulty, args.min_success, args.max_success)
+        except (OSError, ValueError, KeyError) as exc:
+            print(
+                f"codegym export: --difficulty {args.difficulty}: not a codegym eval summary ({exc})",
+                file=sys.stderr,
+            )
+            return 2
+    out = Path(args.out)
+    with Library(args.library) as library:
+        try:
+            result = export(library, out, fmt, args, difficulty)
+        except ValueError as exc:
+            print(f"codegym export: {exc}", file=sys.stderr)
+            return 1
+    message = f"{result.train} instances from {result.environments} environments in {out}"
+    if args.split:
+        message += (
+            f"; {result.validation} from {result.held_out_environments} held-out environments"
+            f" in {validation_path(out)}"
+        )
+    print(message)
+    if result.skipped_unverified or result.skipped_rounds:
+        print(
+            f"skipped {result.skipped_unverified} configs without an oracle step count (unverified) and"
+            f" {result.skipped_rounds} outside [{args.min_solve_fc_round}, {args.max_solve_fc_round}] steps",
+            file=sys.stderr,
+        )
+    if result.skipped_guessable:
+        print(
+            f"skipped {result.skipped_guessable} configs a blind Done answers right with chance above"
+            f" {args.max_guess_rate}",
+            file=sys.stderr,
+        )
+    if args.learnability is not None:
+        print(
+            f"learnability: kept configs labelled {', '.join(sorted(args.learnability))}; dropped"
+            f" {result.skipped_learnability} labelled otherwise or not labelled (codegym library label)",
+            file=sys.stderr,
+        )
+    if difficulty is not None:
+        print(
+            f"difficulty ({difficulty.name}): kept configs solved in {args.min_success:.0%}..{args.max_success:.0%}"
+            f" of samples; dropped {result.skipped_difficulty} outside, {result.skipped_unevaluated} not evaluated",
+            file=sys.stderr,
+        )
+    if not result.train and not result.validation:
+        print("codegym export: nothing to export", file=sys.stderr)
+        return 1
+    return 0
+
+
+def learnability_argument(text: str) -> frozenset[str]:
+    """`--learnability` of export and eval: comma-separated labels."""
+    try:
+        return learnability_labels(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from codegym.library.store import default_library_path
+
+    export = sub.add_parser(
+        "export",
+        help="write the library's verified task configs as training instances (JSONL or Parquet)",
+        description=__doc__,
+    )
+    export.add_argument(
+        "--library", default=str(default_library_path()), help="library (default: %(default)s)"
+    )
+    export.add_argument("--out", required=True, help="file to write (.jsonl or .parquet)")
+    export.add_argument(
+        "--format", choices=("jsonl", "parquet"), default="", help="default: from the --out suffix"
+    )
+    export.add_argument(
+        "--tools",
+        choices=TOOL_MODES,
+        default="text",
+        help="text: CodeGym's prompt (default); json: OpenAI tool schemas and a native-calling prompt;"
+        " both: CodeGym's prompt plus the schemas",
+    )
+    export.add_argument(
+        "--split", type=float, default=0.0, help="fraction of environments held out (default 0)"
+    )
+    export.add_argument("--prefix", default="", help="only env ids starting with this")
+    export.add_argument("--min-solve-fc-round", type=int, default=10, help="fewest oracle steps (default 10)")
+    export.add_argument("--max-solve-fc-round", type=int, default=256, help="most oracle steps (default 256)")
+    export.add_argument(
+        "--include-unverified", action="store_true", help="also configs without an oracle step count"
+    )
+    export.add_argument(
+        "--max-guess-rate",
+        type=float,
+        default=None,
+        help="drop configs whose guess_rate (the chance a blind Done is right) is above this;"
+        " configs without one are kept",
+    )
+    export.add_argument(
+        "--learnability",
+        type=learnability_argument,
+        default=None,
+        metavar="LABEL[,LABEL...]",
+        help="keep only configs labelled so by `codegym library label` (unsolved, learnable, mastered)",
+    )
+    export.add_argument(
+        "--difficulty",
+        default="",
+        help="summary.json of a `codegym eval` run: filter configs by its success rates",
+    )
+    export.add_argument(
+        "--max-success",
+        type=float,
+        default=0.25,
+        help="with --difficulty: highest success rate kept (default 0.25)",
+    )
+    export.add_argument(
+        "--min-success",
+        type=float,
+        default=0.0,
+        help="with --difficulty: lowest success rate kept (default 0)",
+    )
+    export.set_defaults(func=cmd_export)

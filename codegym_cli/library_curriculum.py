@@ -30,8 +30,8 @@ from google.protobuf.message import Message
 
 from codegym.contract import parse_ability
 from codegym.contract.errors import EnvStringError
-from codegym.library import Library, canonical_config, default_library_path
-from codegym.library_records import LEARNABILITY
+from codegym.library.records import LEARNABILITY
+from codegym.library.store import Library, canonical_config, default_library_path
 from codegym_client import CodeGymError, RuntimeClient
 from codegym_client.abilities import ABILITY_FORMAT
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt

@@ -51,11 +51,12 @@ from typing import Any, TextIO
 
 import grpc
 
-from codegym.library import Library, default_library_path
+from codegym.library.store import Library, default_library_path
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
 from codegym_cli.progress import stderr_progress
-from codegym_cli.replay_playing import (
+from codegym_client.channels import aio_channel, target_for
+from codegym_jobs.replay.playing import (
     STEP_TIMEOUT_MS,
     Limits,
     Settings,
@@ -63,8 +64,7 @@ from codegym_cli.replay_playing import (
     Tally,
     replay_library,
 )
-from codegym_cli.replay_recordings import Recordings, Unreadable, parse_trajectory, select
-from codegym_client.channels import aio_channel, target_for
+from codegym_jobs.replay.recordings import Recordings, Unreadable, parse_trajectory, select
 from services.dispatcher import SANDBOX_SERVICE, SandboxDispatcher
 
 # The command's API, the reading and playing it is made of included (replay_recordings.py,

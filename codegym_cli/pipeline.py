@@ -1,430 +1,409 @@
-"""The pipeline: problems in, verified environments and task configs in the library out.
+"""`codegym pipeline run|status`: problems in, a verified environment library out.
 
-    environment → check → unit_tests → [hard_tests] → validate → solve_functions → solvability
-    → negative_controls → determinism → guessability → filters → library
+    codegym pipeline run --problems codegym/samples/problems.jsonl --library lib.db --work run1 \\
+        --llm-base-url http://127.0.0.1:8000/v1 --model scripted
 
-Each problem walks the stages on its own (several problems in flight); generation goes through
-the synthesis service, every check through the verification service (which runs the code in
-sandbox workers), both over gRPC. Every stage outcome is stored in the work folder before the
-next stage starts, so an interrupted run continues where it stopped and redoes nothing finished;
-one problem's failure never stops the others.
+Starts what is not given (sandbox workers, the verification service, the synthesis service with
+its response cache in WORK/llm_cache.db) as child processes on loopback, runs every problem
+through the stages, and prints per stage: problems in, passed, rejected by reason, LLM tokens and
+time. Interrupt it at any point and run the same command again: finished stages are not redone
+and LLM answers come from the cache. `codegym pipeline status --work DIR` prints the table.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import os
+import sys
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
-import grpc
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from codegym.library import Library, TaskRecord, canonical_config
-from codegym.metrics import PIPELINE_OUTCOMES
+from codegym.library.store import Library
+from codegym.procs import ServerProcess, codegym_command
+from codegym.server.grpcutil import wait_serving
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
-from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym.verification.v1 import verification_service_pb2 as vf
-from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
-from codegym_cli.pipeline_state import (
-    PipelineState,
-    StageOutcome,
-    parse_status,
-    passed,
-    rejected,
-    usage_fields,
-)
-from codegym_cli.pipeline_trust import CHECK_DEADLINE_S, determinism, guessability, negative_controls
-from codegym_client.api.common.v1 import common_pb2 as cm
-from codegym_client.errors import refused_as_sent
-from services.synthesis.problems import Problem
+from codegym_cli.synthesize import missing_api_key
+from codegym_client.channels import aio_channel
+from codegym_jobs.pipeline.runner import LLM_STAGES, STAGES, Pipeline, PipelineConfig
+from codegym_jobs.pipeline.state import PipelineState, StageOutcome
+from services.synthesis.problems import load_problems
 
-STAGES = (
-    "environment",
-    "check",
-    "unit_tests",
-    "hard_tests",
-    "validate",
-    "solve_functions",
-    "solvability",
-    "negative_controls",
-    "determinism",
-    "guessability",
-    "filters",
-    "library",
-)
-LLM_STAGES = ("environment", "unit_tests", "hard_tests", "solve_functions")
-LLM_DEADLINE_S = 3600.0
-DIFFICULTY = {"easy": cm.DIFFICULTY_EASY, "medium": cm.DIFFICULTY_MEDIUM, "hard": cm.DIFFICULTY_HARD}
-
-Progress = Callable[[str, str, StageOutcome], None]
+SYNTHESIS = sy.DESCRIPTOR.services_by_name["SynthesisService"].full_name
+VERIFICATION = vf.DESCRIPTOR.services_by_name["VerificationService"].full_name
+SHORT = {
+    "environment": "env",
+    "check": "check",
+    "unit_tests": "tests",
+    "hard_tests": "hard",
+    "validate": "valid",
+    "solve_functions": "solve",
+    "solvability": "solvable",
+    "negative_controls": "negctl",
+    "determinism": "determ",
+    "guessability": "guess",
+    "filters": "filters",
+    "library": "library",
+}
 
 
-@dataclass
-class PipelineConfig:
-    """Everything a run can be told; the defaults are DESIGN §7's."""
+@contextmanager
+def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, str]]:
+    """(synthesis, verification) addresses: the ones given, or servers started here until exit.
 
-    hard_tests: bool = False
-    reject_unsafe: bool = False
-    parallel: int = 8
-    model: str = ""
-    unit_tests: vf.UnitTestThresholds = field(default_factory=vf.UnitTestThresholds)
-    solvability: vf.SolvabilityLimits = field(default_factory=vf.SolvabilityLimits)
-    min_solve_fc_round: int = 10
-    max_solve_fc_round: int = 256
-    min_tools: int = 4
-    drop_shortcuts: bool = True
-    shortcut_fraction: float = 0.5
-    # Wrong answers derived from each reference answer must all get reward 0.
-    negative_controls: bool = True
-    # The oracle replayed twice on this many tests must give the same trajectory (0 = off).
-    determinism_tests: int = 5
-    # Reject an environment whose blind Done is right more often than this (0 = only report).
-    max_guess_rate: float = 0.0
+    Started ones are stopped on the way out, and die with this process however it ends (they are
+    forked from the main thread with `PR_SET_PDEATHSIG`, see `codegym.procs`).
+    """
+    with ExitStack() as stack:
+        started: list[ServerProcess] = []
 
-    def active_stages(self) -> tuple[str, ...]:
-        off = {
-            "hard_tests": not self.hard_tests,
-            "negative_controls": not self.negative_controls,
-            "determinism": self.determinism_tests <= 0,
-        }
-        return tuple(s for s in STAGES if not off.get(s, False))
+        def start(name: str, argv: list[str]) -> str:
+            args = [*argv, "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
+            child = ServerProcess(codegym_command(args), name=name, stderr=None, keep=200, stacks=True)
+            started.append(child)
+            stack.callback(child.stop)
+            return child.address
+
+        verification = args.verification
+        if not verification:
+            sandbox = args.sandbox
+            if not sandbox:
+                workers = [
+                    start(f"sandbox worker {i + 1}", ["serve", "sandbox", "--jails", str(args.jails)])
+                    for i in range(args.workers)
+                ]
+                sandbox = ",".join(workers)
+            verification = start("verification", ["serve", "verification", "--sandbox", sandbox])
+        synthesis = args.synthesis
+        if not synthesis:
+            argv = [
+                "serve", "synthesis", "--out", str(work / "synthesis"), "--cache", str(work / "llm_cache.db"),
+                "--llm-base-url", args.llm_base_url, "--model", args.model,
+                "--concurrency", str(args.concurrency), "--timeout-s", str(args.timeout_s),
+                "--max-retries", str(args.max_retries), "--backoff-s", str(args.backoff_s),
+            ]  # fmt: skip
+            for item in args.stage:
+                argv += ["--stage", item]
+            synthesis = start("synthesis", argv)
+        for child in started:
+            wait_serving(child.address)
+        yield synthesis, verification
 
 
-class Pipeline:
-    """Runs problems through the stages. Build inside the running loop."""
+def config_from(args: argparse.Namespace) -> PipelineConfig:
+    return PipelineConfig(
+        hard_tests=args.hard_tests,
+        reject_unsafe=args.reject_unsafe,
+        parallel=args.parallel,
+        model=args.model,
+        unit_tests=vf.UnitTestThresholds(
+            ref_time_ms=args.ref_time_ms,
+            ref_memory_mb=args.ref_memory_mb,
+            max_answer_chars=args.max_answer_chars,
+            min_valid=args.min_valid,
+            min_valid_ratio=args.min_valid_ratio,
+        ),
+        solvability=vf.SolvabilityLimits(
+            case_time_ms=args.case_time_ms,
+            case_memory_mb=args.case_memory_mb,
+            max_steps=args.max_steps,
+            budget_ms=int(args.budget_s * 1000),
+        ),
+        min_solve_fc_round=args.min_solve_fc_round,
+        max_solve_fc_round=args.max_solve_fc_round,
+        min_tools=args.min_tools,
+        drop_shortcuts=not args.keep_shortcuts,
+        shortcut_fraction=args.shortcut_fraction,
+        negative_controls=not args.no_negative_controls,
+        determinism_tests=args.determinism_tests,
+        max_guess_rate=args.max_guess_rate,
+    )
 
-    def __init__(
-        self,
-        state: PipelineState,
-        library: Library,
-        synthesis: grpc.aio.Channel,
-        verification: grpc.aio.Channel,
-        config: PipelineConfig,
-        progress: Progress | None = None,
-    ) -> None:
-        self.state = state
-        self.library = library
-        self.synthesis = sy_grpc.SynthesisServiceStub(synthesis)
-        self.verification = vf_grpc.VerificationServiceStub(verification)
-        self.config = config
-        self.progress = progress
-        self.run_id = state.run_id()
 
-    def stages(self) -> tuple[str, ...]:
-        return self.config.active_stages()
+def summary_table(state: PipelineState, stages: tuple[str, ...], title: str) -> Table:
+    rows, _ = state.summary(stages)
+    table = Table(
+        title=title,
+        caption="time s: summed over problems (several run at once); tokens and requests: this work folder's",
+    )
+    for column in (
+        "stage",
+        "in",
+        "passed",
+        "rejected",
+        "rejected by reason",
+        "LLM tokens in/out",
+        "requests (cached)",
+        "time s",
+    ):
+        table.add_column(column, justify="left" if column in ("stage", "rejected by reason") else "right")
+    for row in rows:
+        reasons = ", ".join(f"{k} ×{v}" for k, v in row.reasons.most_common(4)) or "-"
+        llm = row.stage in LLM_STAGES
+        table.add_row(
+            row.stage,
+            str(row.entered),
+            str(row.passed),
+            str(row.rejected) + (f" (+{row.errors} errors)" if row.errors else ""),
+            reasons,
+            f"{row.prompt_tokens}/{row.completion_tokens}" if llm else "-",
+            f"{row.llm_requests} ({row.cache_hits})" if llm else "-",
+            f"{row.wall_s:.1f}",
+        )
+    return table
 
-    async def run(self, problems: list[Problem]) -> None:
-        limit = asyncio.Semaphore(self.config.parallel)
 
-        async def one(problem: Problem) -> None:
-            async with limit:
-                await self.problem(problem)
+def print_summary(state: PipelineState, stages: tuple[str, ...], title: str) -> None:
+    console = Console(width=None if Console().is_terminal else 180)
+    console.print(summary_table(state, stages, title))
 
-        await asyncio.gather(*(one(p) for p in problems))
 
-    async def problem(self, problem: Problem) -> None:
-        """Walk one problem through the stages, from the first one without a final outcome."""
-        done: dict[str, dict[str, Any]] = {}
-        for stage in self.stages():
-            outcome = self.state.outcome(problem.question_id, stage)
-            if outcome is None:
-                started = time.monotonic()
-                try:
-                    outcome = await getattr(self, f"_{stage}")(problem, done)
-                except grpc.aio.AioRpcError as exc:
-                    # A request that will never be taken as it stands is rejected, not retried later.
-                    status = "rejected" if refused_as_sent(exc.code()) else "error"
-                    outcome = StageOutcome(status, reason=f"rpc_{exc.code().name.lower()}: {exc.details()}")
-                except Exception as exc:  # one problem's bug must not stop the others
-                    outcome = StageOutcome("error", reason=f"internal: {type(exc).__name__}: {exc}")
-                outcome.wall_s = time.monotonic() - started
-                self.state.record(problem.question_id, stage, outcome)
-                PIPELINE_OUTCOMES.labels(stage, outcome.status).inc()
-            if self.progress is not None:
-                self.progress(problem.question_id, stage, outcome)
-            if outcome.status != "passed":
-                return
-            done[stage] = outcome.data
+def named_problems(path: Path) -> set[str]:
+    """The problems a file names: a question id or an env id (`{question_id}__{Env}`) per line, or
+    JSON lines with an `env_id` (what `codegym library stats --envs-only` prints), so the stages
+    can be pointed at, say, the environments a run has mastered."""
+    names: set[str] = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            row = json.loads(line)
+            line = str(row.get("env_id") or row.get("question_id") or "")
+        names.add(line.rsplit("__", 1)[0] if "__" in line else line)
+    return names
 
-    # ---- stages -------------------------------------------------------------------------------
-    # Each takes the problem and the data of the stages before it, and returns its outcome.
 
-    async def _environment(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        request = sy.GenerateEnvironmentRequest(
-            problem=sy.Problem(
-                question_id=problem.question_id,
-                question=problem.question,
-                solution=problem.solution,
-                tests=problem.tests,
+def cmd_run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    try:
+        problems, refused = load_problems(args.problems)
+    except (OSError, ValueError) as exc:
+        err.print(f"codegym pipeline: {exc}")
+        return 2
+    for item in refused:
+        err.print(f"refused {item.where}: {item.reason}")
+    if args.only:
+        try:
+            wanted = named_problems(Path(args.only))
+        except (OSError, ValueError) as exc:
+            err.print(f"codegym pipeline: --only {args.only}: {exc}")
+            return 2
+        problems = [p for p in problems if p.question_id in wanted]
+    if args.limit:
+        problems = problems[: args.limit]
+    if not problems:
+        err.print("codegym pipeline: no usable problem")
+        return 2
+    problem = "" if args.synthesis else missing_api_key(args)
+    if problem:
+        err.print(f"codegym pipeline: {problem}")
+        return 2
+    work = Path(args.work)
+    state = PipelineState(work)
+    state.add_problems(
+        [
+            (p.question_id, {"question_id": p.question_id, "entry_point": p.entry_point, "subset": p.subset})
+            for p in problems
+        ]
+    )
+    config = config_from(args)
+    stages = config.active_stages()
+    state.set_meta("stages", list(stages))
+    library_path = Path(args.library) if args.library else work / "library.db"
+    state.set_meta("library", str(library_path))
+    if args.llm_api_key:
+        os.environ["OPENAI_API_KEY"] = args.llm_api_key
+    started = time.monotonic()
+    errors: list[str] = []
+
+    async def main(synthesis: str, verification: str) -> None:
+        async with (
+            aio_channel(synthesis, [SYNTHESIS]) as syn,
+            aio_channel(verification, [VERIFICATION]) as ver,
+        ):
+            with Library(library_path) as library, live_progress(err, len(problems), stages) as progress:
+
+                def on_outcome(problem_id: str, stage: str, outcome: StageOutcome) -> None:
+                    if outcome.status == "error":
+                        errors.append(f"{problem_id} {stage}: {outcome.reason}")
+                    progress(problem_id, stage, outcome)
+
+                pipeline = Pipeline(state, library, syn, ver, config, on_outcome)
+                await pipeline.run(problems)
+
+    try:
+        with local_services(args, work) as (synthesis, verification):
+            asyncio.run(main(synthesis, verification))
+    except KeyboardInterrupt:
+        err.print("codegym pipeline: interrupted; run the same command again to continue")
+        return 130
+    except (RuntimeError, TimeoutError) as exc:
+        err.print(f"codegym pipeline: {exc}")
+        return 1
+    state.set_meta("last_run_wall_s", round(time.monotonic() - started, 1))
+    print_summary(
+        state, stages, f"codegym pipeline: {len(problems)} problems, {time.monotonic() - started:.1f} s"
+    )
+    envs, tasks = Library(library_path).counts() if library_path.exists() else (0, 0)
+    print(f"library {library_path}: {envs} environments, {tasks} task configs; work folder {work}")
+    for line in errors[:20]:
+        err.print(f"[red]error[/red] {line}")
+    if errors:
+        err.print(f"{len(errors)} problem(s) stopped on an error: run the same command again to retry them")
+    state.close()
+    return 1 if errors else 0
+
+
+@contextmanager
+def live_progress(
+    console: Console, total: int, stages: tuple[str, ...]
+) -> Iterator[Callable[[str, str, StageOutcome], None]]:
+    """A bar of problems finished, with passed counts per stage in its description."""
+    counts: Counter[str] = Counter()
+    rejected: Counter[str] = Counter()
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("pipeline", total=total)
+
+        def progress(problem_id: str, stage: str, outcome: StageOutcome) -> None:
+            if outcome.status == "passed":
+                counts[stage] += 1
+            else:
+                rejected[stage] += 1
+            if outcome.status != "passed" or stage == stages[-1]:
+                bar.advance(task)
+            text = " · ".join(
+                f"{SHORT[s]} {counts[s]}" + (f"/-{rejected[s]}" if rejected[s] else "") for s in stages
             )
-        )
-        response = await self.synthesis.GenerateEnvironment(request, timeout=LLM_DEADLINE_S)
-        usage = usage_fields(response.usage)
-        good = next((c for c in response.candidates if c.status == sy.PARSE_STATUS_OK), None)
-        if good is None:
-            first = response.candidates[0] if response.candidates else None
-            if first is None:
-                return rejected("no_output: the model returned no candidate", usage=usage)
-            detail = "; ".join(first.reasons[:2]) or "-"
-            return rejected(f"{parse_status(first.status)}: {detail}", usage=usage)
-        env_id = f"{problem.question_id}__{good.env_class}"
-        data = {
-            "env_id": env_id,
-            "env_class": good.env_class,
-            "env_source": good.env_source,
-            "task_text": good.task_text,
-        }
-        return passed(data, usage=usage)
+            bar.update(task, description=text)
 
-    async def _check(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        env = done["environment"]
-        response = await self.verification.CheckEnvironment(
-            vf.CheckEnvironmentRequest(env_source=env["env_source"], reject_unsafe=self.config.reject_unsafe),
-            timeout=CHECK_DEADLINE_S,
-        )
-        data = {
-            "tools": [t.name for t in response.tools],
-            "safety_findings": list(response.safety_findings),
-            "main_exit_code": response.main_exit_code,
-            "main_wall_ms": response.main_usage.wall_ms,
-        }
-        if response.verdict != vf.VERDICT_PASS:
-            data["main_output"] = response.main_output
-            return rejected("; ".join(response.reasons[:3]), data)
-        return passed(data)
+        yield progress
 
-    async def _tests(self, env: dict[str, Any], *, hard: bool, seeds: list[str]) -> StageOutcome:
-        response = await self.synthesis.GenerateUnitTests(
-            sy.GenerateUnitTestsRequest(
-                task_text=env["task_text"], env_source=env["env_source"], hard=hard, seed_tests=seeds
-            ),
-            timeout=LLM_DEADLINE_S,
-        )
-        usage = usage_fields(response.usage)
-        good = [
-            {"config_json": t.config_json, "difficulty": t.difficulty, "env_str": t.env_str}
-            for t in response.tests
-            if t.status == sy.PARSE_STATUS_OK
-        ]
-        bad = Counter(t.reason.split(":", 1)[0] for t in response.tests if t.status != sy.PARSE_STATUS_OK)
-        data = {"tests": good, "unparsed": dict(bad)}
-        if not good and not hard:
-            return rejected(f"no_tests: no usable test line ({len(response.tests)} lines)", data, usage=usage)
-        return passed(data, usage=usage)
 
-    async def _unit_tests(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        return await self._tests(done["environment"], hard=False, seeds=[])
+def cmd_status(args: argparse.Namespace) -> int:
+    try:
+        state = PipelineState.open_existing(args.work)
+    except FileNotFoundError as exc:
+        print(f"codegym pipeline status: {exc}", file=sys.stderr)
+        return 2
+    stages = tuple(state.meta("stages", list(STAGES)))
+    wall = state.meta("last_run_wall_s")
+    suffix = f" (last finished run: {wall} s)" if wall is not None else " (no run finished yet)"
+    print_summary(state, stages, f"codegym pipeline status: {args.work}{suffix}")
+    if args.problems:
+        for report in state.problem_reports():
+            reason = f": {report['reason']}" if report["reason"] else ""
+            print(f"{report['problem_id']:<24} {report['stage']:<16} {report['status']}{reason}")
+    state.close()
+    return 0
 
-    async def _hard_tests(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        easy = [t["env_str"] for t in done["unit_tests"]["tests"] if t["difficulty"] == "easy"][:5]
-        return await self._tests(done["environment"], hard=True, seeds=easy)
 
-    async def _validate(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        env = done["environment"]
-        tests = done["unit_tests"]["tests"] + done.get("hard_tests", {}).get("tests", [])
-        request = vf.ValidateUnitTestsRequest(
-            env_source=env["env_source"],
-            tasks=[
-                cm.TaskConfig(
-                    env_id=env["env_id"],
-                    config_json=t["config_json"],
-                    difficulty=DIFFICULTY.get(t["difficulty"], cm.DIFFICULTY_UNSPECIFIED),
-                )
-                for t in tests
-            ],
-            solution_source=problem.solution,
-            entry_point=problem.entry_point,
-            arg_names=list(problem.arg_names),
-            thresholds=self.config.unit_tests,
-        )
-        response = await self.verification.ValidateUnitTests(request, timeout=CHECK_DEADLINE_S)
-        valid = [
-            {
-                "config_json": t.task.config_json,
-                "difficulty": tests[i]["difficulty"],
-                "answer_json": t.answer_json,
-            }
-            for i, t in enumerate(response.tests)
-            if t.valid
-        ]
-        invalid = Counter(t.reason.split(":", 1)[0] for t in response.tests if not t.valid)
-        data = {
-            "tests": valid,
-            "valid": response.valid,
-            "distinct": response.distinct,
-            "invalid": dict(invalid),
-            "solution_function": response.solution_function,
-            "cross_checked": response.cross_checked,
-            "disagreement_rate": round(response.disagreement_rate, 4),
-        }
-        if response.verdict != vf.VERDICT_PASS:
-            reasons = list(response.reasons)
-            if invalid:
-                top = ", ".join(f"{k} ×{v}" for k, v in invalid.most_common(4))
-                reasons[0] = f"{reasons[0]}; invalid: {top}"
-            return rejected("; ".join(reasons), data)
-        return passed(data)
+def register(sub: argparse._SubParsersAction) -> None:
+    from codegym_cli.synthesize import add_llm_arguments
 
-    async def _solve_functions(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        env = done["environment"]
-        response = await self.synthesis.GenerateSolveFunctions(
-            sy.GenerateSolveFunctionsRequest(task_text=env["task_text"], env_source=env["env_source"]),
-            timeout=LLM_DEADLINE_S,
-        )
-        usage = usage_fields(response.usage)
-        good = [
-            {"solve_source": c.solve_source, "env_source": c.env_source}
-            for c in response.candidates
-            if c.status == sy.PARSE_STATUS_OK
-        ]
-        unparsed = Counter(
-            parse_status(c.status) for c in response.candidates if c.status != sy.PARSE_STATUS_OK
-        )
-        data: dict[str, Any] = {
-            "candidates": good,
-            "unparsed": dict(unparsed),
-            "generated": len(response.candidates),
-        }
-        if not good:
-            return rejected(
-                f"no_candidates: none of {len(response.candidates)} solve() outputs parsed", data, usage
-            )
-        return passed(data, usage=usage)
+    pipeline = sub.add_parser(
+        "pipeline",
+        help="problems in, a verified environment library out (synthesis + verification + filters)",
+        description=__doc__,
+    )
+    pipe_sub = pipeline.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
+    run = pipe_sub.add_parser(
+        "run",
+        help="run (or resume) a pipeline over a problem file",
+        description=__doc__,
+    )
+    run.add_argument(
+        "--problems",
+        required=True,
+        help="JSONL or Parquet: question_id, question, solution[, entry_point, arg_names]",
+    )
+    run.add_argument("--work", required=True, help="work folder: pipeline.db (stage status), LLM cache, logs")
+    run.add_argument("--library", default="", help="library to write (default WORK/library.db)")
+    run.add_argument("--limit", type=int, default=0, help="only the first N problems (0 = all)")
+    run.add_argument(
+        "--only",
+        default="",
+        help="only the problems FILE names: question or env ids, one a line, or `library stats` JSON lines "
+        "(e.g. the envs a run has mastered, for --hard-tests)",
+    )
+    run.add_argument("--parallel", type=int, default=8, help="problems in flight")
+    run.add_argument("--synthesis", default="", help="synthesis service HOST:PORT (default: start one)")
+    run.add_argument("--verification", default="", help="verification service HOST:PORT (default: start one)")
+    run.add_argument(
+        "--sandbox", default="", help="sandbox workers HOST:PORT,... for a started verification service"
+    )
+    run.add_argument(
+        "--workers", type=int, default=2, help="sandbox workers to start when --sandbox is not given"
+    )
+    run.add_argument("--jails", type=int, default=os.cpu_count() or 2, help="jails per started worker")
+    run.add_argument("--hard-tests", action="store_true", help="also generate hard unit tests")
+    run.add_argument("--reject-unsafe", action="store_true", help="reject (not only flag) risky constructs")
+    run.add_argument("--ref-time-ms", type=int, default=3000, help="time limit of one get_ref_answer()")
+    run.add_argument("--ref-memory-mb", type=int, default=100, help="memory limit of one get_ref_answer()")
+    run.add_argument("--max-answer-chars", type=int, default=100, help="longest accepted answer repr()")
+    run.add_argument("--min-valid", type=int, default=10, help="valid tests an environment needs")
+    run.add_argument(
+        "--min-valid-ratio", type=float, default=0.8, help="fraction of distinct tests that must be valid"
+    )
+    run.add_argument("--case-time-ms", type=int, default=10_000, help="time limit of one solve() run")
+    run.add_argument("--case-memory-mb", type=int, default=256, help="memory limit of one solve() run")
+    run.add_argument("--max-steps", type=int, default=1024, help="step() calls one solve() run may make")
+    run.add_argument("--budget-s", type=float, default=300.0, help="solvability budget per environment")
+    run.add_argument(
+        "--min-solve-fc-round", type=int, default=10, help="fewest oracle steps of a kept config"
+    )
+    run.add_argument("--max-solve-fc-round", type=int, default=256, help="most oracle steps of a kept config")
+    run.add_argument("--min-tools", type=int, default=4, help="fewest distinct tools of a kept environment")
+    run.add_argument(
+        "--keep-shortcuts", action="store_true", help="flag shortcut environments instead of dropping them"
+    )
+    run.add_argument(
+        "--shortcut-fraction",
+        type=float,
+        default=0.5,
+        help="a tool answering on more than this fraction of tests is a shortcut",
+    )
+    run.add_argument(
+        "--no-negative-controls",
+        action="store_true",
+        help="skip the check that Done pays no wrong answer derived from the reference answer",
+    )
+    run.add_argument(
+        "--determinism-tests",
+        type=int,
+        default=5,
+        help="tests the oracle replays twice in separate processes (0 = skip the determinism check)",
+    )
+    run.add_argument(
+        "--max-guess-rate",
+        type=float,
+        default=0.0,
+        help="reject environments a blind Done answers right more often than this (0 = only report)",
+    )
+    add_llm_arguments(run)
+    run.set_defaults(func=cmd_run)
 
-    async def _solvability(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        env = done["environment"]
-        tests = done["validate"]["tests"]
-        candidates = done["solve_functions"]["candidates"]
-        request = vf.CheckSolvabilityRequest(
-            env_source=env["env_source"],
-            tasks=[cm.TaskConfig(env_id=env["env_id"], config_json=t["config_json"]) for t in tests],
-            solve_sources=[c["solve_source"] for c in candidates],
-            limits=self.config.solvability,
-        )
-        budget_s = (self.config.solvability.budget_ms or 300_000) / 1000
-        response = await self.verification.CheckSolvability(request, timeout=budget_s + CHECK_DEADLINE_S)
-        outcomes = Counter(
-            vf.CandidateOutcome.Name(c.outcome).removeprefix("CANDIDATE_OUTCOME_").lower()
-            for c in response.candidates
-        )
-        data: dict[str, Any] = {
-            "candidates": dict(outcomes),
-            "cases_run": response.cases_run,
-            "cpu_ms": response.cpu_ms,
-            "first_failures": [c.first_failure for c in response.candidates if c.first_failure][:10],
-        }
-        if response.verdict != vf.VERDICT_PASS:
-            return rejected("; ".join(response.reasons), data)
-        oracle = candidates[response.oracle_index]
-        data["oracle_index"] = response.oracle_index
-        data["oracle_env_source"] = oracle["env_source"]
-        data["tasks"] = [
-            {**t, "solve_fc_round": r.solve_fc_round} for t, r in zip(tests, response.tasks, strict=True)
-        ]
-        return passed(data)
-
-    # The trust stages (pipeline_trust.py) take the stub and the settings they read.
-
-    async def _negative_controls(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        return await negative_controls(self.verification, self.config.solvability, done)
-
-    async def _determinism(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        tests = self.config.determinism_tests
-        return await determinism(self.verification, self.config.solvability, tests, done)
-
-    async def _guessability(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        return await guessability(self.verification, self.config.max_guess_rate, done)
-
-    async def _filters(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        env = done["environment"]
-        tasks = done["solvability"]["tasks"]
-        tools = sorted(set(done["check"]["tools"]))
-        low, high = self.config.min_solve_fc_round, self.config.max_solve_fc_round
-        kept = [t for t in tasks if low <= t["solve_fc_round"] <= high]
-        response = await self.verification.CheckShortcuts(
-            vf.CheckShortcutsRequest(
-                env_source=env["env_source"],
-                cases=[
-                    vf.ShortcutCase(config_json=t["config_json"], answer_json=t["answer_json"]) for t in tasks
-                ],
-                max_fraction=self.config.shortcut_fraction,
-            ),
-            timeout=CHECK_DEADLINE_S,
-        )
-        rounds = [t["solve_fc_round"] for t in tasks]
-        data: dict[str, Any] = {
-            "tools": len(tools),
-            "kept": len(kept),
-            "dropped_rounds": len(tasks) - len(kept),
-            "shortcut_tools": list(response.shortcut_tools),
-            # A tool called with config values is keyed `Tool(arg, ...)`; bare, by its name.
-            "probes": {
-                (f"{p.tool}({', '.join(p.arguments)})" if p.arguments else p.tool): [p.hits, p.probed]
-                for p in response.probes
-            },
-            "tasks": kept,
-        }
-        if len(tools) < self.config.min_tools:
-            return rejected(f"too_few_tools: {len(tools)} tools (need {self.config.min_tools})", data)
-        if response.shortcut_tools and self.config.drop_shortcuts:
-            return rejected("; ".join(response.reasons), data)
-        if not kept:
-            return rejected(
-                f"no_config_in_bounds: all {len(tasks)} configs need outside [{low}, {high}] oracle steps"
-                f" ({min(rounds, default=0)}..{max(rounds, default=0)})",
-                data,
-            )
-        return passed(data)
-
-    async def _library(self, problem: Problem, done: dict[str, Any]) -> StageOutcome:
-        env = done["environment"]
-        tasks = done["filters"]["tasks"]
-        rates = done.get("guessability", {}).get("rates", {})
-        metadata = {
-            "origin": {
-                "problem_id": problem.question_id,
-                "subset": problem.subset,
-                "model": self.config.model,
-                "pipeline_run": self.run_id,
-            },
-            "verification": {
-                "check": {k: v for k, v in done["check"].items() if k != "main_output"},
-                "validate": {k: v for k, v in done["validate"].items() if k != "tests"},
-                "solvability": {
-                    k: v
-                    for k, v in done["solvability"].items()
-                    if k not in ("tasks", "oracle_env_source", "first_failures")
-                },
-                **{
-                    stage: dict(done[stage])
-                    for stage in ("negative_controls", "determinism")
-                    if stage in done
-                },
-                **(
-                    {"guessability": {k: v for k, v in done["guessability"].items() if k != "rates"}}
-                    if "guessability" in done
-                    else {}
-                ),
-                "filters": {k: v for k, v in done["filters"].items() if k != "tasks"},
-            },
-        }
-        self.library.put_environment(
-            env["env_id"],
-            done["solvability"]["oracle_env_source"],
-            task_text=env["task_text"],
-            metadata=metadata,
-            tasks=[
-                TaskRecord(
-                    env["env_id"],
-                    canonical_config(json.loads(t["config_json"])),
-                    t["difficulty"],
-                    t["solve_fc_round"],
-                    guess_rate=rates.get(t["config_json"]),
-                )
-                for t in tasks
-            ],
-        )
-        return passed({"env_id": env["env_id"], "tasks": len(tasks)})
+    status = pipe_sub.add_parser(
+        "status",
+        help="print the per-stage table of a work folder (works while a run is going on)",
+        description="Example: codegym pipeline status --work run1 --problems",
+    )
+    status.add_argument("--work", required=True, help="work folder of a pipeline run")
+    status.add_argument("--problems", action="store_true", help="also list where every problem ended")
+    status.set_defaults(func=cmd_status)

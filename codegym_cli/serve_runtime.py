@@ -45,7 +45,7 @@ def record_store(args: argparse.Namespace) -> RecordStore | None:
 def _serve_runtime(args: argparse.Namespace) -> int:
     configure_access(args)
     start_metrics(args)
-    from codegym.serving import serve
+    from codegym.server.serving import serve
     from services.runtime.server import RuntimeServer
     from services.runtime.service import RuntimeConfig
 
@@ -82,7 +82,7 @@ def _serve_runtime(args: argparse.Namespace) -> int:
 
 def add_parser(servers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """The runtime's options, their defaults RuntimeConfig's."""
-    from codegym.library import default_library_path
+    from codegym.library.store import default_library_path
     from services.runtime.service import RuntimeConfig
 
     defaults = RuntimeConfig()

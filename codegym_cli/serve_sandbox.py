@@ -17,7 +17,7 @@ def _serve_sandbox(args: argparse.Namespace) -> int:
         raise SystemExit(f"codegym serve sandbox: {unreachable}")
     configure_access(args)
     start_metrics(args)
-    from codegym.serving import serve
+    from codegym.server.serving import serve
     from sandbox_worker.server import SandboxWorker
 
     configure_logs(args.log_level, args.log_format)

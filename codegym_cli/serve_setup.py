@@ -1,6 +1,6 @@
 """What every `codegym serve` server shares: its event loop, access settings, logs and metrics.
 
-The options named here are added to each server's parser by serve_commands.register, in one loop,
+The options named here are added to each server's parser by serve.register, in one loop,
 so every server takes them alike."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from codegym.auth import ServerAuth
+    from codegym.server.auth import ServerAuth
 
 
 def run_server(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -39,7 +39,7 @@ def run_server(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 
 def configure_logs(level: str, fmt: str) -> None:
-    from codegym.logs import configure
+    from codegym.server.logs import configure
 
     configure(level, fmt)
 
@@ -48,7 +48,7 @@ def server_auth(args: argparse.Namespace) -> ServerAuth:
     """A server's access settings from its flags (`--tokens`, `--token`, `--tls-cert`/`--tls-key`,
     `--insecure`, and `--health-port` where it has one); refuses a non-loopback bind without tokens
     here, before anything starts."""
-    from codegym.auth import ServerAuth, check_bind
+    from codegym.server.auth import ServerAuth, check_bind
 
     try:
         auth = ServerAuth.from_settings(
@@ -67,7 +67,7 @@ def server_auth(args: argparse.Namespace) -> ServerAuth:
 
 def configure_access(args: argparse.Namespace) -> None:
     """`server_auth` for every gRPC server this process builds."""
-    from codegym.auth import configure
+    from codegym.server.auth import configure
 
     configure(server_auth(args))
 
@@ -105,7 +105,7 @@ def start_metrics(args: argparse.Namespace) -> None:
     """`--metrics-port`: Prometheus /metrics on the server's host (-1: off, 0: any free port)."""
     if args.metrics_port < 0:
         return
-    from codegym.metrics import serve_metrics
+    from codegym.server.metrics import serve_metrics
 
     port = serve_metrics(args.metrics_port, args.host)
     print(f"metrics on {args.host}:{port}", flush=True)

@@ -12,8 +12,8 @@ def _serve_synthesis(args: argparse.Namespace) -> int:
     start_metrics(args)
     from pathlib import Path
 
-    from codegym.serving import serve
-    from codegym_cli.synthesize_command import settings_from, stage_defaults
+    from codegym.server.serving import serve
+    from codegym_cli.synthesize import settings_from, stage_defaults
     from services.synthesis.service import SynthesisServer
 
     configure_logs(args.log_level, args.log_format)
@@ -37,7 +37,7 @@ def _serve_synthesis(args: argparse.Namespace) -> int:
 
 def add_parser(servers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """The server's options; the LLM's are `codegym synthesize`'s."""
-    from codegym_cli.synthesize_command import add_llm_arguments
+    from codegym_cli.synthesize import add_llm_arguments
 
     synthesis = servers.add_parser(
         "synthesis",

@@ -16,7 +16,7 @@ from codegym_cli.serve_setup import (
 def _serve_verification(args: argparse.Namespace) -> int:
     configure_access(args)
     start_metrics(args)
-    from codegym.serving import serve
+    from codegym.server.serving import serve
     from services.verification.service import VerificationServer
 
     configure_logs(args.log_level, args.log_format)

@@ -19,7 +19,7 @@ from typing import get_args
 
 from codegym.inside.messages import Cold, EvictionReason, Request, Result
 from codegym.inside.settings import JailSettings
-from codegym.metrics import (
+from codegym.server.metrics import (
     CACHE_BYTES,
     CACHE_CAPACITY,
     CACHE_ENTRIES,

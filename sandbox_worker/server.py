@@ -7,9 +7,9 @@ import logging
 from collections.abc import AsyncIterator
 
 from codegym.errors import add_lenient
-from codegym.grpcutil import ManagedServer
 from codegym.inside.settings import JailSettings
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+from codegym.server.grpcutil import ManagedServer
 from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits
 from sandbox_worker.pool import COST_SAMPLE_S, JailPool
 from sandbox_worker.service import SandboxServicer

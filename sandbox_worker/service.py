@@ -17,9 +17,9 @@ import grpc
 
 from codegym.errors import Reason, Refusal, guarded
 from codegym.inside.messages import Limits, Request, Result
-from codegym.metrics import SANDBOX_REFUSALS
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from codegym.server.metrics import SANDBOX_REFUSALS
 from codegym_client.api.common.v1 import common_pb2
 from sandbox_worker.cache import SourceCache
 from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, RequestLimits

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from codegym.library import Library
+from codegym.library.store import Library
 from codegym_client import CapacityExceeded, RuntimeClient
 from tests.conftest import ROOT
 from tests.helpers.processes import sleeping_in_jails, wait_until

@@ -29,7 +29,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from codegym.auth import (
+from codegym.errors import REASON_TRAILER
+from codegym.samples import ENVS
+from codegym.sandbox.v1 import sandbox_service_pb2 as sb
+from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
+from codegym.server.auth import (
     CALLER,
     OPERATOR,
     SERVICE,
@@ -42,12 +46,7 @@ from codegym.auth import (
     serving_with,
     write_tokens,
 )
-from codegym.errors import REASON_TRAILER
-from codegym.grpcutil import ManagedServer
-from codegym.llm import LLMSettings
-from codegym.samples import ENVS
-from codegym.sandbox.v1 import sandbox_service_pb2 as sb
-from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
+from codegym.server.grpcutil import ManagedServer
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym.verification.v1 import verification_service_pb2 as vf
@@ -55,6 +54,7 @@ from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
 from codegym_client import AsyncRuntimeClient, RuntimeClient, is_infrastructure
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV, Access, aio_channel
 from codegym_client.errors import Unauthenticated
+from services.synthesis.llm import LLMSettings
 from services.synthesis.service import SynthesisServer
 from services.verification.service import VerificationServer
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from codegym.library import Library, canonical_config
+from codegym.library.store import Library, canonical_config
 from codegym.procs import free_port
 from codegym_cli.cli import build_parser, main
-from codegym_cli.eval_command import load_tasks
+from codegym_cli.eval import load_tasks
 from codegym_client import RuntimeClient
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.processes import wait_until

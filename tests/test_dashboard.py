@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from codegym.library import Library
+from codegym.library.store import Library
 from tests.helpers.servers import ServerProcess
 from tests.test_metrics import metrics_address
 
@@ -143,8 +143,8 @@ def test_every_dashboard_metric_is_exported(tmp_path: Path) -> None:
 
 def test_check_reports_a_metric_that_does_not_exist() -> None:
     """The check itself, without servers: this process's registry holds the same definitions the
-    servers export (codegym/metrics.py, services/openenv/metrics.py)."""
-    import codegym.metrics  # noqa: F401  (registers the workers' and runtime's figures)
+    servers export (codegym/server/metrics.py, services/openenv/metrics.py)."""
+    import codegym.server.metrics  # noqa: F401  (registers the workers' and runtime's figures)
     import services.openenv.metrics  # noqa: F401  (registers the gateway's figures)
 
     exported = exported_series(generate_latest().decode())

@@ -25,11 +25,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from codegym.contract import parse_ability
-from codegym.library import Library
-from codegym_cli.export import build_instances
+from codegym.library.store import Library
 from codegym_client import RuntimeClient
 from codegym_client.errors import EnvNotFound
 from codegym_client.trl import CodeGymSpec
+from codegym_jobs.export import build_instances
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.servers import ServerProcess
 
@@ -129,7 +129,7 @@ def parquet_rows(path: Path) -> list[dict[str, Any]]:
 MEASURED_EXPORT = """
 import io, json, sys, tracemalloc
 import pyarrow as pa, pyarrow.parquet as pq
-import codegym.library, codegym_cli.export, codegym_cli.export_command
+import codegym.library.store, codegym_jobs.export, codegym_cli.export
 from codegym_cli.cli import main
 pq.write_table(pa.Table.from_pylist([{"a": [{"b": "c"}]}]), io.BytesIO())
 tracemalloc.start()

@@ -21,19 +21,38 @@ ALLOWED = {
     "codegym": {"codegym_client"},
     "sandbox_worker": {"codegym", "codegym_client"},
     "services": {"codegym", "codegym_client"},
-    "codegym_cli": {"codegym", "codegym_client", "sandbox_worker", "services"},
+    # What an operator runs against the services (pipeline, evaluation, export, replay): above them,
+    # below the command line that starts it.
+    "codegym_jobs": {"codegym", "codegym_client", "sandbox_worker", "services"},
+    "codegym_cli": {"codegym", "codegym_client", "sandbox_worker", "services", "codegym_jobs"},
     # What the tests and the benchmarks share (scripted models, trainers, servers): above the
     # command line, below both of its users.
-    "codegym_testkit": {"codegym", "codegym_client", "sandbox_worker", "services", "codegym_cli"},
+    "codegym_testkit": {
+        "codegym",
+        "codegym_client",
+        "sandbox_worker",
+        "services",
+        "codegym_jobs",
+        "codegym_cli",
+    },
     # The benchmarks: at the top with the tests, but never importing them (an arrow the import
     # graph does not draw, since a bench runs as a script).
-    "bench": {"codegym", "codegym_client", "sandbox_worker", "services", "codegym_cli", "codegym_testkit"},
+    "bench": {
+        "codegym",
+        "codegym_client",
+        "sandbox_worker",
+        "services",
+        "codegym_jobs",
+        "codegym_cli",
+        "codegym_testkit",
+    },
 }
 PROJECT = {
     "codegym",
     "codegym_client",
     "sandbox_worker",
     "services",
+    "codegym_jobs",
     "codegym_cli",
     "codegym_testkit",
     "tests",

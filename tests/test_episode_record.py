@@ -20,8 +20,8 @@ from typing import Any
 import grpc
 import pytest
 
-from codegym.library import Library
-from codegym.library_records import TaskRecord
+from codegym.library.records import TaskRecord
+from codegym.library.store import Library
 from codegym.procs import codegym_command
 from codegym_client import RuntimeClient
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt

@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from codegym.errors import REASON_TRAILER, Reason
-from codegym.llm import LLMSettings
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
+from services.synthesis.llm import LLMSettings
 from services.synthesis.service import SynthesisServer
 from services.verification.service import VerificationServer
 from tests.helpers.raw_errors import RawError

@@ -29,10 +29,10 @@ import httpx
 import openai
 import pytest
 
-from codegym.library import Library
-from codegym.llm import context_overflow
-from codegym_cli.eval_results import done_keys, summarize
+from codegym.library.store import Library
+from codegym_jobs.evaluation.results import done_keys, summarize
 from codegym_testkit.waiting import wait_until
+from services.synthesis.llm import context_overflow
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.agents import (
     CONTEXT_OVERFLOW,

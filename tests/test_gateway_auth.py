@@ -30,10 +30,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 import codegym_client
-from codegym.auth import OPERATOR, SERVICE, TRAINER, Identity, write_tokens
-from codegym.library import Library
+from codegym.library.store import Library
 from codegym.procs import codegym_command
 from codegym.samples import ENVS, TASKS
+from codegym.server.auth import OPERATOR, SERVICE, TRAINER, Identity, write_tokens
 from codegym_client import AsyncRuntimeClient, RuntimeClient, Unauthenticated, errors
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
 from services.openenv.access import GATEWAY_ROLES

@@ -24,8 +24,8 @@ from typing import Any
 import grpc
 import pytest
 
-from codegym.auth import TRAINER, Identity, write_tokens
-from codegym.grpcutil import ManagedServer
+from codegym.server.auth import TRAINER, Identity, write_tokens
+from codegym.server.grpcutil import ManagedServer
 from codegym_client import (
     AsyncRuntimeClient,
     CapacityExceeded,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from codegym.contract import split_env_id
-from codegym.library import Library
+from codegym.library.store import Library
 from codegym_client.runtime_client import RuntimeClient
 from tests.conftest import ENV_DIR, ROOT, SAMPLES, sample_tasks
 from tests.helpers.servers import ServerProcess

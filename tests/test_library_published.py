@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from codegym.contract import parse_config, sha256_text, split_env_id
-from codegym.library import Library, canonical_config
-from codegym.library_import import PYTHON, import_paths
+from codegym.library.importing import PYTHON, import_paths
+from codegym.library.store import Library, canonical_config
 from codegym_cli.cli import main
 from tests.conftest import ENV_DIR
 

@@ -19,7 +19,7 @@ import grpc
 import pytest
 
 from codegym.contract import sha256_text
-from codegym.library import Library, canonical_config
+from codegym.library.store import Library, canonical_config
 from codegym.procs import free_port
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym_cli import library_replay

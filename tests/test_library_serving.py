@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from codegym.library import Library
+from codegym.library.store import Library
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sbg
 from codegym_client import RuntimeClient

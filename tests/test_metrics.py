@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from codegym.library import Library
+from codegym.library.store import Library
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy

@@ -24,9 +24,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from codegym.procs import codegym_command
-from codegym_cli.oracle import read_trajectories
 from codegym_client.errors import SessionNotFound
 from codegym_client.runtime_client import RuntimeClient
+from codegym_jobs.oracle import read_trajectories
 from codegym_testkit.waiting import wait_until
 from tests.conftest import ENV_DIR, FIXTURE_ENVS, SAMPLES, SHARED_DATA, training_instances
 from tests.helpers.libraries import library_fixture

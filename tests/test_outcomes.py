@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from codegym.errors import REASON_TRAILER, table_markdown
-from codegym.library import Library
+from codegym.library.store import Library
 from codegym_client import AsyncRuntimeClient, EnvFailed, RuntimeClient, StepConflict
 from tests.conftest import ROOT
 from tests.helpers.processes import CLOCK_NANOSLEEP, children, stat_fields, syscall, wait_until

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from codegym.library import Library
-from codegym_cli.export import PROTOCOL, user_message
-from codegym_cli.oracle import record_oracle
+from codegym.library.store import Library
 from codegym_client.runtime_client import RuntimeClient
+from codegym_jobs.export import PROTOCOL, user_message
+from codegym_jobs.oracle import record_oracle
 from tests.conftest import ROOT, SAMPLES
 from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.pipeline_cases import CASES, EXPECTED, case_problem, case_script, write_problems
@@ -282,7 +282,7 @@ async def test_exported_instances_serve_and_the_oracle_reaches_reward_1(
 
 
 def test_export_matches_codegym_instances_field_by_field(tmp_path: Path) -> None:
-    from codegym_cli.export import build_instances
+    from codegym_jobs.export import build_instances
     from tests.conftest import FIXTURE_ENVS, training_instances
 
     path = tmp_path / "lib.db"

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from codegym.contract import parse_ability, split_env_id
-from codegym.library import Library
+from codegym.library.store import Library
 from codegym_client.actions import BEGIN, END
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient

@@ -27,8 +27,8 @@ BUILD_DEFAULT = """
 import json, sys
 from pathlib import Path
 import codegym.samples
-from codegym.library import Library
-from codegym_cli.up_command import build_default_library
+from codegym.library.store import Library
+from codegym_cli.up import build_default_library
 
 assert codegym.samples.__file__.startswith(sys.argv[1]), codegym.samples.__file__
 build_default_library(Path("lib.db"))

@@ -24,9 +24,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from codegym.grpcutil import wait_serving
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from codegym.server.grpcutil import wait_serving
 from sandbox_worker.limits import BASE_ID
 from tests.conftest import ENV_DIR, PYTHON, ROOT, sample_tasks
 from tests.helpers.hostile import hostile

@@ -24,7 +24,7 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from codegym.errors import Undecodable
-from codegym.grpcutil import ManagedServer
+from codegym.server.grpcutil import ManagedServer
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.async_client import StepStream as ClientStepStream

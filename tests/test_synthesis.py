@@ -19,11 +19,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from codegym.contract import analyze_source
-from codegym.library import Library
-from codegym.llm import LLMGateway, LLMSettings, LLMUnavailable, StageParams
-from codegym.llm_cache import ResponseCache
+from codegym.library.store import Library
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
+from services.synthesis.llm import LLMGateway, LLMSettings, LLMUnavailable, StageParams
+from services.synthesis.llm_cache import ResponseCache
 from services.synthesis.parsing import parse_env_output, parse_solve_output, parse_test_lines, splice_solve
 from services.synthesis.problems import load_problems
 from tests.conftest import ROOT, SHARED_DATA

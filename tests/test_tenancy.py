@@ -17,9 +17,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from codegym.auth import TenantLimits
 from codegym.errors import Refusal
-from codegym.library import Library
+from codegym.library.store import Library
+from codegym.server.auth import TenantLimits
 from codegym_client import RuntimeClient
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc

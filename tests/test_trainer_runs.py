@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from openenv.core.generic_client import GenericEnvClient
 
-from codegym.library import Library
+from codegym.library.store import Library
 from codegym_client import AsyncRuntimeClient, RuntimeClient
 from codegym_client.trl import CodeGymSpec, Curriculum
 from codegym_client.verl import run_episode

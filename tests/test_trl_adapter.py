@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 from transformers.utils import get_json_schema
 
-from codegym.library import Library
-from codegym_cli.oracle import read_trajectories
+from codegym.library.store import Library
 from codegym_client import RuntimeClient, RuntimeUnavailable, SessionNotFound
 from codegym_client.abilities import make_ability
 from codegym_client.errors import EpisodeEnded, EpisodeFailed, InfrastructureFailure
 from codegym_client.trl import CodeGymEnvironment, CodeGymSpec, environment_class
+from codegym_jobs.oracle import read_trajectories
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.servers import ServerProcess
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from codegym.library import Library
+from codegym.library.store import Library
 from codegym.procs import free_port
 from codegym_client import RuntimeClient, RuntimeUnavailable, SessionNotFound
 from codegym_client.abilities import make_ability

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from codegym.procs import codegym_command
-from codegym_cli import up_command
+from codegym_cli import up as up_command
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.outages import ride_out_async
 from tests.conftest import SAMPLES

@@ -41,7 +41,7 @@ __all__ = [
     "target_text",
 ]
 
-# The largest message either side sends or takes (servers set the same, codegym/grpcutil.py).
+# The largest message either side sends or takes (servers set the same, codegym/server/grpcutil.py).
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 # grpc.health.v1's HealthCheckRequest for the whole server is the empty message: sent as raw bytes

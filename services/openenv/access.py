@@ -2,7 +2,7 @@
 request and on the WebSocket handshake, which is what OpenEnv's clients send when built with
 `headers={"Authorization": f"Bearer {token}"}` (`EnvClient`, `GenericEnvClient`, `MCPToolClient`).
 
-The tokens are the gRPC servers' (`codegym.auth.ServerAuth`: `--tokens FILE`/`CODEGYM_TOKENS_FILE`
+The tokens are the gRPC servers' (`codegym.server.auth.ServerAuth`: `--tokens FILE`/`CODEGYM_TOKENS_FILE`
 and `--token`/`CODEGYM_TOKEN`), checked the same way:
 
 - no token, or one the gateway does not know: HTTP 401 (a WebSocket handshake is refused with 401,
@@ -13,7 +13,7 @@ and `--token`/`CODEGYM_TOKEN`), checked the same way:
   serves only the tenant that opened it.
 
 The probes (`/health`, `/live`) stay open: Kubernetes sends no token. With no tokens configured,
-nothing is checked (`codegym.auth.check_bind` refuses that beyond loopback unless `--insecure`).
+nothing is checked (`codegym.server.auth.check_bind` refuses that beyond loopback unless `--insecure`).
 The gateway's own calls to the runtime carry its token through the one channel factory
 (`codegym_client.channels`: `CODEGYM_TOKEN`, the service token under `codegym up --auth` and in k8s),
 and name the caller's tenant (`forwarding.py`), so the runtime's quotas and session ownership hold
@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from codegym.auth import OPERATOR, TRAINER, Identity, bearer
+from codegym.server.auth import OPERATOR, TRAINER, Identity, bearer
 
 # Who may play episodes through the gateway: it fronts the runtime for trainers (and operators).
 GATEWAY_ROLES = frozenset({TRAINER, OPERATOR})

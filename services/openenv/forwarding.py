@@ -3,7 +3,7 @@
 The gateway calls the runtime on one token, its own (`service`); without more, the runtime's
 per-tenant quotas and session ownership would see one tenant for every OpenEnv client. So each call
 made for a connection carries the connection's tenant in `codegym-tenant` metadata, which the
-runtime honours from service and operator tokens only (`codegym.auth.forwarded`) and runs the call
+runtime honours from service and operator tokens only (`codegym.server.auth.forwarded`) and runs the call
 as that tenant's trainer.
 
 The tenant travels in a context variable set around each call (`playing_for`) and read by a client
@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from codegym.auth import TENANT_METADATA
+from codegym.server.auth import TENANT_METADATA
 
 # The tenant the runtime calls being made are for ("": no access tokens, nothing named).
 PLAYING_FOR: contextvars.ContextVar[str] = contextvars.ContextVar("codegym_playing_for", default="")

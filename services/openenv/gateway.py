@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from codegym.auth import Identity
+from codegym.server.auth import Identity
 from codegym_client.abilities import ABILITY_FORMAT
 from services.openenv import metrics
 from services.openenv.access import RequireToken, caller

@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
-from codegym.auth import Identity
+from codegym.server.auth import Identity
 from codegym_client.errors import (
     CapacityExceeded,
     CodeGymError,
@@ -83,7 +83,7 @@ class GatewayConfig:
     env: str = ""
     # SIGTERM: how long open episodes may go on stepping before their sockets are closed.
     grace_s: float = 30.0
-    # Access tokens the gateway takes (`codegym.auth.ServerAuth.tokens`; empty: every caller served).
+    # Access tokens the gateway takes (`codegym.server.auth.ServerAuth.tokens`; empty: every caller served).
     tokens: Mapping[str, Identity] = field(default_factory=dict)
 
     @property

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from codegym.bounded_cache import BoundedCache
 from codegym.contract import EnvStringError, parse_ability, parse_config, parse_env_str
 from codegym.errors import Reason, Refusal
-from codegym.library import EnvRecord, Library, canonical_config
+from codegym.library.store import EnvRecord, Library, canonical_config
 from codegym_client.api.common.v1 import common_pb2
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.runtime.requests import MAX_JSON_DEPTH, shown

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codegym.library import Library
-from codegym.library_records import TaskRecord
+from codegym.library.records import TaskRecord
+from codegym.library.store import Library
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.runtime.episode_record import FAILURE_KINDS, task_key
 

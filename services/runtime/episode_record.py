@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from codegym.metrics import RECORD_EVENTS
+from codegym.server.metrics import RECORD_EVENTS
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from codegym.errors import Reason, Refusal
-from codegym.metrics import RECORD_QUARANTINED, RECORD_TASKS
+from codegym.server.metrics import RECORD_QUARANTINED, RECORD_TASKS
 from codegym.threaded import iterate_in_thread
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.runtime.catalog import Catalog

@@ -12,8 +12,8 @@ import logging
 import grpc
 
 from codegym.errors import Reason, Refusal
-from codegym.metrics import ADMISSION_REFUSALS
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
+from codegym.server.metrics import ADMISSION_REFUSALS
 from services.dispatcher import QueueFull, SandboxDispatcher, SandboxUnavailable
 from services.runtime.catalog import Served
 from services.runtime.config import RuntimeConfig

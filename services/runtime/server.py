@@ -8,8 +8,8 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from codegym.auth import configured
-from codegym.grpcutil import ManagedServer
+from codegym.server.auth import configured
+from codegym.server.grpcutil import ManagedServer
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.dispatcher import SandboxDispatcher
 from services.runtime.catalog import Catalog

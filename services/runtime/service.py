@@ -23,10 +23,11 @@ from typing import Any
 
 import grpc
 
-from codegym.auth import CALLER, OPERATOR
 from codegym.errors import Reason, Refusal, add_lenient, entry_status, guarded, guarded_stream
-from codegym.logs import SESSION_ID
-from codegym.metrics import (
+from codegym.sandbox.v1 import sandbox_service_pb2 as sb
+from codegym.server.auth import CALLER, OPERATOR
+from codegym.server.logs import SESSION_ID
+from codegym.server.metrics import (
     ADMISSION_REFUSALS,
     SESSIONS_EXPIRED,
     SESSIONS_OPEN,
@@ -36,7 +37,6 @@ from codegym.metrics import (
     TENANT_SESSIONS,
     WORKER_QUEUE_DEPTH,
 )
-from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from services.dispatcher import SandboxDispatcher

@@ -1,7 +1,7 @@
 """Quotas between tenants: what one trainer may hold and start, so a flood from one leaves the others
 served.
 
-A tenant is who an access token speaks for (`codegym.auth`: the tokens file maps each token to a
+A tenant is who an access token speaks for (`codegym.server.auth`: the tokens file maps each token to a
 tenant, and its `tenants` section gives each tenant its `TenantLimits`). Per runtime replica:
 - sessions open: counted from the sessions the store holds for the tenant (never a counter kept by
   hand), checked at create;
@@ -20,9 +20,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from codegym.auth import TenantLimits
 from codegym.errors import Reason, Refusal
-from codegym.metrics import TENANT_REFUSALS
+from codegym.server.auth import TenantLimits
+from codegym.server.metrics import TENANT_REFUSALS
 
 # The longest retry-after a refused call is told (a flood of thousands is spread over at most this).
 MAX_WAIT_S = 30.0

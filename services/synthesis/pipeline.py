@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from codegym.llm import LLMRejected, LLMUnavailable
+from services.synthesis.llm import LLMRejected, LLMUnavailable
 from services.synthesis.problems import Problem
 from services.synthesis.stages import STAGES, Synthesizer
 

@@ -17,8 +17,10 @@ from typing import Any, TypeVar
 import grpc
 
 from codegym.errors import Reason, Refusal, add_lenient, guarded, guarded_stream
-from codegym.grpcutil import ManagedServer
-from codegym.llm import (
+from codegym.server.grpcutil import ManagedServer
+from codegym.synthesis.v1 import synthesis_service_pb2 as sy
+from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
+from services.synthesis.llm import (
     LLMGateway,
     LLMRejected,
     LLMSettings,
@@ -26,9 +28,7 @@ from codegym.llm import (
     StageParams,
     StageUsage,
 )
-from codegym.llm_cache import ResponseCache
-from codegym.synthesis.v1 import synthesis_service_pb2 as sy
-from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
+from services.synthesis.llm_cache import ResponseCache
 from services.synthesis.pipeline import synthesize_all
 from services.synthesis.problems import Problem
 from services.synthesis.stages import StageDefaults, Synthesizer

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from codegym.contract import analyze_source, tools_text
-from codegym.llm import LLMGateway, StageParams, StageUsage
 from services.synthesis import prompts
+from services.synthesis.llm import LLMGateway, StageParams, StageUsage
 from services.synthesis.parsing import (
     ParsedEnv,
     ParsedSolve,

@@ -15,7 +15,7 @@ from typing import TypeVar
 import grpc
 
 from codegym.errors import Reason, Refusal, add_lenient, guarded
-from codegym.grpcutil import ManagedServer
+from codegym.server.grpcutil import ManagedServer
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
 from services.dispatcher import SandboxDispatcher, SandboxUnavailable

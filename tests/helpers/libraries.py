@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from codegym.library import Library
+from codegym.library.store import Library
 from codegym.samples import ENVS, TASKS
 from tests.helpers.servers import Scope
 

@@ -50,7 +50,7 @@ class ServerProcess(procs.ServerProcess):
     replaces the environment it starts with.
 
     `stop` gives it the time it may take: `codegym up` stops its servers one after another, each
-    within its own budget (`up_command.GATEWAY_STOP_S`, `CHILD_STOP_S`), so a test must not kill
+    within its own budget (`up.GATEWAY_STOP_S`, `CHILD_STOP_S`), so a test must not kill
     it sooner; a server that has not stopped in time is asked for its stacks before the kill."""
 
     def __init__(

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from codegym.library import Library
+from codegym.library.store import Library
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.servers import RUNTIME_SWITCH, ServerProcess, start_runtime, start_workers
 

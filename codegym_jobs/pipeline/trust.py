@@ -13,7 +13,7 @@ from typing import Any
 
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
-from codegym_cli.pipeline_state import StageOutcome, passed, rejected
+from codegym_jobs.pipeline.state import StageOutcome, passed, rejected
 
 # How long one check may take (the verification service runs many sandbox operations for it).
 CHECK_DEADLINE_S = 600.0

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Protocol
 
 from codegym.contract import EnvStringError, parse_config, sha256_text
-from codegym.library_analysis import PYTHON, Analyzer, unfit
-from codegym.library_published import BadRow, EnvRow, Row, Source, TaskRow, find_sources
-from codegym.library_records import Conflict, ImportReport, SourceReport, TaskRecord, canonical_config
-from codegym.library_writes import (
+from codegym.library.analysis import PYTHON, Analyzer, unfit
+from codegym.library.published import BadRow, EnvRow, Row, Source, TaskRow, find_sources
+from codegym.library.records import Conflict, ImportReport, SourceReport, TaskRecord, canonical_config
+from codegym.library.writes import (
     add_task,
     find_task,
     insert_task,

@@ -40,8 +40,18 @@ from typing import Any
 import grpc
 
 from codegym.contract import parse_ability
-from codegym.library import Library
-from codegym.llm import (
+from codegym.library.store import Library
+from codegym_client.actions import ActionParseError, from_tool_calls, parse_function_call
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.async_client import AsyncRuntimeClient
+from codegym_jobs.evaluation.results import (
+    COUNTED_REASONS,
+    FAILURE_REASONS,
+    done_keys,
+    failures_path,
+)
+from codegym_jobs.export import build_instances
+from services.synthesis.llm import (
     ContextLengthExceeded,
     LLMGateway,
     LLMRejected,
@@ -49,16 +59,6 @@ from codegym.llm import (
     StageParams,
     StageUsage,
 )
-from codegym_cli.eval_results import (
-    COUNTED_REASONS,
-    FAILURE_REASONS,
-    done_keys,
-    failures_path,
-)
-from codegym_cli.export import build_instances
-from codegym_client.actions import ActionParseError, from_tool_calls, parse_function_call
-from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
-from codegym_client.async_client import AsyncRuntimeClient
 
 END_REASONS = COUNTED_REASONS + FAILURE_REASONS
 MAX_ERROR_CHARS = 2000

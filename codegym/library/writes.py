@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from codegym.contract import split_env_id
-from codegym.library_analysis import Analysis, analyze, unfit
-from codegym.library_records import ImportReport, TaskRecord
+from codegym.library.analysis import Analysis, analyze, unfit
+from codegym.library.records import ImportReport, TaskRecord
 
 
 def store_env(

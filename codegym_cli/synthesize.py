@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from codegym.llm import LLMGateway, LLMSettings, StageParams
-from codegym.llm_cache import ResponseCache
+from services.synthesis.llm import LLMGateway, LLMSettings, StageParams
+from services.synthesis.llm_cache import ResponseCache
 from services.synthesis.pipeline import synthesize_all
 from services.synthesis.problems import load_problems
 from services.synthesis.stages import STAGES, StageDefaults, Synthesizer

@@ -2,7 +2,7 @@
 
 RPCs are counted by a server interceptor (method and status code, with a latency histogram), so
 no servicer has to remember to; it also gives each call a request id for the logs
-(codegym/logs.py). The roles add their own figures (sandbox operations by status, jails,
+(codegym/server/logs.py). The roles add their own figures (sandbox operations by status, jails,
 resident steps; LLM requests, tokens, retries and cache hits; pipeline stage outcomes).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from codegym.logs import REQUEST_ID
+from codegym.server.logs import REQUEST_ID
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60)
 

@@ -29,10 +29,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from codegym.contract import parse_ability
-from codegym.library import Library, canonical_config
-from codegym.llm import LLMGateway, StageParams
-from codegym_cli.eval_results import COUNTED_REASONS, FAILURE_REASONS, done_keys, summarize
-from codegym_cli.evaluation import (
+from codegym.library.store import Library, canonical_config
+from codegym_cli.export import learnability_argument
+from codegym_cli.synthesize import add_llm_arguments, missing_api_key, settings_from
+from codegym_client import AsyncRuntimeClient, RuntimeUnavailable
+from codegym_jobs.evaluation.evaluator import (
     EvalTask,
     Evaluator,
     RunCounts,
@@ -40,9 +41,8 @@ from codegym_cli.evaluation import (
     tasks_from_instances,
     tasks_from_library,
 )
-from codegym_cli.export_command import learnability_argument
-from codegym_cli.synthesize_command import add_llm_arguments, missing_api_key, settings_from
-from codegym_client import AsyncRuntimeClient, RuntimeUnavailable
+from codegym_jobs.evaluation.results import COUNTED_REASONS, FAILURE_REASONS, done_keys, summarize
+from services.synthesis.llm import LLMGateway, StageParams
 
 
 def load_tasks(args: argparse.Namespace) -> list[EvalTask]:
@@ -240,7 +240,7 @@ def count_or_auto(text: str) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from codegym.library import default_library_path
+    from codegym.library.store import default_library_path
 
     ev = sub.add_parser(
         "eval",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 from typing import Protocol
 
-from codegym.grpcutil import ManagedServer
+from codegym.server.grpcutil import ManagedServer
 
 
 class Server(Protocol):

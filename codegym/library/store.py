@@ -16,11 +16,11 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from codegym.library_import import ImportProgress, import_paths
-from codegym.library_records import EnvRecord, ImportReport, TaskRecord, Tool, canonical_config
-from codegym.library_writes import add_task, put_environment
+from codegym.library.importing import ImportProgress, import_paths
+from codegym.library.records import EnvRecord, ImportReport, TaskRecord, Tool, canonical_config
+from codegym.library.writes import add_task, put_environment
 
-# The records are part of the library's API (`from codegym.library import EnvRecord`).
+# The records are part of the library's API (`from codegym.library.store import EnvRecord`).
 __all__ = [
     "EnvRecord",
     "ImportReport",

@@ -22,8 +22,8 @@ from typing import Any
 
 import openai
 
-from codegym.llm_cache import CachedCompletion, ResponseCache, cache_key
-from codegym.metrics import LLM_CACHE_HITS, LLM_REQUESTS, LLM_RETRIES, LLM_TOKENS
+from codegym.server.metrics import LLM_CACHE_HITS, LLM_REQUESTS, LLM_RETRIES, LLM_TOKENS
+from services.synthesis.llm_cache import CachedCompletion, ResponseCache, cache_key
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from codegym.library import EnvRecord, Library
+from codegym.library.store import EnvRecord, Library
 from codegym_client.actions import ActionParseError, action_from_object
 
 # How much of an observation or a message a report line holds.

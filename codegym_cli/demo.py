@@ -24,9 +24,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from codegym.samples import TRAJECTORIES
-from codegym_cli.oracle import read_trajectories
 from codegym_cli.progress import stderr_progress
 from codegym_client import DEFAULT_TARGET, AsyncRuntimeClient, CodeGymError
+from codegym_jobs.oracle import read_trajectories
 
 
 @dataclass

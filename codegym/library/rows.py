@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from codegym.contract import EnvStringError, split_env_id
-from codegym.library_records import DIFFICULTIES, canonical_config, task_text_from_prompt
+from codegym.library.records import DIFFICULTIES, canonical_config, task_text_from_prompt
 from codegym_client.abilities import split_ability
 
 # The columns that make a Parquet file an environment table.

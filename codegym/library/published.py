@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codegym.contract import EnvStringError, split_env_id
-from codegym.library_rows import (
+from codegym.library.rows import (
     ENV_COLUMNS,
     BadRow,
     Batch,
@@ -42,7 +42,7 @@ from codegym.library_rows import (
     training_row,
 )
 
-# The rows are part of what this module gives an import (`from codegym.library_published import
+# The rows are part of what this module gives an import (`from codegym.library.published import
 # TaskRow`); library_rows.py makes them.
 __all__ = ["BadRow", "Batch", "EnvRow", "Row", "Source", "TaskRow", "find_sources"]
 

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from codegym.library import ImportReport, Library, default_library_path
-from codegym.library_import import ON_CONFLICT
+from codegym.library.importing import ON_CONFLICT
+from codegym.library.store import ImportReport, Library, default_library_path
 from codegym_cli import library_curriculum, library_replay
 
 
@@ -210,8 +210,8 @@ def _show(args: argparse.Namespace) -> int:
 def _oracle(args: argparse.Namespace) -> int:
     import asyncio
 
-    from codegym.library import TaskRecord
-    from codegym_cli.oracle import record_oracle, write_trajectories
+    from codegym.library.store import TaskRecord
+    from codegym_jobs.oracle import record_oracle, write_trajectories
 
     if not _existing(args.library):
         return 2

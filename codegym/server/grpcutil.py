@@ -19,8 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from codegym.auth import AuthInterceptor, ServerAuth, check_bind, configured
-from codegym.metrics import MetricsInterceptor
+from codegym.server.auth import AuthInterceptor, ServerAuth, check_bind, configured
+from codegym.server.metrics import MetricsInterceptor
 from codegym_client.channels import MAX_MESSAGE_BYTES, Access, sync_channel
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def wait_serving(
 class ManagedServer:
     """A grpc.aio server with health and reflection that drains on SIGTERM/SIGINT.
 
-    `auth` (default: what `codegym serve` configured for this process, `codegym.auth.configured`):
+    `auth` (default: what `codegym serve` configured for this process, `codegym.server.auth.configured`):
     the access tokens every call but health and reflection must carry, and the TLS certificate the
     port serves. With `auth.health_port`, a second, plain-text port serves health alone (probes).
     """

@@ -14,9 +14,9 @@ from typing import Any, Protocol, TextIO
 
 import grpc
 
-from codegym.library import EnvRecord, Library
+from codegym.library.store import EnvRecord, Library
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
-from codegym_cli.replay_recordings import (
+from codegym_jobs.replay.recordings import (
     Recordings,
     TaskRow,
     Trajectory,

@@ -30,11 +30,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from codegym.auth import SERVICE, TOKENS_FILE_ENV, TRAINER, ServerAuth, check_bind, local_tokens
-from codegym.grpcutil import wait_serving
-from codegym.library import Library, default_library_path
+from codegym.library.store import Library, default_library_path
 from codegym.procs import RedisServer, ServerProcess, codegym_command
 from codegym.samples import ENVS, TASKS
+from codegym.server.auth import SERVICE, TOKENS_FILE_ENV, TRAINER, ServerAuth, check_bind, local_tokens
+from codegym.server.grpcutil import wait_serving
 from codegym_cli.serve_sandbox import add_jail_nice
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
 from sandbox_worker.limits import unreachable_by_jails

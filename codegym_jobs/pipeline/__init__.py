@@ -1,0 +1,1 @@
+"""The pipeline: problems in, verified environments and task configs in the library out."""

@@ -1,0 +1,1 @@
+"""CodeGym's published reference trajectories replayed through sandbox workers."""
