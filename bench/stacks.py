@@ -106,7 +106,7 @@ def check_imports(spec: StackSpec) -> None:
     The editable installs of the venv point at the working tree: a base that silently imported them
     would measure the new code twice.
     """
-    modules = ("codegym", "codegym_cli", "codegym_client", "sandbox_worker", "services")
+    modules = ("codegym", "codegym_jobs", "codegym_cli", "codegym_client", "sandbox_worker", "services")
     code = f"import {', '.join(modules)}; " + "; ".join(f"print({m}.__file__)" for m in modules)
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=spec.tree, env=spec.env, capture_output=True, text=True, check=True

@@ -27,7 +27,7 @@ CLIENT = ROOT / "clients"
 PACKAGE = CLIENT / "codegym_client"
 CLIENT_DOCS = ROOT / "docs" / "clients.md"
 DOCS_TARGET = "127.0.0.1:50051"
-SERVER_PACKAGES = {"codegym", "codegym_cli", "services", "sandbox_worker", "clients"}
+SERVER_PACKAGES = {"codegym", "codegym_jobs", "codegym_cli", "services", "sandbox_worker", "clients"}
 # The adapters' modules and what they import beyond the client (an extra's, or the trainer's own).
 ADAPTED = {
     "gym_env.py": {"gymnasium"},

@@ -27,7 +27,7 @@ from sandbox_worker.limits import unreachable_by_jails
 from tests.conftest import ROOT
 from tests.helpers.servers import ServerProcess
 
-PACKAGES = ("codegym", "codegym_cli", "sandbox_worker", "services")
+PACKAGES = ("codegym", "codegym_jobs", "codegym_cli", "sandbox_worker", "services")
 
 
 @pytest.fixture
