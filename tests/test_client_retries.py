@@ -87,9 +87,22 @@ def redis() -> Iterator[Redis]:
 
 def replica(library: Path, workers: str, redis: Redis, *extra: str, port: int = 0) -> ServerProcess:
     return ServerProcess(
-        ["serve", "runtime", "--port", str(port), "--library", str(library), "--sandbox", workers,
-         "--sessions", redis.url, "--step-lease-s", LEASE_S, *extra]
-    )  # fmt: skip
+        [
+            "serve",
+            "runtime",
+            "--port",
+            str(port),
+            "--library",
+            str(library),
+            "--sandbox",
+            workers,
+            "--sessions",
+            redis.url,
+            "--step-lease-s",
+            LEASE_S,
+            *extra,
+        ]
+    )
 
 
 # ---- a replica killed under the drop-in client -----------------------------------------------------

@@ -120,8 +120,18 @@ def test_every_dashboard_metric_is_exported(tmp_path: Path) -> None:
         worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", *metrics])
         started.append(worker)
         runtime = ServerProcess(
-            ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", worker.address, *metrics]
-        )  # fmt: skip
+            [
+                "serve",
+                "runtime",
+                "--port",
+                "0",
+                "--library",
+                str(library),
+                "--sandbox",
+                worker.address,
+                *metrics,
+            ]
+        )
         started.append(runtime)
         gateway = ServerProcess(["serve", "openenv", "--runtime", runtime.address, "--port", "0", *metrics])
         started.append(gateway)

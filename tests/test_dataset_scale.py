@@ -78,9 +78,17 @@ def copy_envs_with_tasks(path: Path, copies: int) -> int:
         new_code = f"{code_id}v{n:05d}"
         new_id = f"{new_code}__{env_class}"
         envs.append(
-            (new_id, new_code, env_class, source, hashlib.sha256(source.encode()).hexdigest(), tools_json,
-             tools_text, task_text)
-        )  # fmt: skip
+            (
+                new_id,
+                new_code,
+                env_class,
+                source,
+                hashlib.sha256(source.encode()).hexdigest(),
+                tools_json,
+                tools_text,
+                task_text,
+            )
+        )
         own = configs[env_id]
         for i in range(TASKS_PER_COPY[n % 2]):
             config_json, difficulty = own[(n + i) % len(own)]
@@ -107,9 +115,22 @@ def big_library(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
 
 def export(library: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(library), "--out", str(out), *args],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "export",
+            "--library",
+            str(library),
+            "--out",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     return result
 
@@ -141,9 +162,22 @@ print(json.dumps({"code": code, "peak": tracemalloc.get_traced_memory()[1],
 
 def measured_export(library: Path, out: Path, *args: str) -> dict[str, int]:
     result = subprocess.run(
-        [sys.executable, "-c", MEASURED_EXPORT, "export", "--library", str(library), "--out", str(out), *args],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            MEASURED_EXPORT,
+            "export",
+            "--library",
+            str(library),
+            "--out",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     measured: dict[str, int] = json.loads(result.stdout.strip().splitlines()[-1])
     assert measured["code"] == 0, result.stderr
@@ -252,8 +286,14 @@ def test_parquet_extra_info_holds_every_key_the_rows_have(tmp_path: Path) -> Non
     }
     extra_type = pq.ParquetFile(parquet_out).schema_arrow.field("extra_info").type
     assert [extra_type.field(i).name for i in range(extra_type.num_fields)] == [
-        "index", "solve_fc_round", "difficulty", "env_id", "guess_rate", "m_Bo4_score", "n_Bo8_score"
-    ]  # fmt: skip
+        "index",
+        "solve_fc_round",
+        "difficulty",
+        "env_id",
+        "guess_rate",
+        "m_Bo4_score",
+        "n_Bo8_score",
+    ]
     same_rows(parquet_rows(parquet_out), rows)
 
 

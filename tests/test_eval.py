@@ -89,10 +89,22 @@ def instances(library: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One training instance per environment (CodeGym's format)."""
     out = tmp_path_factory.mktemp("instances") / "all.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(library), "--out", str(out),
-         "--include-unverified"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "export",
+            "--library",
+            str(library),
+            "--out",
+            str(out),
+            "--include-unverified",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     first: dict[str, dict[str, Any]] = {}
     for line in out.read_text().splitlines():
@@ -113,8 +125,25 @@ def short_instances(instances: Path) -> Path:
 
 
 def eval_command(runtime: str, llm: ScriptedLLM, out: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "codegym_cli.cli", "eval", "--target", runtime, "--llm-base-url", llm.base_url,
-            "--model", "scripted-agent", "--out", str(out), "--max-retries", "4", "--backoff-s", "0.05", *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "codegym_cli.cli",
+        "eval",
+        "--target",
+        runtime,
+        "--llm-base-url",
+        llm.base_url,
+        "--model",
+        "scripted-agent",
+        "--out",
+        str(out),
+        "--max-retries",
+        "4",
+        "--backoff-s",
+        "0.05",
+        *args,
+    ]
 
 
 def run_eval(runtime: str, llm: ScriptedLLM, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -261,10 +290,26 @@ def test_difficulty_scores_go_to_the_library_and_filter_the_export(
     def export(summary: Path) -> tuple[list[dict[str, Any]], str]:
         out = tmp_path / f"{summary.name}.jsonl"
         result = subprocess.run(
-            [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(lib), "--out", str(out),
-             "--include-unverified", "--difficulty", str(summary / "summary.json"), "--max-success", "0.25"],
-            capture_output=True, text=True, timeout=60, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "codegym_cli.cli",
+                "export",
+                "--library",
+                str(lib),
+                "--out",
+                str(out),
+                "--include-unverified",
+                "--difficulty",
+                str(summary / "summary.json"),
+                "--max-success",
+                "0.25",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         lines = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
         return lines, result.stderr
 
@@ -290,9 +335,26 @@ def test_a_killed_run_resumes_without_replaying_finished_episodes(
 
     out = tmp_path / "out"
     with ScriptedLLM(slow) as llm:
-        cmd = [sys.executable, "-m", "codegym_cli.cli", "eval", "--target", runtime, "--llm-base-url", llm.base_url,
-               "--model", "scripted-agent", "--out", str(out), "--instances", str(instances), "--samples", "2",
-               "--concurrency", "2"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "eval",
+            "--target",
+            runtime,
+            "--llm-base-url",
+            llm.base_url,
+            "--model",
+            "scripted-agent",
+            "--out",
+            str(out),
+            "--instances",
+            str(instances),
+            "--samples",
+            "2",
+            "--concurrency",
+            "2",
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
         episodes = out / "episodes.jsonl"
         deadline = time.monotonic() + 120
@@ -439,10 +501,26 @@ def test_a_failing_endpoint_scores_nothing_and_is_played_again(
     # Nothing was measured, so nothing is "hard": the export keeps no config.
     hard = tmp_path / "hard.jsonl"
     export = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(lib), "--out", str(hard),
-         "--include-unverified", "--difficulty", str(out / "summary.json"), "--max-success", "0.25"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "export",
+            "--library",
+            str(lib),
+            "--out",
+            str(hard),
+            "--include-unverified",
+            "--difficulty",
+            str(out / "summary.json"),
+            "--max-success",
+            "0.25",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert jsonl(hard) == [] and "dropped 0 outside, 108 not evaluated" in export.stderr
 
     with ScriptedLLM(oracle_agent(TRAJECTORIES, task_texts)) as llm:
@@ -482,9 +560,16 @@ def test_the_scripted_server_plays_the_sample_envs_as_their_oracle(sandbox: str,
         with ScriptedLLM() as llm:
             text = run_eval(server.address, llm, tmp_path / "text", "--library", str(lib))
             native = run_eval(
-                server.address, llm, tmp_path / "json", "--library", str(lib), "--tool-mode", "json",
-                "--prefix", "Sample_000",
-            )  # fmt: skip
+                server.address,
+                llm,
+                tmp_path / "json",
+                "--library",
+                str(lib),
+                "--tool-mode",
+                "json",
+                "--prefix",
+                "Sample_000",
+            )
     finally:
         server.stop()
     assert text.returncode == 0, text.stderr[-2000:]
@@ -503,8 +588,14 @@ def test_the_scripted_server_plays_the_sample_envs_as_their_oracle(sandbox: str,
 def test_failures_an_older_version_wrote_as_episodes_are_played_again(tmp_path: Path) -> None:
     """Before failures were kept apart, `runtime_error`/`llm_error` lines sat in episodes.jsonl."""
     ability = 'codegym_v1@Sample_0006_I__ArrayGcdEnv@{"nums": [12, 18]}'
-    base = {"ability": ability, "env_id": "Sample_0006_I__ArrayGcdEnv", "turns": 3, "prompt_tokens": 1,
-            "completion_tokens": 1, "error": ""}  # fmt: skip
+    base = {
+        "ability": ability,
+        "env_id": "Sample_0006_I__ArrayGcdEnv",
+        "turns": 3,
+        "prompt_tokens": 1,
+        "completion_tokens": 1,
+        "error": "",
+    }
     lines = [
         {**base, "key": f"{ability}#0", "sample": 0, "end_reason": "solved"},
         {**base, "key": f"{ability}#1", "sample": 1, "end_reason": "runtime_error"},

@@ -104,8 +104,19 @@ def kill_and_check(target: int, tree: dict[Proc, str], subreaper: int, reaper: l
 @pytest.mark.jail
 def test_sigkill_of_codegym_up_leaves_no_process_and_no_port(tmp_path: Path, reaper: list[Proc]) -> None:
     require_redis_server()  # --runtimes 2 shares sessions in a private redis-server
-    args = ["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--workers", "2", "--jails", "2",
-            "--runtimes", "2"]  # fmt: skip
+    args = [
+        "up",
+        "--library",
+        str(tmp_path / "lib.db"),
+        "--port",
+        "0",
+        "--workers",
+        "2",
+        "--jails",
+        "2",
+        "--runtimes",
+        "2",
+    ]
     wrapper = procs.ServerProcess(under_subreaper(procs.codegym_command(args)), name="codegym up")
     try:
         up = identity(command_pid(wrapper.text))
@@ -142,12 +153,29 @@ def test_sigkill_of_pipeline_run_mid_run_leaves_no_process_and_no_port(
     write_problems(problems, [case_problem("slow")])
     work = tmp_path / "work"
     with ScriptedLLM(case_script) as llm:
-        args = ["pipeline", "run", "--problems", str(problems), "--work", str(work),
-                "--llm-base-url", llm.base_url, "--model", "scripted", "--workers", "2", "--jails", "1"]  # fmt: skip
+        args = [
+            "pipeline",
+            "run",
+            "--problems",
+            str(problems),
+            "--work",
+            str(work),
+            "--llm-base-url",
+            llm.base_url,
+            "--model",
+            "scripted",
+            "--workers",
+            "2",
+            "--jails",
+            "1",
+        ]
         wrapper = procs.popen(
             under_subreaper(procs.codegym_command(args)),
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+        )
         try:
             assert wrapper.stdout is not None
             run = identity(command_pid(wrapper.stdout.readline()))

@@ -155,9 +155,21 @@ def test_json_logs_carry_request_and_session_ids(tmp_path: Path) -> None:
     with Library(library) as lib:
         lib.import_paths([ENV_DIR])
     runtime = ServerProcess(
-        ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", workers[0].address,
-         "--log-format", "json", "--log-level", "DEBUG"]
-    )  # fmt: skip
+        [
+            "serve",
+            "runtime",
+            "--port",
+            "0",
+            "--library",
+            str(library),
+            "--sandbox",
+            workers[0].address,
+            "--log-format",
+            "json",
+            "--log-level",
+            "DEBUG",
+        ]
+    )
     try:
         with RuntimeClient(runtime.address) as client:
             created = client.create_session(env_id="Sample_0006_I__ArrayGcdEnv", config={"nums": [4, 6]})

@@ -343,8 +343,11 @@ def recorded_seeds(runtime_client: RuntimeClient, env_id: str) -> dict[int, dict
     """The `seed`s a one-environment gateway plays a recorded oracle episode of (a seed picks the
     task config number seed % count), with the recorded trajectory."""
     tasks = [t.config_json for t in runtime_client.get_env(env_id).tasks]
-    recorded = {json.dumps(t["config"], sort_keys=True): t for t in read_trajectories(SAMPLES / "trajectories.jsonl")
-                if t["env_id"] == env_id and t["reward"] == 1.0}  # fmt: skip
+    recorded = {
+        json.dumps(t["config"], sort_keys=True): t
+        for t in read_trajectories(SAMPLES / "trajectories.jsonl")
+        if t["env_id"] == env_id and t["reward"] == 1.0
+    }
     keys = [json.dumps(json.loads(c), sort_keys=True) for c in tasks]
     return {i: recorded[key] for i, key in enumerate(keys) if key in recorded}
 
@@ -658,8 +661,21 @@ async def test_codegym_up_starts_one_gateway_per_environment(tmp_path: Path) -> 
     (verifiers' sequence); an environment the library lacks stops `up` with a message."""
     other = "Sample_0001_I__MaxSubarraySumEnv"
     library = tmp_path / "lib.db"
-    args = ["up", "--library", str(library), "--port", "0", "--workers", "1", "--jails", "1",
-            "--openenv-env", ONE_ENV, "--openenv-env", other]  # fmt: skip
+    args = [
+        "up",
+        "--library",
+        str(library),
+        "--port",
+        "0",
+        "--workers",
+        "1",
+        "--jails",
+        "1",
+        "--openenv-env",
+        ONE_ENV,
+        "--openenv-env",
+        other,
+    ]
     up = ServerProcess(args, timeout=120)
     try:
         await asyncio.to_thread(wait_until, lambda: "Ctrl-C stops everything" in up.text, 60, "codegym up")

@@ -64,10 +64,25 @@ def stack(llm: ScriptedLLM, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def pipeline_args(problems: Path, work: Path, stack: dict[str, str], *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "codegym_cli.cli", "pipeline", "run", "--problems", str(problems), "--work", str(work),
-        "--synthesis", stack["synthesis"], "--verification", stack["verification"], "--model", "scripted",
-        "--case-time-ms", "2000", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "codegym_cli.cli",
+        "pipeline",
+        "run",
+        "--problems",
+        str(problems),
+        "--work",
+        str(work),
+        "--synthesis",
+        stack["synthesis"],
+        "--verification",
+        stack["verification"],
+        "--model",
+        "scripted",
+        "--case-time-ms",
+        "2000",
+        *extra,
+    ]
 
 
 def run_pipeline(
@@ -177,9 +192,21 @@ def test_library_holds_exactly_the_good_environments(finished_run: dict[str, Any
     assert {t.difficulty for t in record.tasks} >= {"easy", "hard"}
     assert all(10 <= t.solve_fc_round <= 256 for t in record.tasks)
     status = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "pipeline", "status", "--work", str(finished_run["work"]), "--problems"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "pipeline",
+            "status",
+            "--work",
+            str(finished_run["work"]),
+            "--problems",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert status.returncode == 0
     assert "Case_shortcut" in status.stdout and "filters" in status.stdout
     for stage in ("negative_controls", "determinism", "guessability"):
@@ -213,10 +240,23 @@ def test_negative_controls_determinism_and_guessability(finished_run: dict[str, 
     assert all(t.guess_rate is not None and 0 < t.guess_rate < 1 for t in gcd.tasks)
     out = finished_run["work"] / "guess.jsonl"
     export = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(finished_run["library"]),
-         "--out", str(out), "--max-guess-rate", "0.4"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "export",
+            "--library",
+            str(finished_run["library"]),
+            "--out",
+            str(out),
+            "--max-guess-rate",
+            "0.4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert export.returncode == 0, export.stderr
     items = [json.loads(line) for line in out.read_text().splitlines()]
     assert items and all(i["extra_info"]["guess_rate"] <= 0.4 for i in items)
@@ -230,9 +270,21 @@ async def test_exported_instances_serve_and_the_oracle_reaches_reward_1(
 ) -> None:
     out = tmp_path / "train.jsonl"
     export = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(finished_run["library"]), "--out", str(out)],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "export",
+            "--library",
+            str(finished_run["library"]),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert export.returncode == 0, export.stderr
     instances = [json.loads(line) for line in out.read_text().splitlines()]
     with Library(finished_run["library"]) as library:

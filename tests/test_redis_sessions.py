@@ -70,9 +70,21 @@ workers = workers_fixture(addresses=True, clean_stop=False)
 
 def replica(library: Path, workers: str, redis: Redis, lease_s: float = 2.0) -> ServerProcess:
     return ServerProcess(
-        ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", workers,
-         "--sessions", redis.url, "--step-lease-s", str(lease_s)]
-    )  # fmt: skip
+        [
+            "serve",
+            "runtime",
+            "--port",
+            "0",
+            "--library",
+            str(library),
+            "--sandbox",
+            workers,
+            "--sessions",
+            redis.url,
+            "--step-lease-s",
+            str(lease_s),
+        ]
+    )
 
 
 def play(stub: rt_grpc.RuntimeServiceStub, trajectory: dict[str, Any], on_step: Any = None) -> list[str]:
@@ -309,8 +321,9 @@ def test_codegym_up_with_two_runtimes_shares_sessions(tmp_path: Path) -> None:
 # --- The step lease and what a step writes -------------------------------------------------------
 
 
-def call(stub: rt_grpc.RuntimeServiceStub, session_id: str, name: str, index: int | None = None,
-         **parameters: Any) -> rt.StepResponse:  # fmt: skip
+def call(
+    stub: rt_grpc.RuntimeServiceStub, session_id: str, name: str, index: int | None = None, **parameters: Any
+) -> rt.StepResponse:
     action = json.dumps({"name": name, "parameters": parameters})
     request = rt.StepRequest(session_id=session_id, action_json=action)
     if index is not None:
@@ -485,10 +498,17 @@ def test_a_replica_frozen_past_its_lease_changes_nothing_when_it_wakes(
 
 def stored_session(session_id: str, step_index: int, state: bytes) -> Session:
     return Session(
-        session_id=session_id, env_id=COUNTER, config_json='{"target": 3}', state=state, max_steps=256,
-        step_timeout_ms=5000, seed=7, step_index=step_index, reward=0.25 * step_index,
+        session_id=session_id,
+        env_id=COUNTER,
+        config_json='{"target": 3}',
+        state=state,
+        max_steps=256,
+        step_timeout_ms=5000,
+        seed=7,
+        step_index=step_index,
+        reward=0.25 * step_index,
         last_reply=b"reply %d" % step_index,
-    )  # fmt: skip
+    )
 
 
 async def test_a_stale_touch_changes_nothing_in_redis(redis: Redis) -> None:

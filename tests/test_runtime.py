@@ -705,10 +705,22 @@ def test_codegym_up_and_demo(tmp_path: Path) -> None:
         import sys
 
         demo = subprocess.run(
-            [sys.executable, "-m", "codegym_cli.cli", "demo", "--target", up.address, "--trajectories", str(few),
-             "--random-episodes", "1"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "codegym_cli.cli",
+                "demo",
+                "--target",
+                up.address,
+                "--trajectories",
+                str(few),
+                "--random-episodes",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert "Sample_0012_I__SearchInsertEnv" in demo.stdout and "1/1" in demo.stdout
         assert "steps/s" in demo.stdout and "problem" not in demo.stdout
@@ -816,9 +828,23 @@ def test_a_port_in_use_is_a_clear_error(library: Path) -> None:
         taken.listen()
         port = str(taken.getsockname()[1])
         result = subprocess.run(
-            [sys.executable, "-m", "codegym_cli.cli", "serve", "runtime", "--port", port, "--library", str(library),
-             "--sandbox", "127.0.0.1:1"],
-            capture_output=True, text=True, timeout=60, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "codegym_cli.cli",
+                "serve",
+                "runtime",
+                "--port",
+                port,
+                "--library",
+                str(library),
+                "--sandbox",
+                "127.0.0.1:1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
     assert result.returncode == 1 and f"cannot bind 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr

@@ -338,9 +338,14 @@ def test_shell_and_subprocess_see_only_the_jail(
             # From outside the jail, as an unprivileged id like the jail's, the same code does
             # leave the marker: its absence below is the jail's doing.
             outside = subprocess.run(
-                [PYTHON, "-I", "-c", write_marker(marker)], capture_output=True, text=True, timeout=30,
-                user=BASE_ID + 1, group=BASE_ID + 1, cwd="/",
-            )  # fmt: skip
+                [PYTHON, "-I", "-c", write_marker(marker)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                user=BASE_ID + 1,
+                group=BASE_ID + 1,
+                cwd="/",
+            )
             assert outside.stdout.split("\n")[:2] == ["shell 0", "open ok"], outside.stdout + outside.stderr
             assert marker.read_text() == "escaped"
             marker.unlink()
@@ -471,8 +476,10 @@ def test_string_hashing_is_the_same_in_every_jail_and_in_process(
     local = subprocess.run(
         [PYTHON, "-c", SET_OF_STRINGS],
         env={"PYTHONHASHSEED": "0", "PATH": os.environ.get("PATH", "")},
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     op = pb.Operation(source=pb.SourceRef(code=SET_OF_STRINGS), run_script=pb.RunScriptOp())
     other = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
     try:

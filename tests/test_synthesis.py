@@ -54,13 +54,21 @@ def test_env_output_last_complete_block_after_think() -> None:
         ("<task>t</task> no code", "stop", "missing_marker", "<env>"),
         ("<task>t</task><env>\nclass A(gymnasium.Env:\n", "length", "truncated", "token limit"),
         ("<task>t</task><env>\ndef f(:\n  pass\n</env>", "stop", "syntax_error", "line 1"),
-        ("<task>t</task><env>\nimport gymnasium\nclass AEnv(gymnasium.Env):\n    pass\n</env>", "stop",
-         "contract_violation", "func_mapping"),
-        ("<task>t</task><env>\n" + SAMPLE + "\n" + SAMPLE.replace("ArrayGcdEnv", "OtherEnv") + "</env>", "stop",
-         "contract_violation", "several env classes"),
+        (
+            "<task>t</task><env>\nimport gymnasium\nclass AEnv(gymnasium.Env):\n    pass\n</env>",
+            "stop",
+            "contract_violation",
+            "func_mapping",
+        ),
+        (
+            "<task>t</task><env>\n" + SAMPLE + "\n" + SAMPLE.replace("ArrayGcdEnv", "OtherEnv") + "</env>",
+            "stop",
+            "contract_violation",
+            "several env classes",
+        ),
         ("<task>  </task><env>\n" + SAMPLE + "</env>", "stop", "missing_marker", "empty"),
     ],
-)  # fmt: skip
+)
 def test_env_output_rejections_have_reasons(text: str, finish: str, status: str, words: str) -> None:
     parsed = parse_env_output(text, finish)
     assert parsed.status == status, parsed
@@ -334,10 +342,23 @@ def test_codegym_synthesize_reports_refused_rows_and_bad_overrides(tmp_path: Pat
         rows = tmp_path / "rows.jsonl"
         rows.write_text(json.dumps({"question_id": "X_1", "question": "q"}) + "\n")
         result = subprocess.run(
-            [sys.executable, "-m", "codegym_cli.cli", "synthesize", "--problems", str(rows), "--out", str(tmp_path / "o"),
-             "--llm-base-url", llm.base_url],
-            capture_output=True, text=True, timeout=60, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "codegym_cli.cli",
+                "synthesize",
+                "--problems",
+                str(rows),
+                "--out",
+                str(tmp_path / "o"),
+                "--llm-base-url",
+                llm.base_url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         assert result.returncode == 2 and "missing field(s): solution" in result.stderr
         assert llm.count() == 0
 
@@ -411,9 +432,21 @@ def test_synthesis_service_with_the_llm_down_answers_unavailable(tmp_path: Path)
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
     server = ServerProcess(
-        ["serve", "synthesis", "--port", "0", "--llm-base-url", dead, "--out", str(tmp_path), "--max-retries", "1",
-         "--backoff-s", "0.01"]
-    )  # fmt: skip
+        [
+            "serve",
+            "synthesis",
+            "--port",
+            "0",
+            "--llm-base-url",
+            dead,
+            "--out",
+            str(tmp_path),
+            "--max-retries",
+            "1",
+            "--backoff-s",
+            "0.01",
+        ]
+    )
     try:
         with grpc.insecure_channel(server.address) as channel:
             stub = sy_grpc.SynthesisServiceStub(channel)

@@ -67,8 +67,20 @@ def test_an_episode_rides_out_a_runtime_restart_and_its_step_is_applied_once(
     redis = Redis()
     sandbox = workers[0].address
     port = free_port()
-    args = ["serve", "runtime", "--port", str(port), "--library", str(library), "--sandbox", sandbox,
-            "--sessions", redis.url, "--step-lease-s", "2"]  # fmt: skip
+    args = [
+        "serve",
+        "runtime",
+        "--port",
+        str(port),
+        "--library",
+        str(library),
+        "--sandbox",
+        sandbox,
+        "--sessions",
+        redis.url,
+        "--step-lease-s",
+        "2",
+    ]
     first = ServerProcess(args)
     second: ServerProcess | None = None
     try:
@@ -229,8 +241,11 @@ def test_a_run_started_while_the_runtime_is_down_waits_for_it(
             )
             by_library = pool.submit(CodeGymSpec, f"127.0.0.1:{port}", library=True, outage_wait_s=120)
             for what in (f"CodeGym GetEnv {COUNTER}", "CodeGym ListEnvs"):
-                wait_until(lambda what=what: f"{what}: the CodeGym runtime cannot serve it now" in caplog.text,
-                           60, f"{what} to wait out the outage")  # fmt: skip
+                wait_until(
+                    lambda what=what: f"{what}: the CodeGym runtime cannot serve it now" in caplog.text,
+                    60,
+                    f"{what} to wait out the outage",
+                )
             assert not by_rows.done() and not by_library.done()
             runtime = start_runtime(library, workers, "--port", str(port))
             for spec in (by_rows.result(timeout=120), by_library.result(timeout=120)):

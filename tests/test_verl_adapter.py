@@ -593,9 +593,19 @@ async def test_an_outage_shorter_than_the_wait_costs_no_episode(
 
     def replica(port: int = 0) -> ServerProcess:
         return ServerProcess(
-            ["serve", "runtime", "--port", str(port), "--library", str(library), "--sandbox", worker.address,
-             "--sessions", redis.url]
-        )  # fmt: skip
+            [
+                "serve",
+                "runtime",
+                "--port",
+                str(port),
+                "--library",
+                str(library),
+                "--sandbox",
+                worker.address,
+                "--sessions",
+                redis.url,
+            ]
+        )
 
     first = replica()
     port = int(first.address.rsplit(":", 1)[1])
