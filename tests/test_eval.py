@@ -8,7 +8,7 @@ with 429 and 500 first, difficulty filtering on export, and resuming after a kil
 Only the agent's own outcomes count: a runtime that goes away mid-run and an endpoint that fails
 past its retries leave failed attempts with their error, outside every figure and score, and
 the same command played again plays exactly those. The scripted server as docs/eval.md starts it
-(`python -m tests.helpers.fake_llm`) plays every sample environment as its oracle would.
+(`python -m codegym_testkit.fake_llm`) plays every sample environment as its oracle would.
 """
 
 from __future__ import annotations
@@ -31,10 +31,7 @@ import pytest
 
 from codegym.library.store import Library
 from codegym_jobs.evaluation.results import done_keys, summarize
-from codegym_testkit.waiting import wait_until
-from services.synthesis.llm import context_overflow
-from tests.conftest import ENV_DIR, ROOT, SAMPLES
-from tests.helpers.agents import (
+from codegym_testkit.agents import (
     CONTEXT_OVERFLOW,
     flaky,
     malformed_agent,
@@ -43,9 +40,12 @@ from tests.helpers.agents import (
     short_context_agent,
     wrong_agent,
 )
-from tests.helpers.fake_llm import Reply, ScriptedLLM
+from codegym_testkit.fake_llm import Reply, ScriptedLLM
+from codegym_testkit.sample_configs import SAMPLE_CLASSES, sample_configs
+from codegym_testkit.waiting import wait_until
+from services.synthesis.llm import context_overflow
+from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
-from tests.helpers.sample_configs import SAMPLE_CLASSES, sample_configs
 from tests.helpers.servers import ServerProcess, deployed_runtime, workers_fixture
 
 TRAJECTORIES = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
@@ -549,7 +549,7 @@ def test_a_failing_endpoint_scores_nothing_and_is_played_again(
 
 @pytest.mark.jail
 def test_the_scripted_server_plays_the_sample_envs_as_their_oracle(sandbox: str, tmp_path: Path) -> None:
-    """The default script (what `python -m tests.helpers.fake_llm` serves, as docs/eval.md starts it)
+    """The default script (what `python -m codegym_testkit.fake_llm` serves, as docs/eval.md starts it)
     plays as an agent, on configs no trajectory was recorded for."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(

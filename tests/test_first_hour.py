@@ -250,7 +250,7 @@ def test_every_command_help_says_what_it_does_its_defaults_and_an_example() -> N
         if with_defaults:
             assert "(default: " in text, name
     fake = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.fake_llm", "--help"],
+        [sys.executable, "-m", "codegym_testkit.fake_llm", "--help"],
         capture_output=True,
         text=True,
         timeout=30,

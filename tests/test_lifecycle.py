@@ -29,8 +29,8 @@ from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
+from codegym_testkit.fake_llm import ScriptedLLM
 from tests.conftest import ROOT, SAMPLES
-from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.pipeline_cases import case_problem, case_script, write_problems
 from tests.helpers.processes import (
     Proc,

@@ -17,8 +17,8 @@ from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym_client.runtime_client import RuntimeClient
+from codegym_testkit.fake_llm import ScriptedLLM
 from tests.conftest import ENV_DIR
-from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.processes import sleeping_in_jails, wait_until
 from tests.helpers.servers import ServerProcess, start_workers
 

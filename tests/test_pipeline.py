@@ -24,8 +24,8 @@ from codegym.library.store import Library
 from codegym_client.runtime_client import RuntimeClient
 from codegym_jobs.export import PROTOCOL, user_message
 from codegym_jobs.oracle import record_oracle
+from codegym_testkit.fake_llm import ScriptedLLM
 from tests.conftest import ROOT, SAMPLES
-from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.pipeline_cases import CASES, EXPECTED, case_problem, case_script, write_problems
 from tests.helpers.servers import ServerProcess
 

@@ -23,10 +23,10 @@ from codegym.library.store import Library
 from codegym_client import AsyncRuntimeClient, RuntimeClient
 from codegym_client.trl import CodeGymSpec
 from codegym_client.verl import run_episode
+from codegym_testkit.trainer_script import TOKENIZER, ScriptedModel, ability, oracle_turns, trajectory
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.openenv_play import rows
 from tests.helpers.servers import ServerProcess, start_runtime, start_workers
-from tests.helpers.trainer_script import TOKENIZER, ScriptedModel, ability, oracle_turns, trajectory
 
 pytestmark = pytest.mark.jail
 

@@ -210,7 +210,7 @@ GCD_CONFIGS = [json.dumps({"nums": [6 * i, 9 * i, 3 * i + 3]}) for i in range(1,
 async def test_negative_controls_pass_every_sample_and_catch_paying_dones(
     stub: vf_grpc.VerificationServiceStub,
 ) -> None:
-    from tests.helpers.sample_configs import sample_configs
+    from codegym_testkit.sample_configs import sample_configs
 
     for path in sorted(ENV_DIR.glob("*Env.py")):
         env_class = path.stem.split("__", 1)[1]

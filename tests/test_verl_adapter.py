@@ -1,7 +1,7 @@
 """The verl adapter (`codegym_client.verl`) against a real runtime and sandbox worker serving the sample
 library (and, for an outage the episode waits out, runtime replicas sharing their sessions in
 Redis). The episode driver (`run_episode`, what `CodeGymAgentLoop.run` plays) runs with a scripted
-`generate` replaying recorded oracle trajectories as hermes tool calls (tests/helpers/trainer_script.py).
+`generate` replaying recorded oracle trajectories as hermes tool calls (codegym_testkit/trainer_script.py).
 No verl, no torch: `CodeGymAgentLoop` and `CodeGymTool` run here against stand-ins of verl 0.8's
 interfaces; tests/test_verl_real.py runs them in verl itself (`make test-trainers`)."""
 
@@ -24,10 +24,7 @@ from codegym_client import AsyncRuntimeClient, EnvNotFound, SessionNotFound
 from codegym_client.abilities import make_ability
 from codegym_client.errors import EpisodeEnded, InfrastructureFailure
 from codegym_client.verl import run_episode, text_tool_parser, tool_config, visible_text
-from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
-from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess, worker_fixture
-from tests.helpers.trainer_script import (
+from codegym_testkit.trainer_script import (
     TOKENIZER,
     TRAJECTORIES,
     ScriptedModel,
@@ -38,6 +35,9 @@ from tests.helpers.trainer_script import (
     oracle_turns,
     trajectory,
 )
+from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
+from tests.helpers.processes import wait_until
+from tests.helpers.servers import Redis, ServerProcess, worker_fixture
 
 library = library_fixture(SAMPLE_LIBRARY)
 worker = worker_fixture()
