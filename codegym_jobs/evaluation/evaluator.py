@@ -47,7 +47,6 @@ from codegym_client.async_client import AsyncRuntimeClient
 from codegym_jobs.appending import open_to_append
 from codegym_jobs.evaluation.results import (
     COUNTED_REASONS,
-    FAILURE_REASONS,
     done_keys,
     failures_path,
 )
@@ -61,7 +60,6 @@ from services.synthesis.llm import (
     StageUsage,
 )
 
-END_REASONS = COUNTED_REASONS + FAILURE_REASONS
 MAX_ERROR_CHARS = 2000
 FORMAT_ERRORS = (rt.STEP_ERROR_CODE_INVALID_ACTION, rt.STEP_ERROR_CODE_UNKNOWN_TOOL)
 STAGE = "agent"
