@@ -548,8 +548,14 @@ def test_batch_step(client: RuntimeClient) -> None:
 
 @pytest.mark.jail
 def test_list_and_get_envs(client: RuntimeClient) -> None:
-    envs = list(client.list_envs(page_size=4))
+    envs = client.list_envs(page_size=4)
     assert len(envs) == 16 and [e.env_id for e in envs] == sorted(e.env_id for e in envs)
+
+    async def listed_async() -> list[Any]:
+        async with AsyncRuntimeClient(client.target) as aio:
+            return await aio.list_envs(page_size=5)
+
+    assert asyncio.run(listed_async()) == envs  # both clients: the same list
     assert [e.env_id[:11] for e in client.list_envs(prefix="Sample_000")] == [
         f"Sample_000{i}" for i in range(1, 10)
     ]

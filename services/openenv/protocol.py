@@ -111,23 +111,25 @@ class GatewayError(Exception):
         return {"message": str(self), "code": self.code, **self.extra}
 
 
+# The OpenEnv code of each typed runtime error; any other is an execution error.
+RUNTIME_ERROR_CODES: tuple[tuple[type[CodeGymError], str], ...] = (
+    (CapacityExceeded, CAPACITY_REACHED),
+    (EnvFailed, FACTORY_ERROR),
+    (EnvNotFound, VALIDATION_ERROR),
+    (InvalidRequest, VALIDATION_ERROR),
+    (SessionNotFound, SESSION_ERROR),
+    (SessionDone, SESSION_ERROR),
+)
+
+
 def from_runtime(error: CodeGymError) -> GatewayError:
     """Our typed runtime errors as OpenEnv codes (`reason`, `retryable` and the runtime's
     `retry_after_s` kept for callers)."""
-    extra: dict[str, Any] = {"reason": error.reason, "retryable": bool(getattr(error, "retryable", False))}
+    extra: dict[str, Any] = {"reason": error.reason, "retryable": error.retryable}
     if error.retry_after_s is not None:
         extra["retry_after_s"] = error.retry_after_s
-    detail = error.details() if callable(getattr(error, "details", None)) else str(error)
-    message = f"{error.reason}: {detail}"
-    if isinstance(error, CapacityExceeded):
-        return GatewayError(CAPACITY_REACHED, message, **extra)
-    if isinstance(error, EnvFailed):
-        return GatewayError(FACTORY_ERROR, message, **extra)
-    if isinstance(error, EnvNotFound | InvalidRequest):
-        return GatewayError(VALIDATION_ERROR, message, **extra)
-    if isinstance(error, SessionNotFound | SessionDone):
-        return GatewayError(SESSION_ERROR, message, **extra)
-    return GatewayError(EXECUTION_ERROR, message, **extra)
+    code = next((code for kind, code in RUNTIME_ERROR_CODES if isinstance(error, kind)), EXECUTION_ERROR)
+    return GatewayError(code, f"{error.reason}: {error.details()}", **extra)
 
 
 @dataclass

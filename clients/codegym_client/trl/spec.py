@@ -272,7 +272,7 @@ class CodeGymSpec:
         """The tool names of every environment of `prefix` the runtime lists, by env id."""
         client = self.client()
         listed = self._outage.call(
-            lambda: list(client.list_envs(prefix=prefix, page_size=LIST_PAGE_SIZE)), "CodeGym ListEnvs"
+            lambda: client.list_envs(prefix=prefix, page_size=LIST_PAGE_SIZE), "CodeGym ListEnvs"
         )
         return {e.env_id: list(e.tool_names) for e in listed}
 
@@ -281,7 +281,7 @@ class CodeGymSpec:
         if isinstance(library, str) or library is True:
             prefix = "" if library is True else str(library)
             listed = self._outage.call(
-                lambda: list(client.list_envs(prefix=prefix, page_size=LIST_PAGE_SIZE)), "CodeGym ListEnvs"
+                lambda: client.list_envs(prefix=prefix, page_size=LIST_PAGE_SIZE), "CodeGym ListEnvs"
             )
             env_ids = [e.env_id for e in listed if e.task_count]  # an env without tasks gives no row
         else:
