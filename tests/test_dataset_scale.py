@@ -31,7 +31,7 @@ from codegym_client.errors import EnvNotFound
 from codegym_client.trl import CodeGymSpec
 from codegym_jobs.export import build_instances
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 COPIES = 3000  # environments copied from the 12 samples: 3,012 in all, 10,500 exported rows
 TASKS_PER_COPY = (4, 3)  # alternately: 3.5 per environment, as CodeGym's 80,130 / 22,366
@@ -336,7 +336,7 @@ def test_split_is_deterministic_and_holds_out_whole_environments(
 def runtime(big_library: tuple[Path, int]) -> Iterator[str]:
     """A runtime serving the big library: GetEnv and ListEnvs need no sandbox worker."""
     library, _ = big_library
-    server = ServerProcess(
+    server = CodegymServer(
         ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", "127.0.0.1:1"]
     )
     try:

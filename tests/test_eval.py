@@ -46,7 +46,7 @@ from codegym_testkit.waiting import wait_until
 from services.synthesis.llm import context_overflow
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
-from tests.helpers.servers import ServerProcess, deployed_runtime, workers_fixture
+from tests.helpers.servers import CodegymServer, deployed_runtime, workers_fixture
 
 TRAJECTORIES = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
 
@@ -64,8 +64,8 @@ def task_texts(library: Path) -> dict[str, str]:
 sandbox = workers_fixture(2, addresses=True, clean_stop=False)
 
 
-def start_runtime(library: Path, sandbox: str, port: int = 0) -> ServerProcess:
-    return ServerProcess(
+def start_runtime(library: Path, sandbox: str, port: int = 0) -> CodegymServer:
+    return CodegymServer(
         ["serve", "runtime", "--port", str(port), "--library", str(library), "--sandbox", sandbox]
     )
 

@@ -23,7 +23,7 @@ import pytest
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 
 def tmp_interpreter(parent: Path, traversable: bool = True) -> Path:
@@ -73,7 +73,7 @@ def test_a_worker_whose_interpreter_lives_under_tmp_serves_and_keeps_scratch_cle
     tmp_under_tmp: Path,
 ) -> None:
     python = tmp_interpreter(tmp_under_tmp / "checkout")
-    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"], python=str(python))
+    worker = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1"], python=str(python))
     try:
         with grpc.insecure_channel(worker.address) as channel:
             stub = pb_grpc.SandboxServiceStub(channel)

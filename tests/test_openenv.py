@@ -31,7 +31,7 @@ from codegym_testkit.waiting import wait_until
 from tests.conftest import ENV_DIR, FIXTURE_ENVS, SAMPLES, SHARED_DATA, training_instances
 from tests.helpers.libraries import library_fixture
 from tests.helpers.openenv_play import play_tool_calls, rows
-from tests.helpers.servers import ServerProcess, workers_fixture
+from tests.helpers.servers import CodegymServer, workers_fixture
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
 
@@ -42,8 +42,8 @@ library = library_fixture(
 worker = workers_fixture(1, jails=2, addresses=True, clean_stop=False)
 
 
-def start_runtime(library: Path, worker: str, *extra: str) -> ServerProcess:
-    return ServerProcess(
+def start_runtime(library: Path, worker: str, *extra: str) -> CodegymServer:
+    return CodegymServer(
         ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", worker, *extra]
     )
 
@@ -57,8 +57,8 @@ def runtime(library: Path, worker: str) -> Iterator[str]:
         rt.stop()
 
 
-def start_gateway(runtime: str, *extra: str) -> ServerProcess:
-    return ServerProcess(["serve", "openenv", "--runtime", runtime, "--port", "0", *extra])
+def start_gateway(runtime: str, *extra: str) -> CodegymServer:
+    return CodegymServer(["serve", "openenv", "--runtime", runtime, "--port", "0", *extra])
 
 
 @pytest.fixture(scope="module")
@@ -481,7 +481,7 @@ async def test_verifiers_openenv_env_plays_a_one_env_gateway_to_reward_1(
 # The session count and a rolling update ------------------------------------------------------
 
 
-def metrics_address(proc: ServerProcess) -> str:
+def metrics_address(proc: CodegymServer) -> str:
     wait_until(lambda: re.search(r"metrics on (127\.0\.0\.1:\d+)", proc.text) is not None, 10, "metrics")
     found = re.search(r"metrics on (127\.0\.0\.1:\d+)", proc.text)
     assert found is not None
@@ -676,7 +676,7 @@ async def test_codegym_up_starts_one_gateway_per_environment(tmp_path: Path) -> 
         "--openenv-env",
         other,
     ]
-    up = ServerProcess(args, timeout=120)
+    up = CodegymServer(args, timeout=120)
     try:
         await asyncio.to_thread(wait_until, lambda: "Ctrl-C stops everything" in up.text, 60, "codegym up")
         urls = dict(re.findall(r"openenv gateway (\S+): OpenEnv base_url (http://\S+)", up.text))

@@ -8,6 +8,7 @@ rerun with the same library and no new LLM request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import sqlite3
@@ -18,16 +19,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from codegym.library.store import Library
 from codegym_client.runtime_client import RuntimeClient
 from codegym_jobs.export import PROTOCOL, user_message
 from codegym_jobs.oracle import record_oracle
+from codegym_jobs.pipeline.runner import STAGES, Pipeline, PipelineConfig
+from codegym_jobs.pipeline.state import PipelineState
 from codegym_testkit.fake_llm import ScriptedLLM
 from tests.conftest import ROOT, SAMPLES
 from tests.helpers.pipeline_cases import CASES, EXPECTED, case_problem, case_script, write_problems
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 GOOD = ("Sample_0001_I", "Sample_0007_I", "Sample_0009_I")
 
@@ -47,11 +51,11 @@ def llm() -> Iterator[ScriptedLLM]:
 def stack(llm: ScriptedLLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Two sandbox workers, a verification and a synthesis server, as real processes."""
     cache = tmp_path_factory.mktemp("synthesis")
-    procs = [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "2"]) for _ in range(2)]
+    procs = [CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "2"]) for _ in range(2)]
     sandbox = ",".join(p.address for p in procs)
-    procs.append(ServerProcess(["serve", "verification", "--port", "0", "--sandbox", sandbox]))
+    procs.append(CodegymServer(["serve", "verification", "--port", "0", "--sandbox", sandbox]))
     procs.append(
-        ServerProcess(
+        CodegymServer(
             ["serve", "synthesis", "--port", "0", "--llm-base-url", llm.base_url, "--out", str(cache)]
         )
     )
@@ -299,7 +303,7 @@ async def test_exported_instances_serve_and_the_oracle_reaches_reward_1(
         record = next(r for r in records if r.env_id == t["env_id"])
         ability = f"codegym_v1@{record.env_id}@{json.dumps(t['config'])}"
         by_ability[ability] = t
-    runtime = ServerProcess(
+    runtime = CodegymServer(
         [
             "serve",
             "runtime",
@@ -450,3 +454,18 @@ def test_only_runs_the_problems_a_file_names_such_as_a_runs_mastered_envs(
     nobody.write_text("Nope_0000__NoEnv\n")
     refused = run_pipeline(problems, tmp_path / "work2", stack, "--only", str(nobody))
     assert refused.returncode == 2 and "no usable problem" in refused.stderr
+
+
+def test_every_stage_is_run_by_its_own_step_in_order(tmp_path: Path) -> None:
+    """The stages' table (Pipeline.steps) names each of STAGES, in order: a stage added to one and
+    not the other fails here, not half way through a run."""
+
+    async def steps() -> tuple[str, ...]:
+        async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:  # never called
+            with Library(tmp_path / "lib.db") as library:
+                pipeline = Pipeline(
+                    PipelineState(tmp_path / "work"), library, channel, channel, PipelineConfig()
+                )
+                return tuple(pipeline.steps)
+
+    assert asyncio.run(steps()) == STAGES

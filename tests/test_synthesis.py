@@ -29,7 +29,7 @@ from services.synthesis.llm_cache import ResponseCache
 from services.synthesis.parsing import parse_env_output, parse_solve_output, parse_test_lines, splice_solve
 from services.synthesis.problems import load_problems
 from tests.conftest import ROOT, SHARED_DATA
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 PROBLEMS = SHARED_DATA / "raw_problems_sample.jsonl"
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -373,7 +373,7 @@ def problem_message(index: int = 0) -> sy.Problem:
 
 def test_synthesis_service(tmp_path: Path) -> None:
     with ScriptedLLM() as llm:
-        server = ServerProcess(
+        server = CodegymServer(
             ["serve", "synthesis", "--port", "0", "--llm-base-url", llm.base_url, "--out", str(tmp_path)]
         )
         try:
@@ -431,7 +431,7 @@ def test_synthesis_service_with_the_llm_down_answers_unavailable(tmp_path: Path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    server = ServerProcess(
+    server = CodegymServer(
         [
             "serve",
             "synthesis",

@@ -26,7 +26,7 @@ from codegym_client.verl import run_episode
 from codegym_testkit.trainer_script import TOKENIZER, ScriptedModel, ability, oracle_turns, trajectory
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.openenv_play import rows
-from tests.helpers.servers import ServerProcess, start_runtime, start_workers
+from tests.helpers.servers import CodegymServer, start_runtime, start_workers
 
 pytestmark = pytest.mark.jail
 
@@ -122,7 +122,7 @@ async def test_verl_episodes_are_recorded_under_the_run_id(runtime: str, client:
 async def test_the_openenv_gateway_records_under_the_resets_run_id(
     runtime: str, client: RuntimeClient
 ) -> None:
-    gateway = ServerProcess(["serve", "openenv", "--runtime", runtime, "--port", "0"])
+    gateway = CodegymServer(["serve", "openenv", "--runtime", runtime, "--port", "0"])
     refused = ""
     try:
         ((row, steps),) = rows(1)

@@ -38,10 +38,10 @@ from services.openenv.protocol import (
     TOOL_ERRORS,
     VALIDATION_ERROR,
     Connection,
-    Episode,
     FixedEnv,
     GatewayConfig,
     GatewayError,
+    HeldSession,
     from_runtime,
     optional_int,
     tool_entry,
@@ -149,7 +149,7 @@ class Episodes:
         except BaseException:
             self.held.discard(conn)
             raise
-        episode = Episode(
+        episode = HeldSession(
             session_id=created.session_id,
             episode_id=asked.episode_id or uuid.uuid4().hex,
             env_id=created.env_id,
@@ -319,7 +319,7 @@ class Episodes:
         }
 
 
-def reset_reply(episode: Episode, created: rt.CreateSessionResponse) -> dict[str, Any]:
+def reset_reply(episode: HeldSession, created: rt.CreateSessionResponse) -> dict[str, Any]:
     """OpenEnv's answer to a reset: the task, first observation and tools, with the episode's
     metadata."""
     metadata = {

@@ -133,7 +133,7 @@ def from_runtime(error: CodeGymError) -> GatewayError:
 
 
 @dataclass
-class Episode:
+class HeldSession:
     """The runtime session a socket holds."""
 
     session_id: str
@@ -150,7 +150,7 @@ class Episode:
 @dataclass(eq=False)
 class Connection:
     websocket: WebSocket | None
-    episode: Episode | None = None
+    episode: HeldSession | None = None
     last_active: float = field(default_factory=time.monotonic)
     busy: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
