@@ -151,11 +151,12 @@ bench-access:
 soak:
 	$(PY) bench/soak.py $(SOAK_ARGS)
 
-# The main job on the embedded defaults: `codegym up` in the background (library built from the
-# sample environments on first run), `codegym demo` against it, then everything stopped.
+# The main job on the embedded defaults, in the foreground until Ctrl-C: `codegym up` (library
+# built from the sample environments on first run).
 up:
 	$(VENV)/bin/codegym up
 
+# `codegym up` in the background on a free port, `codegym demo` against it, then everything stopped.
 demo:
 	@log=$$(mktemp); $(VENV)/bin/codegym up --port 0 >$$log 2>&1 & pid=$$!; \
 	trap 'kill $$pid 2>/dev/null; wait $$pid; rm -f $$log' EXIT; \

@@ -145,9 +145,15 @@ def run_auth(
 def write_tenants(path: Path) -> dict[str, str]:
     """A tokens file `up --auth` keeps as it is (one token of each role, plus a second trainer):
     trainers of tenants a and b with their quotas; the trainer tokens by tenant."""
-    tokens = {f"cg_bench_{name}_{os.urandom(8).hex()}": (tenant, role)
-              for name, tenant, role in (("a", "a", TRAINER), ("b", "b", TRAINER),
-                                         ("operator", "ops", OPERATOR), ("service", "services", SERVICE))}  # fmt: skip
+    tokens = {
+        f"cg_bench_{name}_{os.urandom(8).hex()}": (tenant, role)
+        for name, tenant, role in (
+            ("a", "a", TRAINER),
+            ("b", "b", TRAINER),
+            ("operator", "ops", OPERATOR),
+            ("service", "services", SERVICE),
+        )
+    }
     body = {
         "tokens": {t: {"tenant": tenant, "role": role} for t, (tenant, role) in tokens.items()},
         "tenants": {"a": QUOTA_A, "b": QUOTA_B},
@@ -183,8 +189,14 @@ def flood_process(
     """`flood` started in a child process; yields a call that reads its counts now."""
     n, think = args.flood
     argv = [sys.executable, __file__, "--flood-at", address, "--flood", f"{n}:{think}", "--seed", str(seed)]
-    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                             env=dict(os.environ, **{TOKEN_ENV: token}), cwd=ROOT)  # fmt: skip
+    child = subprocess.Popen(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, **{TOKEN_ENV: token}),
+        cwd=ROOT,
+    )
     assert child.stdin is not None and child.stdout is not None
     stdin, stdout = child.stdin, child.stdout
 
@@ -246,8 +258,10 @@ def tenant_round(args: argparse.Namespace, lines: list[Line], spec: StackSpec, r
         for phase in ("alone", "flood") if round_ % 2 else ("flood", "alone"):
             progress(f"tenants, round {round_}: b {n} rollouts thinking {think:g} s, {phase}")
             out[phase] = figures = attempt(f"b {phase}", partial(runs[phase], stack))
-            progress(f"tenants {phase}: b served {figures.get('served', 0):.1f}/s, p99 "
-                     f"{figures.get('p99_ms') or 0:.1f} ms, a served {figures.get('a_served', 0):.1f}/s")  # fmt: skip
+            progress(
+                f"tenants {phase}: b served {figures.get('served', 0):.1f}/s, p99 "
+                f"{figures.get('p99_ms') or 0:.1f} ms, a served {figures.get('a_served', 0):.1f}/s"
+            )
     return out
 
 
@@ -284,14 +298,31 @@ def tenant_verdicts(rows: list[Figures]) -> list[Figures]:
     a_most = max(r["a_served"] for r in flooded)
     a_bound = QUOTA_A["steps_per_s"] * (1 + 1 / min(r["a_seconds"] for r in flooded))
     return [
-        verdict("b served with a's flood (worst run)", f">= {SERVED_PCT:g} % of alone",
-                f"{worst:.1f} % of {served_alone:.1f}/s", worst >= SERVED_PCT, pct=worst),
-        verdict("b step p99, flood vs alone (medians)", f"<= {P99_FACTOR:g} x alone",
-                f"{p99_flood:.1f} vs {p99_alone:.1f} ms (alone spread {spread:.1f})",
-                p99_flood <= P99_FACTOR * p99_alone, flood=p99_flood, alone=p99_alone, spread=spread),
-        verdict("a served, held to its quota (most)", f"<= {a_bound:.1f}/s", f"{a_most:.1f}/s",
-                a_most <= a_bound, served=a_most, most=a_bound),
-    ]  # fmt: skip
+        verdict(
+            "b served with a's flood (worst run)",
+            f">= {SERVED_PCT:g} % of alone",
+            f"{worst:.1f} % of {served_alone:.1f}/s",
+            worst >= SERVED_PCT,
+            pct=worst,
+        ),
+        verdict(
+            "b step p99, flood vs alone (medians)",
+            f"<= {P99_FACTOR:g} x alone",
+            f"{p99_flood:.1f} vs {p99_alone:.1f} ms (alone spread {spread:.1f})",
+            p99_flood <= P99_FACTOR * p99_alone,
+            flood=p99_flood,
+            alone=p99_alone,
+            spread=spread,
+        ),
+        verdict(
+            "a served, held to its quota (most)",
+            f"<= {a_bound:.1f}/s",
+            f"{a_most:.1f}/s",
+            a_most <= a_bound,
+            served=a_most,
+            most=a_bound,
+        ),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -299,20 +330,37 @@ def tenant_verdicts(rows: list[Figures]) -> list[Figures]:
 
 AUTH_COLUMNS = (
     "auth off / on / tls: steady N rollouts thinking T, one fresh stack per run, order alternating",
-    [Col("served/s", "served"), Col("served %", "served_pct", ".1f"), Col("p50 ms", "p50_ms", ".2f"),
-     Col("p99 ms", "p99_ms", ".1f"), Col("CPU ms/step", "cpu_ms_per_step", ".2f"),
-     Col("refused", "refusals", "d"), Col("errors", "errors", "d"), Col("mismatch", "mismatches", "d"),
-     Col("other CPU %", "other_cpu_pct")],
-)  # fmt: skip
+    [
+        Col("served/s", "served"),
+        Col("served %", "served_pct", ".1f"),
+        Col("p50 ms", "p50_ms", ".2f"),
+        Col("p99 ms", "p99_ms", ".1f"),
+        Col("CPU ms/step", "cpu_ms_per_step", ".2f"),
+        Col("refused", "refusals", "d"),
+        Col("errors", "errors", "d"),
+        Col("mismatch", "mismatches", "d"),
+        Col("other CPU %", "other_cpu_pct"),
+    ],
+)
 TENANT_COLUMNS = (
     "tenants: b's steady shape alone and while a floods ten times its quota (a's figures over b's run)",
-    [Col("b offered/s", "offered"), Col("b served/s", "served"), Col("b served %", "served_pct", ".1f"),
-     Col("b p50 ms", "p50_ms", ".2f"), Col("b p99 ms", "p99_ms", ".1f"), Col("b refused", "refusals", "d"),
-     Col("b errors", "errors", "d"), Col("a offered/s", "a_offered"), Col("a served/s", "a_served", ".1f"),
-     Col("a refused", "a_refusals", "d"), Col("a refused/s", "a_refusals_per_s"), Col("a errors", "a_errors", "d"),
-     Col("a gen CPU %", "a_cpu_pct"),
-     Col("other CPU %", "other_cpu_pct")],
-)  # fmt: skip
+    [
+        Col("b offered/s", "offered"),
+        Col("b served/s", "served"),
+        Col("b served %", "served_pct", ".1f"),
+        Col("b p50 ms", "p50_ms", ".2f"),
+        Col("b p99 ms", "p99_ms", ".1f"),
+        Col("b refused", "refusals", "d"),
+        Col("b errors", "errors", "d"),
+        Col("a offered/s", "a_offered"),
+        Col("a served/s", "a_served", ".1f"),
+        Col("a refused", "a_refusals", "d"),
+        Col("a refused/s", "a_refusals_per_s"),
+        Col("a errors", "a_errors", "d"),
+        Col("a gen CPU %", "a_cpu_pct"),
+        Col("other CPU %", "other_cpu_pct"),
+    ],
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -375,8 +423,13 @@ def main() -> None:
         print_targets(verdicts)
         report_busy(results)  # contended latencies named
     if args.json:
-        meta = {"revision": revision, "args": vars(args), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
-                "quotas": {"a": QUOTA_A, "b": QUOTA_B}}  # fmt: skip
+        meta = {
+            "revision": revision,
+            "args": vars(args),
+            "cpus": os.cpu_count(),
+            "loadavg": os.getloadavg(),
+            "quotas": {"a": QUOTA_A, "b": QUOTA_B},
+        }
         args.json.write_text(
             json.dumps({"meta": meta, "parts": results, "targets": verdicts}, indent=2, default=str)
         )

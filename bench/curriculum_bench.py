@@ -271,9 +271,15 @@ class Arm:
         mixed = [len(set(passed[g * GROUP : (g + 1) * GROUP])) == 2 for g in range(len(chosen))]
         for (_, i), useful in zip(chosen, mixed, strict=True):
             self.skill[i] = min(1.0, self.skill[i] + LEARN_RATE) if useful else self.skill[i]
-        return {"step": step, "groups": len(chosen), "zero_variance": mixed.count(False),
-                "seconds": time.monotonic() - started, "pass_rate": mean(self.skill),
-                "env_steps": GROUP * sum(len(self.tasks[i].actions) for _, i in chosen), **sampler}  # fmt: skip
+        return {
+            "step": step,
+            "groups": len(chosen),
+            "zero_variance": mixed.count(False),
+            "seconds": time.monotonic() - started,
+            "pass_rate": mean(self.skill),
+            "env_steps": GROUP * sum(len(self.tasks[i].actions) for _, i in chosen),
+            **sampler,
+        }
 
     def summary(self, start_rate: float) -> Figures:
         def zero_pct(steps: list[Figures]) -> float:
@@ -283,12 +289,18 @@ class Arm:
         for s in self.steps:
             chosen.update(s.get("chosen", {}))
         zero = zero_pct(self.steps)
-        return {"steps": len(self.steps), "groups": sum(s["groups"] for s in self.steps),
-                "zero_variance_pct": zero, "zero_variance_late_pct": zero_pct(self.steps[len(self.steps) // 2 :]),
-                "useful_per_1000": 10 * (100 - zero),  # every group has GROUP episodes
-                "pass_rate_start": start_rate,
-                "pass_rate_end": mean(self.skill), "seconds_per_step": median([s["seconds"] for s in self.steps]),
-                "chosen_by_pool": dict(chosen), "trace": self.steps}  # fmt: skip
+        return {
+            "steps": len(self.steps),
+            "groups": sum(s["groups"] for s in self.steps),
+            "zero_variance_pct": zero,
+            "zero_variance_late_pct": zero_pct(self.steps[len(self.steps) // 2 :]),
+            "useful_per_1000": 10 * (100 - zero),  # every group has GROUP episodes
+            "pass_rate_start": start_rate,
+            "pass_rate_end": mean(self.skill),
+            "seconds_per_step": median([s["seconds"] for s in self.steps]),
+            "chosen_by_pool": dict(chosen),
+            "trace": self.steps,
+        }
 
 
 async def play_arm(address: str, arm: Arm, args: argparse.Namespace) -> Figures:

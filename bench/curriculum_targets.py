@@ -27,14 +27,28 @@ def curriculum_targets(rows: list[Figures]) -> list[Figures]:
 
 CURRICULUM_COLUMNS = (
     "curriculum: B configurations x 8 episodes per training step, uniform or from SampleTasks",
-    [Col("tasks", "tasks", "d"), Col("steps", "steps", "d"), Col("groups", "groups", "d"),
-     Col("zero-var %", "zero_variance_pct", ".1f"), Col("zero-var % late", "zero_variance_late_pct", ".1f"),
-     Col("useful/1000", "useful_per_1000", ".0f"), Col("pass rate start", "pass_rate_start", ".3f"),
-     Col("pass rate end", "pass_rate_end", ".3f"), Col("s/step", "seconds_per_step", ".1f")],
-)  # fmt: skip
+    [
+        Col("tasks", "tasks", "d"),
+        Col("steps", "steps", "d"),
+        Col("groups", "groups", "d"),
+        Col("zero-var %", "zero_variance_pct", ".1f"),
+        Col("zero-var % late", "zero_variance_late_pct", ".1f"),
+        Col("useful/1000", "useful_per_1000", ".0f"),
+        Col("pass rate start", "pass_rate_start", ".3f"),
+        Col("pass rate end", "pass_rate_end", ".3f"),
+        Col("s/step", "seconds_per_step", ".1f"),
+    ],
+)
 RECORDING_COLUMNS = (
     "recording on/off: steady N rollouts thinking T, one fresh stack per run, alternating",
-    [Col("served/s", "served"), Col("p50 ms", "p50_ms", ".2f"), Col("p99 ms", "p99_ms", ".1f"),
-     Col("CPU ms/step", "cpu_ms_per_step", ".2f"), Col("recorded", "recorded", "d"), Col("errors", "errors", "d"),
-     Col("mismatch", "mismatches", "d"), Col("other CPU %", "other_cpu_pct")],
-)  # fmt: skip
+    [
+        Col("served/s", "served"),
+        Col("p50 ms", "p50_ms", ".2f"),
+        Col("p99 ms", "p99_ms", ".1f"),
+        Col("CPU ms/step", "cpu_ms_per_step", ".2f"),
+        Col("recorded", "recorded", "d"),
+        Col("errors", "errors", "d"),
+        Col("mismatch", "mismatches", "d"),
+        Col("other CPU %", "other_cpu_pct"),
+    ],
+)

@@ -1,6 +1,6 @@
 """Episodes as the benches play them, one transport each: a session of the runtime's gRPC API
 (`GrpcEpisode`, as the trainer adapters open them) or a WebSocket of the OpenEnv gateway
-(`WsEpisode`, as OpenEnv's EnvClient opens them). Same calls (`Episode`), so one load generator
+(`WsEpisode`, as OpenEnv's EnvClient opens them). Same calls (`EpisodeTransport`), so one load generator
 (bench/load.py) and one soak (bench/soak.py) drive either.
 """
 
@@ -30,7 +30,7 @@ class Failed(Exception):
     """The server refused for good (an OpenEnv error frame): the episode ends."""
 
 
-class Episode(Protocol):
+class EpisodeTransport(Protocol):
     """One episode on one transport; `create` and `step` raise Refused to be sent again."""
 
     async def create(self, line: Line) -> None: ...

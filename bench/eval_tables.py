@@ -6,12 +6,10 @@ CPU by role), and the table printed.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bench.common import median, pct
-
-if TYPE_CHECKING:  # the bench imports this module: the type is named only
-    from bench.eval_bench import Meter
+from bench.eval_meter import Meter
 
 
 def ms(seconds: float) -> str:

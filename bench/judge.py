@@ -82,8 +82,11 @@ class Judge:
         applied; `stop`: why the player stopped, the reason of a lost episode."""
         if self.differs_at is not None:
             where = " (in a failed row, masked)" if failure is not None else ""
-            return Verdict("shaped", f"observation {self.differs_at} differs from the recording{where}",
-                           self.difference())  # fmt: skip
+            return Verdict(
+                "shaped",
+                f"observation {self.differs_at} differs from the recording{where}",
+                self.difference(),
+            )
         if failure is not None:
             return Verdict("failed", failure, f"{len(self.shown)} observations shown")
         shown, recorded = len(self.shown), len(self.expected)
@@ -92,6 +95,9 @@ class Judge:
             reason = stop or f"stopped after {played} of {recorded} steps (done={done})"
             return Verdict("lost", reason, f"{played} of {recorded} steps, {shown} observations shown")
         if reward is not None and not math.isclose(reward, float(self.line["reward"])):
-            return Verdict("shaped", "the reward differs from the recording",
-                           f"reward {reward}, recorded {self.line['reward']}")  # fmt: skip
+            return Verdict(
+                "shaped",
+                "the reward differs from the recording",
+                f"reward {reward}, recorded {self.line['reward']}",
+            )
         return Verdict("finished", "done", f"reward {reward}" if reward is not None else "")

@@ -182,9 +182,15 @@ def steady_on(spec: StackSpec, built: Built, args: argparse.Namespace) -> Figure
         answered_s = time.monotonic() - started
         progress(f"{spec.name} up with {built.label}: banner {banner_s:.1f} s, answers {answered_s:.1f} s")
         plan = Plan(
-            n, think, args.window_s, args.max_seconds, args.max_episodes, args.seed,
-            read_memory=True, read_roles=pss_by_role,
-        )  # fmt: skip
+            n,
+            think,
+            args.window_s,
+            args.max_seconds,
+            args.max_episodes,
+            args.seed,
+            read_memory=True,
+            read_roles=pss_by_role,
+        )
         figures = asyncio.run(measure(stack, built.lines, plan))
     return {
         **figures,

@@ -17,16 +17,35 @@ from bench.tables import Col, print_rows
 
 
 def print_libraries(libraries: list[Built], generated: Figures | None) -> None:
-    header = ["library", "imported from", "envs", "tasks", "import s", "CPU s", "envs/s", "peak RSS MiB",
-              "peak tree PSS MiB", "db MiB"]  # fmt: skip
+    header = [
+        "library",
+        "imported from",
+        "envs",
+        "tasks",
+        "import s",
+        "CPU s",
+        "envs/s",
+        "peak RSS MiB",
+        "peak tree PSS MiB",
+        "db MiB",
+    ]
     body = []
     for built in libraries:
         f = built.figures
-        body.append([
-            built.label, built.form, f"{f['envs']:,}", f"{f['tasks']:,}", f"{f['import_s']:.1f}",
-            f"{f['import_cpu_s']:.1f}", f"{f['envs_per_s']:.0f}", f"{f['peak_rss_mib']:.0f}",
-            f"{f['peak_tree_pss_mib']:.0f}", f"{f['db_mib']:.1f}",
-        ])  # fmt: skip
+        body.append(
+            [
+                built.label,
+                built.form,
+                f"{f['envs']:,}",
+                f"{f['tasks']:,}",
+                f"{f['import_s']:.1f}",
+                f"{f['import_cpu_s']:.1f}",
+                f"{f['envs_per_s']:.0f}",
+                f"{f['peak_rss_mib']:.0f}",
+                f"{f['peak_tree_pss_mib']:.0f}",
+                f"{f['db_mib']:.1f}",
+            ]
+        )
     print(
         "\nlibraries: `codegym library import` of the working tree, built once and copied to every stack"
         " (import s: wall, interpreter start included; CPU s: its worker processes included; peak RSS: the"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Figures, Line, cpu_by_role, pct, progress, rusage_cpu_s, tree_memory_kb
-from bench.episodes import DEFAULT_RETRY_S, Episode, GrpcEpisode, Refused, WsEpisode
+from bench.episodes import DEFAULT_RETRY_S, EpisodeTransport, GrpcEpisode, Refused, WsEpisode
 from bench.judge import Judge
 from bench.stacks import Stack
 from codegym import proctree
@@ -79,7 +79,7 @@ class Load:
 
     def __init__(
         self,
-        new_episode: Callable[[], Episode],
+        new_episode: Callable[[], EpisodeTransport],
         lines: Sequence[Line],
         think_s: float,
         rng: random.Random,
@@ -113,7 +113,7 @@ class Load:
         if self.tally.errors() <= SHOWN_PROBLEMS:
             progress(f"error ({reason}): {str(exc)[:200]}")
 
-    async def create(self, episode: Episode, line: Line) -> bool:
+    async def create(self, episode: EpisodeTransport, line: Line) -> bool:
         """Open an episode (counted as begun, toward the episode cap, even when it fails)."""
         self.tally.note("episodes")
         started = time.monotonic()
@@ -126,7 +126,7 @@ class Load:
         return True
 
     async def play(
-        self, episode: Episode, line: Line, steps: list[Any], thinks: list[float], who: int
+        self, episode: EpisodeTransport, line: Line, steps: list[Any], thinks: list[float], who: int
     ) -> bool:
         """Think, step, judge, for each step; False when the episode ended early (error, mismatch)."""
         judge = Judge(line, steps)

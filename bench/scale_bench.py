@@ -56,8 +56,21 @@ def run(args: argparse.Namespace) -> None:
     rows = []
     for label, workers, runtimes, use_redis in TOPOLOGIES:
         redis = PrivateRedis("127.0.0.1") if use_redis else None
-        argv = ["-m", "codegym_cli.cli", "up", "--library", str(workdir / "library.db"), "--port", "0",
-                "--workers", str(workers), "--jails", "1", "--runtimes", str(runtimes)]  # fmt: skip
+        argv = [
+            "-m",
+            "codegym_cli.cli",
+            "up",
+            "--library",
+            str(workdir / "library.db"),
+            "--port",
+            "0",
+            "--workers",
+            str(workers),
+            "--jails",
+            "1",
+            "--runtimes",
+            str(runtimes),
+        ]
         if redis is not None:
             argv += ["--sessions", redis.url]
         up = start_process(argv)

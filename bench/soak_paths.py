@@ -246,9 +246,13 @@ async def verl_rollout(
                 judge.saw(str(message["content"]))
         failure = (episode.failure_reason or "infrastructure") if episode.infrastructure_failure else None
         verdict = judge.verdict(
-            failure=failure, done=episode.done, steps=episode.steps, reward=episode.reward,
-            last_shown=False, stop=f"stop={episode.stop}",
-        )  # fmt: skip
+            failure=failure,
+            done=episode.done,
+            steps=episode.steps,
+            reward=episode.reward,
+            last_shown=False,
+            stop=f"stop={episode.stop}",
+        )
         tally.count(line, verdict)
 
 
@@ -257,8 +261,16 @@ async def trainer_process(
 ) -> None:
     """A trainer in its own venv (bench/soak_trl.py: TRL's GRPOTrainer; bench/soak_verl.py: verl's
     agent loop), its episodes counted from the JSON line it prints for each."""
-    argv = [args.trainers_python, str(ROOT / "bench" / script), "--target", target,
-            "--minutes", str(args.minutes), "--outage-wait-s", str(args.outage_wait_s)]  # fmt: skip
+    argv = [
+        args.trainers_python,
+        str(ROOT / "bench" / script),
+        "--target",
+        target,
+        "--minutes",
+        str(args.minutes),
+        "--outage-wait-s",
+        str(args.outage_wait_s),
+    ]
     if name == "verl":
         argv += ["--rollouts", str(args.rollouts), "--think-s", str(args.think_s)]
     with log.open("wb") as errors:

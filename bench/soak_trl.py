@@ -117,7 +117,7 @@ class Out:
 # -- Recording environments ----------------------------------------------------------------------
 
 
-class Episode:
+class RolloutRecord:
     """What one rollout's environment returned to TRL, from `reset` to the next."""
 
     def __init__(self, row: dict[str, Any]) -> None:
@@ -162,7 +162,7 @@ def recording_class(cls: type[CodeGymEnvironment]) -> type[CodeGymEnvironment]:
         self._soak_episode = None
 
     def reset(self: Any, **row: Any) -> str:
-        episode = self._soak_episode = Episode(row)
+        episode = self._soak_episode = RolloutRecord(row)
         text = base_reset(self, **row)
         episode.reset_text, episode.reset_failed = text, self._failure is not None
         return text
@@ -219,7 +219,7 @@ def short(value: Any, n: int = 160) -> str:
 
 def judge(env: Any, lines: list[Line], reward_seen: float | None, advantage: float | None) -> dict[str, Any]:
     """One rollout's line (see the module docstring)."""
-    episode: Episode | None = env._soak_episode
+    episode: RolloutRecord | None = env._soak_episode
     out: dict[str, Any] = {"path": "trl", "env_id": "", "outcome": "lost", "reason": "", "steps": 0}
     out |= {"example": "", "trajectory": None, "reward_seen": reward_seen, "advantage": advantage}
     if episode is None or not isinstance(episode.trajectory, int):

@@ -194,16 +194,32 @@ def gateway_address(server: ServerProcess, timeout_s: float = 30.0) -> str:
 def up(spec: StackSpec, *, openenv: bool = False, keep: int = 200) -> Iterator[Stack]:
     """`codegym up` of a stack (2 workers, 1 runtime, loopback, and `spec.up_args`), stopped by pid
     when the block ends with every process it started; `keep`: the lines of its output kept."""
-    argv = ["-m", "codegym_cli.cli", "up", "--library", str(spec.library),
-            "--host", "127.0.0.1", "--port", "0", "--workers", "2"]  # fmt: skip
+    argv = [
+        "-m",
+        "codegym_cli.cli",
+        "up",
+        "--library",
+        str(spec.library),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--workers",
+        "2",
+    ]
     if openenv:
         argv += ["--openenv-port", "0"]
     argv += spec.up_args
     with open(spec.log, "ab") as log:
         server = start_process(
-            argv, name=f"codegym up ({spec.name})", env=spec.env, cwd=spec.tree,
-            stderr=log.fileno(), keep=keep, timeout_s=180,
-        )  # fmt: skip
+            argv,
+            name=f"codegym up ({spec.name})",
+            env=spec.env,
+            cwd=spec.tree,
+            stderr=log.fileno(),
+            keep=keep,
+            timeout_s=180,
+        )
         pids = tree_pids(server.pid)
         try:
             url = f"ws://{gateway_address(server)}/ws" if openenv else ""

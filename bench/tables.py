@@ -159,8 +159,10 @@ def report_problems(results: dict[str, list[Figures]]) -> None:
     for shape, rows in results.items():
         for row in rows:
             if row.get("mismatches"):
-                print(f"!!! {shape} {row['point']} on {row['stack']}: {row['mismatches']} observations "
-                      "differed from the recording")  # fmt: skip
+                print(
+                    f"!!! {shape} {row['point']} on {row['stack']}: {row['mismatches']} observations "
+                    "differed from the recording"
+                )
             if row.get("errors"):
                 kinds = {k[6:]: v for k, v in row["counts"].items() if k.startswith("error:")}
                 print(f"!!! {shape} {row['point']} on {row['stack']}: errors {kinds}")

@@ -27,8 +27,18 @@ def spread_verdicts(
             text = f"{median(a):.2f} - {median(b):.2f} = {diff:+.2f} ms (spread {spread:.2f})"
             met = abs(diff) < spread if target else None
             label = f"{name} {on} - {off}" if name else f"{on} - {off}"
-            out.append(verdict(f"{label}, step {key[:3]}", "|diff| < spread", text, met,
-                               on=median(a), off=median(b), diff=diff, spread=spread))  # fmt: skip
+            out.append(
+                verdict(
+                    f"{label}, step {key[:3]}",
+                    "|diff| < spread",
+                    text,
+                    met,
+                    on=median(a),
+                    off=median(b),
+                    diff=diff,
+                    spread=spread,
+                )
+            )
     return out
 
 

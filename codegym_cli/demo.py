@@ -30,7 +30,7 @@ from codegym_jobs.oracle import read_trajectories
 
 
 @dataclass
-class Episode:
+class PlayedEpisode:
     env_id: str
     agent: str
     steps: int = 0
@@ -43,12 +43,12 @@ class Episode:
 
 @dataclass
 class EnvRow:
-    oracle: list[Episode] = field(default_factory=list)
-    random: list[Episode] = field(default_factory=list)
+    oracle: list[PlayedEpisode] = field(default_factory=list)
+    random: list[PlayedEpisode] = field(default_factory=list)
 
 
-async def play_oracle(client: AsyncRuntimeClient, line: dict[str, Any]) -> Episode:
-    episode = Episode(line["env_id"], "oracle")
+async def play_oracle(client: AsyncRuntimeClient, line: dict[str, Any]) -> PlayedEpisode:
+    episode = PlayedEpisode(line["env_id"], "oracle")
     try:
         created = await client.create_session(env_id=line["env_id"], config=line["config"])
         episode.matched = created.observation == line["first"]
@@ -94,9 +94,9 @@ async def play_random(
     tools: list[dict[str, Any]],
     seed: int,
     max_steps: int,
-) -> Episode:
+) -> PlayedEpisode:
     rng = random.Random(seed)
-    episode = Episode(env_id, "random")
+    episode = PlayedEpisode(env_id, "random")
     try:
         created = await client.create_session(env_id=env_id, config=config_json, max_steps=max_steps)
         start = time.perf_counter()
@@ -138,9 +138,9 @@ async def run_demo(args: argparse.Namespace) -> tuple[dict[str, EnvRow], float]:
         done = [0, 0]
         start = time.perf_counter()
 
-        async def bounded(coro: Any) -> Episode:
+        async def bounded(coro: Any) -> PlayedEpisode:
             async with limit:
-                result: Episode = await coro
+                result: PlayedEpisode = await coro
             done[0] += 1
             done[1] += result.steps
             rate = done[1] / max(1e-9, time.perf_counter() - start)

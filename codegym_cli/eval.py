@@ -85,10 +85,17 @@ def summary_table(summary: dict[str, Any]) -> Table:
             return
         reasons = ", ".join(f"{r} {f['end_reasons'][r]}" for r in COUNTED_REASONS if r in f["end_reasons"])
         table.add_row(
-            name, str(f["tasks"]), str(f["episodes"]), f"{f['success_rate']:.1%}", f"{f['pass@1']:.3f}",
-            f"{f[f'pass@{k}']:.3f}", f"{f['mean_turns']:.1f}", f"{f['prompt_tokens']}/{f['completion_tokens']}",
-            reasons, str(f.get("not_counted", 0)),
-        )  # fmt: skip
+            name,
+            str(f["tasks"]),
+            str(f["episodes"]),
+            f"{f['success_rate']:.1%}",
+            f"{f['pass@1']:.3f}",
+            f"{f[f'pass@{k}']:.3f}",
+            f"{f['mean_turns']:.1f}",
+            f"{f['prompt_tokens']}/{f['completion_tokens']}",
+            reasons,
+            str(f.get("not_counted", 0)),
+        )
 
     for env, figures in summary["environments"].items():
         row(env, figures)
@@ -174,9 +181,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     runtime, gateway, params, tool_mode=args.tool_mode, max_turns=args.max_turns
                 )
                 with Progress(
-                    TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err, transient=False,
-                ) as bar:  # fmt: skip
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    console=err,
+                    transient=False,
+                ) as bar:
                     already = len(
                         done_keys(out / "episodes.jsonl")
                         & {f"{t.ability}#{s}" for t in tasks for s in range(args.samples)}

@@ -320,15 +320,15 @@ class ScriptedLLM:
 
 
 def main() -> None:
-    """Serve until Ctrl-C (`python -m tests.helpers.fake_llm`, the path the docs give)."""
+    """Serve until Ctrl-C (`python -m codegym_testkit.fake_llm`, the path the docs give)."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m tests.helpers.fake_llm",
+        prog="python -m codegym_testkit.fake_llm",
         description="A scripted OpenAI-compatible server on 127.0.0.1, to try `codegym synthesize`, "
         "`codegym pipeline run` and `codegym eval` (it plays the sample environments as their oracle "
         "would) without a model; it prints the base URL to pass as --llm-base-url. "
-        "Example: python -m tests.helpers.fake_llm --port 8000",
+        "Example: python -m codegym_testkit.fake_llm --port 8000",
     )
     parser.add_argument("--port", type=int, default=0, help="port (default 0: any free port)")
     options = parser.parse_args()

@@ -15,7 +15,7 @@ from codegym.library.store import Library
 from codegym_client import CapacityExceeded, RuntimeClient
 from tests.conftest import ROOT
 from tests.helpers.processes import sleeping_in_jails, wait_until
-from tests.helpers.servers import ServerProcess, start_runtime, start_workers
+from tests.helpers.servers import CodegymServer, start_runtime, start_workers
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
 
@@ -28,7 +28,7 @@ def action(name: str, **parameters: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CodegymServer, CodegymServer]]:
     library = Path(tmp_path_factory.mktemp("admission")) / "library.db"
     with Library(library) as lib:
         lib.import_paths([RUNTIME_ENVS / f"{COUNTER}.py"])
@@ -41,7 +41,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
 
 
 def test_a_step_past_the_steps_in_flight_is_refused_with_a_hint_and_served_when_sent_again(
-    servers: tuple[ServerProcess, ServerProcess],
+    servers: tuple[CodegymServer, CodegymServer],
 ) -> None:
     runtime, worker = servers
     with RuntimeClient(runtime.address, timeout_s=60) as client:

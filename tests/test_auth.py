@@ -58,7 +58,7 @@ from services.synthesis.llm import LLMSettings
 from services.synthesis.service import SynthesisServer
 from services.verification.service import VerificationServer
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
-from tests.helpers.servers import ServerProcess, sandbox_workers
+from tests.helpers.servers import CodegymServer, sandbox_workers
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = {
@@ -114,7 +114,7 @@ def calls_seen(metrics: str, method: str, code: str, at_least: float) -> float:
     return rpc_count(metrics, method, code)
 
 
-def metrics_address(server: ServerProcess) -> str:
+def metrics_address(server: CodegymServer) -> str:
     for line in server.output:
         match = re.search(r"metrics on (\S+)", line)
         if match:
@@ -126,17 +126,17 @@ def metrics_address(server: ServerProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def runtime(library: Path, tokens_file: Path) -> Iterator[ServerProcess]:
+def runtime(library: Path, tokens_file: Path) -> Iterator[CodegymServer]:
     """A runtime taking the tokens file, with no worker behind it (port 9: refusals never get there)."""
     args = ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", "127.0.0.1:9"]
-    proc = ServerProcess(
+    proc = CodegymServer(
         [*args, "--tokens", str(tokens_file), "--metrics-port", "0", "--no-record"], env=environ()
     )
     yield proc
     assert proc.stop() == 0
 
 
-def test_the_runtime_refuses_a_call_without_a_token_at_once_and_once(runtime: ServerProcess) -> None:
+def test_the_runtime_refuses_a_call_without_a_token_at_once_and_once(runtime: CodegymServer) -> None:
     metrics = metrics_address(runtime)
     before = rpc_count(metrics, "CreateSession", "UNAUTHENTICATED")
     started = time.monotonic()
@@ -151,7 +151,7 @@ def test_the_runtime_refuses_a_call_without_a_token_at_once_and_once(runtime: Se
 
 
 def test_the_runtime_refuses_an_unknown_token(
-    runtime: ServerProcess, monkeypatch: pytest.MonkeyPatch
+    runtime: CodegymServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(TOKEN_ENV, "not-a-token")
     with RuntimeClient(runtime.address) as client, pytest.raises(Unauthenticated) as info:
@@ -159,13 +159,13 @@ def test_the_runtime_refuses_an_unknown_token(
     assert "does not know" in info.value.details()
 
 
-def test_the_runtime_serves_a_trainers_token(runtime: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_runtime_serves_a_trainers_token(runtime: CodegymServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(TOKEN_ENV, "trainer-token")
     with RuntimeClient(runtime.address) as client:
         assert client.get_env("Sample_0006_I__ArrayGcdEnv").env_id == "Sample_0006_I__ArrayGcdEnv"
 
 
-async def test_the_async_client_raises_the_typed_error_once(runtime: ServerProcess) -> None:
+async def test_the_async_client_raises_the_typed_error_once(runtime: CodegymServer) -> None:
     metrics = metrics_address(runtime)
     before = rpc_count(metrics, "CreateSession", "UNAUTHENTICATED")
     started = time.monotonic()
@@ -176,13 +176,13 @@ async def test_the_async_client_raises_the_typed_error_once(runtime: ServerProce
     assert calls_seen(metrics, "CreateSession", "UNAUTHENTICATED", before + 1) == before + 1
 
 
-def test_health_is_open_without_a_token(runtime: ServerProcess) -> None:
+def test_health_is_open_without_a_token(runtime: CodegymServer) -> None:
     with grpc.insecure_channel(runtime.address) as channel:
         reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def test_the_command_line_stops_with_the_servers_line(runtime: ServerProcess) -> None:
+def test_the_command_line_stops_with_the_servers_line(runtime: CodegymServer) -> None:
     argv = [sys.executable, "-m", "codegym_cli.cli", "library", "stats", "--target", runtime.address]
     run = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=environ())
     assert run.returncode == 1 and "UNAUTHENTICATED" in run.stderr and TOKEN_ENV in run.stderr, run.stderr
@@ -388,7 +388,7 @@ def test_local_tokens_are_kept_across_restarts(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def secured_workers(tokens_file: Path) -> Iterator[list[ServerProcess]]:
+def secured_workers(tokens_file: Path) -> Iterator[list[CodegymServer]]:
     with sandbox_workers(2, "--tokens", str(tokens_file), env=environ()) as procs:
         yield procs
 
@@ -402,7 +402,7 @@ def solve_request() -> sb.ExecuteRequest:
 
 
 @pytest.mark.jail
-async def test_a_worker_takes_services_and_operators_only(secured_workers: list[ServerProcess]) -> None:
+async def test_a_worker_takes_services_and_operators_only(secured_workers: list[CodegymServer]) -> None:
     address = secured_workers[0].address
     for token, code in (
         ("", grpc.StatusCode.UNAUTHENTICATED),
@@ -419,7 +419,7 @@ async def test_a_worker_takes_services_and_operators_only(secured_workers: list[
 
 
 @pytest.mark.jail
-def test_sandbox_run_target_takes_the_operators_token(secured_workers: list[ServerProcess]) -> None:
+def test_sandbox_run_target_takes_the_operators_token(secured_workers: list[CodegymServer]) -> None:
     argv = [
         sys.executable,
         "-m",
@@ -441,11 +441,11 @@ def test_sandbox_run_target_takes_the_operators_token(secured_workers: list[Serv
 
 @pytest.mark.jail
 def test_a_runtime_with_tokens_steps_through_workers_with_tokens(
-    library: Path, tokens_file: Path, secured_workers: list[ServerProcess], monkeypatch: pytest.MonkeyPatch
+    library: Path, tokens_file: Path, secured_workers: list[CodegymServer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sandbox = ",".join(w.address for w in secured_workers)
     args = ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", sandbox, "--no-record"]
-    runtime = ServerProcess([*args, "--tokens", str(tokens_file)], env=environ(CODEGYM_TOKEN="service-token"))
+    runtime = CodegymServer([*args, "--tokens", str(tokens_file)], env=environ(CODEGYM_TOKEN="service-token"))
     try:
         monkeypatch.setenv(TOKEN_ENV, "trainer-token")
         with RuntimeClient(runtime.address, timeout_s=60) as client:
@@ -460,7 +460,7 @@ def test_a_runtime_with_tokens_steps_through_workers_with_tokens(
 def test_codegym_up_auth_prints_a_trainers_token_and_wires_every_server(
     library: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    up = ServerProcess(
+    up = CodegymServer(
         [
             "up",
             "--auth",

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SAMPLES
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 CLIENT = ROOT / "clients"
 PACKAGE = CLIENT / "codegym_client"
@@ -178,7 +178,7 @@ def test_the_client_alone_runs_the_readme_example(tmp_path: Path, interpreter: s
         for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()
         if '"Sample_0009' in x
     )
-    up = ServerProcess(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
+    up = CodegymServer(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
     try:
         played = run([python, "-c", PLAY, up.address, json.dumps(trajectory)], tmp_path, 120)
         assert played.returncode == 0, played.stderr[-3000:]

@@ -47,7 +47,7 @@ from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.processes import wait_until
 from tests.helpers.raw_errors import RawError
-from tests.helpers.servers import Redis, ServerProcess, workers_fixture
+from tests.helpers.servers import CodegymServer, Redis, workers_fixture
 from tests.helpers.trajectories import record
 
 # No skip when redis-server is missing: the `redis` fixture fails the tests that need it then,
@@ -85,11 +85,24 @@ def redis() -> Iterator[Redis]:
         server.stop()
 
 
-def replica(library: Path, workers: str, redis: Redis, *extra: str, port: int = 0) -> ServerProcess:
-    return ServerProcess(
-        ["serve", "runtime", "--port", str(port), "--library", str(library), "--sandbox", workers,
-         "--sessions", redis.url, "--step-lease-s", LEASE_S, *extra]
-    )  # fmt: skip
+def replica(library: Path, workers: str, redis: Redis, *extra: str, port: int = 0) -> CodegymServer:
+    return CodegymServer(
+        [
+            "serve",
+            "runtime",
+            "--port",
+            str(port),
+            "--library",
+            str(library),
+            "--sandbox",
+            workers,
+            "--sessions",
+            redis.url,
+            "--step-lease-s",
+            LEASE_S,
+            *extra,
+        ]
+    )
 
 
 # ---- a replica killed under the drop-in client -----------------------------------------------------
@@ -247,7 +260,7 @@ def test_a_step_lost_with_its_replica_is_sent_again_and_applied_once(
     port = int(first.address.rsplit(":", 1)[1])
     reached_slow = threading.Event()
     sessions: list[str] = []
-    second: ServerProcess | None = None
+    second: CodegymServer | None = None
 
     def lease_of_the_slow_step() -> bool:
         keys = [k.decode() for k in redis.client.scan_iter("codegym:lock:*")]
@@ -278,7 +291,7 @@ def test_a_step_lost_with_its_replica_is_sent_again_and_applied_once(
 
 
 @pytest.fixture
-def runtime(library: Path, workers: str, redis: Redis) -> Iterator[ServerProcess]:
+def runtime(library: Path, workers: str, redis: Redis) -> Iterator[CodegymServer]:
     proc = replica(library, workers, redis, "--max-sessions", "8")
     try:
         yield proc
@@ -287,7 +300,7 @@ def runtime(library: Path, workers: str, redis: Redis) -> Iterator[ServerProcess
 
 
 @pytest.mark.jail
-def test_a_step_sent_again_with_its_index_is_answered_from_the_record(runtime: ServerProcess) -> None:
+def test_a_step_sent_again_with_its_index_is_answered_from_the_record(runtime: CodegymServer) -> None:
     with RuntimeClient(runtime.address) as client:
         sid = client.create_session(env_id=COUNTER, config={"target": 5}).session_id
         applied = client.step(sid, add(2), step_index=0)
@@ -300,7 +313,7 @@ def test_a_step_sent_again_with_its_index_is_answered_from_the_record(runtime: S
 
 
 @pytest.mark.jail
-def test_a_deadline_is_resent_once_then_raised(runtime: ServerProcess) -> None:
+def test_a_deadline_is_resent_once_then_raised(runtime: CodegymServer) -> None:
     """A step slower than the client's deadline: sent twice (the second time with its index), then
     `RuntimeUnavailable`; a hung runtime costs twice `timeout_s`, not `attempts` times. The step is
     applied at most once. (The session is another client's, so this one does not know its step
@@ -393,7 +406,7 @@ def assert_reason(
 
 
 @pytest.mark.jail
-def test_every_refusal_raises_the_exception_of_its_reason(runtime: ServerProcess, redis: Redis) -> None:
+def test_every_refusal_raises_the_exception_of_its_reason(runtime: CodegymServer, redis: Redis) -> None:
     with RuntimeClient(runtime.address) as client:
         assert_reason(refused(lambda: client.get_env("Nope_1_I__NoSuchEnv")), EnvNotFound, "ENV_NOT_FOUND")
         err = refused(lambda: client.create_session(env_id="Nope_1_I__NoSuchEnv", config={}))

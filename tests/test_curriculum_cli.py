@@ -26,7 +26,7 @@ from codegym_cli.eval import load_tasks
 from codegym_client import RuntimeClient
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import ServerProcess, start_runtime, start_workers
+from tests.helpers.servers import CodegymServer, start_runtime, start_workers
 
 RUN = "run-curriculum"
 MAX_SUBARRAY = "Sample_0001_I__MaxSubarraySumEnv"
@@ -107,7 +107,7 @@ def target(library: Path) -> Iterator[str]:
         yield runtime.address
     finally:
         for server in [runtime, *workers]:
-            if isinstance(server, ServerProcess):
+            if isinstance(server, CodegymServer):
                 server.stop()
 
 

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from codegym.library.store import Library
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 from tests.test_metrics import metrics_address
 
 DASHBOARD = Path(__file__).resolve().parents[1] / "k8s" / "grafana" / "codegym-dashboard.json"
@@ -115,15 +115,25 @@ def test_every_dashboard_metric_is_exported(tmp_path: Path) -> None:
     with Library(library):
         pass  # an empty library: the runtime need serve nothing to export its metrics
     metrics = ["--metrics-port", "0"]
-    started: list[ServerProcess] = []
+    started: list[CodegymServer] = []
     try:
-        worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", *metrics])
+        worker = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1", *metrics])
         started.append(worker)
-        runtime = ServerProcess(
-            ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", worker.address, *metrics]
-        )  # fmt: skip
+        runtime = CodegymServer(
+            [
+                "serve",
+                "runtime",
+                "--port",
+                "0",
+                "--library",
+                str(library),
+                "--sandbox",
+                worker.address,
+                *metrics,
+            ]
+        )
         started.append(runtime)
-        gateway = ServerProcess(["serve", "openenv", "--runtime", runtime.address, "--port", "0", *metrics])
+        gateway = CodegymServer(["serve", "openenv", "--runtime", runtime.address, "--port", "0", *metrics])
         started.append(gateway)
         texts = {server.name: scrape_text(metrics_address(server)) for server in started}
     finally:

@@ -31,7 +31,7 @@ from codegym_client.errors import EnvNotFound
 from codegym_client.trl import CodeGymSpec
 from codegym_jobs.export import build_instances
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 COPIES = 3000  # environments copied from the 12 samples: 3,012 in all, 10,500 exported rows
 TASKS_PER_COPY = (4, 3)  # alternately: 3.5 per environment, as CodeGym's 80,130 / 22,366
@@ -78,9 +78,17 @@ def copy_envs_with_tasks(path: Path, copies: int) -> int:
         new_code = f"{code_id}v{n:05d}"
         new_id = f"{new_code}__{env_class}"
         envs.append(
-            (new_id, new_code, env_class, source, hashlib.sha256(source.encode()).hexdigest(), tools_json,
-             tools_text, task_text)
-        )  # fmt: skip
+            (
+                new_id,
+                new_code,
+                env_class,
+                source,
+                hashlib.sha256(source.encode()).hexdigest(),
+                tools_json,
+                tools_text,
+                task_text,
+            )
+        )
         own = configs[env_id]
         for i in range(TASKS_PER_COPY[n % 2]):
             config_json, difficulty = own[(n + i) % len(own)]
@@ -107,9 +115,22 @@ def big_library(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
 
 def export(library: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(library), "--out", str(out), *args],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "export",
+            "--library",
+            str(library),
+            "--out",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     return result
 
@@ -141,9 +162,22 @@ print(json.dumps({"code": code, "peak": tracemalloc.get_traced_memory()[1],
 
 def measured_export(library: Path, out: Path, *args: str) -> dict[str, int]:
     result = subprocess.run(
-        [sys.executable, "-c", MEASURED_EXPORT, "export", "--library", str(library), "--out", str(out), *args],
-        capture_output=True, text=True, timeout=600, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            MEASURED_EXPORT,
+            "export",
+            "--library",
+            str(library),
+            "--out",
+            str(out),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     measured: dict[str, int] = json.loads(result.stdout.strip().splitlines()[-1])
     assert measured["code"] == 0, result.stderr
@@ -252,8 +286,14 @@ def test_parquet_extra_info_holds_every_key_the_rows_have(tmp_path: Path) -> Non
     }
     extra_type = pq.ParquetFile(parquet_out).schema_arrow.field("extra_info").type
     assert [extra_type.field(i).name for i in range(extra_type.num_fields)] == [
-        "index", "solve_fc_round", "difficulty", "env_id", "guess_rate", "m_Bo4_score", "n_Bo8_score"
-    ]  # fmt: skip
+        "index",
+        "solve_fc_round",
+        "difficulty",
+        "env_id",
+        "guess_rate",
+        "m_Bo4_score",
+        "n_Bo8_score",
+    ]
     same_rows(parquet_rows(parquet_out), rows)
 
 
@@ -296,7 +336,7 @@ def test_split_is_deterministic_and_holds_out_whole_environments(
 def runtime(big_library: tuple[Path, int]) -> Iterator[str]:
     """A runtime serving the big library: GetEnv and ListEnvs need no sandbox worker."""
     library, _ = big_library
-    server = ServerProcess(
+    server = CodegymServer(
         ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", "127.0.0.1:1"]
     )
     try:

@@ -32,7 +32,7 @@ from services.runtime.record_store import RedisRecordStore, SqliteRecordStore, r
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, build_library
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess, require_redis_server, start_runtime, workers_fixture
+from tests.helpers.servers import CodegymServer, Redis, require_redis_server, start_runtime, workers_fixture
 
 pytestmark = pytest.mark.jail  # the tests play episodes on a real sandbox worker
 
@@ -116,7 +116,7 @@ workers = workers_fixture(1, clean_stop=False)
 
 
 @pytest.fixture
-def runtime(library: Path, workers: list[ServerProcess]) -> Iterator[ServerProcess]:
+def runtime(library: Path, workers: list[CodegymServer]) -> Iterator[CodegymServer]:
     server = start_runtime(library, workers)
     try:
         yield server
@@ -176,7 +176,7 @@ def test_redis_merges_deltas_exactly_as_the_sqlite_file_does(tmp_path: Path) -> 
 
 
 def test_finished_episodes_are_recorded_per_task_and_run_and_early_closes_are_not(
-    runtime: ServerProcess, library: Path
+    runtime: CodegymServer, library: Path
 ) -> None:
     with RuntimeClient(runtime.address) as client:
         actions = oracle(MAX, ONE)
@@ -206,7 +206,7 @@ def test_finished_episodes_are_recorded_per_task_and_run_and_early_closes_are_no
     assert record_path_for(library).exists()
 
 
-def test_the_record_survives_a_restart_of_the_runtime(library: Path, workers: list[ServerProcess]) -> None:
+def test_the_record_survives_a_restart_of_the_runtime(library: Path, workers: list[CodegymServer]) -> None:
     server = start_runtime(library, workers)
     try:
         with RuntimeClient(server.address) as client:
@@ -221,7 +221,7 @@ def test_the_record_survives_a_restart_of_the_runtime(library: Path, workers: li
         again.stop()
 
 
-def test_a_truncated_episode_is_recorded_as_truncated(runtime: ServerProcess) -> None:
+def test_a_truncated_episode_is_recorded_as_truncated(runtime: CodegymServer) -> None:
     with RuntimeClient(runtime.address) as client:
         created = client.create_session(ability=ability(MAX, ONE), run_id="t", max_steps=2)
         client.step(created.session_id, OBSERVE)
@@ -231,7 +231,7 @@ def test_a_truncated_episode_is_recorded_as_truncated(runtime: ServerProcess) ->
         assert dict(stats.endings) == {"truncated": 1} and stats.passes == 0
 
 
-def test_sampling_is_deterministic_capped_per_env_and_follows_the_run(runtime: ServerProcess) -> None:
+def test_sampling_is_deterministic_capped_per_env_and_follows_the_run(runtime: CodegymServer) -> None:
     with RuntimeClient(runtime.address) as client:
         first = client.sample_tasks("fresh", 8, seed=3)
         again = client.sample_tasks("fresh", 8, seed=3)
@@ -268,7 +268,7 @@ def test_sampling_is_deterministic_capped_per_env_and_follows_the_run(runtime: S
         assert other[ability(MAX, ONE)].pool == "unseen"
 
 
-def test_bad_requests_get_a_clear_error_and_change_nothing(runtime: ServerProcess) -> None:
+def test_bad_requests_get_a_clear_error_and_change_nothing(runtime: CodegymServer) -> None:
     with RuntimeClient(runtime.address) as client:
         with pytest.raises(CodeGymError, match="run_id is 300 characters long"):
             client.create_session(ability=ability(MAX, ONE), run_id="r" * 300)
@@ -282,7 +282,7 @@ def test_bad_requests_get_a_clear_error_and_change_nothing(runtime: ServerProces
         assert tasks_of(client, "r", played_only=True) == {}
 
 
-def test_a_runtime_without_a_record_says_so(library: Path, workers: list[ServerProcess]) -> None:
+def test_a_runtime_without_a_record_says_so(library: Path, workers: list[CodegymServer]) -> None:
     server = start_runtime(library, workers, "--no-record")
     try:
         with RuntimeClient(server.address) as client:
@@ -305,7 +305,7 @@ def rt_stub(channel: grpc.Channel) -> Any:
     return runtime_service_pb2_grpc.RuntimeServiceStub(channel)
 
 
-def test_an_env_whose_steps_keep_failing_is_quarantined_then_lifted(runtime: ServerProcess) -> None:
+def test_an_env_whose_steps_keep_failing_is_quarantined_then_lifted(runtime: CodegymServer) -> None:
     evil = '{"name": "Observe", "parameters": {"boom": 1}}'
     broken = ability(BROKEN, ONE)
     with RuntimeClient(runtime.address) as client:
@@ -330,7 +330,7 @@ def test_an_env_whose_steps_keep_failing_is_quarantined_then_lifted(runtime: Ser
 
 
 def test_a_reward_in_far_fewer_steps_than_the_oracle_is_flagged(
-    library: Path, workers: list[ServerProcess]
+    library: Path, workers: list[CodegymServer]
 ) -> None:
     db = sqlite3.connect(library)
     with db:
@@ -350,7 +350,7 @@ def test_a_reward_in_far_fewer_steps_than_the_oracle_is_flagged(
 
 
 def test_replicas_share_one_record_in_redis_and_it_survives_restarting_everything(
-    library: Path, workers: list[ServerProcess], tmp_path: Path
+    library: Path, workers: list[CodegymServer], tmp_path: Path
 ) -> None:
     require_redis_server()
     folder = tmp_path / "redis"

@@ -17,7 +17,7 @@ from services.synthesis.llm import LLMSettings
 from services.synthesis.service import SynthesisServer
 from services.verification.service import VerificationServer
 from tests.helpers.raw_errors import RawError
-from tests.helpers.servers import ServerProcess, worker_fixture
+from tests.helpers.servers import CodegymServer, worker_fixture
 
 BAD_UTF8 = b"\x0a\x04\xff\xfe\xc0\x80"  # field 1 holding invalid UTF-8 (a string or a message)
 
@@ -38,7 +38,7 @@ def reason_of(error: grpc.aio.AioRpcError) -> str:
 
 
 @pytest.mark.jail
-async def test_the_sandbox_worker_answers_through_the_table(worker: ServerProcess) -> None:
+async def test_the_sandbox_worker_answers_through_the_table(worker: CodegymServer) -> None:
     path = f"/{sb.DESCRIPTOR.services_by_name['SandboxService'].full_name}/Execute"
     error = await call_raw(worker.address, path, BAD_UTF8)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and reason_of(error) == "INVALID_REQUEST"
@@ -50,7 +50,7 @@ async def test_the_sandbox_worker_answers_through_the_table(worker: ServerProces
 
 
 @pytest.mark.jail
-async def test_the_verification_service_answers_through_the_table(worker: ServerProcess) -> None:
+async def test_the_verification_service_answers_through_the_table(worker: CodegymServer) -> None:
     server = VerificationServer(worker.address)
     await server.start()
     try:

@@ -8,7 +8,7 @@ with 429 and 500 first, difficulty filtering on export, and resuming after a kil
 Only the agent's own outcomes count: a runtime that goes away mid-run and an endpoint that fails
 past its retries leave failed attempts with their error, outside every figure and score, and
 the same command played again plays exactly those. The scripted server as docs/eval.md starts it
-(`python -m tests.helpers.fake_llm`) plays every sample environment as its oracle would.
+(`python -m codegym_testkit.fake_llm`) plays every sample environment as its oracle would.
 """
 
 from __future__ import annotations
@@ -31,10 +31,7 @@ import pytest
 
 from codegym.library.store import Library
 from codegym_jobs.evaluation.results import done_keys, summarize
-from codegym_testkit.waiting import wait_until
-from services.synthesis.llm import context_overflow
-from tests.conftest import ENV_DIR, ROOT, SAMPLES
-from tests.helpers.agents import (
+from codegym_testkit.agents import (
     CONTEXT_OVERFLOW,
     flaky,
     malformed_agent,
@@ -43,10 +40,13 @@ from tests.helpers.agents import (
     short_context_agent,
     wrong_agent,
 )
-from tests.helpers.fake_llm import Reply, ScriptedLLM
+from codegym_testkit.fake_llm import Reply, ScriptedLLM
+from codegym_testkit.sample_configs import SAMPLE_CLASSES, sample_configs
+from codegym_testkit.waiting import wait_until
+from services.synthesis.llm import context_overflow
+from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
-from tests.helpers.sample_configs import SAMPLE_CLASSES, sample_configs
-from tests.helpers.servers import ServerProcess, deployed_runtime, workers_fixture
+from tests.helpers.servers import CodegymServer, deployed_runtime, workers_fixture
 
 TRAJECTORIES = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
 
@@ -64,8 +64,8 @@ def task_texts(library: Path) -> dict[str, str]:
 sandbox = workers_fixture(2, addresses=True, clean_stop=False)
 
 
-def start_runtime(library: Path, sandbox: str, port: int = 0) -> ServerProcess:
-    return ServerProcess(
+def start_runtime(library: Path, sandbox: str, port: int = 0) -> CodegymServer:
+    return CodegymServer(
         ["serve", "runtime", "--port", str(port), "--library", str(library), "--sandbox", sandbox]
     )
 
@@ -89,10 +89,22 @@ def instances(library: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One training instance per environment (CodeGym's format)."""
     out = tmp_path_factory.mktemp("instances") / "all.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(library), "--out", str(out),
-         "--include-unverified"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "export",
+            "--library",
+            str(library),
+            "--out",
+            str(out),
+            "--include-unverified",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     first: dict[str, dict[str, Any]] = {}
     for line in out.read_text().splitlines():
@@ -113,8 +125,25 @@ def short_instances(instances: Path) -> Path:
 
 
 def eval_command(runtime: str, llm: ScriptedLLM, out: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "codegym_cli.cli", "eval", "--target", runtime, "--llm-base-url", llm.base_url,
-            "--model", "scripted-agent", "--out", str(out), "--max-retries", "4", "--backoff-s", "0.05", *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "codegym_cli.cli",
+        "eval",
+        "--target",
+        runtime,
+        "--llm-base-url",
+        llm.base_url,
+        "--model",
+        "scripted-agent",
+        "--out",
+        str(out),
+        "--max-retries",
+        "4",
+        "--backoff-s",
+        "0.05",
+        *args,
+    ]
 
 
 def run_eval(runtime: str, llm: ScriptedLLM, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -261,10 +290,26 @@ def test_difficulty_scores_go_to_the_library_and_filter_the_export(
     def export(summary: Path) -> tuple[list[dict[str, Any]], str]:
         out = tmp_path / f"{summary.name}.jsonl"
         result = subprocess.run(
-            [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(lib), "--out", str(out),
-             "--include-unverified", "--difficulty", str(summary / "summary.json"), "--max-success", "0.25"],
-            capture_output=True, text=True, timeout=60, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "codegym_cli.cli",
+                "export",
+                "--library",
+                str(lib),
+                "--out",
+                str(out),
+                "--include-unverified",
+                "--difficulty",
+                str(summary / "summary.json"),
+                "--max-success",
+                "0.25",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         lines = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
         return lines, result.stderr
 
@@ -282,19 +327,41 @@ def test_a_killed_run_resumes_without_replaying_finished_episodes(
     runtime: str, instances: Path, task_texts: dict[str, str], tmp_path: Path
 ) -> None:
     agent = oracle_agent(TRAJECTORIES, task_texts)
+    out = tmp_path / "out"
+    episodes = out / "episodes.jsonl"
+    # Past 12 episodes the model answers nothing until the run is killed: however late the kill
+    # (a loaded machine), the run is cut before its end.
+    held = threading.Event()
 
     def slow(body: dict[str, Any]) -> Any:
+        if not held.is_set() and episodes.exists() and episodes.read_text().count("\n") >= 12:
+            held.wait(120)
         reply = agent(body)
         reply.delay_s = 0.01
         return reply
 
-    out = tmp_path / "out"
     with ScriptedLLM(slow) as llm:
-        cmd = [sys.executable, "-m", "codegym_cli.cli", "eval", "--target", runtime, "--llm-base-url", llm.base_url,
-               "--model", "scripted-agent", "--out", str(out), "--instances", str(instances), "--samples", "2",
-               "--concurrency", "2"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "eval",
+            "--target",
+            runtime,
+            "--llm-base-url",
+            llm.base_url,
+            "--model",
+            "scripted-agent",
+            "--out",
+            str(out),
+            "--instances",
+            str(instances),
+            "--samples",
+            "2",
+            "--concurrency",
+            "2",
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-        episodes = out / "episodes.jsonl"
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and proc.poll() is None:
             if episodes.exists() and len(episodes.read_text().splitlines()) >= 6:
@@ -302,14 +369,21 @@ def test_a_killed_run_resumes_without_replaying_finished_episodes(
                 break
             time.sleep(0.02)
         proc.wait(30)
-        finished = [json.loads(x) for x in episodes.read_text().splitlines() if x.strip()]
+        held.set()
+        # Killed while it may be writing a line (6 KB: more than one write): the lines before the
+        # last newline are whole, and what follows it, if anything, is a torn line.
+        text = episodes.read_text()
+        whole = text[: text.rfind("\n") + 1]
+        finished = [json.loads(x) for x in whole.splitlines()]
         assert 6 <= len(finished) < 24
         before = llm.count()
         result = run_eval(runtime, llm, out, "--instances", str(instances), "--samples", "2")
         after = llm.count()
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = [json.loads(x) for x in episodes.read_text().splitlines()]
-    assert len(lines) == 24 and len({x["key"] for x in lines}) == 24
+    resumed = episodes.read_text()
+    assert resumed.startswith(whole)  # the torn line cut, nothing else
+    lines = [json.loads(x) for x in resumed.splitlines()]  # none glued to a fragment
+    assert len(lines) == 24 and len({x["key"] for x in lines}) == 24  # the torn episode played again
     replayed = lines[len(finished) :]
     assert after - before == sum(x["turns"] for x in replayed)
     assert summary_of(out)["overall"]["end_reasons"] == {"solved": 24}
@@ -439,10 +513,26 @@ def test_a_failing_endpoint_scores_nothing_and_is_played_again(
     # Nothing was measured, so nothing is "hard": the export keeps no config.
     hard = tmp_path / "hard.jsonl"
     export = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(lib), "--out", str(hard),
-         "--include-unverified", "--difficulty", str(out / "summary.json"), "--max-success", "0.25"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "export",
+            "--library",
+            str(lib),
+            "--out",
+            str(hard),
+            "--include-unverified",
+            "--difficulty",
+            str(out / "summary.json"),
+            "--max-success",
+            "0.25",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert jsonl(hard) == [] and "dropped 0 outside, 108 not evaluated" in export.stderr
 
     with ScriptedLLM(oracle_agent(TRAJECTORIES, task_texts)) as llm:
@@ -459,7 +549,7 @@ def test_a_failing_endpoint_scores_nothing_and_is_played_again(
 
 @pytest.mark.jail
 def test_the_scripted_server_plays_the_sample_envs_as_their_oracle(sandbox: str, tmp_path: Path) -> None:
-    """The default script (what `python -m tests.helpers.fake_llm` serves, as docs/eval.md starts it)
+    """The default script (what `python -m codegym_testkit.fake_llm` serves, as docs/eval.md starts it)
     plays as an agent, on configs no trajectory was recorded for."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(
@@ -482,9 +572,16 @@ def test_the_scripted_server_plays_the_sample_envs_as_their_oracle(sandbox: str,
         with ScriptedLLM() as llm:
             text = run_eval(server.address, llm, tmp_path / "text", "--library", str(lib))
             native = run_eval(
-                server.address, llm, tmp_path / "json", "--library", str(lib), "--tool-mode", "json",
-                "--prefix", "Sample_000",
-            )  # fmt: skip
+                server.address,
+                llm,
+                tmp_path / "json",
+                "--library",
+                str(lib),
+                "--tool-mode",
+                "json",
+                "--prefix",
+                "Sample_000",
+            )
     finally:
         server.stop()
     assert text.returncode == 0, text.stderr[-2000:]
@@ -503,8 +600,14 @@ def test_the_scripted_server_plays_the_sample_envs_as_their_oracle(sandbox: str,
 def test_failures_an_older_version_wrote_as_episodes_are_played_again(tmp_path: Path) -> None:
     """Before failures were kept apart, `runtime_error`/`llm_error` lines sat in episodes.jsonl."""
     ability = 'codegym_v1@Sample_0006_I__ArrayGcdEnv@{"nums": [12, 18]}'
-    base = {"ability": ability, "env_id": "Sample_0006_I__ArrayGcdEnv", "turns": 3, "prompt_tokens": 1,
-            "completion_tokens": 1, "error": ""}  # fmt: skip
+    base = {
+        "ability": ability,
+        "env_id": "Sample_0006_I__ArrayGcdEnv",
+        "turns": 3,
+        "prompt_tokens": 1,
+        "completion_tokens": 1,
+        "error": "",
+    }
     lines = [
         {**base, "key": f"{ability}#0", "sample": 0, "end_reason": "solved"},
         {**base, "key": f"{ability}#1", "sample": 1, "end_reason": "runtime_error"},

@@ -23,7 +23,7 @@ import pytest
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 
 def tmp_interpreter(parent: Path, traversable: bool = True) -> Path:
@@ -73,7 +73,7 @@ def test_a_worker_whose_interpreter_lives_under_tmp_serves_and_keeps_scratch_cle
     tmp_under_tmp: Path,
 ) -> None:
     python = tmp_interpreter(tmp_under_tmp / "checkout")
-    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"], python=str(python))
+    worker = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1"], python=str(python))
     try:
         with grpc.insecure_channel(worker.address) as channel:
             stub = pb_grpc.SandboxServiceStub(channel)
@@ -163,8 +163,10 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     assert cli("library", "import", str(ENV_DIR), "--library", str(library)).returncode == 0
     proc = subprocess.Popen(
         [sys.executable, "-m", "codegym_cli.cli", "library", "list", "--library", str(library)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # like `| head -0`: the reader is gone before anything is written
     stderr = proc.stderr.read().decode()
@@ -196,10 +198,24 @@ def test_an_unreachable_llm_endpoint_fails_in_seconds_with_one_line(tmp_path: Pa
 def test_a_remote_endpoint_without_a_key_is_refused_before_any_work(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
     result = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "synthesize", "--problems", str(SAMPLES / "problems.jsonl"),
-         "--out", str(tmp_path / "o"), "--llm-base-url", "https://api.example.com/v1"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "synthesize",
+            "--problems",
+            str(SAMPLES / "problems.jsonl"),
+            "--out",
+            str(tmp_path / "o"),
+            "--llm-base-url",
+            "https://api.example.com/v1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
     assert result.returncode == 2 and "needs an API key" in result.stderr.replace("\n", " ")
     assert not (tmp_path / "o").exists()
 
@@ -234,7 +250,7 @@ def test_every_command_help_says_what_it_does_its_defaults_and_an_example() -> N
         if with_defaults:
             assert "(default: " in text, name
     fake = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.fake_llm", "--help"],
+        [sys.executable, "-m", "codegym_testkit.fake_llm", "--help"],
         capture_output=True,
         text=True,
         timeout=30,

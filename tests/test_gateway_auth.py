@@ -37,7 +37,7 @@ from codegym.server.auth import OPERATOR, SERVICE, TRAINER, Identity, write_toke
 from codegym_client import AsyncRuntimeClient, RuntimeClient, Unauthenticated, errors
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
 from services.openenv.access import GATEWAY_ROLES
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 from tests.test_auth import self_signed
 
 pytestmark = pytest.mark.jail  # the stack has a sandbox worker
@@ -86,12 +86,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tokens_file: Path) -> Iterat
     with Library(library) as lib:
         lib.import_paths([ENVS, TASKS])
     env = environ(CODEGYM_TOKENS_FILE=str(tokens_file), CODEGYM_TOKEN="service-token")
-    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"], env=env)
+    worker = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1"], env=env)
     runtime = gateway = None
     try:
         args = ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", worker.address]
-        runtime = ServerProcess([*args, "--no-record"], env=env)
-        gateway = ServerProcess(["serve", "openenv", "--runtime", runtime.address, "--port", "0"], env=env)
+        runtime = CodegymServer([*args, "--no-record"], env=env)
+        gateway = CodegymServer(["serve", "openenv", "--runtime", runtime.address, "--port", "0"], env=env)
         yield runtime.address, f"http://{gateway.address}"
     finally:
         for proc in (gateway, runtime, worker):
@@ -221,7 +221,7 @@ async def test_the_gateway_serves_https_and_wss_with_tls(
         "--tls-key",
         str(key),
     ]
-    gateway = ServerProcess(args, env=env)
+    gateway = CodegymServer(args, env=env)
     try:
         assert "(https;" in gateway.text
         port = gateway.address.rsplit(":", 1)[1]
@@ -271,7 +271,7 @@ def test_a_non_loopback_bind_without_tokens_refuses_to_start() -> None:
     assert done.returncode != 0
     assert "refusing to serve on 0.0.0.0 without access tokens" in done.stderr, done.stderr
     assert "--insecure" in done.stderr
-    proc = ServerProcess(
+    proc = CodegymServer(
         ["serve", "openenv", "--host", "0.0.0.0", "--port", "0", "--runtime", "127.0.0.1:9", "--insecure"],
         env=environ(),
     )
@@ -326,7 +326,7 @@ async def test_codegym_up_auth_gives_its_gateway_the_tokens(tmp_path: Path) -> N
     token, plays an episode with it (calling the runtime with the service token), and says how."""
     library = tmp_path / "lib.db"
     args = ["up", "--auth", "--library", str(library), "--port", "0", "--workers", "1", "--jails", "1"]
-    up = ServerProcess([*args, "--no-record", "--openenv-port", "0"], env=environ(), timeout=120)
+    up = CodegymServer([*args, "--no-record", "--openenv-port", "0"], env=environ(), timeout=120)
     try:
         deadline = time.monotonic() + 60
         while "Ctrl-C stops everything" not in up.text:
@@ -353,7 +353,7 @@ async def test_codegym_up_with_tls_serves_every_server_over_it(tmp_path: Path) -
     library = tmp_path / "lib.db"
     args = ["up", "--auth", "--library", str(library), "--port", "0", "--workers", "1", "--jails", "1"]
     args += ["--tls-cert", str(cert), "--tls-key", str(key), "--no-record", "--openenv-port", "0"]
-    up = ServerProcess(args, env=environ(), timeout=120)
+    up = CodegymServer(args, env=environ(), timeout=120)
     try:
         deadline = time.monotonic() + 60
         while "Ctrl-C stops everything" not in up.text:

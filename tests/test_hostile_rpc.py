@@ -46,7 +46,7 @@ from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeService
 from services.runtime.sessions import InMemorySessionStore, Session
 from tests import test_runtime as base
 from tests.conftest import ROOT, SAMPLES
-from tests.helpers.servers import ServerProcess, workers_fixture
+from tests.helpers.servers import CodegymServer, workers_fixture
 
 COUNTER = base.COUNTER
 INVALID_ACTION = rt.STEP_ERROR_CODE_INVALID_ACTION
@@ -66,9 +66,9 @@ workers = workers_fixture(1)
 def runtime(
     request: pytest.FixtureRequest,
     library: Path,
-    workers: list[ServerProcess],
+    workers: list[CodegymServer],
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[ServerProcess]:
+) -> Iterator[CodegymServer]:
     """The runtime process every hostile request goes to: open, and again taking access tokens
     (issue #31: auth must not change a single answer to hostile input), the test's clients then
     carrying a trainer's token."""
@@ -88,7 +88,7 @@ def runtime(
 
 
 @pytest.fixture(scope="module")
-def client(runtime: ServerProcess) -> Iterator[RuntimeClient]:
+def client(runtime: CodegymServer) -> Iterator[RuntimeClient]:
     with RuntimeClient(runtime.address, timeout_s=60) as c:
         yield c
 
@@ -216,7 +216,7 @@ def trajectory() -> dict[str, Any]:
 
 @pytest.mark.jail
 async def test_hostile_steps_through_step_batch_and_stream_leave_a_trajectory_intact(
-    runtime: ServerProcess,
+    runtime: CodegymServer,
 ) -> None:
     """Between every two steps of a recorded trajectory, hostile steps by Step, BatchStep and
     StepStream: each is a typed error, and the episode plays exactly as a fresh replay does."""
@@ -387,7 +387,7 @@ def test_hostile_batch_step_entries(client: RuntimeClient) -> None:
 
 
 @pytest.mark.jail
-async def test_hostile_step_stream_entries(runtime: ServerProcess, client: RuntimeClient) -> None:
+async def test_hostile_step_stream_entries(runtime: CodegymServer, client: RuntimeClient) -> None:
     session = counter_session(client)
     async with AsyncRuntimeClient(runtime.address, timeout_s=60) as aclient:
         stream = aclient.step_stream()
@@ -438,7 +438,7 @@ def raw_unary(address: str, method: str, payload: bytes, with_token: bool = True
 
 @pytest.mark.jail
 def test_undecodable_unary_requests_to_the_runtime_process_are_invalid_argument(
-    runtime: ServerProcess,
+    runtime: CodegymServer,
 ) -> None:
     for method, payload in UNDECODABLE:
         err = raw_unary(runtime.address, method, payload)
@@ -471,7 +471,7 @@ async def raw_stream(address: str, session: str) -> tuple[list[rt.StepStreamResp
 
 @pytest.mark.jail
 async def test_an_undecodable_step_stream_message_is_invalid_argument(
-    runtime: ServerProcess, client: RuntimeClient
+    runtime: CodegymServer, client: RuntimeClient
 ) -> None:
     session = counter_session(client)
     answers, code, _ = await raw_stream(runtime.address, session)
@@ -496,7 +496,7 @@ class ExplodingStore(InMemorySessionStore):
 
 @pytest.mark.jail
 async def test_lenient_registration_and_the_last_line_of_defence(
-    library: Path, workers: list[ServerProcess], caplog: pytest.LogCaptureFixture
+    library: Path, workers: list[CodegymServer], caplog: pytest.LogCaptureFixture
 ) -> None:
     """In process, registered with `add_to_server`: undecodable requests are INVALID_ARGUMENT (in a
     StepStream, one answer, and the stream goes on); a bug in the runtime is INTERNAL with a short
@@ -588,7 +588,7 @@ def test_sync_client_raises_typed_errors(client: RuntimeClient) -> None:
 
 
 @pytest.mark.jail
-async def test_async_client_raises_typed_errors(runtime: ServerProcess) -> None:
+async def test_async_client_raises_typed_errors(runtime: CodegymServer) -> None:
     async with AsyncRuntimeClient(runtime.address) as client:
         with pytest.raises(EnvNotFound):
             await client.get_env("Nope_1_I__NoSuchEnv")
@@ -608,7 +608,7 @@ async def test_async_client_raises_typed_errors(runtime: ServerProcess) -> None:
 
 
 @pytest.mark.jail
-def test_capacity_exceeded_carries_the_retry_hint(library: Path, workers: list[ServerProcess]) -> None:
+def test_capacity_exceeded_carries_the_retry_hint(library: Path, workers: list[CodegymServer]) -> None:
     proc = base.start_runtime(library, workers, "--max-sessions", "1")
     try:
         with RuntimeClient(proc.address) as client:
@@ -641,7 +641,7 @@ def test_an_unreachable_runtime_is_runtime_unavailable_with_the_cause() -> None:
             assert info.value.method == "wait_ready" and info.value.code() == grpc.StatusCode.UNAVAILABLE
             err = refused(lambda: client.get_env(COUNTER))
             assert type(err) is RuntimeUnavailable and err.method == "GetEnv"
-            assert type(refused(lambda: list(client.list_envs()))) is RuntimeUnavailable
+            assert type(refused(client.list_envs)) is RuntimeUnavailable
 
         async def async_errors() -> None:
             async with AsyncRuntimeClient(target, timeout_s=5) as aclient:

@@ -25,7 +25,7 @@ from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from sandbox_worker.limits import unreachable_by_jails
 from tests.conftest import ROOT
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 PACKAGES = ("codegym", "codegym_jobs", "codegym_cli", "sandbox_worker", "services")
 
@@ -115,7 +115,7 @@ def test_a_pip_install_under_a_0700_folder_says_the_fix_in_one_line_then_serves(
     assert not (private / "lib.db").exists()  # stopped before anything was built or started
 
     subprocess.run(fix, shell=True, check=True)
-    served = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"], python=str(python))
+    served = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1"], python=str(python))
     try:
         with grpc.insecure_channel(served.address) as channel:
             stub = pb_grpc.SandboxServiceStub(channel)

@@ -22,7 +22,7 @@ from codegym.contract import split_env_id
 from codegym.library.store import Library
 from codegym_client.runtime_client import RuntimeClient
 from tests.conftest import ENV_DIR, ROOT, SAMPLES, sample_tasks
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 from tests.helpers.trajectories import record
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
@@ -32,15 +32,15 @@ NEIGHBOUR_ID = "Test_0002_I__NeighbourEnv"
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CodegymServer]:
     library = tmp_path_factory.mktemp("library") / "library.db"
     with Library(library) as lib:
         report = lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl", NEIGHBOUR])
     assert report.skipped == []
-    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    worker = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1"])
     try:
         args = ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", worker.address]
-        runtime = ServerProcess(args)
+        runtime = CodegymServer(args)
         try:
             yield runtime
         finally:
@@ -61,7 +61,7 @@ def recorded(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return record(jobs)
 
 
-def test_a_hostile_neighbour_in_the_same_jail_sees_reads_and_signals_nothing(runtime: ServerProcess) -> None:
+def test_a_hostile_neighbour_in_the_same_jail_sees_reads_and_signals_nothing(runtime: CodegymServer) -> None:
     tasks = sample_tasks()[::3]
     expected = recorded(tasks)
     victims_done = threading.Event()

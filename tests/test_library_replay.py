@@ -32,7 +32,7 @@ from codegym_cli.library_replay import (
 )
 from services.dispatcher import SandboxDispatcher, SandboxUnavailable
 from tests.conftest import ENV_DIR, SAMPLES
-from tests.helpers.servers import ServerProcess, workers_fixture
+from tests.helpers.servers import CodegymServer, workers_fixture
 
 RUNTIME_ENVS = Path(__file__).resolve().parent / "fixtures" / "runtime_envs"
 COUNTER = "Test_0001_I__CounterEnv"
@@ -106,7 +106,7 @@ def put_recordings(path: Path, lines: list[dict[str, Any]]) -> list[int]:
 
 
 def replay(
-    capsys: pytest.CaptureFixture[str], library: Path, workers: list[ServerProcess], *options: str
+    capsys: pytest.CaptureFixture[str], library: Path, workers: list[CodegymServer], *options: str
 ) -> tuple[int, list[dict[str, Any]], str]:
     """Run the command as `codegym library replay` would; the exit code, the --out lines, stdout."""
     parser = argparse.ArgumentParser()
@@ -217,7 +217,7 @@ def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 
 @pytest.mark.jail
 def test_recorded_trajectories_replay_identical(
-    library: Path, workers: list[ServerProcess], capsys: pytest.CaptureFixture[str]
+    library: Path, workers: list[CodegymServer], capsys: pytest.CaptureFixture[str]
 ) -> None:
     ids = put_recordings(library, recordings())
     code, lines, stdout = replay(capsys, library, workers, "--concurrency", "8")
@@ -233,7 +233,7 @@ def test_recorded_trajectories_replay_identical(
 
 @pytest.mark.jail
 def test_an_altered_observation_is_different_at_its_step(
-    library: Path, workers: list[ServerProcess], capsys: pytest.CaptureFixture[str]
+    library: Path, workers: list[CodegymServer], capsys: pytest.CaptureFixture[str]
 ) -> None:
     lines = recordings()
     same, altered, reset = lines[0], lines[1], lines[2]
@@ -261,7 +261,7 @@ def test_an_altered_observation_is_different_at_its_step(
 
 @pytest.mark.jail
 def test_unreadable_rows_are_reported_apart_and_never_as_different(
-    library: Path, workers: list[ServerProcess], capsys: pytest.CaptureFixture[str]
+    library: Path, workers: list[CodegymServer], capsys: pytest.CaptureFixture[str]
 ) -> None:
     lines = recordings()
     good = put_recordings(library, lines[:1])[0]
@@ -289,7 +289,7 @@ def variant_of_max_subarray() -> str:
 
 @pytest.mark.jail
 def test_a_task_recorded_with_a_variant_is_replayed_with_that_code(
-    library: Path, workers: list[ServerProcess], capsys: pytest.CaptureFixture[str]
+    library: Path, workers: list[CodegymServer], capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = variant_of_max_subarray()
     sha = sha256_text(source)
@@ -331,7 +331,7 @@ def test_a_task_recorded_with_a_variant_is_replayed_with_that_code(
 
 @pytest.mark.jail
 def test_a_sample_with_a_seed_picks_the_same_rows_every_time(
-    library: Path, workers: list[ServerProcess], capsys: pytest.CaptureFixture[str]
+    library: Path, workers: list[CodegymServer], capsys: pytest.CaptureFixture[str]
 ) -> None:
     ids = put_recordings(library, recordings())
     runs = itertools.count()
@@ -375,7 +375,7 @@ class Gate:
 
 @pytest.mark.jail
 def test_a_second_run_resumes_where_a_stopped_one_left_off(
-    library: Path, workers: list[ServerProcess], capsys: pytest.CaptureFixture[str]
+    library: Path, workers: list[CodegymServer], capsys: pytest.CaptureFixture[str]
 ) -> None:
     ids = put_recordings(library, recordings()[:20])
     state_path = library.parent / "replay.jsonl.state"  # the default beside --out
@@ -433,7 +433,7 @@ def test_a_second_run_resumes_where_a_stopped_one_left_off(
 
 @pytest.mark.jail
 def test_an_environment_that_raises_or_hangs_is_failed(
-    library: Path, workers: list[ServerProcess], capsys: pytest.CaptureFixture[str]
+    library: Path, workers: list[CodegymServer], capsys: pytest.CaptureFixture[str]
 ) -> None:
     def action(name: str, **parameters: Any) -> str:
         return json.dumps({"name": name, "parameters": parameters})
@@ -488,7 +488,7 @@ class Flaky:
 
 @pytest.mark.jail
 def test_an_infrastructure_fault_is_failed_apart_and_tried_again_next_run(
-    library: Path, workers: list[ServerProcess], capsys: pytest.CaptureFixture[str]
+    library: Path, workers: list[CodegymServer], capsys: pytest.CaptureFixture[str]
 ) -> None:
     down, once, *rest = put_recordings(library, recordings()[:4])
     state_path = library.parent / "state"

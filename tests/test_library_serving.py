@@ -26,7 +26,7 @@ from codegym_client import RuntimeClient
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.runtime.catalog import Catalog, tool_specs
 from tests.conftest import ENV_DIR, SAMPLES
-from tests.helpers.servers import ServerProcess, start_runtime, start_workers
+from tests.helpers.servers import CodegymServer, start_runtime, start_workers
 from tests.test_metrics import metrics_address, scrape
 
 GCD = "Sample_0006_I__ArrayGcdEnv"
@@ -204,7 +204,7 @@ def served(big_library: tuple[Path, list[str]]) -> Iterator[tuple[RuntimeClient,
     path, copies = big_library
     add_variant_task(path)
     workers = start_workers(count=2, jails=1)
-    runtime: ServerProcess | None = None
+    runtime: CodegymServer | None = None
     try:
         # A record cache far smaller than the library: the records are read again and again.
         runtime = start_runtime(path, workers, "--env-cache-mb", "1")
@@ -283,7 +283,7 @@ def test_a_jail_whose_code_cache_is_full_forgets_by_bytes_and_still_serves_every
     answers = {}
     evictions = {}
     for name, cache_mb in (("tiny", "0"), ("default", "32")):
-        worker = ServerProcess(
+        worker = CodegymServer(
             [
                 "serve",
                 "sandbox",

@@ -29,8 +29,8 @@ from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
+from codegym_testkit.fake_llm import ScriptedLLM
 from tests.conftest import ROOT, SAMPLES
-from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.pipeline_cases import case_problem, case_script, write_problems
 from tests.helpers.processes import (
     Proc,
@@ -104,8 +104,19 @@ def kill_and_check(target: int, tree: dict[Proc, str], subreaper: int, reaper: l
 @pytest.mark.jail
 def test_sigkill_of_codegym_up_leaves_no_process_and_no_port(tmp_path: Path, reaper: list[Proc]) -> None:
     require_redis_server()  # --runtimes 2 shares sessions in a private redis-server
-    args = ["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--workers", "2", "--jails", "2",
-            "--runtimes", "2"]  # fmt: skip
+    args = [
+        "up",
+        "--library",
+        str(tmp_path / "lib.db"),
+        "--port",
+        "0",
+        "--workers",
+        "2",
+        "--jails",
+        "2",
+        "--runtimes",
+        "2",
+    ]
     wrapper = procs.ServerProcess(under_subreaper(procs.codegym_command(args)), name="codegym up")
     try:
         up = identity(command_pid(wrapper.text))
@@ -142,12 +153,29 @@ def test_sigkill_of_pipeline_run_mid_run_leaves_no_process_and_no_port(
     write_problems(problems, [case_problem("slow")])
     work = tmp_path / "work"
     with ScriptedLLM(case_script) as llm:
-        args = ["pipeline", "run", "--problems", str(problems), "--work", str(work),
-                "--llm-base-url", llm.base_url, "--model", "scripted", "--workers", "2", "--jails", "1"]  # fmt: skip
+        args = [
+            "pipeline",
+            "run",
+            "--problems",
+            str(problems),
+            "--work",
+            str(work),
+            "--llm-base-url",
+            llm.base_url,
+            "--model",
+            "scripted",
+            "--workers",
+            "2",
+            "--jails",
+            "1",
+        ]
         wrapper = procs.popen(
             under_subreaper(procs.codegym_command(args)),
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+        )
         try:
             assert wrapper.stdout is not None
             run = identity(command_pid(wrapper.stdout.readline()))

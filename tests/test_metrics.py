@@ -17,13 +17,13 @@ from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym_client.runtime_client import RuntimeClient
+from codegym_testkit.fake_llm import ScriptedLLM
 from tests.conftest import ENV_DIR
-from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.processes import sleeping_in_jails, wait_until
-from tests.helpers.servers import ServerProcess, start_workers
+from tests.helpers.servers import CodegymServer, start_workers
 
 
-def metrics_address(server: ServerProcess) -> str:
+def metrics_address(server: CodegymServer) -> str:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         found = re.search(r"metrics on (127\.0\.0\.1:\d+)", server.text)
@@ -45,7 +45,7 @@ def scrape(address: str) -> dict[str, float]:
 
 @pytest.mark.jail
 def test_sandbox_worker_metrics_count_rpcs_and_operations() -> None:
-    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", "--metrics-port", "0"])
+    worker = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1", "--metrics-port", "0"])
     try:
         address = metrics_address(worker)
         before = scrape(address)
@@ -85,7 +85,7 @@ def test_sandbox_worker_metrics_count_rpcs_and_operations() -> None:
 
 @pytest.mark.jail
 def test_an_operation_whose_caller_gave_up_while_it_waited_is_not_run() -> None:
-    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", "--metrics-port", "0"])
+    worker = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1", "--metrics-port", "0"])
     try:
         address = metrics_address(worker)
         with grpc.insecure_channel(worker.address) as channel:
@@ -116,7 +116,7 @@ def test_an_operation_whose_caller_gave_up_while_it_waited_is_not_run() -> None:
 
 def test_synthesis_metrics_count_llm_requests_and_tokens(tmp_path: object) -> None:
     with ScriptedLLM() as llm:
-        server = ServerProcess(
+        server = CodegymServer(
             [
                 "serve",
                 "synthesis",
@@ -154,10 +154,22 @@ def test_json_logs_carry_request_and_session_ids(tmp_path: Path) -> None:
     library = tmp_path / "lib.db"
     with Library(library) as lib:
         lib.import_paths([ENV_DIR])
-    runtime = ServerProcess(
-        ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", workers[0].address,
-         "--log-format", "json", "--log-level", "DEBUG"]
-    )  # fmt: skip
+    runtime = CodegymServer(
+        [
+            "serve",
+            "runtime",
+            "--port",
+            "0",
+            "--library",
+            str(library),
+            "--sandbox",
+            workers[0].address,
+            "--log-format",
+            "json",
+            "--log-level",
+            "DEBUG",
+        ]
+    )
     try:
         with RuntimeClient(runtime.address) as client:
             created = client.create_session(env_id="Sample_0006_I__ArrayGcdEnv", config={"nums": [4, 6]})

@@ -31,7 +31,7 @@ from codegym_testkit.waiting import wait_until
 from tests.conftest import ENV_DIR, FIXTURE_ENVS, SAMPLES, SHARED_DATA, training_instances
 from tests.helpers.libraries import library_fixture
 from tests.helpers.openenv_play import play_tool_calls, rows
-from tests.helpers.servers import ServerProcess, workers_fixture
+from tests.helpers.servers import CodegymServer, workers_fixture
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
 
@@ -42,8 +42,8 @@ library = library_fixture(
 worker = workers_fixture(1, jails=2, addresses=True, clean_stop=False)
 
 
-def start_runtime(library: Path, worker: str, *extra: str) -> ServerProcess:
-    return ServerProcess(
+def start_runtime(library: Path, worker: str, *extra: str) -> CodegymServer:
+    return CodegymServer(
         ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", worker, *extra]
     )
 
@@ -57,8 +57,8 @@ def runtime(library: Path, worker: str) -> Iterator[str]:
         rt.stop()
 
 
-def start_gateway(runtime: str, *extra: str) -> ServerProcess:
-    return ServerProcess(["serve", "openenv", "--runtime", runtime, "--port", "0", *extra])
+def start_gateway(runtime: str, *extra: str) -> CodegymServer:
+    return CodegymServer(["serve", "openenv", "--runtime", runtime, "--port", "0", *extra])
 
 
 @pytest.fixture(scope="module")
@@ -343,8 +343,11 @@ def recorded_seeds(runtime_client: RuntimeClient, env_id: str) -> dict[int, dict
     """The `seed`s a one-environment gateway plays a recorded oracle episode of (a seed picks the
     task config number seed % count), with the recorded trajectory."""
     tasks = [t.config_json for t in runtime_client.get_env(env_id).tasks]
-    recorded = {json.dumps(t["config"], sort_keys=True): t for t in read_trajectories(SAMPLES / "trajectories.jsonl")
-                if t["env_id"] == env_id and t["reward"] == 1.0}  # fmt: skip
+    recorded = {
+        json.dumps(t["config"], sort_keys=True): t
+        for t in read_trajectories(SAMPLES / "trajectories.jsonl")
+        if t["env_id"] == env_id and t["reward"] == 1.0
+    }
     keys = [json.dumps(json.loads(c), sort_keys=True) for c in tasks]
     return {i: recorded[key] for i, key in enumerate(keys) if key in recorded}
 
@@ -478,7 +481,7 @@ async def test_verifiers_openenv_env_plays_a_one_env_gateway_to_reward_1(
 # The session count and a rolling update ------------------------------------------------------
 
 
-def metrics_address(proc: ServerProcess) -> str:
+def metrics_address(proc: CodegymServer) -> str:
     wait_until(lambda: re.search(r"metrics on (127\.0\.0\.1:\d+)", proc.text) is not None, 10, "metrics")
     found = re.search(r"metrics on (127\.0\.0\.1:\d+)", proc.text)
     assert found is not None
@@ -658,9 +661,22 @@ async def test_codegym_up_starts_one_gateway_per_environment(tmp_path: Path) -> 
     (verifiers' sequence); an environment the library lacks stops `up` with a message."""
     other = "Sample_0001_I__MaxSubarraySumEnv"
     library = tmp_path / "lib.db"
-    args = ["up", "--library", str(library), "--port", "0", "--workers", "1", "--jails", "1",
-            "--openenv-env", ONE_ENV, "--openenv-env", other]  # fmt: skip
-    up = ServerProcess(args, timeout=120)
+    args = [
+        "up",
+        "--library",
+        str(library),
+        "--port",
+        "0",
+        "--workers",
+        "1",
+        "--jails",
+        "1",
+        "--openenv-env",
+        ONE_ENV,
+        "--openenv-env",
+        other,
+    ]
+    up = CodegymServer(args, timeout=120)
     try:
         await asyncio.to_thread(wait_until, lambda: "Ctrl-C stops everything" in up.text, 60, "codegym up")
         urls = dict(re.findall(r"openenv gateway (\S+): OpenEnv base_url (http://\S+)", up.text))

@@ -21,7 +21,7 @@ from codegym_client.errors import REASON_TRAILER, SessionNotFound
 from codegym_client.outages import Outage, clears_by_itself, ride_out
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.processes import port_free, wait_until
-from tests.helpers.servers import ServerProcess, start_runtime, workers_fixture
+from tests.helpers.servers import CodegymServer, start_runtime, workers_fixture
 
 ENV = "Sample_0001_I__MaxSubarraySumEnv"
 
@@ -32,7 +32,7 @@ workers = workers_fixture(1)
 
 @pytest.mark.jail
 def test_a_call_made_during_an_outage_succeeds_once_the_runtime_is_back(
-    library: Path, workers: list[ServerProcess], caplog: pytest.LogCaptureFixture
+    library: Path, workers: list[CodegymServer], caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="codegym_client.outages")
     port = free_port()
@@ -61,7 +61,7 @@ def test_a_call_made_during_an_outage_succeeds_once_the_runtime_is_back(
 
 @pytest.mark.jail
 def test_a_failure_that_does_not_clear_is_raised_at_once_and_a_wait_that_runs_out_raises(
-    library: Path, workers: list[ServerProcess]
+    library: Path, workers: list[CodegymServer]
 ) -> None:
     runtime = start_runtime(library, workers)
     try:

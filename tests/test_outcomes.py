@@ -22,21 +22,21 @@ from codegym.library.store import Library
 from codegym_client import AsyncRuntimeClient, EnvFailed, RuntimeClient, StepConflict
 from tests.conftest import ROOT
 from tests.helpers.processes import CLOCK_NANOSLEEP, children, stat_fields, syscall, wait_until
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 COUNTER = "Test_0001_I__CounterEnv"
 COUNTER_PATH = ROOT / "tests" / "fixtures" / "runtime_envs" / f"{COUNTER}.py"
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[CodegymServer, CodegymServer]]:
     library = tmp_path_factory.mktemp("library") / "library.db"
     with Library(library) as lib:
         assert lib.import_paths([COUNTER_PATH]).skipped == []
-    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    worker = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1"])
     try:
         args = ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", worker.address]
-        runtime = ServerProcess(args)
+        runtime = CodegymServer(args)
         try:
             yield worker, runtime
         finally:
@@ -46,7 +46,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPr
 
 
 @pytest.fixture(scope="module")
-def client(servers: tuple[ServerProcess, ServerProcess]) -> Iterator[RuntimeClient]:
+def client(servers: tuple[CodegymServer, CodegymServer]) -> Iterator[RuntimeClient]:
     with RuntimeClient(servers[1].address, timeout_s=60) as c:
         yield c
 
@@ -74,7 +74,7 @@ def test_an_environment_that_cannot_start_is_env_failed_and_a_sane_config_still_
 
 @pytest.mark.jail
 def test_a_step_whose_process_is_killed_from_outside_runs_again_cold_with_the_same_answer(
-    servers: tuple[ServerProcess, ServerProcess], client: RuntimeClient
+    servers: tuple[CodegymServer, CodegymServer], client: RuntimeClient
 ) -> None:
     worker, _ = servers
     (nsjail,) = children(worker.pid)
@@ -162,7 +162,7 @@ SLOW_MS = 2_500
 @pytest.mark.jail
 @pytest.mark.parametrize("how", ["step", "batch", "async step", "async batch"])
 def test_a_step_longer_than_the_clients_timeout_but_within_the_sessions_own_is_answered_once(
-    servers: tuple[ServerProcess, ServerProcess], how: str
+    servers: tuple[CodegymServer, CodegymServer], how: str
 ) -> None:
     """A client's `timeout_s` (1 s here) is not a step's budget: a session created with
     `step_timeout_ms` above it gets its steps' deadline from that (CreateSession says it back), so a

@@ -8,6 +8,7 @@ rerun with the same library and no new LLM request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import sqlite3
@@ -18,16 +19,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from codegym.library.store import Library
 from codegym_client.runtime_client import RuntimeClient
 from codegym_jobs.export import PROTOCOL, user_message
 from codegym_jobs.oracle import record_oracle
+from codegym_jobs.pipeline.runner import STAGES, Pipeline, PipelineConfig
+from codegym_jobs.pipeline.state import PipelineState
+from codegym_testkit.fake_llm import ScriptedLLM
 from tests.conftest import ROOT, SAMPLES
-from tests.helpers.fake_llm import ScriptedLLM
 from tests.helpers.pipeline_cases import CASES, EXPECTED, case_problem, case_script, write_problems
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 GOOD = ("Sample_0001_I", "Sample_0007_I", "Sample_0009_I")
 
@@ -47,11 +51,11 @@ def llm() -> Iterator[ScriptedLLM]:
 def stack(llm: ScriptedLLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Two sandbox workers, a verification and a synthesis server, as real processes."""
     cache = tmp_path_factory.mktemp("synthesis")
-    procs = [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "2"]) for _ in range(2)]
+    procs = [CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "2"]) for _ in range(2)]
     sandbox = ",".join(p.address for p in procs)
-    procs.append(ServerProcess(["serve", "verification", "--port", "0", "--sandbox", sandbox]))
+    procs.append(CodegymServer(["serve", "verification", "--port", "0", "--sandbox", sandbox]))
     procs.append(
-        ServerProcess(
+        CodegymServer(
             ["serve", "synthesis", "--port", "0", "--llm-base-url", llm.base_url, "--out", str(cache)]
         )
     )
@@ -64,10 +68,25 @@ def stack(llm: ScriptedLLM, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def pipeline_args(problems: Path, work: Path, stack: dict[str, str], *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "codegym_cli.cli", "pipeline", "run", "--problems", str(problems), "--work", str(work),
-        "--synthesis", stack["synthesis"], "--verification", stack["verification"], "--model", "scripted",
-        "--case-time-ms", "2000", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "codegym_cli.cli",
+        "pipeline",
+        "run",
+        "--problems",
+        str(problems),
+        "--work",
+        str(work),
+        "--synthesis",
+        stack["synthesis"],
+        "--verification",
+        stack["verification"],
+        "--model",
+        "scripted",
+        "--case-time-ms",
+        "2000",
+        *extra,
+    ]
 
 
 def run_pipeline(
@@ -177,9 +196,21 @@ def test_library_holds_exactly_the_good_environments(finished_run: dict[str, Any
     assert {t.difficulty for t in record.tasks} >= {"easy", "hard"}
     assert all(10 <= t.solve_fc_round <= 256 for t in record.tasks)
     status = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "pipeline", "status", "--work", str(finished_run["work"]), "--problems"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "pipeline",
+            "status",
+            "--work",
+            str(finished_run["work"]),
+            "--problems",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert status.returncode == 0
     assert "Case_shortcut" in status.stdout and "filters" in status.stdout
     for stage in ("negative_controls", "determinism", "guessability"):
@@ -213,10 +244,23 @@ def test_negative_controls_determinism_and_guessability(finished_run: dict[str, 
     assert all(t.guess_rate is not None and 0 < t.guess_rate < 1 for t in gcd.tasks)
     out = finished_run["work"] / "guess.jsonl"
     export = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(finished_run["library"]),
-         "--out", str(out), "--max-guess-rate", "0.4"],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "export",
+            "--library",
+            str(finished_run["library"]),
+            "--out",
+            str(out),
+            "--max-guess-rate",
+            "0.4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert export.returncode == 0, export.stderr
     items = [json.loads(line) for line in out.read_text().splitlines()]
     assert items and all(i["extra_info"]["guess_rate"] <= 0.4 for i in items)
@@ -230,9 +274,21 @@ async def test_exported_instances_serve_and_the_oracle_reaches_reward_1(
 ) -> None:
     out = tmp_path / "train.jsonl"
     export = subprocess.run(
-        [sys.executable, "-m", "codegym_cli.cli", "export", "--library", str(finished_run["library"]), "--out", str(out)],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "codegym_cli.cli",
+            "export",
+            "--library",
+            str(finished_run["library"]),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert export.returncode == 0, export.stderr
     instances = [json.loads(line) for line in out.read_text().splitlines()]
     with Library(finished_run["library"]) as library:
@@ -247,7 +303,7 @@ async def test_exported_instances_serve_and_the_oracle_reaches_reward_1(
         record = next(r for r in records if r.env_id == t["env_id"])
         ability = f"codegym_v1@{record.env_id}@{json.dumps(t['config'])}"
         by_ability[ability] = t
-    runtime = ServerProcess(
+    runtime = CodegymServer(
         [
             "serve",
             "runtime",
@@ -398,3 +454,18 @@ def test_only_runs_the_problems_a_file_names_such_as_a_runs_mastered_envs(
     nobody.write_text("Nope_0000__NoEnv\n")
     refused = run_pipeline(problems, tmp_path / "work2", stack, "--only", str(nobody))
     assert refused.returncode == 2 and "no usable problem" in refused.stderr
+
+
+def test_every_stage_is_run_by_its_own_step_in_order(tmp_path: Path) -> None:
+    """The stages' table (Pipeline.steps) names each of STAGES, in order: a stage added to one and
+    not the other fails here, not half way through a run."""
+
+    async def steps() -> tuple[str, ...]:
+        async with grpc.aio.insecure_channel("127.0.0.1:1") as channel:  # never called
+            with Library(tmp_path / "lib.db") as library:
+                pipeline = Pipeline(
+                    PipelineState(tmp_path / "work"), library, channel, channel, PipelineConfig()
+                )
+                return tuple(pipeline.steps)
+
+    assert asyncio.run(steps()) == STAGES

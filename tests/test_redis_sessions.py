@@ -41,7 +41,7 @@ from services.runtime.sessions import InMemorySessionStore, Session
 from tests.conftest import ROOT, SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess, require_redis_server, workers_fixture
+from tests.helpers.servers import CodegymServer, Redis, require_redis_server, workers_fixture
 
 TRAJECTORIES = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
 RUNTIME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
@@ -68,11 +68,23 @@ def redis(tmp_path: Path) -> Iterator[Redis]:
 workers = workers_fixture(addresses=True, clean_stop=False)
 
 
-def replica(library: Path, workers: str, redis: Redis, lease_s: float = 2.0) -> ServerProcess:
-    return ServerProcess(
-        ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", workers,
-         "--sessions", redis.url, "--step-lease-s", str(lease_s)]
-    )  # fmt: skip
+def replica(library: Path, workers: str, redis: Redis, lease_s: float = 2.0) -> CodegymServer:
+    return CodegymServer(
+        [
+            "serve",
+            "runtime",
+            "--port",
+            "0",
+            "--library",
+            str(library),
+            "--sandbox",
+            workers,
+            "--sessions",
+            redis.url,
+            "--step-lease-s",
+            str(lease_s),
+        ]
+    )
 
 
 def play(stub: rt_grpc.RuntimeServiceStub, trajectory: dict[str, Any], on_step: Any = None) -> list[str]:
@@ -137,7 +149,7 @@ def test_a_replica_killed_mid_run_loses_no_episode_and_applies_no_step_twice(
 
 @pytest.mark.jail
 def test_a_worker_killed_and_restarted_under_load_loses_no_session(library: Path, redis: Redis) -> None:
-    procs = [ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"]) for _ in range(2)]
+    procs = [CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1"]) for _ in range(2)]
     sandbox = ",".join(p.address for p in procs)
     a, b = replica(library, sandbox, redis), replica(library, sandbox, redis)
     episodes = [t for t in TRAJECTORIES if len(t["steps"]) >= 12][:32]
@@ -149,7 +161,7 @@ def test_a_worker_killed_and_restarted_under_load_loses_no_session(library: Path
     def restart() -> None:
         # Back only once the load went on without it: 50 more steps served by the other worker.
         assert went_on.wait(120), "no step after the kill"
-        procs[0] = ServerProcess(["serve", "sandbox", "--port", port, "--jails", "1"])
+        procs[0] = CodegymServer(["serve", "sandbox", "--port", port, "--jails", "1"])
 
     restarter = threading.Thread(target=restart)
 
@@ -274,7 +286,7 @@ def test_redis_going_away_is_unavailable_and_the_stack_recovers(
 @pytest.mark.jail
 def test_codegym_up_with_two_runtimes_shares_sessions(tmp_path: Path) -> None:
     require_redis_server()
-    up = ServerProcess(
+    up = CodegymServer(
         ["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1", "--runtimes", "2"]
     )
     try:
@@ -309,8 +321,9 @@ def test_codegym_up_with_two_runtimes_shares_sessions(tmp_path: Path) -> None:
 # --- The step lease and what a step writes -------------------------------------------------------
 
 
-def call(stub: rt_grpc.RuntimeServiceStub, session_id: str, name: str, index: int | None = None,
-         **parameters: Any) -> rt.StepResponse:  # fmt: skip
+def call(
+    stub: rt_grpc.RuntimeServiceStub, session_id: str, name: str, index: int | None = None, **parameters: Any
+) -> rt.StepResponse:
     action = json.dumps({"name": name, "parameters": parameters})
     request = rt.StepRequest(session_id=session_id, action_json=action)
     if index is not None:
@@ -485,10 +498,17 @@ def test_a_replica_frozen_past_its_lease_changes_nothing_when_it_wakes(
 
 def stored_session(session_id: str, step_index: int, state: bytes) -> Session:
     return Session(
-        session_id=session_id, env_id=COUNTER, config_json='{"target": 3}', state=state, max_steps=256,
-        step_timeout_ms=5000, seed=7, step_index=step_index, reward=0.25 * step_index,
+        session_id=session_id,
+        env_id=COUNTER,
+        config_json='{"target": 3}',
+        state=state,
+        max_steps=256,
+        step_timeout_ms=5000,
+        seed=7,
+        step_index=step_index,
+        reward=0.25 * step_index,
         last_reply=b"reply %d" % step_index,
-    )  # fmt: skip
+    )
 
 
 async def test_a_stale_touch_changes_nothing_in_redis(redis: Redis) -> None:

@@ -23,7 +23,7 @@ from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.hostile import HOSTILE_TEMPLATE, hostile
 from tests.helpers.processes import jailed, stat_fields, wait_until
-from tests.helpers.servers import ServerProcess, worker_fixture
+from tests.helpers.servers import CodegymServer, worker_fixture
 from tests.test_metrics import metrics_address, scrape
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
@@ -114,15 +114,15 @@ class Session:
         return result
 
 
-def start_worker(*extra: str) -> ServerProcess:
-    return ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1", *extra])
+def start_worker(*extra: str) -> CodegymServer:
+    return CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1", *extra])
 
 
 worker = worker_fixture()
 
 
 @pytest.fixture(scope="module")
-def stub(worker: ServerProcess) -> Iterator[pb_grpc.SandboxServiceStub]:
+def stub(worker: CodegymServer) -> Iterator[pb_grpc.SandboxServiceStub]:
     with grpc.insecure_channel(worker.address) as channel:
         yield pb_grpc.SandboxServiceStub(channel)
 

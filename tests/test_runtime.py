@@ -47,7 +47,7 @@ from tests.helpers.processes import (
     wait_until,
 )
 from tests.helpers.servers import (
-    ServerProcess,
+    CodegymServer,
     deployed_runtime,
     start_runtime,
     start_workers,
@@ -80,14 +80,14 @@ workers = workers_fixture()
 
 
 @pytest.fixture(scope="module")
-def runtime(library: Path, workers: list[ServerProcess]) -> Iterator[ServerProcess]:
+def runtime(library: Path, workers: list[CodegymServer]) -> Iterator[CodegymServer]:
     proc = start_runtime(library, workers)
     yield proc
     assert proc.stop() == 0
 
 
 @pytest.fixture(scope="module")
-def client(runtime: ServerProcess) -> Iterator[RuntimeClient]:
+def client(runtime: CodegymServer) -> Iterator[RuntimeClient]:
     with RuntimeClient(runtime.address, timeout_s=60) as c:
         yield c
 
@@ -310,7 +310,7 @@ def test_clients_take_openai_tool_call_messages_as_actions(sample_runtime: str) 
 
 
 @pytest.mark.jail
-def test_training_instance_abilities_through_online_adapter(runtime: ServerProcess) -> None:
+def test_training_instance_abilities_through_online_adapter(runtime: CodegymServer) -> None:
     instances = training_instances()
     abilities = [parse_ability(i["ability"]) for i in instances]
     expected = in_process([(a.env_id, a.config) for a in abilities])
@@ -462,7 +462,7 @@ def test_structured_tool_call_and_one_element_list(client: RuntimeClient) -> Non
 
 
 @pytest.mark.jail
-def test_oversized_message_is_refused_by_the_server(client: RuntimeClient, runtime: ServerProcess) -> None:
+def test_oversized_message_is_refused_by_the_server(client: RuntimeClient, runtime: CodegymServer) -> None:
     session = counter_session(client)
     unlimited = grpc.insecure_channel(runtime.address, options=[("grpc.max_send_message_length", -1)])
     with unlimited:
@@ -518,7 +518,7 @@ def test_concurrent_steps_on_one_session_are_serialized(client: RuntimeClient) -
 
 @pytest.mark.jail
 def test_closing_a_session_during_its_step_does_not_bring_it_back(
-    client: RuntimeClient, workers: list[ServerProcess]
+    client: RuntimeClient, workers: list[CodegymServer]
 ) -> None:
     session = counter_session(client)
     assert sleeping_in_jails(*(w.pid for w in workers)) == []
@@ -548,8 +548,14 @@ def test_batch_step(client: RuntimeClient) -> None:
 
 @pytest.mark.jail
 def test_list_and_get_envs(client: RuntimeClient) -> None:
-    envs = list(client.list_envs(page_size=4))
+    envs = client.list_envs(page_size=4)
     assert len(envs) == 16 and [e.env_id for e in envs] == sorted(e.env_id for e in envs)
+
+    async def listed_async() -> list[Any]:
+        async with AsyncRuntimeClient(client.target) as aio:
+            return await aio.list_envs(page_size=5)
+
+    assert asyncio.run(listed_async()) == envs  # both clients: the same list
     assert [e.env_id[:11] for e in client.list_envs(prefix="Sample_000")] == [
         f"Sample_000{i}" for i in range(1, 10)
     ]
@@ -576,7 +582,7 @@ def test_list_and_get_envs(client: RuntimeClient) -> None:
 
 
 @pytest.mark.jail
-def test_idle_sessions_expire(library: Path, workers: list[ServerProcess]) -> None:
+def test_idle_sessions_expire(library: Path, workers: list[CodegymServer]) -> None:
     # A session expires `ttl` after its last use, by the runtime's monotonic clock (this one too):
     # `idle` is last used at its creation, `kept` by a step half a TTL later. Asking about a
     # session (GetSession) does not renew it, so the test can watch `idle` go.
@@ -610,7 +616,7 @@ def test_idle_sessions_expire(library: Path, workers: list[ServerProcess]) -> No
 
 @pytest.mark.jail
 def test_capacity_limit_answers_resource_exhausted_with_retry_hint(
-    library: Path, workers: list[ServerProcess]
+    library: Path, workers: list[CodegymServer]
 ) -> None:
     proc = start_runtime(library, workers, "--max-sessions", "2")
     try:
@@ -667,7 +673,7 @@ def test_killing_a_worker_mid_episode_loses_no_session(library: Path) -> None:
             # other one when both run one): its steps are re-run on the worker left, exactly once.
             port = workers[0].address.rsplit(":", 1)[1]
             workers[0].stop()
-            workers[0] = ServerProcess(["serve", "sandbox", "--port", port, "--jails", "1"])
+            workers[0] = CodegymServer(["serve", "sandbox", "--port", port, "--jails", "1"])
             slow = [counter_session(c) for _ in range(4)]
             with ThreadPoolExecutor(4) as pool:
                 pending = [pool.submit(c.step, s, {"name": "Slow", "parameters": {"ms": 1500}}) for s in slow]
@@ -696,7 +702,7 @@ def test_killing_a_worker_mid_episode_loses_no_session(library: Path) -> None:
 
 @pytest.mark.jail
 def test_codegym_up_and_demo(tmp_path: Path) -> None:
-    up = ServerProcess(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
+    up = CodegymServer(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
     try:
         lines = [json.loads(x) for x in (SAMPLES / "trajectories.jsonl").read_text().splitlines()]
         few = tmp_path / "few.jsonl"
@@ -705,10 +711,22 @@ def test_codegym_up_and_demo(tmp_path: Path) -> None:
         import sys
 
         demo = subprocess.run(
-            [sys.executable, "-m", "codegym_cli.cli", "demo", "--target", up.address, "--trajectories", str(few),
-             "--random-episodes", "1"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "codegym_cli.cli",
+                "demo",
+                "--target",
+                up.address,
+                "--trajectories",
+                str(few),
+                "--random-episodes",
+                "1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert "Sample_0012_I__SearchInsertEnv" in demo.stdout and "1/1" in demo.stdout
         assert "steps/s" in demo.stdout and "problem" not in demo.stdout
@@ -728,7 +746,7 @@ def test_codegym_up_and_demo(tmp_path: Path) -> None:
 
 @pytest.mark.jail
 def test_codegym_up_restarts_a_killed_worker_and_every_episode_finishes(tmp_path: Path) -> None:
-    up = ServerProcess(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
+    up = CodegymServer(["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "1"])
     try:
         deadline = time.monotonic() + 30
         while "sandbox worker 2 at" not in up.text and time.monotonic() < deadline:
@@ -816,9 +834,23 @@ def test_a_port_in_use_is_a_clear_error(library: Path) -> None:
         taken.listen()
         port = str(taken.getsockname()[1])
         result = subprocess.run(
-            [sys.executable, "-m", "codegym_cli.cli", "serve", "runtime", "--port", port, "--library", str(library),
-             "--sandbox", "127.0.0.1:1"],
-            capture_output=True, text=True, timeout=60, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "codegym_cli.cli",
+                "serve",
+                "runtime",
+                "--port",
+                port,
+                "--library",
+                str(library),
+                "--sandbox",
+                "127.0.0.1:1",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
     assert result.returncode == 1 and f"cannot bind 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr

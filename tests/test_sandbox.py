@@ -39,7 +39,7 @@ from tests.helpers.processes import (
     sleeping_in_jails,
     wait_until,
 )
-from tests.helpers.servers import ServerProcess, sandbox_workers, worker_fixture
+from tests.helpers.servers import CodegymServer, sandbox_workers, worker_fixture
 from tests.helpers.trajectories import record
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
@@ -57,7 +57,7 @@ worker = worker_fixture(add_env={SECRET_NAME: SECRET})
 
 
 @pytest.fixture(scope="module")
-def stub(worker: ServerProcess) -> Iterator[pb_grpc.SandboxServiceStub]:
+def stub(worker: CodegymServer) -> Iterator[pb_grpc.SandboxServiceStub]:
     with grpc.insecure_channel(worker.address) as channel:
         yield pb_grpc.SandboxServiceStub(channel)
 
@@ -90,7 +90,7 @@ def evil(stub: pb_grpc.SandboxServiceStub, body: str, preamble: str = "") -> pb.
     return step(stub, source, created.state, '{"name": "Evil", "parameters": {}}')
 
 
-def assert_still_correct(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def assert_still_correct(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     wait_serving(worker.address)
     solved = execute(
         stub, pb.Operation(source=pb.SourceRef(code=GOOD), solve=pb.SolveOp(config_json=GOOD_CONFIG))
@@ -195,7 +195,7 @@ def test_jails_share_the_cpu_with_the_worker_unless_told_otherwise(
 def test_codegym_up_gives_its_workers_jail_nice(tmp_path: Path) -> None:
     """`codegym up --jail-nice 5`: code in its worker's jails runs 5 nicer than the worker."""
     args = ["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--workers", "1", "--jails", "1"]
-    up = ServerProcess([*args, "--jail-nice", "5", "--no-record"], timeout=120)
+    up = CodegymServer([*args, "--jail-nice", "5", "--no-record"], timeout=120)
     try:
         wait_until(lambda: "Ctrl-C stops everything" in up.text, 60, "codegym up")
         match = re.search(r"sandbox worker 1 at (\S+)", up.text)
@@ -262,19 +262,19 @@ def test_same_seed_same_result_and_stable_hash_order(stub: pb_grpc.SandboxServic
 # --- adversarial catalogue -------------------------------------------------------------------------
 
 
-def test_infinite_loop_in_a_tool(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def test_infinite_loop_in_a_tool(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     result = evil(stub, "while True:\n    pass")
     assert result.status == pb.STATUS_TIMEOUT, result.message
     assert_still_correct(stub, worker)
 
 
-def test_infinite_loop_at_import(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def test_infinite_loop_at_import(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     result = create(stub, hostile("pass", preamble="while True:\n    pass"), limits=FAST)
     assert result.status == pb.STATUS_TIMEOUT
     assert_still_correct(stub, worker)
 
 
-def test_sleeping_past_the_wall_clock(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def test_sleeping_past_the_wall_clock(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     result = evil(stub, "import time\ntime.sleep(60)")
     assert result.status == pb.STATUS_TIMEOUT and "wall-clock" in result.message
     assert_still_correct(stub, worker)
@@ -283,13 +283,13 @@ def test_sleeping_past_the_wall_clock(stub: pb_grpc.SandboxServiceStub, worker: 
 @pytest.mark.parametrize(
     "body", ["x = bytearray(8 * 1024 ** 3)", "hog = []\nwhile True:\n    hog.append(' ' * 2 ** 20)"]
 )
-def test_memory_bomb(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess, body: str) -> None:
+def test_memory_bomb(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer, body: str) -> None:
     result = evil(stub, body)
     assert result.status == pb.STATUS_MEMORY_LIMIT, result.message
     assert_still_correct(stub, worker)
 
 
-def test_fork_bomb(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def test_fork_bomb(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     result = evil(
         stub, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     )
@@ -297,7 +297,7 @@ def test_fork_bomb(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> N
     assert_still_correct(stub, worker)
 
 
-def test_deep_recursion(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def test_deep_recursion(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     result = evil(stub, "def f(n):\n    return f(n + 1)\nf(0)")
     assert result.status == pb.STATUS_ENV_ERROR and "RecursionError" in result.message
     smashed = evil(
@@ -327,7 +327,7 @@ def write_marker(marker: Path) -> str:
 
 
 def test_shell_and_subprocess_see_only_the_jail(
-    stub: pb_grpc.SandboxServiceStub, worker: ServerProcess
+    stub: pb_grpc.SandboxServiceStub, worker: CodegymServer
 ) -> None:
     # Folders that exist on the host, writable by anyone: under /tmp (the jail has its own) and in
     # the checkout, beside the venv the jail mounts.
@@ -338,9 +338,14 @@ def test_shell_and_subprocess_see_only_the_jail(
             # From outside the jail, as an unprivileged id like the jail's, the same code does
             # leave the marker: its absence below is the jail's doing.
             outside = subprocess.run(
-                [PYTHON, "-I", "-c", write_marker(marker)], capture_output=True, text=True, timeout=30,
-                user=BASE_ID + 1, group=BASE_ID + 1, cwd="/",
-            )  # fmt: skip
+                [PYTHON, "-I", "-c", write_marker(marker)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                user=BASE_ID + 1,
+                group=BASE_ID + 1,
+                cwd="/",
+            )
             assert outside.stdout.split("\n")[:2] == ["shell 0", "open ok"], outside.stdout + outside.stderr
             assert marker.read_text() == "escaped"
             marker.unlink()
@@ -366,7 +371,7 @@ def test_shell_and_subprocess_see_only_the_jail(
 
 
 def test_writes_outside_tmp_fail_and_tmp_does_not_outlive_a_request(
-    stub: pb_grpc.SandboxServiceStub, worker: ServerProcess
+    stub: pb_grpc.SandboxServiceStub, worker: CodegymServer
 ) -> None:
     # A file the jail sees through a read-only mount (the venv is mounted wherever it lives, even
     # under /tmp, where the checkout's other files are the jail's own scratch space).
@@ -386,7 +391,7 @@ def test_writes_outside_tmp_fail_and_tmp_does_not_outlive_a_request(
     assert_still_correct(stub, worker)
 
 
-def test_host_files_are_invisible(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def test_host_files_are_invisible(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     hidden = [
         "/etc/passwd",
         "/etc/shadow",
@@ -428,7 +433,7 @@ print(json.dumps({{"read": sorted(sources), "found": found}}))
 
 
 def test_the_workers_environment_is_out_of_the_jails_reach(
-    stub: pb_grpc.SandboxServiceStub, worker: ServerProcess
+    stub: pb_grpc.SandboxServiceStub, worker: CodegymServer
 ) -> None:
     # The worker holds the secret, and the probe finds it from outside the jail (in the worker's
     # /proc/PID/environ), without having it in its own environment.
@@ -471,10 +476,12 @@ def test_string_hashing_is_the_same_in_every_jail_and_in_process(
     local = subprocess.run(
         [PYTHON, "-c", SET_OF_STRINGS],
         env={"PYTHONHASHSEED": "0", "PATH": os.environ.get("PATH", "")},
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     op = pb.Operation(source=pb.SourceRef(code=SET_OF_STRINGS), run_script=pb.RunScriptOp())
-    other = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    other = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1"])
     try:
         with grpc.insecure_channel(other.address) as channel:
             seen = [execute(stub, op).stdout for _ in range(3)]
@@ -484,7 +491,7 @@ def test_string_hashing_is_the_same_in_every_jail_and_in_process(
     assert seen == [local] * 6
 
 
-def test_network_is_unreachable(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def test_network_is_unreachable(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     port = worker.address.rsplit(":", 1)[1]
     body = (
         "import socket\n"
@@ -502,7 +509,7 @@ def test_network_is_unreachable(stub: pb_grpc.SandboxServiceStub, worker: Server
 
 
 def test_killing_the_parent_and_everything_else(
-    stub: pb_grpc.SandboxServiceStub, worker: ServerProcess
+    stub: pb_grpc.SandboxServiceStub, worker: CodegymServer
 ) -> None:
     # The zygote (the parent, pid 1 of the jail) is another id: the kernel refuses the signal.
     result = evil(
@@ -525,7 +532,7 @@ def test_killing_the_parent_and_everything_else(
     assert_still_correct(stub, worker)
 
 
-def test_huge_output(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def test_huge_output(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     result = evil(stub, "while True:\n    print('spam' * 1000)")
     assert result.status == pb.STATUS_OUTPUT_LIMIT
     assert result.output_truncated and 0 < len(result.stdout) <= 64 * 1024
@@ -533,7 +540,7 @@ def test_huge_output(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) ->
 
 
 def test_monkeypatching_does_not_reach_the_next_request(
-    stub: pb_grpc.SandboxServiceStub, worker: ServerProcess
+    stub: pb_grpc.SandboxServiceStub, worker: CodegymServer
 ) -> None:
     result = evil(
         stub, "import builtins, json\nbuiltins.len = lambda x: 42\njson.dumps = lambda *a, **k: 'HACKED'"
@@ -552,7 +559,7 @@ def test_malformed_action_and_unknown_tool_are_env_data(stub: pb_grpc.SandboxSer
     assert unknown.observation == "Error: Invalid action: Teleport"
 
 
-def test_state_from_another_environment(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def test_state_from_another_environment(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     other_source = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py").read_text()
     foreign = create(stub, other_source, '{"nums": [4, 6]}').state
     result = step(stub, GOOD, foreign, '{"name": "Observe", "parameters": {}}')
@@ -562,7 +569,7 @@ def test_state_from_another_environment(stub: pb_grpc.SandboxServiceStub, worker
     assert_still_correct(stub, worker)
 
 
-def test_invalid_sources(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def test_invalid_sources(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     syntax = create(stub, "class Broken(:\n")
     assert syntax.status == pb.STATUS_BAD_REQUEST and "does not compile" in syntax.message
     no_env = create(stub, "x = 1\n")
@@ -605,7 +612,7 @@ def test_batch_returns_results_in_order(stub: pb_grpc.SandboxServiceStub) -> Non
     assert results[3].status == pb.STATUS_ENV_ERROR
 
 
-def test_a_dead_jail_is_replaced(stub: pb_grpc.SandboxServiceStub, worker: ServerProcess) -> None:
+def test_a_dead_jail_is_replaced(stub: pb_grpc.SandboxServiceStub, worker: CodegymServer) -> None:
     before = stub.GetWorkerInfo(pb.GetWorkerInfoRequest(), timeout=10)
     pids = [pid for pid in children(worker.pid) if "nsjail" in (cmdline(pid) or "")]
     assert len(pids) == 1, "the worker has not its one nsjail child"
@@ -652,7 +659,7 @@ def test_sample_envs_through_the_worker_match_in_process(stub: pb_grpc.SandboxSe
 
 
 def test_sigterm_drains_and_exits_cleanly() -> None:
-    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "2"])
+    server = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "2"])
     wait_serving(server.address, "codegym.sandbox.v1.SandboxService")
     # The worker's whole tree, its jails' processes included (each zygote and its spare fork).
     tree = process_tree(server.pid)
@@ -681,7 +688,7 @@ def serving(channel: grpc.Channel) -> bool:
 
 
 def test_overload_is_resource_exhausted_and_loses_nothing() -> None:
-    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "2", "--max-pending", "2"])
+    server = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "2", "--max-pending", "2"])
     try:
         with grpc.insecure_channel(server.address) as channel:
             stub = pb_grpc.SandboxServiceStub(channel)
@@ -698,7 +705,7 @@ def test_overload_is_resource_exhausted_and_loses_nothing() -> None:
 
 
 def test_drain_finishes_running_work_and_refuses_new_work() -> None:
-    server = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    server = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1"])
     with grpc.insecure_channel(server.address) as channel:
         stub = pb_grpc.SandboxServiceStub(channel)
         # Long enough to still run after the checks below on a loaded machine, within the 5 s grace.

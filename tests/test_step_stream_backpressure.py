@@ -35,7 +35,7 @@ from services.runtime.sessions import InMemorySessionStore
 from services.runtime.streaming import step_stream
 from tests.conftest import ENV_DIR
 from tests.helpers.libraries import library_fixture
-from tests.helpers.servers import ServerProcess, workers_fixture
+from tests.helpers.servers import CodegymServer, workers_fixture
 
 ENV = "Sample_0001_I__MaxSubarraySumEnv"
 MAX_BATCH = 4
@@ -74,7 +74,7 @@ class CountingServicer(RuntimeServicer):
 
 
 @contextlib.asynccontextmanager
-async def runtime(library: Path, workers: list[ServerProcess]) -> AsyncIterator[tuple[CountingServicer, str]]:
+async def runtime(library: Path, workers: list[CodegymServer]) -> AsyncIterator[tuple[CountingServicer, str]]:
     dispatcher = SandboxDispatcher([w.address for w in workers])
     servicer = CountingServicer(library, dispatcher)
     server = ManagedServer([SERVICE_NAME])
@@ -161,7 +161,7 @@ def stream_tasks() -> list[asyncio.Task[object]]:
 
 @pytest.mark.jail
 async def test_a_client_that_does_not_read_holds_back_its_steps(
-    library: Path, workers: list[ServerProcess]
+    library: Path, workers: list[CodegymServer]
 ) -> None:
     async with (
         runtime(library, workers) as (servicer, address),
@@ -205,7 +205,7 @@ async def test_a_client_that_does_not_read_holds_back_its_steps(
 
 @pytest.mark.jail
 async def test_a_client_that_never_reads_then_cancels_leaves_the_runtime_healthy(
-    library: Path, workers: list[ServerProcess]
+    library: Path, workers: list[CodegymServer]
 ) -> None:
     async with (
         runtime(library, workers) as (servicer, address),

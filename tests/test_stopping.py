@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from codegym import procs
 from tests.conftest import ROOT
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 # A server's main coroutine that leaves a non-daemon thread blocked for good: the interpreter's
 # exit joins it, as an exit stuck in a library's teardown would (grpc/grpc#40989).
@@ -91,7 +91,7 @@ def test_stop_asks_a_process_that_will_not_stop_for_its_stacks_then_kills_it(sta
 
 
 def test_a_codegym_server_writes_its_stacks_on_usr1_and_goes_on_serving() -> None:
-    server = ServerProcess(["serve", "synthesis", "--port", "0", "--llm-base-url", "http://127.0.0.1:9/v1"])
+    server = CodegymServer(["serve", "synthesis", "--port", "0", "--llm-base-url", "http://127.0.0.1:9/v1"])
     try:
         server.proc.send_signal(procs.STACKS_SIGNAL)
         deadline = time.monotonic() + 20

@@ -22,14 +22,14 @@ from codegym.contract import analyze_source
 from codegym.library.store import Library
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
+from codegym_testkit.fake_llm import GOOD_SOLVE, SAMPLE, ScriptedLLM, good_env, good_tests, stage_of
+from codegym_testkit.fake_llm import Reply as R
 from services.synthesis.llm import LLMGateway, LLMSettings, LLMUnavailable, StageParams
 from services.synthesis.llm_cache import ResponseCache
 from services.synthesis.parsing import parse_env_output, parse_solve_output, parse_test_lines, splice_solve
 from services.synthesis.problems import load_problems
 from tests.conftest import ROOT, SHARED_DATA
-from tests.helpers.fake_llm import GOOD_SOLVE, SAMPLE, ScriptedLLM, good_env, good_tests, stage_of
-from tests.helpers.fake_llm import Reply as R
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 PROBLEMS = SHARED_DATA / "raw_problems_sample.jsonl"
 MESSAGES = [{"role": "user", "content": "hello"}]
@@ -54,13 +54,21 @@ def test_env_output_last_complete_block_after_think() -> None:
         ("<task>t</task> no code", "stop", "missing_marker", "<env>"),
         ("<task>t</task><env>\nclass A(gymnasium.Env:\n", "length", "truncated", "token limit"),
         ("<task>t</task><env>\ndef f(:\n  pass\n</env>", "stop", "syntax_error", "line 1"),
-        ("<task>t</task><env>\nimport gymnasium\nclass AEnv(gymnasium.Env):\n    pass\n</env>", "stop",
-         "contract_violation", "func_mapping"),
-        ("<task>t</task><env>\n" + SAMPLE + "\n" + SAMPLE.replace("ArrayGcdEnv", "OtherEnv") + "</env>", "stop",
-         "contract_violation", "several env classes"),
+        (
+            "<task>t</task><env>\nimport gymnasium\nclass AEnv(gymnasium.Env):\n    pass\n</env>",
+            "stop",
+            "contract_violation",
+            "func_mapping",
+        ),
+        (
+            "<task>t</task><env>\n" + SAMPLE + "\n" + SAMPLE.replace("ArrayGcdEnv", "OtherEnv") + "</env>",
+            "stop",
+            "contract_violation",
+            "several env classes",
+        ),
         ("<task>  </task><env>\n" + SAMPLE + "</env>", "stop", "missing_marker", "empty"),
     ],
-)  # fmt: skip
+)
 def test_env_output_rejections_have_reasons(text: str, finish: str, status: str, words: str) -> None:
     parsed = parse_env_output(text, finish)
     assert parsed.status == status, parsed
@@ -334,10 +342,23 @@ def test_codegym_synthesize_reports_refused_rows_and_bad_overrides(tmp_path: Pat
         rows = tmp_path / "rows.jsonl"
         rows.write_text(json.dumps({"question_id": "X_1", "question": "q"}) + "\n")
         result = subprocess.run(
-            [sys.executable, "-m", "codegym_cli.cli", "synthesize", "--problems", str(rows), "--out", str(tmp_path / "o"),
-             "--llm-base-url", llm.base_url],
-            capture_output=True, text=True, timeout=60, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "codegym_cli.cli",
+                "synthesize",
+                "--problems",
+                str(rows),
+                "--out",
+                str(tmp_path / "o"),
+                "--llm-base-url",
+                llm.base_url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
         assert result.returncode == 2 and "missing field(s): solution" in result.stderr
         assert llm.count() == 0
 
@@ -352,7 +373,7 @@ def problem_message(index: int = 0) -> sy.Problem:
 
 def test_synthesis_service(tmp_path: Path) -> None:
     with ScriptedLLM() as llm:
-        server = ServerProcess(
+        server = CodegymServer(
             ["serve", "synthesis", "--port", "0", "--llm-base-url", llm.base_url, "--out", str(tmp_path)]
         )
         try:
@@ -410,10 +431,22 @@ def test_synthesis_service_with_the_llm_down_answers_unavailable(tmp_path: Path)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
-    server = ServerProcess(
-        ["serve", "synthesis", "--port", "0", "--llm-base-url", dead, "--out", str(tmp_path), "--max-retries", "1",
-         "--backoff-s", "0.01"]
-    )  # fmt: skip
+    server = CodegymServer(
+        [
+            "serve",
+            "synthesis",
+            "--port",
+            "0",
+            "--llm-base-url",
+            dead,
+            "--out",
+            str(tmp_path),
+            "--max-retries",
+            "1",
+            "--backoff-s",
+            "0.01",
+        ]
+    )
     try:
         with grpc.insecure_channel(server.address) as channel:
             stub = sy_grpc.SynthesisServiceStub(channel)

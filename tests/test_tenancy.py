@@ -28,7 +28,7 @@ from codegym_client.errors import CapacityExceeded, SessionNotFound
 from services.runtime.tenancy import Bucket as TokenBucket
 from services.runtime.tenancy import Quotas
 from tests.conftest import ENV_DIR, SAMPLES
-from tests.helpers.servers import Redis, ServerProcess
+from tests.helpers.servers import CodegymServer, Redis
 
 pytestmark = pytest.mark.jail  # the runtime steps on a real sandbox worker
 
@@ -81,25 +81,25 @@ def test_quotas_refuse_with_capacity_and_a_retry_after_and_leave_others_alone() 
 ENV = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TLS_CA_ENV)}
 
 
-def stack(folder: Path, *runtime_args: str) -> tuple[ServerProcess, ServerProcess]:
+def stack(folder: Path, *runtime_args: str) -> tuple[CodegymServer, CodegymServer]:
     """A worker and a runtime taking the tokens file; the runtime steps on its service token."""
     (folder / "tokens.json").write_text(json.dumps(TOKENS))
     with Library(folder / "library.db") as lib:
         lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
-    worker = ServerProcess(
+    worker = CodegymServer(
         ["serve", "sandbox", "--port", "0", "--jails", "1", "--tokens", str(folder / "tokens.json")], env=ENV
     )
     return worker, runtime_on(folder, worker, *runtime_args)
 
 
-def runtime_on(folder: Path, worker: ServerProcess, *extra: str) -> ServerProcess:
+def runtime_on(folder: Path, worker: CodegymServer, *extra: str) -> CodegymServer:
     args = ["serve", "runtime", "--port", "0", "--library", str(folder / "library.db")]
     args += ["--sandbox", worker.address, "--tokens", str(folder / "tokens.json"), "--no-record", *extra]
-    return ServerProcess(args, env={**ENV, TOKEN_ENV: "service-token"})
+    return CodegymServer(args, env={**ENV, TOKEN_ENV: "service-token"})
 
 
 @pytest.fixture(scope="module")
-def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CodegymServer]:
     worker, runtime = stack(tmp_path_factory.mktemp("tenancy"))
     try:
         yield runtime
@@ -135,7 +135,7 @@ def raw_stub(address: str, token: str) -> tuple[grpc.Channel, rt_grpc.RuntimeSer
 
 
 def test_a_tenant_past_its_sessions_gets_capacity_and_the_other_is_untouched(
-    runtime: ServerProcess, monkeypatch: pytest.MonkeyPatch
+    runtime: CodegymServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tight = client_of(runtime.address, "tight-token", monkeypatch)
     roomy = client_of(runtime.address, "roomy-token", monkeypatch)
@@ -160,7 +160,7 @@ def test_a_tenant_past_its_sessions_gets_capacity_and_the_other_is_untouched(
 
 
 def test_a_tenant_past_its_step_rate_is_refused_and_the_other_is_served(
-    runtime: ServerProcess, monkeypatch: pytest.MonkeyPatch
+    runtime: CodegymServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tight = client_of(runtime.address, "tight-token", monkeypatch)
     roomy = client_of(runtime.address, "roomy-token", monkeypatch)
@@ -187,7 +187,7 @@ def test_a_tenant_past_its_step_rate_is_refused_and_the_other_is_served(
 
 
 def test_another_tenants_session_is_unknown_and_untouched(
-    runtime: ServerProcess, monkeypatch: pytest.MonkeyPatch
+    runtime: CodegymServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tight = client_of(runtime.address, "tight-token", monkeypatch)
     roomy = client_of(runtime.address, "roomy-token", monkeypatch)
@@ -209,7 +209,7 @@ def test_another_tenants_session_is_unknown_and_untouched(
 
 
 def test_a_front_end_plays_as_the_tenant_it_names_and_a_trainer_cannot_name_one(
-    runtime: ServerProcess, monkeypatch: pytest.MonkeyPatch
+    runtime: CodegymServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The OpenEnv gateway calls on its service token and names its caller's tenant: the call is
     that tenant's (its quota, its sessions). A trainer naming another tenant stays itself."""

@@ -21,12 +21,12 @@ from openenv.core.generic_client import GenericEnvClient
 
 from codegym.library.store import Library
 from codegym_client import AsyncRuntimeClient, RuntimeClient
-from codegym_client.trl import CodeGymSpec, Curriculum
+from codegym_client.trl import CodeGymSpec
 from codegym_client.verl import run_episode
+from codegym_testkit.trainer_script import TOKENIZER, ScriptedModel, ability, oracle_turns, trajectory
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.openenv_play import rows
-from tests.helpers.servers import ServerProcess, start_runtime, start_workers
-from tests.helpers.trainer_script import TOKENIZER, ScriptedModel, ability, oracle_turns, trajectory
+from tests.helpers.servers import CodegymServer, start_runtime, start_workers
 
 pytestmark = pytest.mark.jail
 
@@ -122,7 +122,7 @@ async def test_verl_episodes_are_recorded_under_the_run_id(runtime: str, client:
 async def test_the_openenv_gateway_records_under_the_resets_run_id(
     runtime: str, client: RuntimeClient
 ) -> None:
-    gateway = ServerProcess(["serve", "openenv", "--runtime", runtime, "--port", "0"])
+    gateway = CodegymServer(["serve", "openenv", "--runtime", runtime, "--port", "0"])
     refused = ""
     try:
         ((row, steps),) = rows(1)
@@ -147,16 +147,16 @@ async def test_the_openenv_gateway_records_under_the_resets_run_id(
 
 def test_trls_curriculum_draws_rows_of_the_specs_shape_from_sample_tasks(client: RuntimeClient) -> None:
     spec = CodeGymSpec(client.target, library="Sample_", client=client, run_id="trl-curriculum")
-    first = Curriculum(spec, prompts_per_draw=4, seed=11)
+    first = spec.curriculum_source(prompts_per_draw=4, seed=11)
     rows_a = [first.draw(), first.draw()]
-    rows_b = [Curriculum(spec, prompts_per_draw=4, seed=11).draw() for _ in range(1)]
+    rows_b = [spec.curriculum_source(prompts_per_draw=4, seed=11).draw() for _ in range(1)]
     assert rows_a[0] == rows_b[0]  # the same seed and record: the same rows
     for row in rows_a[0] + rows_a[1]:
         assert len(rows_a[0]) == 4
         assert set(row) == set(spec.rows[0]) and row["environment"] == row["env_id"]
         assert row["env_id"] in spec.environment_classes
     # A stream of such rows is what GRPOTrainer gets (an IterableDataset where `datasets` is).
-    stream = Curriculum(spec, prompts_per_draw=3, seed=0).rows()
+    stream = spec.curriculum_source(prompts_per_draw=3, seed=0).rows()
     assert [next(stream)["ability"] for _ in range(7)]
 
 

@@ -27,7 +27,7 @@ from codegym_client.errors import EpisodeEnded, EpisodeFailed, InfrastructureFai
 from codegym_client.trl import CodeGymEnvironment, CodeGymSpec, environment_class
 from codegym_jobs.oracle import read_trajectories
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
-from tests.helpers.servers import ServerProcess
+from tests.helpers.servers import CodegymServer
 
 TRAJECTORIES = read_trajectories(SAMPLES / "trajectories.jsonl")
 
@@ -41,9 +41,9 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     path = tmp_path_factory.mktemp("library") / "library.db"
     with Library(path) as lib:
         lib.import_paths([ENV_DIR, SAMPLES / "tasks.jsonl"])
-    worker = ServerProcess(["serve", "sandbox", "--port", "0", "--jails", "1"])
+    worker = CodegymServer(["serve", "sandbox", "--port", "0", "--jails", "1"])
     try:
-        server = ServerProcess(
+        server = CodegymServer(
             ["serve", "runtime", "--port", "0", "--library", str(path), "--sandbox", worker.address]
         )
         try:

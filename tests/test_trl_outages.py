@@ -29,7 +29,7 @@ from codegym_client.trl import CodeGymEnvironment, CodeGymSpec, environment_clas
 from tests.conftest import ROOT
 from tests.helpers.libraries import library_fixture
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess, start_runtime, workers_fixture
+from tests.helpers.servers import CodegymServer, Redis, start_runtime, workers_fixture
 
 pytestmark = pytest.mark.jail  # every test here starts a sandbox worker
 
@@ -57,7 +57,7 @@ def tool(env: CodeGymEnvironment, name: str, **arguments: object) -> str:
 
 
 def test_an_episode_rides_out_a_runtime_restart_and_its_step_is_applied_once(
-    library: Path, workers: list[ServerProcess], caplog: pytest.LogCaptureFixture
+    library: Path, workers: list[CodegymServer], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Sessions in Redis: the runtime running the episode's step is SIGKILLed while the step holds
     its lease; the step waits out the outage (the adapter says so) until a runtime serves the
@@ -67,10 +67,22 @@ def test_an_episode_rides_out_a_runtime_restart_and_its_step_is_applied_once(
     redis = Redis()
     sandbox = workers[0].address
     port = free_port()
-    args = ["serve", "runtime", "--port", str(port), "--library", str(library), "--sandbox", sandbox,
-            "--sessions", redis.url, "--step-lease-s", "2"]  # fmt: skip
-    first = ServerProcess(args)
-    second: ServerProcess | None = None
+    args = [
+        "serve",
+        "runtime",
+        "--port",
+        str(port),
+        "--library",
+        str(library),
+        "--sandbox",
+        sandbox,
+        "--sessions",
+        redis.url,
+        "--step-lease-s",
+        "2",
+    ]
+    first = CodegymServer(args)
+    second: CodegymServer | None = None
     try:
         spec = CodeGymSpec(first.address, instances=[{"ability": ABILITY}], outage_wait_s=120)
         env = environment(spec)
@@ -86,7 +98,7 @@ def test_an_episode_rides_out_a_runtime_restart_and_its_step_is_applied_once(
             waiting = f"CodeGym Step 1 of session {session_id}: the CodeGym runtime cannot serve it now"
             wait_until(lambda: waiting in caplog.text, 60, "the step to wait out the outage")
             assert not slow.done()
-            second = ServerProcess(args)
+            second = CodegymServer(args)
             assert slow.result(timeout=120) == "2"
         assert tool(env, "Observe") == "2"  # the slow add was applied once
         assert spec.client().get_session(session_id).step_index == 3
@@ -103,7 +115,7 @@ def test_an_episode_rides_out_a_runtime_restart_and_its_step_is_applied_once(
 
 
 def test_a_session_the_runtime_lost_fails_that_episode_unscored_and_the_next_reset_plays(
-    library: Path, workers: list[ServerProcess], caplog: pytest.LogCaptureFixture
+    library: Path, workers: list[CodegymServer], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Sessions in memory: the runtime restarts mid-episode (a step made meanwhile waits it out)
     and no longer knows the session. That episode fails: the tool raises an `Exception` (TRL shows
@@ -113,7 +125,7 @@ def test_a_session_the_runtime_lost_fails_that_episode_unscored_and_the_next_res
     caplog.set_level(logging.WARNING)
     port = free_port()
     first = start_runtime(library, workers, "--port", str(port))
-    second: ServerProcess | None = None
+    second: CodegymServer | None = None
     try:
         spec = CodeGymSpec(first.address, instances=[{"ability": ABILITY}], outage_wait_s=120)
         env = environment(spec)
@@ -152,7 +164,7 @@ def test_a_session_the_runtime_lost_fails_that_episode_unscored_and_the_next_res
 
 
 def test_an_outage_longer_than_the_wait_fails_the_episode_then_a_reset_ends_the_run(
-    library: Path, workers: list[ServerProcess], caplog: pytest.LogCaptureFixture
+    library: Path, workers: list[CodegymServer], caplog: pytest.LogCaptureFixture
 ) -> None:
     """`outage_wait_s=2` with the runtime gone mid-episode: the step gives up after about the wait
     (not the client's own resends, not forever), saying what it waited for, and fails its episode
@@ -209,7 +221,7 @@ def test_an_outage_longer_than_the_wait_fails_the_episode_then_a_reset_ends_the_
 
 
 def test_a_run_started_while_the_runtime_is_down_waits_for_it(
-    workers: list[ServerProcess], caplog: pytest.LogCaptureFixture, tmp_path: Path
+    workers: list[CodegymServer], caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
     """A training script started during a runtime's restart: building the spec (GetEnv, ListEnvs)
     waits out the outage as the episodes' calls do, says so, and goes on once a runtime serves the
@@ -221,7 +233,7 @@ def test_a_run_started_while_the_runtime_is_down_waits_for_it(
     with Library(library) as lib:  # with a task: a spec over the whole library has a row
         lib.import_paths([RUNTIME_ENVS / f"{COUNTER}.py", tasks])
     port = free_port()
-    runtime: ServerProcess | None = None
+    runtime: CodegymServer | None = None
     try:
         with ThreadPoolExecutor(2) as pool:
             by_rows = pool.submit(
@@ -229,8 +241,11 @@ def test_a_run_started_while_the_runtime_is_down_waits_for_it(
             )
             by_library = pool.submit(CodeGymSpec, f"127.0.0.1:{port}", library=True, outage_wait_s=120)
             for what in (f"CodeGym GetEnv {COUNTER}", "CodeGym ListEnvs"):
-                wait_until(lambda what=what: f"{what}: the CodeGym runtime cannot serve it now" in caplog.text,
-                           60, f"{what} to wait out the outage")  # fmt: skip
+                wait_until(
+                    lambda what=what: f"{what}: the CodeGym runtime cannot serve it now" in caplog.text,
+                    60,
+                    f"{what} to wait out the outage",
+                )
             assert not by_rows.done() and not by_library.done()
             runtime = start_runtime(library, workers, "--port", str(port))
             for spec in (by_rows.result(timeout=120), by_library.result(timeout=120)):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.trainer_script import trajectory
+from codegym_testkit.trainer_script import trajectory
 
 REQUIRED = os.environ.get("CODEGYM_TESTS_REQUIRE_TRAINERS") == "1"
 RUNTIME = os.environ.get("CODEGYM_TEST_RUNTIME", "").strip()

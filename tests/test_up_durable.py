@@ -32,7 +32,7 @@ from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.outages import ride_out_async
 from tests.conftest import SAMPLES
 from tests.helpers.processes import wait_until
-from tests.helpers.servers import ServerProcess, require_redis_server
+from tests.helpers.servers import CodegymServer, require_redis_server
 
 TRAJECTORIES = [
     t
@@ -45,15 +45,15 @@ ROLLOUTS = 12
 EPISODES_EACH = 3
 
 
-def start_up(tmp_path: Path, *extra: str) -> ServerProcess:
+def start_up(tmp_path: Path, *extra: str) -> CodegymServer:
     require_redis_server()
     args = ["up", "--library", str(tmp_path / "lib.db"), "--port", "0", "--jails", "2", "--runtimes", "2"]
-    up = ServerProcess([*args, *extra], timeout=120)
+    up = CodegymServer([*args, *extra], timeout=120)
     wait_until(lambda: "runtime 2 at" in up.text, 30, "codegym up to name its second runtime")
     return up
 
 
-def runtimes(up: ServerProcess) -> list[str]:
+def runtimes(up: CodegymServer) -> list[str]:
     return re.findall(r"runtime \d+ at (\S+) \(pid", up.text)
 
 
@@ -115,7 +115,7 @@ async def settled_record(client: AsyncRuntimeClient, expected: int, timeout_s: f
         await asyncio.sleep(0.5)
 
 
-async def kill_redis_mid_run(up: ServerProcess, redis_pid: int) -> dict[str, Any]:
+async def kill_redis_mid_run(up: CodegymServer, redis_pid: int) -> dict[str, Any]:
     client = AsyncRuntimeClient(runtimes(up))
     try:
         # A first wave, recorded before the kill.

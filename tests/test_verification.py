@@ -22,7 +22,7 @@ from services.verification.service import SERVICE_NAME, VerificationServer
 from services.verification.solution import find_solution_call
 from tests.conftest import ENV_DIR
 from tests.helpers.pipeline_cases import ANSWER
-from tests.helpers.servers import ServerProcess, worker_fixture
+from tests.helpers.servers import CodegymServer, worker_fixture
 
 SOURCE = (ENV_DIR / "Sample_0006_I__ArrayGcdEnv.py").read_text()
 GOOD_SOLVE = method_source(SOURCE, "solve")
@@ -36,7 +36,7 @@ worker = worker_fixture(jails=2)
 
 
 @pytest.fixture
-async def stub(worker: ServerProcess) -> AsyncIterator[vf_grpc.VerificationServiceStub]:
+async def stub(worker: CodegymServer) -> AsyncIterator[vf_grpc.VerificationServiceStub]:
     server = VerificationServer(worker.address)
     await server.start()
     try:
@@ -210,7 +210,7 @@ GCD_CONFIGS = [json.dumps({"nums": [6 * i, 9 * i, 3 * i + 3]}) for i in range(1,
 async def test_negative_controls_pass_every_sample_and_catch_paying_dones(
     stub: vf_grpc.VerificationServiceStub,
 ) -> None:
-    from tests.helpers.sample_configs import sample_configs
+    from codegym_testkit.sample_configs import sample_configs
 
     for path in sorted(ENV_DIR.glob("*Env.py")):
         env_class = path.stem.split("__", 1)[1]

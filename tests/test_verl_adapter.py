@@ -1,7 +1,7 @@
 """The verl adapter (`codegym_client.verl`) against a real runtime and sandbox worker serving the sample
 library (and, for an outage the episode waits out, runtime replicas sharing their sessions in
 Redis). The episode driver (`run_episode`, what `CodeGymAgentLoop.run` plays) runs with a scripted
-`generate` replaying recorded oracle trajectories as hermes tool calls (tests/helpers/trainer_script.py).
+`generate` replaying recorded oracle trajectories as hermes tool calls (codegym_testkit/trainer_script.py).
 No verl, no torch: `CodeGymAgentLoop` and `CodeGymTool` run here against stand-ins of verl 0.8's
 interfaces; tests/test_verl_real.py runs them in verl itself (`make test-trainers`)."""
 
@@ -24,10 +24,7 @@ from codegym_client import AsyncRuntimeClient, EnvNotFound, SessionNotFound
 from codegym_client.abilities import make_ability
 from codegym_client.errors import EpisodeEnded, InfrastructureFailure
 from codegym_client.verl import run_episode, text_tool_parser, tool_config, visible_text
-from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
-from tests.helpers.processes import wait_until
-from tests.helpers.servers import Redis, ServerProcess, worker_fixture
-from tests.helpers.trainer_script import (
+from codegym_testkit.trainer_script import (
     TOKENIZER,
     TRAJECTORIES,
     ScriptedModel,
@@ -38,19 +35,22 @@ from tests.helpers.trainer_script import (
     oracle_turns,
     trajectory,
 )
+from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
+from tests.helpers.processes import wait_until
+from tests.helpers.servers import CodegymServer, Redis, worker_fixture
 
 library = library_fixture(SAMPLE_LIBRARY)
 worker = worker_fixture()
 
 
-def start_runtime(library: Path, worker: ServerProcess) -> ServerProcess:
-    return ServerProcess(
+def start_runtime(library: Path, worker: CodegymServer) -> CodegymServer:
+    return CodegymServer(
         ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", worker.address]
     )
 
 
 @pytest.fixture(scope="module")
-def runtime(library: Path, worker: ServerProcess) -> Iterator[str]:
+def runtime(library: Path, worker: CodegymServer) -> Iterator[str]:
     server = start_runtime(library, worker)
     try:
         yield server.address
@@ -196,7 +196,7 @@ def free_port() -> int:
 
 @pytest.mark.jail
 async def test_an_unreachable_runtime_ends_the_episode_flagged_without_an_observation(
-    library: Path, worker: ServerProcess
+    library: Path, worker: CodegymServer
 ) -> None:
     # Unreachable from the start: no session, no model turn, the flag.
     async with AsyncRuntimeClient(f"127.0.0.1:{free_port()}", timeout_s=2, attempts=2) as client:
@@ -545,7 +545,7 @@ def observed(model: ScriptedModel, recorded: dict[str, Any]) -> None:
 
 @pytest.mark.jail
 async def test_a_row_an_infrastructure_fault_ended_has_no_token_to_train_on(
-    library: Path, worker: ServerProcess, verl_stand_ins: dict[str, Any]
+    library: Path, worker: CodegymServer, verl_stand_ins: dict[str, Any]
 ) -> None:
     """The runtime stops for good after two steps; the third step's wait (1 s here) runs out. The
     row verl gets keeps the model's turns (for verl's logs) with a mask of zeros: no gradient, and
@@ -582,7 +582,7 @@ async def test_a_row_an_infrastructure_fault_ended_has_no_token_to_train_on(
 
 @pytest.mark.jail
 async def test_an_outage_shorter_than_the_wait_costs_no_episode(
-    library: Path, worker: ServerProcess, verl_stand_ins: dict[str, Any], caplog: pytest.LogCaptureFixture
+    library: Path, worker: CodegymServer, verl_stand_ins: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The runtime (sessions in Redis) is SIGKILLed after two steps; once the third step says it
     waits out the outage, a runtime comes back on the same address. The episode goes on in its
@@ -591,16 +591,26 @@ async def test_an_outage_shorter_than_the_wait_costs_no_episode(
     recorded = trajectory("Sample_0001_I__MaxSubarraySumEnv", 27)
     redis = Redis()
 
-    def replica(port: int = 0) -> ServerProcess:
-        return ServerProcess(
-            ["serve", "runtime", "--port", str(port), "--library", str(library), "--sandbox", worker.address,
-             "--sessions", redis.url]
-        )  # fmt: skip
+    def replica(port: int = 0) -> CodegymServer:
+        return CodegymServer(
+            [
+                "serve",
+                "runtime",
+                "--port",
+                str(port),
+                "--library",
+                str(library),
+                "--sandbox",
+                worker.address,
+                "--sessions",
+                redis.url,
+            ]
+        )
 
     first = replica()
     port = int(first.address.rsplit(":", 1)[1])
     killed = threading.Event()
-    second: list[ServerProcess] = []
+    second: list[CodegymServer] = []
     failures: list[BaseException] = []
 
     def before(turn: int) -> None:

@@ -9,7 +9,7 @@ skips; `CODEGYM_TESTS_REQUIRE_TRAINERS=1` (what `make test-trainers` sets) turns
 failure.
 
 The model is scripted (recorded oracle trajectories as hermes tool calls) and the tokenizer a real
-Hugging Face one built here with a ChatML template (tests/helpers/trainer_script.py), so verl's Qwen
+Hugging Face one built here with a ChatML template (codegym_testkit/trainer_script.py), so verl's Qwen
 Continuous Token builder runs as it would for Qwen: the strongest check here is that our loop's
 token stream is, token for token, the one verl's own `ToolAgentLoop` builds from the same turns.
 """
@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.helpers.trainer_script import (
+from codegym_testkit.trainer_script import (
     ScriptedModel,
     ability,
     call_as_tool_agent_loop,
@@ -52,7 +52,7 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from codegym_client import AsyncRuntimeClient, SessionNotFound  # noqa: E402
 from codegym_client.verl import AGENT_NAME, CodeGymAgentLoop, CodeGymTool  # noqa: E402
-from tests.helpers.verl_loops import AGENT_LOOP_YAML, instantiate, our_entry, trainer_config  # noqa: E402
+from codegym_testkit.verl_loops import AGENT_LOOP_YAML, instantiate, our_entry, trainer_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = chatml_tokenizer()
@@ -360,7 +360,7 @@ def test_the_curriculum_dataset_feeds_verls_dataloader_the_runtimes_choice(tmp_p
 
     from codegym_client import RuntimeClient
     from codegym_client.verl.sampler import CodeGymCurriculumDataset, CodeGymCurriculumSampler, task_key
-    from tests.helpers.trainer_script import TRAJECTORIES
+    from codegym_testkit.trainer_script import TRAJECTORIES
 
     rows = [
         {

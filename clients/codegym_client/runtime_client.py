@@ -205,17 +205,20 @@ class RuntimeClient:
         return response
 
     @raises_typed("ListEnvs")
-    def list_envs(self, prefix: str = "", page_size: int = 100) -> Iterator[rt.EnvSummary]:
+    def list_envs(self, prefix: str = "", page_size: int = 100) -> list[rt.EnvSummary]:
+        """Every environment whose id starts with `prefix`, read a page at a time (as the async
+        client's: a list, so a failed page raises here, not half way through the caller's loop)."""
+        envs: list[rt.EnvSummary] = []
         token = ""
         while True:
             page = self.stub.ListEnvs(
                 rt.ListEnvsRequest(prefix=prefix, page_size=page_size, page_token=token),
                 timeout=self.timeout_s,
             )
-            yield from page.envs
+            envs.extend(page.envs)
             token = page.next_page_token
             if not token:
-                return
+                return envs
 
     @raises_typed("GetEnv")
     def get_env(self, env_id: str) -> rt.GetEnvResponse:

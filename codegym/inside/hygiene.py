@@ -18,7 +18,7 @@ import time
 FULL_SCAN_EVERY = 16
 
 
-class Jail:
+class JailFacts:
     """Facts about the jail this process runs in, read once by the zygote at start (`read`)."""
 
     # Ids the jail maps from 0; the zygote is 0 and hands out 1..id_span-1.
@@ -51,7 +51,7 @@ def become(uid: int) -> None:
     kernel clears them when every uid of a process leaves 0) and, since its uids changed, not
     dumpable: no other id can signal it, see it in /proc, or read its memory or environment.
     Files it makes are its own (umask 077)."""
-    if not Jail.isolated:
+    if not JailFacts.isolated:
         return
     os.setgroups([])
     os.setresgid(uid, uid, uid)
@@ -92,7 +92,7 @@ def wipe_tmp(folder: str = "/tmp") -> None:
         return
     for entry in entries:
         try:
-            if entry.path in Jail.tmp_mounts:
+            if entry.path in JailFacts.tmp_mounts:
                 if entry.is_dir(follow_symlinks=False) and not os.path.ismount(entry.path):
                     wipe_tmp(entry.path)
             elif entry.is_dir(follow_symlinks=False):

@@ -20,7 +20,7 @@ import time
 
 from . import frames
 from .codecache import CodeCache
-from .hygiene import FULL_SCAN_EVERY, Jail, become, kill_leftovers, last_pid, vm_bytes, wipe_tmp
+from .hygiene import FULL_SCAN_EVERY, JailFacts, become, kill_leftovers, last_pid, vm_bytes, wipe_tmp
 from .messages import Cold, EvictionReason, Hello, Request, Result, without
 from .residents import Resident, child_main
 from .settings import JailSettings
@@ -102,8 +102,8 @@ class Zygote:
         held.update(self.dying.values())
         if self.spare is not None:
             held.add(self.spare_uid)
-        for _ in range(Jail.id_span):
-            self.last_uid = self.last_uid % (Jail.id_span - 1) + 1
+        for _ in range(JailFacts.id_span):
+            self.last_uid = self.last_uid % (JailFacts.id_span - 1) + 1
             if self.last_uid not in held:
                 return self.last_uid
         raise RuntimeError("no free id for a new process")
@@ -111,7 +111,7 @@ class Zygote:
     def prefork(self) -> None:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
-        uid = self.allocate_uid() if Jail.isolated else 0
+        uid = self.allocate_uid() if JailFacts.isolated else 0
         self.code.spare_forked()
         pid = os.fork()
         if pid == 0:
@@ -349,7 +349,7 @@ class Zygote:
 
 def main() -> None:
     settings = JailSettings.from_json(sys.argv[1] if len(sys.argv) > 1 else "")
-    Jail.read()
+    JailFacts.read()
     for name in PRELOAD:
         with contextlib.suppress(ImportError):
             __import__(name)
@@ -363,7 +363,7 @@ def main() -> None:
         "ready": True,
         "pid": os.getpid(),
         "python": sys.version.split()[0],
-        "isolated": Jail.isolated,
+        "isolated": JailFacts.isolated,
     }
     frames.send(out_fd, hello)
     while True:

@@ -93,12 +93,6 @@ class TenantLimits:
 CALLER: contextvars.ContextVar[Identity | None] = contextvars.ContextVar("codegym_caller", default=None)
 
 
-def current_tenant() -> str:
-    """The tenant of the call being served ("" when the server takes no tokens)."""
-    caller = CALLER.get()
-    return caller.tenant if caller is not None else ""
-
-
 @dataclass(frozen=True)
 class ServerAuth:
     """What a server checks: tokens (none: auth off), its TLS certificate and key, and `insecure`

@@ -44,9 +44,9 @@ from codegym.library.store import Library
 from codegym_client.actions import ActionParseError, from_tool_calls, parse_function_call
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
+from codegym_jobs.appending import open_to_append
 from codegym_jobs.evaluation.results import (
     COUNTED_REASONS,
-    FAILURE_REASONS,
     done_keys,
     failures_path,
 )
@@ -60,7 +60,6 @@ from services.synthesis.llm import (
     StageUsage,
 )
 
-END_REASONS = COUNTED_REASONS + FAILURE_REASONS
 MAX_ERROR_CHARS = 2000
 FORMAT_ERRORS = (rt.STEP_ERROR_CODE_INVALID_ACTION, rt.STEP_ERROR_CODE_UNKNOWN_TOOL)
 STAGE = "agent"
@@ -327,15 +326,14 @@ async def run_episodes(
     (those left are `skipped`, and played by the next run like the failed ones).
     """
     path = out / "episodes.jsonl"
-    finished = done_keys(path)
-    todo = [(t, s) for t in tasks for s in range(samples) if f"{t.ability}#{s}" not in finished]
     limit = asyncio.Semaphore(concurrency)
     counts = RunCounts()
     in_a_row = 0
-    with (
-        open(path, "a", encoding="utf-8") as sink,
-        open(failures_path(path), "a", encoding="utf-8") as failed,
-    ):
+    # Opened (a line torn by a killed run cut off) before the finished episodes are read: a torn
+    # line is no episode, and is played again.
+    with open_to_append(path) as sink, open_to_append(failures_path(path)) as failed:
+        finished = done_keys(path)
+        todo = [(t, s) for t in tasks for s in range(samples) if f"{t.ability}#{s}" not in finished]
 
         async def one(task: EvalTask, sample: int) -> None:
             nonlocal in_a_row

@@ -14,6 +14,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from codegym_jobs.appending import whole_lines
+
 # The agent's own outcomes: the only end reasons that make an episode (figures, scores).
 # context_length: the conversation outgrew the model's context window after the first turn (the
 # endpoint's 400 says so): the model's limit, as the turn budget is, so the episode ends unsolved
@@ -45,16 +47,15 @@ def is_counted(item: dict[str, Any]) -> bool:
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSONL file that have a key (a line cut by an interruption is skipped)."""
+    """The JSON objects of a JSONL file that have a key (a line cut by an interruption is not one)."""
     items: list[dict[str, Any]] = []
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                item = json.loads(line)
-                str(item["key"])
-            except (ValueError, KeyError, TypeError):
-                continue
-            items.append(item)
+    for line in whole_lines(path):
+        try:
+            item = json.loads(line)
+            str(item["key"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        items.append(item)
     return items
 
 

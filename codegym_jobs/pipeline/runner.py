@@ -16,7 +16,7 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,7 @@ LLM_DEADLINE_S = 3600.0
 DIFFICULTY = {"easy": cm.DIFFICULTY_EASY, "medium": cm.DIFFICULTY_MEDIUM, "hard": cm.DIFFICULTY_HARD}
 
 Progress = Callable[[str, str, StageOutcome], None]
+Step = Callable[[Problem, dict[str, Any]], Awaitable[StageOutcome]]
 
 
 @dataclass
@@ -112,6 +113,22 @@ class Pipeline:
         self.config = config
         self.progress = progress
         self.run_id = state.run_id()
+        # What runs each stage, in STAGES' order; each takes the problem and the data of the
+        # stages before it, and returns its outcome.
+        self.steps: dict[str, Step] = {
+            "environment": self._environment,
+            "check": self._check,
+            "unit_tests": self._unit_tests,
+            "hard_tests": self._hard_tests,
+            "validate": self._validate,
+            "solve_functions": self._solve_functions,
+            "solvability": self._solvability,
+            "negative_controls": self._negative_controls,
+            "determinism": self._determinism,
+            "guessability": self._guessability,
+            "filters": self._filters,
+            "library": self._library,
+        }
 
     def stages(self) -> tuple[str, ...]:
         return self.config.active_stages()
@@ -133,7 +150,7 @@ class Pipeline:
             if outcome is None:
                 started = time.monotonic()
                 try:
-                    outcome = await getattr(self, f"_{stage}")(problem, done)
+                    outcome = await self.steps[stage](problem, done)
                 except grpc.aio.AioRpcError as exc:
                     # A request that will never be taken as it stands is rejected, not retried later.
                     status = "rejected" if refused_as_sent(exc.code()) else "error"

@@ -16,6 +16,7 @@ import grpc
 
 from codegym.library.store import EnvRecord, Library
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
+from codegym_jobs.appending import open_to_append, whole_lines
 from codegym_jobs.replay.recordings import (
     Recordings,
     TaskRow,
@@ -175,25 +176,19 @@ class Tally:
 
 class StateFile:
     """Verdicts of finished tasks, one JSON line each, appended as they come (a killed run keeps
-    every line it wrote; a cut last line is ignored)."""
+    every line it wrote; a line it left unfinished is cut off, and its task replayed)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.done: dict[int, dict[str, Any]] = {}
-        if path.exists():
-            for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
-                try:
-                    line = json.loads(text)
-                except ValueError:
-                    continue
-                if isinstance(line, dict) and isinstance(line.get("task_id"), int) and "key" in line:
-                    self.done[line["task_id"]] = line
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (closed by close())
-        if self.file.tell():
-            self.file.seek(self.file.tell() - 1)
-            if self.file.read(1) != "\n":  # a line cut by a kill: end it, so the next one is whole
-                self.file.write("\n")
+        self.file = open_to_append(path)  # a line cut by a kill is cut off: that task is replayed
+        for text in whole_lines(path):
+            try:
+                line = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(line, dict) and isinstance(line.get("task_id"), int) and "key" in line:
+                self.done[line["task_id"]] = line
 
     def finished(self, task_id: int, key: str) -> dict[str, Any] | None:
         line = self.done.get(task_id)

@@ -22,9 +22,11 @@ import asyncio
 import logging
 import random
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from codegym_client.abilities import ABILITY_FORMAT
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.errors import CodeGymError, SessionNotFound
 from services.openenv import metrics
@@ -36,16 +38,28 @@ from services.openenv.protocol import (
     TOOL_ERRORS,
     VALIDATION_ERROR,
     Connection,
-    Episode,
     FixedEnv,
     GatewayConfig,
     GatewayError,
+    HeldSession,
     from_runtime,
     optional_int,
     tool_entry,
 )
 
 log = logging.getLogger("codegym.openenv")
+
+
+@dataclass(frozen=True)
+class ResetRequest:
+    """A reset's data, checked: the task (an ability, or an environment and its config), the
+    episode's id if the client names it, and the create's named arguments (seed, max_steps, run)."""
+
+    ability: str
+    env_id: str
+    config: dict[str, Any] | str | None
+    episode_id: str | None
+    named: dict[str, Any]
 
 
 class Episodes:
@@ -117,6 +131,41 @@ class Episodes:
 
     async def reset(self, conn: Connection, data: dict[str, Any]) -> dict[str, Any]:
         """OpenEnv's reset: end the connection's episode, open a new one (caller holds `conn.lock`)."""
+        asked = await self.reset_request(data)
+        # A second reset on one socket ends the first episode (TRL reuses clients).
+        await self.close(conn)
+        self.take_slot(conn)
+        try:
+            with playing_for(conn.tenant):  # the session is opened as the caller's tenant's
+                if asked.ability:
+                    created = await self.runtime.create_session(ability=asked.ability, **asked.named)
+                else:
+                    created = await self.runtime.create_session(
+                        env_id=asked.env_id, config=asked.config, **asked.named
+                    )
+        except CodeGymError as exc:
+            self.held.discard(conn)
+            raise from_runtime(exc) from None
+        except BaseException:
+            self.held.discard(conn)
+            raise
+        episode = HeldSession(
+            session_id=created.session_id,
+            episode_id=asked.episode_id or uuid.uuid4().hex,
+            env_id=created.env_id,
+            max_steps=created.max_steps,
+            tools=[tool_entry(t) for t in created.tools],
+        )
+        if conn.closed:  # the socket went away while the runtime created the session
+            conn.episode = episode
+            await self.close(conn)
+            raise GatewayError(SESSION_ERROR, "the socket closed")
+        conn.episode = episode
+        return reset_reply(episode, created)
+
+    async def reset_request(self, data: dict[str, Any]) -> ResetRequest:
+        """What a reset asks for, checked; a reset naming no environment plays the --env one (a
+        task by its seed, else at random)."""
         ability = data.get("ability") or ""
         env_id = data.get("env") or data.get("env_id") or ""
         config = data.get("config")
@@ -149,8 +198,11 @@ class Episodes:
             optional_int(data, "policy_version") if data.get("policy_version") is not None else None
         )
         named = {"seed": seed, "max_steps": max_steps, "run_id": run_id, "policy_version": policy_version}
-        # A second reset on one socket ends the first episode (TRL reuses clients).
-        await self.close(conn)
+        return ResetRequest(ability, env_id, config, episode_id, named)
+
+    def take_slot(self, conn: Connection) -> None:
+        """Count `conn` as holding a session before its create, so that concurrent resets count it;
+        refused while draining or at --max-sessions."""
         if self.draining:
             raise GatewayError(
                 CAPACITY_REACHED,
@@ -166,47 +218,7 @@ class Episodes:
                 active_sessions=len(self.held),
                 max_sessions=self.config.max_sessions,
             )
-        self.held.add(conn)  # the slot is taken before the create: concurrent resets count it
-        try:
-            with playing_for(conn.tenant):  # the session is opened as the caller's tenant's
-                if ability:
-                    created = await self.runtime.create_session(ability=ability, **named)
-                else:
-                    created = await self.runtime.create_session(env_id=env_id, config=config, **named)
-        except CodeGymError as exc:
-            self.held.discard(conn)
-            raise from_runtime(exc) from None
-        except BaseException:
-            self.held.discard(conn)
-            raise
-        episode = Episode(
-            session_id=created.session_id,
-            episode_id=episode_id or uuid.uuid4().hex,
-            env_id=created.env_id,
-            max_steps=created.max_steps,
-            tools=[tool_entry(t) for t in created.tools],
-        )
-        if conn.closed:  # the socket went away while the runtime created the session
-            conn.episode = episode
-            await self.close(conn)
-            raise GatewayError(SESSION_ERROR, "the socket closed")
-        conn.episode = episode
-        metadata = {
-            "env_id": episode.env_id,
-            "episode_id": episode.episode_id,
-            "session_id": episode.session_id,
-            "max_steps": episode.max_steps,
-            "task": created.task_text,
-            "truncated": False,
-        }
-        observation = {
-            "task": created.task_text,
-            "observation": created.observation,
-            "tools_text": created.tools_text,
-            "tools": episode.tools,
-            "metadata": metadata,
-        }
-        return {"observation": observation, "reward": None, "done": False, "metadata": metadata}
+        self.held.add(conn)
 
     async def task_config(self, seed: int | None) -> str:
         """The --env environment's task config for a reset that names none: by `seed` (the same
@@ -305,3 +317,24 @@ class Episodes:
             "truncated": episode.truncated,
             "reward": episode.reward,
         }
+
+
+def reset_reply(episode: HeldSession, created: rt.CreateSessionResponse) -> dict[str, Any]:
+    """OpenEnv's answer to a reset: the task, first observation and tools, with the episode's
+    metadata."""
+    metadata = {
+        "env_id": episode.env_id,
+        "episode_id": episode.episode_id,
+        "session_id": episode.session_id,
+        "max_steps": episode.max_steps,
+        "task": created.task_text,
+        "truncated": False,
+    }
+    observation = {
+        "task": created.task_text,
+        "observation": created.observation,
+        "tools_text": created.tools_text,
+        "tools": episode.tools,
+        "metadata": metadata,
+    }
+    return {"observation": observation, "reward": None, "done": False, "metadata": metadata}

@@ -111,27 +111,29 @@ class GatewayError(Exception):
         return {"message": str(self), "code": self.code, **self.extra}
 
 
+# The OpenEnv code of each typed runtime error; any other is an execution error.
+RUNTIME_ERROR_CODES: tuple[tuple[type[CodeGymError], str], ...] = (
+    (CapacityExceeded, CAPACITY_REACHED),
+    (EnvFailed, FACTORY_ERROR),
+    (EnvNotFound, VALIDATION_ERROR),
+    (InvalidRequest, VALIDATION_ERROR),
+    (SessionNotFound, SESSION_ERROR),
+    (SessionDone, SESSION_ERROR),
+)
+
+
 def from_runtime(error: CodeGymError) -> GatewayError:
     """Our typed runtime errors as OpenEnv codes (`reason`, `retryable` and the runtime's
     `retry_after_s` kept for callers)."""
-    extra: dict[str, Any] = {"reason": error.reason, "retryable": bool(getattr(error, "retryable", False))}
+    extra: dict[str, Any] = {"reason": error.reason, "retryable": error.retryable}
     if error.retry_after_s is not None:
         extra["retry_after_s"] = error.retry_after_s
-    detail = error.details() if callable(getattr(error, "details", None)) else str(error)
-    message = f"{error.reason}: {detail}"
-    if isinstance(error, CapacityExceeded):
-        return GatewayError(CAPACITY_REACHED, message, **extra)
-    if isinstance(error, EnvFailed):
-        return GatewayError(FACTORY_ERROR, message, **extra)
-    if isinstance(error, EnvNotFound | InvalidRequest):
-        return GatewayError(VALIDATION_ERROR, message, **extra)
-    if isinstance(error, SessionNotFound | SessionDone):
-        return GatewayError(SESSION_ERROR, message, **extra)
-    return GatewayError(EXECUTION_ERROR, message, **extra)
+    code = next((code for kind, code in RUNTIME_ERROR_CODES if isinstance(error, kind)), EXECUTION_ERROR)
+    return GatewayError(code, f"{error.reason}: {error.details()}", **extra)
 
 
 @dataclass
-class Episode:
+class HeldSession:
     """The runtime session a socket holds."""
 
     session_id: str
@@ -148,7 +150,7 @@ class Episode:
 @dataclass(eq=False)
 class Connection:
     websocket: WebSocket | None
-    episode: Episode | None = None
+    episode: HeldSession | None = None
     last_active: float = field(default_factory=time.monotonic)
     busy: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)

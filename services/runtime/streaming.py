@@ -56,73 +56,15 @@ async def step_stream(
     otherwise it ends the request side, and the call ends INVALID_ARGUMENT once the steps already
     sent are answered. The client going away cancels the steps still running.
     """
-    max_batch = max(1, max_batch)
-    slots = asyncio.Semaphore(max_batch)
-    # Every answer queued holds a slot, so the queue never has more than `max_batch` answers, and
-    # the one place left is for the final None: `put_nowait` never waits nor fails (if it failed,
-    # the accounting would be wrong, and the call ends INTERNAL).
-    answers: asyncio.Queue[rt.StepStreamResponse | None] = asyncio.Queue(maxsize=max_batch + 1)
-    running: set[asyncio.Task[None]] = set()
-    latest: dict[str, asyncio.Task[None]] = {}  # each session's last step still running
-    broken: list[str] = []
-
-    async def one(item: rt.StepStreamRequest, before: asyncio.Task[None] | None) -> None:
-        """Run one step on the slot taken for it; its answer keeps the slot until it is sent."""
-        queued = False
-        try:
-            if before is not None:
-                await asyncio.wait([before])  # this session's earlier step first
-            response, code, message = await entry(item.step)
-            answer = rt.StepStreamResponse(session_id=item.step.session_id, tag=item.tag)
-            if response is None:
-                answer.code, answer.message = code, message
-            else:
-                answer.response.CopyFrom(response)
-            answers.put_nowait(answer)
-            queued = True
-        finally:
-            if not queued:
-                slots.release()
-
-    def start(item: rt.StepStreamRequest) -> None:
-        sid = item.step.session_id
-        task = asyncio.get_running_loop().create_task(one(item, latest.get(sid)))
-        latest[sid] = task
-        running.add(task)
-        task.add_done_callback(running.discard)
-        task.add_done_callback(lambda done: latest.pop(sid) if latest.get(sid) is done else None)
-
-    async def read() -> None:
-        try:
-            requests = aiter(request_iterator)
-            while True:
-                await slots.acquire()  # the next request's slot, before reading it
-                try:
-                    item = await anext(requests)
-                except StopAsyncIteration:
-                    slots.release()
-                    break
-                except DecodeError as exc:  # gRPC decodes lazily here: the request side ends
-                    slots.release()
-                    broken.append(f"a request is not a valid StepStreamRequest: {exc}")
-                    break
-                if isinstance(item, Undecodable):
-                    code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-                    answers.put_nowait(rt.StepStreamResponse(code=code, message=clipped(item.reason)))
-                else:
-                    start(item)
-            await asyncio.gather(*list(running))
-        finally:
-            answers.put_nowait(None)
-
-    reader = asyncio.get_running_loop().create_task(read())
+    stream = StreamedSteps(entry, max(1, max_batch))
+    reader = asyncio.get_running_loop().create_task(stream.read(request_iterator))
     try:
-        while (answer := await answers.get()) is not None:
+        while (answer := await stream.answers.get()) is not None:
             yield answer
-            slots.release()  # gRPC has taken the answer
+            stream.slots.release()  # gRPC has taken the answer
         await reader
-        if broken:
-            raise Refusal(Reason.INVALID_REQUEST, broken[0])
+        if stream.broken:
+            raise Refusal(Reason.INVALID_REQUEST, stream.broken[0])
     except Refusal as exc:
         await refuse(context, exc)
     except (grpc.aio.AbortError, asyncio.CancelledError):
@@ -131,5 +73,73 @@ async def step_stream(
         await fail_internally(context, "StepStream")
     finally:
         reader.cancel()
-        for task in list(running):
+        for task in list(stream.running):
             task.cancel()
+
+
+class StreamedSteps:
+    """The steps of one `StepStream` call: those running, the answers not yet sent, and the slots
+    (`max_batch`) that bound both (see `step_stream`)."""
+
+    def __init__(self, entry: Entry, max_batch: int) -> None:
+        self.entry = entry
+        self.slots = asyncio.Semaphore(max_batch)
+        # Every answer queued holds a slot, so the queue never has more than `max_batch` answers,
+        # and the one place left is for the final None: `put_nowait` never waits nor fails (if it
+        # failed, the accounting would be wrong, and the call ends INTERNAL).
+        self.answers: asyncio.Queue[rt.StepStreamResponse | None] = asyncio.Queue(maxsize=max_batch + 1)
+        self.running: set[asyncio.Task[None]] = set()
+        self.latest: dict[str, asyncio.Task[None]] = {}  # each session's last step still running
+        self.broken: list[str] = []
+
+    async def one(self, item: rt.StepStreamRequest, before: asyncio.Task[None] | None) -> None:
+        """Run one step on the slot taken for it; its answer keeps the slot until it is sent."""
+        queued = False
+        try:
+            if before is not None:
+                await asyncio.wait([before])  # this session's earlier step first
+            response, code, message = await self.entry(item.step)
+            answer = rt.StepStreamResponse(session_id=item.step.session_id, tag=item.tag)
+            if response is None:
+                answer.code, answer.message = code, message
+            else:
+                answer.response.CopyFrom(response)
+            self.answers.put_nowait(answer)
+            queued = True
+        finally:
+            if not queued:
+                self.slots.release()
+
+    def start(self, item: rt.StepStreamRequest) -> None:
+        sid = item.step.session_id
+        latest = self.latest
+        task = asyncio.get_running_loop().create_task(self.one(item, latest.get(sid)))
+        latest[sid] = task
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+        task.add_done_callback(lambda done: latest.pop(sid) if latest.get(sid) is done else None)
+
+    async def read(self, request_iterator: AsyncIterator[rt.StepStreamRequest]) -> None:
+        """Take a slot, read a request, start its step; until the request side ends, then wait
+        for the steps started and queue the final None."""
+        try:
+            requests = aiter(request_iterator)
+            while True:
+                await self.slots.acquire()  # the next request's slot, before reading it
+                try:
+                    item = await anext(requests)
+                except StopAsyncIteration:
+                    self.slots.release()
+                    break
+                except DecodeError as exc:  # gRPC decodes lazily here: the request side ends
+                    self.slots.release()
+                    self.broken.append(f"a request is not a valid StepStreamRequest: {exc}")
+                    break
+                if isinstance(item, Undecodable):
+                    code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+                    self.answers.put_nowait(rt.StepStreamResponse(code=code, message=clipped(item.reason)))
+                else:
+                    self.start(item)
+            await asyncio.gather(*list(self.running))
+        finally:
+            self.answers.put_nowait(None)

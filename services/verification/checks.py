@@ -42,6 +42,7 @@ from services.verification.plans import (
     REF_TIME_MS,
     SMOKE_TESTS,
     WAVE,
+    RunOps,
     Sources,
     config_key,
     failure,
@@ -50,7 +51,7 @@ from services.verification.plans import (
     limits,
     tail,
 )
-from services.verification.solution import find_solution_call
+from services.verification.solution import SolutionCall, find_solution_call
 
 
 class Verifier:
@@ -132,49 +133,16 @@ class Verifier:
         min_valid = t.min_valid or MIN_VALID
         min_ratio = t.min_valid_ratio or MIN_VALID_RATIO
 
-        sources = Sources()
-        env_ref = sources.ref(request.env_source)
         tests = [vf.ValidatedTest(task=task, cross_check=vf.CROSS_CHECK_NOT_RUN) for task in request.tasks]
-        configs: dict[int, dict[str, Any]] = {}
-        seen: dict[str, int] = {}
-        for i, test in enumerate(tests):
-            config, key = config_key(test.task.config_json)
-            if config is None:
-                test.reason = key
-            elif key in seen:
-                test.reason = f"duplicate: same config as test {seen[key] + 1}"
-            else:
-                seen[key] = i
-                configs[i] = config
+        configs = distinct_configs(tests)
         call = None
         if request.solution_source.strip() and configs:
             keys = list(next(iter(configs.values())))
             call = find_solution_call(
                 request.solution_source, keys, request.entry_point, list(request.arg_names)
             )
-        ops: list[sb.Operation] = []
-        plan: list[tuple[int, str]] = []
-        for i, config in configs.items():
-            ops.append(
-                sb.Operation(
-                    source=env_ref,
-                    limits=limits(ref_time, ref_memory),
-                    ref_answer=sb.RefAnswerOp(config_json=tests[i].task.config_json),
-                )
-            )
-            plan.append((i, "ref"))
-            args = call.args_for(config) if call is not None else None
-            if call is not None and args is not None:
-                ops.append(
-                    sb.Operation(
-                        source=sources.ref(request.solution_source),
-                        limits=limits(max(ref_time, MAIN_TIMEOUT_MS), max(ref_memory, CASE_MEMORY_MB)),
-                        call_function=sb.CallFunctionOp(
-                            function_name=call.function, args_json=json.dumps(args)
-                        ),
-                    )
-                )
-                plan.append((i, "solution"))
+        sources = Sources()
+        ops, plan = unit_test_plan(request, tests, configs, call, sources, ref_time, ref_memory)
         results = await self._run(ops, sources)
         ref: dict[int, sb.OperationResult] = {}
         solution: dict[int, sb.OperationResult] = {}
@@ -183,43 +151,9 @@ class Verifier:
 
         compared = disagreed = 0
         for i, result in ref.items():
-            test = tests[i]
-            test.usage.CopyFrom(result.usage)
-            test.answer_json = result.answer_json
-            test.answer_repr = result.answer_repr
-            if result.status != sb.STATUS_OK:
-                test.reason = failure(result, "ref")
-                continue
-            if result.usage.peak_alloc_bytes > ref_memory * 1024 * 1024:
-                test.reason = (
-                    f"ref_memory_limit: get_ref_answer() allocated {result.usage.peak_alloc_bytes >> 20} MiB"
-                    f" (limit {ref_memory} MiB)"
-                )
-                continue
-            if len(result.answer_repr) > max_chars:
-                test.reason = (
-                    f"answer_too_long: the answer renders in {len(result.answer_repr)} characters"
-                    f" (limit {max_chars})"
-                )
-                continue
-            other = solution.get(i)
-            if other is not None:
-                if other.status != sb.STATUS_OK:
-                    test.cross_check = vf.CROSS_CHECK_SOLUTION_FAILED
-                    test.reason = failure(other, "solution")
-                    continue
-                test.solution_answer_repr = other.answer_repr
-                compared += 1
-                if not same_answer(result, other):
-                    disagreed += 1
-                    test.cross_check = vf.CROSS_CHECK_DISAGREES
-                    test.reason = (
-                        f"disagrees_with_solution: get_ref_answer() = {result.answer_repr[:60]},"
-                        f" {call.function if call else 'solution'}() = {other.answer_repr[:60]}"
-                    )
-                    continue
-                test.cross_check = vf.CROSS_CHECK_AGREES
-            test.valid = True
+            judge_test(tests[i], result, solution.get(i), call, ref_memory, max_chars)
+            compared += tests[i].cross_check in (vf.CROSS_CHECK_AGREES, vf.CROSS_CHECK_DISAGREES)
+            disagreed += tests[i].cross_check == vf.CROSS_CHECK_DISAGREES
 
         valid = sum(t.valid for t in tests)
         distinct = len(configs)
@@ -243,121 +177,228 @@ class Verifier:
     # ---- solvability ----------------------------------------------------------------------------
 
     async def check_solvability(self, request: vf.CheckSolvabilityRequest) -> vf.CheckSolvabilityResponse:
-        lim = request.limits
-        case_time = lim.case_time_ms or CASE_TIME_MS
-        memory = lim.case_memory_mb or CASE_MEMORY_MB
-        max_steps = lim.max_steps or MAX_STEPS
-        deadline = time.monotonic() + (lim.budget_ms or BUDGET_MS) / 1000
-        tasks = list(request.tasks)
-        sources = Sources()
-        env_ref = sources.ref(request.env_source)
-        reports = [
-            vf.CandidateReport(index=i, outcome=vf.CANDIDATE_OUTCOME_NOT_RUN)
-            for i in range(len(request.solve_sources))
-        ]
-        response = vf.CheckSolvabilityResponse(oracle_index=-1)
-
-        def op(candidate: int, test: int) -> sb.Operation:
-            return sb.Operation(
-                source=env_ref,
-                limits=limits(case_time, memory),
-                solve=sb.SolveOp(
-                    config_json=tasks[test].config_json,
-                    solve_source=request.solve_sources[candidate],
-                    max_steps=max_steps,
-                ),
-            )
-
-        async def run(cases: list[tuple[int, int]]) -> list[tuple[int, int, sb.OperationResult]]:
-            results = await self._run([op(c, t) for c, t in cases], sources)
-            response.cases_run += len(results)
-            response.cpu_ms += sum(r.usage.cpu_ms for r in results)
-            return [(c, t, r) for (c, t), r in zip(cases, results, strict=True)]
-
-        def record(candidate: int, result: sb.OperationResult) -> bool:
-            report = reports[candidate]
-            report.run += 1
-            problem = case_failure(result, max_steps)
-            if problem:
-                report.first_failure = report.first_failure or problem
-                return False
-            report.solved += 1
-            return True
-
+        search = OracleSearch(request, self._run)
+        response, reports = search.response, search.reports
         live = []
         for i, source in enumerate(request.solve_sources):
             if source.strip():
                 live.append(i)
             else:
                 reports[i].outcome = vf.CANDIDATE_OUTCOME_EMPTY
-        if not tasks or not live:
+        if not search.tasks or not live:
             response.reasons.append(
-                "no_tests: no valid test to solve" if not tasks else "no_candidates: no solve() candidate"
+                "no_tests: no valid test to solve"
+                if not search.tasks
+                else "no_candidates: no solve() candidate"
             )
             response.candidates.extend(reports)
             response.verdict = vf.VERDICT_FAIL
             return response
+        smoke = list(range(min(request.limits.smoke_tests or SMOKE_TESTS, len(search.tasks))))
+        survivors = await search.smoke(live, smoke)
+        out_of_budget = await search.find_oracle(survivors, list(range(len(smoke), len(search.tasks))))
+        response.candidates.extend(reports)
+        if response.oracle_index < 0:
+            response.reasons.append(search.why_no_oracle(live, out_of_budget))
+        response.verdict = vf.VERDICT_PASS if response.oracle_index >= 0 else vf.VERDICT_FAIL
+        return response
 
-        # Smoke run: every candidate on the first test(s), all at once; failures are dropped.
-        smoke = list(range(min(lim.smoke_tests or SMOKE_TESTS, len(tasks))))
-        steps: dict[int, dict[int, int]] = {i: {} for i in live}
-        passed: dict[int, bool] = dict.fromkeys(live, True)
-        for c, t, result in await run([(c, t) for c in live for t in smoke]):
-            if record(c, result):
-                steps[c][t] = result.step_count
-            else:
-                passed[c] = False
+
+def distinct_configs(tests: Sequence[vf.ValidatedTest]) -> dict[int, dict[str, Any]]:
+    """The config of each test worth running, by index: a test whose config does not parse, or
+    repeats an earlier one's, gets its reason instead."""
+    configs: dict[int, dict[str, Any]] = {}
+    seen: dict[str, int] = {}
+    for i, test in enumerate(tests):
+        config, key = config_key(test.task.config_json)
+        if config is None:
+            test.reason = key
+        elif key in seen:
+            test.reason = f"duplicate: same config as test {seen[key] + 1}"
+        else:
+            seen[key] = i
+            configs[i] = config
+    return configs
+
+
+def unit_test_plan(
+    request: vf.ValidateUnitTestsRequest,
+    tests: Sequence[vf.ValidatedTest],
+    configs: dict[int, dict[str, Any]],
+    call: SolutionCall | None,
+    sources: Sources,
+    ref_time: int,
+    ref_memory: int,
+) -> tuple[list[sb.Operation], list[tuple[int, str]]]:
+    """The sandbox operations of a validation, and what each is ((test, "ref" | "solution")): the
+    reference answer of every distinct test, and the original solution's where it can be called."""
+    env_ref = sources.ref(request.env_source)
+    ops: list[sb.Operation] = []
+    plan: list[tuple[int, str]] = []
+    for i, config in configs.items():
+        ops.append(
+            sb.Operation(
+                source=env_ref,
+                limits=limits(ref_time, ref_memory),
+                ref_answer=sb.RefAnswerOp(config_json=tests[i].task.config_json),
+            )
+        )
+        plan.append((i, "ref"))
+        args = call.args_for(config) if call is not None else None
+        if call is not None and args is not None:
+            ops.append(
+                sb.Operation(
+                    source=sources.ref(request.solution_source),
+                    limits=limits(max(ref_time, MAIN_TIMEOUT_MS), max(ref_memory, CASE_MEMORY_MB)),
+                    call_function=sb.CallFunctionOp(function_name=call.function, args_json=json.dumps(args)),
+                )
+            )
+            plan.append((i, "solution"))
+    return ops, plan
+
+
+def judge_test(
+    test: vf.ValidatedTest,
+    result: sb.OperationResult,
+    other: sb.OperationResult | None,
+    call: SolutionCall | None,
+    ref_memory: int,
+    max_chars: int,
+) -> None:
+    """One test's verdict from its reference answer (`result`) and the solution's (`other`, when
+    run): valid, or the reason it is not; its cross check says whether the two were compared."""
+    test.usage.CopyFrom(result.usage)
+    test.answer_json = result.answer_json
+    test.answer_repr = result.answer_repr
+    if result.status != sb.STATUS_OK:
+        test.reason = failure(result, "ref")
+        return
+    if result.usage.peak_alloc_bytes > ref_memory * 1024 * 1024:
+        test.reason = (
+            f"ref_memory_limit: get_ref_answer() allocated {result.usage.peak_alloc_bytes >> 20} MiB"
+            f" (limit {ref_memory} MiB)"
+        )
+        return
+    if len(result.answer_repr) > max_chars:
+        test.reason = (
+            f"answer_too_long: the answer renders in {len(result.answer_repr)} characters (limit {max_chars})"
+        )
+        return
+    if other is not None:
+        if other.status != sb.STATUS_OK:
+            test.cross_check = vf.CROSS_CHECK_SOLUTION_FAILED
+            test.reason = failure(other, "solution")
+            return
+        test.solution_answer_repr = other.answer_repr
+        if not same_answer(result, other):
+            test.cross_check = vf.CROSS_CHECK_DISAGREES
+            test.reason = (
+                f"disagrees_with_solution: get_ref_answer() = {result.answer_repr[:60]},"
+                f" {call.function if call else 'solution'}() = {other.answer_repr[:60]}"
+            )
+            return
+        test.cross_check = vf.CROSS_CHECK_AGREES
+    test.valid = True
+
+
+class OracleSearch:
+    """One CheckSolvability: the solve() candidates run against the tests until one solves them
+    all (the oracle). Holds what the stages share: the limits, each candidate's report, the steps
+    each solved test took, and the response's counters."""
+
+    def __init__(self, request: vf.CheckSolvabilityRequest, run: RunOps) -> None:
+        lim = request.limits
+        self.request = request
+        self.run_ops = run
+        self.case_time = lim.case_time_ms or CASE_TIME_MS
+        self.memory = lim.case_memory_mb or CASE_MEMORY_MB
+        self.max_steps = lim.max_steps or MAX_STEPS
+        self.budget_ms = lim.budget_ms or BUDGET_MS
+        self.deadline = time.monotonic() + self.budget_ms / 1000
+        self.tasks = list(request.tasks)
+        self.sources = Sources()
+        self.env_ref = self.sources.ref(request.env_source)
+        self.reports = [
+            vf.CandidateReport(index=i, outcome=vf.CANDIDATE_OUTCOME_NOT_RUN)
+            for i in range(len(request.solve_sources))
+        ]
+        self.response = vf.CheckSolvabilityResponse(oracle_index=-1)
+        self.steps: dict[int, dict[int, int]] = {}  # candidate -> test -> steps it took to solve it
+
+    def op(self, candidate: int, test: int) -> sb.Operation:
+        return sb.Operation(
+            source=self.env_ref,
+            limits=limits(self.case_time, self.memory),
+            solve=sb.SolveOp(
+                config_json=self.tasks[test].config_json,
+                solve_source=self.request.solve_sources[candidate],
+                max_steps=self.max_steps,
+            ),
+        )
+
+    async def run(self, cases: list[tuple[int, int]]) -> list[tuple[int, int, bool]]:
+        """Run (candidate, test) cases at once; each one's report is updated, and whether it solved."""
+        results = await self.run_ops([self.op(c, t) for c, t in cases], self.sources)
+        self.response.cases_run += len(results)
+        self.response.cpu_ms += sum(r.usage.cpu_ms for r in results)
+        return [(c, t, self.record(c, t, r)) for (c, t), r in zip(cases, results, strict=True)]
+
+    def record(self, candidate: int, test: int, result: sb.OperationResult) -> bool:
+        report = self.reports[candidate]
+        report.run += 1
+        problem = case_failure(result, self.max_steps)
+        if problem:
+            report.first_failure = report.first_failure or problem
+            return False
+        report.solved += 1
+        self.steps.setdefault(candidate, {})[test] = result.step_count
+        return True
+
+    async def smoke(self, live: list[int], smoke: list[int]) -> list[int]:
+        """Every candidate on the first test(s), all at once: the candidates that solved them."""
+        passed = dict.fromkeys(live, True)
+        for c, _, solved in await self.run([(c, t) for c in live for t in smoke]):
+            passed[c] = passed[c] and solved
         for c in live:
             if not passed[c]:
-                reports[c].outcome = vf.CANDIDATE_OUTCOME_FAILED_SMOKE
-        survivors = [c for c in live if passed[c]]
+                self.reports[c].outcome = vf.CANDIDATE_OUTCOME_FAILED_SMOKE
+        return [c for c in live if passed[c]]
 
-        # Then one candidate at a time over the remaining tests, a wave at a time: the first
-        # candidate that solves everything is the oracle, and a failure ends a candidate's run.
-        rest = list(range(len(smoke), len(tasks)))
-        out_of_budget = False
+    async def find_oracle(self, survivors: list[int], rest: list[int]) -> bool:
+        """One candidate at a time over the remaining tests, a wave at a time: the first candidate
+        that solves everything is the oracle, and a failure ends a candidate's run. True when the
+        budget ran out first."""
         for c in survivors:
             ok = True
             for start in range(0, len(rest), WAVE):
-                if time.monotonic() > deadline:
-                    out_of_budget = True
+                if time.monotonic() > self.deadline:
+                    return True
+                results = await self.run([(c, t) for t in rest[start : start + WAVE]])
+                if not all(solved for _, _, solved in results):
+                    ok = False
                     break
-                for _, t, result in await run([(c, t) for t in rest[start : start + WAVE]]):
-                    if record(c, result):
-                        steps[c][t] = result.step_count
-                    else:
-                        ok = False
-                if not ok:
-                    break
-            if out_of_budget:
-                break
             if not ok:
-                reports[c].outcome = vf.CANDIDATE_OUTCOME_FAILED
+                self.reports[c].outcome = vf.CANDIDATE_OUTCOME_FAILED
                 continue
-            reports[c].outcome = vf.CANDIDATE_OUTCOME_ORACLE
-            response.oracle_index = c
-            for t, task in enumerate(tasks):
+            self.reports[c].outcome = vf.CANDIDATE_OUTCOME_ORACLE
+            self.response.oracle_index = c
+            for t, task in enumerate(self.tasks):
                 done = cm.TaskConfig()
                 done.CopyFrom(task)
-                done.solve_fc_round = steps[c][t]
-                response.tasks.append(done)
-            break
-        response.candidates.extend(reports)
-        if response.oracle_index < 0:
-            if out_of_budget:
-                response.reasons.append(
-                    f"budget_exhausted: no oracle within {lim.budget_ms or BUDGET_MS} ms"
-                    f" ({response.cases_run} runs)"
-                )
-            else:
-                best = max(live, key=lambda i: (reports[i].solved, -i))
-                response.reasons.append(
-                    f"unsolvable: no candidate solved every test of {len(tasks)}"
-                    f" (best: candidate {best} solved {reports[best].solved},"
-                    f" first failure {reports[best].first_failure or '-'})"
-                )
-        response.verdict = vf.VERDICT_PASS if response.oracle_index >= 0 else vf.VERDICT_FAIL
-        return response
+                done.solve_fc_round = self.steps[c][t]
+                self.response.tasks.append(done)
+            return False
+        return False
+
+    def why_no_oracle(self, live: list[int], out_of_budget: bool) -> str:
+        if out_of_budget:
+            return f"budget_exhausted: no oracle within {self.budget_ms} ms ({self.response.cases_run} runs)"
+        best = max(live, key=lambda i: (self.reports[i].solved, -i))
+        return (
+            f"unsolvable: no candidate solved every test of {len(self.tasks)}"
+            f" (best: candidate {best} solved {self.reports[best].solved},"
+            f" first failure {self.reports[best].first_failure or '-'})"
+        )
 
 
 def same_answer(ref: sb.OperationResult, other: sb.OperationResult) -> bool:

@@ -30,6 +30,11 @@ from services.verification.plans import (
     limits,
 )
 
+# One test's controls: its config, its reference answer, and its wrong answers (kind, value).
+Plan = tuple[str, Any, list[tuple[str, Any]]]
+# What each control of a test got: (reward, observation), in the order of its plan.
+Outcomes = dict[int, list[tuple[float, str]]]
+
 
 async def check_negative_controls(
     run: RunOps, request: vf.CheckNegativeControlsRequest
@@ -43,11 +48,28 @@ async def check_negative_controls(
         response.verdict = vf.VERDICT_FAIL
         return response
     param = done.params[0].arg
-    case_time = request.case_time_ms or CASE_TIME_MS
-    memory = request.case_memory_mb or CASE_MEMORY_MB
+    plans = control_plans(request, response)
+    outcomes = await play_controls(run, request, plans, param, response)
+    paid = report_paid(plans, outcomes, response)
+    if paid:
+        first = response.paid[0]
+        kinds = sorted({p.kind for p in response.paid})
+        response.reasons.append(
+            f"reward_accepts_wrong_answers: {paid} of {response.controls} wrong answers paid"
+            f" ({', '.join(kinds)}); e.g. Done({param}={first.answer_json}) for reference"
+            f" {first.reference_json[:60]} got reward {first.reward:g}"
+        )
+    response.verdict = vf.VERDICT_FAIL if response.reasons else vf.VERDICT_PASS
+    return response
+
+
+def control_plans(
+    request: vf.CheckNegativeControlsRequest, response: vf.CheckNegativeControlsResponse
+) -> list[Plan]:
+    """The wrong answers of every test with a readable reference answer; counted in `response`."""
     cases = [(c.config_json, json_value(c.answer_json)) for c in request.cases]
     answered = [(config, answer) for config, (ok, answer) in cases if ok]
-    plans: list[tuple[str, Any, list[tuple[str, Any]]]] = []
+    plans: list[Plan] = []
     for k, (config, answer) in enumerate(answered):
         others = [a for j, (_, a) in enumerate(answered) if j != k]
         controls = wrong_answers(answer, others)
@@ -56,28 +78,38 @@ async def check_negative_controls(
             response.kinds[kind] = response.kinds.get(kind, 0) + 1
         response.controls += len(controls)
     response.tests = len(plans)
+    return plans
+
+
+async def play_controls(
+    run: RunOps,
+    request: vf.CheckNegativeControlsRequest,
+    plans: list[Plan],
+    param: str,
+    response: vf.CheckNegativeControlsResponse,
+) -> Outcomes:
+    """Each test's controls in one sandbox solve; where that form fails (an environment deepcopy
+    cannot copy), one run per control. The runs and their failures are counted in `response`."""
+    case_time = request.case_time_ms or CASE_TIME_MS
+    memory = request.case_memory_mb or CASE_MEMORY_MB
     sources = Sources()
     env_ref = sources.ref(request.env_source)
 
     def action(value: Any) -> str:
         return json.dumps({"name": "Done", "parameters": {param: value}})
 
-    ops = [
-        sb.Operation(
+    def solve(config: str, source: str) -> sb.Operation:
+        return sb.Operation(
             source=env_ref,
             limits=limits(case_time, memory),
-            solve=sb.SolveOp(
-                config_json=config,
-                solve_source=controls_source([action(v) for _, v in controls]),
-                max_steps=2,
-            ),
+            solve=sb.SolveOp(config_json=config, solve_source=source, max_steps=2),
         )
-        for config, _, controls in plans
-    ]
+
+    ops = [solve(config, controls_source([action(v) for _, v in controls])) for config, _, controls in plans]
     results = await run(ops, sources)
     response.runs += len(results)
     response.cpu_ms += sum(r.usage.cpu_ms for r in results)
-    outcomes: dict[int, list[tuple[float, str]]] = {}
+    outcomes: Outcomes = {}
     retry: list[int] = []
     for k, result in enumerate(results):
         parsed = read_controls(result, len(plans[k][2]))
@@ -85,20 +117,8 @@ async def check_negative_controls(
             retry.append(k)
         else:
             outcomes[k] = parsed
-    # Where the one-run form failed (an environment deepcopy cannot copy), one run per control.
     singles = [(k, n) for k in retry for n in range(len(plans[k][2]))]
-    single_ops = [
-        sb.Operation(
-            source=env_ref,
-            limits=limits(case_time, memory),
-            solve=sb.SolveOp(
-                config_json=plans[k][0],
-                solve_source=single_control_source(action(plans[k][2][n][1])),
-                max_steps=2,
-            ),
-        )
-        for k, n in singles
-    ]
+    single_ops = [solve(plans[k][0], single_control_source(action(plans[k][2][n][1]))) for k, n in singles]
     single_results = await run(single_ops, sources)
     response.runs += len(single_results)
     response.cpu_ms += sum(r.usage.cpu_ms for r in single_results)
@@ -109,6 +129,11 @@ async def check_negative_controls(
             outcomes.setdefault(k, [(0.0, "")] * len(plans[k][2]))
             continue
         outcomes.setdefault(k, [(0.0, "")] * len(plans[k][2]))[n] = (result.reward, result.observation)
+    return outcomes
+
+
+def report_paid(plans: list[Plan], outcomes: Outcomes, response: vf.CheckNegativeControlsResponse) -> int:
+    """How many wrong answers were paid; the first `MAX_PAID_REPORTED` of them go in `response`."""
     paid = 0
     for k, (config, answer, controls) in enumerate(plans):
         for (kind, value), (reward, message) in zip(controls, outcomes.get(k, []), strict=False):
@@ -126,16 +151,7 @@ async def check_negative_controls(
                         observation=message[:300],
                     )
                 )
-    if paid:
-        first = response.paid[0]
-        kinds = sorted({p.kind for p in response.paid})
-        response.reasons.append(
-            f"reward_accepts_wrong_answers: {paid} of {response.controls} wrong answers paid"
-            f" ({', '.join(kinds)}); e.g. Done({param}={first.answer_json}) for reference"
-            f" {first.reference_json[:60]} got reward {first.reward:g}"
-        )
-    response.verdict = vf.VERDICT_FAIL if response.reasons else vf.VERDICT_PASS
-    return response
+    return paid
 
 
 def mutations(value: Any) -> list[tuple[str, Any]]:

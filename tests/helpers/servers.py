@@ -45,7 +45,7 @@ def deployed_runtime() -> str | None:
     return os.environ.get(RUNTIME_SWITCH, "").strip() or None
 
 
-class ServerProcess(procs.ServerProcess):
+class CodegymServer(procs.ServerProcess):
     """`codegym ARGS...` (e.g. `serve sandbox --port 0`) until its `listening on` line; `env`
     replaces the environment it starts with.
 
@@ -82,8 +82,8 @@ def worker_args(jails: int = 1, *extra: str) -> list[str]:
     return ["serve", "sandbox", "--port", "0", "--jails", str(jails), *extra]
 
 
-def start_workers(count: int = 2, jails: int = 1) -> list[ServerProcess]:
-    return [ServerProcess(worker_args(jails)) for _ in range(count)]
+def start_workers(count: int = 2, jails: int = 1) -> list[CodegymServer]:
+    return [CodegymServer(worker_args(jails)) for _ in range(count)]
 
 
 @contextmanager
@@ -93,15 +93,15 @@ def sandbox_workers(
     jails: int = 1,
     env: dict[str, str] | None = None,
     clean_stop: bool = True,
-) -> Iterator[list[ServerProcess]]:
+) -> Iterator[list[CodegymServer]]:
     """`count` sandbox workers (`extra` on each command line, `env` their environment), all stopped
     on the way out. With `clean_stop` each must then have exited 0: a worker that crashed, or
     needed SIGKILL to stop, fails the fixture that used it. Every worker is stopped before that
     check, so one bad exit leaves no other worker running."""
-    started: list[ServerProcess] = []
+    started: list[CodegymServer] = []
     try:
         for _ in range(count):
-            started.append(ServerProcess(worker_args(jails, *extra), env=env))
+            started.append(CodegymServer(worker_args(jails, *extra), env=env))
         yield started
     finally:
         codes = [worker.stop() for worker in started]
@@ -127,7 +127,7 @@ def workers_fixture(
     `addresses` the comma-separated addresses `--sandbox` takes. `add_env` is added to this
     process's environment as it is when the workers start."""
 
-    def workers() -> Iterator[list[ServerProcess] | str]:
+    def workers() -> Iterator[list[CodegymServer] | str]:
         env = None if add_env is None else {**os.environ, **add_env}
         with sandbox_workers(count, *extra, jails=jails, env=env, clean_stop=clean_stop) as started:
             yield ",".join(w.address for w in started) if addresses else started
@@ -144,7 +144,7 @@ def worker_fixture(
 ) -> Callable[..., Any]:
     """A pytest fixture of one sandbox worker process, as `workers_fixture` starts them."""
 
-    def worker() -> Iterator[ServerProcess]:
+    def worker() -> Iterator[CodegymServer]:
         env = None if add_env is None else {**os.environ, **add_env}
         with sandbox_workers(1, *extra, jails=jails, env=env, clean_stop=clean_stop) as started:
             yield started[0]
@@ -152,10 +152,10 @@ def worker_fixture(
     return pytest.fixture(scope=scope)(worker)
 
 
-def start_runtime(library: Path, workers: list[ServerProcess], *extra: str) -> ServerProcess:
+def start_runtime(library: Path, workers: list[CodegymServer], *extra: str) -> CodegymServer:
     sandbox = ",".join(w.address for w in workers)
     args = ["serve", "runtime", "--port", "0", "--library", str(library), "--sandbox", sandbox, *extra]
-    return ServerProcess(args)
+    return CodegymServer(args)
 
 
 def require_redis_server() -> None:
@@ -201,8 +201,8 @@ class Redis(procs.RedisServer):
 
 
 @contextmanager
-def running(args: list[str]) -> Iterator[ServerProcess]:
-    server = ServerProcess(args)
+def running(args: list[str]) -> Iterator[CodegymServer]:
+    server = CodegymServer(args)
     try:
         yield server
     finally:

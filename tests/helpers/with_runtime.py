@@ -20,7 +20,7 @@ from pathlib import Path
 
 from codegym.library.store import Library
 from tests.conftest import ENV_DIR, SAMPLES
-from tests.helpers.servers import RUNTIME_SWITCH, ServerProcess, start_runtime, start_workers
+from tests.helpers.servers import RUNTIME_SWITCH, CodegymServer, start_runtime, start_workers
 
 OPENENV_SWITCH = "CODEGYM_TEST_OPENENV"
 
@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
             try:
                 env = {**os.environ, RUNTIME_SWITCH: runtime.address}
                 if openenv:
-                    gateway = ServerProcess(["serve", "openenv", "--runtime", runtime.address, "--port", "0"])
+                    gateway = CodegymServer(["serve", "openenv", "--runtime", runtime.address, "--port", "0"])
                     env[OPENENV_SWITCH] = f"http://{gateway.address}"
                 return subprocess.run(argv, env=env, check=False).returncode
             finally:

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from codegym_client.outages import Outage
+from codegym_client.runtime_client import RuntimeClient
 from codegym_client.trl.environment import Run
 from codegym_client.trl.instances import optional_module
-
-if TYPE_CHECKING:
-    from codegym_client.trl.spec import CodeGymSpec
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +47,29 @@ class Curriculum:
     DEFAULT_DRAW = 64
 
     def __init__(
-        self, spec: CodeGymSpec, *, prompts_per_draw: int = 0, seed: int = 0, **options: Any
+        self,
+        *,
+        run: Run,
+        client: Callable[[], RuntimeClient],
+        outage: Outage,
+        env_ids: Collection[str],
+        row: Callable[[str], dict[str, Any]],
+        fallback_rows: Sequence[Mapping[str, Any]],
+        prompts_per_draw: int = 0,
+        seed: int = 0,
+        **options: Any,
     ) -> None:
-        self.spec = spec
+        """`run`, `client` and `outage` are the spec's; `env_ids` its environments, `row` how it
+        makes a task's row, and `fallback_rows` its own rows, for a draw left empty."""
+        self.run = run
+        self.client = client
+        self.outage = outage
+        self.env_ids = env_ids
+        self.row = row
+        self.fallback_rows = fallback_rows
         self.prompts_per_draw = int(prompts_per_draw)
         self.seed = int(seed)
-        self.options = {"env_prefix": common_prefix(spec.environment_classes), **options}
+        self.options = {"env_prefix": common_prefix(env_ids), **options}
         self.draws = 0  # draws taken: the next one is seeded seed + draws
 
     def rows(self) -> Iterator[dict[str, Any]]:
@@ -63,17 +79,16 @@ class Curriculum:
 
     def draw(self) -> list[dict[str, Any]]:
         """The next draw's rows."""
-        run = self.spec.run
+        run = self.run
         size = self.prompts_per_draw or run.prompts_per_generation or self.DEFAULT_DRAW
         seed = self.seed + self.draws
         self.draws += 1
-        client = self.spec.client()
-        response = self.spec._outage.call(
+        client = self.client()
+        response = self.outage.call(
             lambda: client.sample_tasks(run.run_id, size, seed=seed, **self.options),
             f"CodeGym SampleTasks for run {run.run_id!r}",
         )
-        known = self.spec.environment_classes
-        rows = [self.spec.row(task.ability) for task in response.tasks if task.env_id in known]
+        rows = [self.row(task.ability) for task in response.tasks if task.env_id in self.env_ids]
         if len(rows) < len(response.tasks):
             log.warning(
                 "CodeGym curriculum: %d of %d sampled tasks are of environments the spec does not have: skipped",
@@ -87,7 +102,7 @@ class Curriculum:
                 run.run_id,
                 size,
             )
-            chosen = random.Random(seed).choices(self.spec.rows, k=size)
+            chosen = random.Random(seed).choices(self.fallback_rows, k=size)
             rows = [dict(row) for row in chosen]
         return rows
 

@@ -47,13 +47,64 @@ class Run:
 
 
 class _Session:
-    """The session an instance holds, closable without the instance (its finalizer holds this)."""
+    """The session an instance holds and its episode's outcome, closable without the instance (its
+    finalizer holds this). The tool methods step it (`call_tool`): it, not the instance, has the
+    public method, since TRL takes every public method of an environment as a tool."""
 
     def __init__(self, client: Callable[[], RuntimeClient], outage: Outage) -> None:
         self.client = client
         self.outage = outage
         self.session_id = ""
         self.lock = threading.Lock()
+        self.done = False
+        self.reward = 0.0
+        self.step_index = 0  # the session's step index, from the runtime's replies
+        self.failure: BaseException | None = None
+
+    def restart(self) -> None:
+        """Close the session and forget the episode's outcome (before the next one starts)."""
+        self.close()
+        self.done, self.reward, self.step_index, self.failure = False, 0.0, 0, None
+
+    def fail(self, what: str, exc: BaseException) -> None:
+        """End the episode as failed by the infrastructure: unscored, its session closed."""
+        self.failure = exc
+        log.error(
+            "CodeGym %s failed (%s): the episode ends unscored (get_reward() is None)",
+            what,
+            getattr(exc, "reason", "") or exc,
+        )
+        self.close()
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        """Step the session with one tool call (`ToolCaller`, what a tool method calls)."""
+        if self.failure is not None:
+            raise EpisodeFailed(f"the episode failed in the runtime: {name} was not run") from self.failure
+        session_id = self.session_id
+        if self.done:
+            raise EpisodeEnded(f"the episode has ended: {name} was not run")
+        if not session_id:
+            raise EpisodeEnded("no episode: reset() first")
+        action = json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
+        index = self.step_index
+        client = self.client()
+        try:  # with its index: a step sent again that the runtime applied already is answered, not applied
+            response = self.outage.call(
+                lambda: client.step(session_id, action, step_index=index),
+                f"CodeGym Step {index} of session {session_id}",
+            )
+        except STEP_FAULTS as exc:  # the step rule (errors.py): the request is ours, never the model's
+            self.fail(f"Step {index} of session {session_id}", exc)
+            raise EpisodeFailed(
+                f"the CodeGym runtime could not serve this episode ({getattr(exc, 'reason', '') or exc}); "
+                "it is not scored"
+            ) from exc
+        self.step_index = int(response.step_index)
+        self.reward = float(response.reward)
+        if response.done or response.truncated:
+            self.done = True
+            self.close()
+        return str(response.observation)
 
     def close(self, wait_s: float | None = None) -> None:
         """Close the session, riding out an outage for what is left of the wait (`wait_s`: at most
@@ -92,15 +143,10 @@ class CodeGymEnvironment:
         self._session = _Session(type(self)._client_factory, type(self)._outage)
         # Also runs at exit (atexit): one send, no outage wait there.
         self._finalizer = weakref.finalize(self, self._session.close, 0.0)
-        self._done = False
-        self._reward = 0.0
-        self._step_index = 0  # the session's step index, from the runtime's replies
-        self._failure: BaseException | None = None
 
     def reset(self, **row: Any) -> str:
         """Start an episode on the row's `ability`; returns the task text and the first observation."""
-        self._session.close()
-        self._done, self._reward, self._step_index, self._failure = False, 0.0, 0, None
+        self._session.restart()
         ability = row.get("ability")
         if not isinstance(ability, str):
             raise ValueError(f"the row has no 'ability' ({ABILITY_FORMAT})")
@@ -134,7 +180,7 @@ class CodeGymEnvironment:
                     f"CreateSession failed: {exc.reason or exc} (the runtime served no call for "
                     f"outage_wait_s={self._session.outage.wait_s:g} s)"
                 ) from exc
-            self._fail("CreateSession", exc)
+            self._session.fail("CreateSession", exc)
             return (
                 f"The environment could not be started ({exc.reason or 'runtime error'}); "
                 "this episode is not scored."
@@ -147,48 +193,9 @@ class CodeGymEnvironment:
     def get_reward(self) -> float | None:
         """The episode's reward (the final one once it ended: 1.0 for a right answer); None when
         the runtime failed the episode (TRL then leaves the rollout unscored)."""
-        if self._failure is not None:
+        if self._session.failure is not None:
             return None
-        return self._reward
-
-    def _fail(self, what: str, exc: BaseException) -> None:
-        """End the episode as failed by the infrastructure: unscored, its session closed."""
-        self._failure = exc
-        log.error(
-            "CodeGym %s failed (%s): the episode ends unscored (get_reward() is None)",
-            what,
-            getattr(exc, "reason", "") or exc,
-        )
-        self._session.close()
-
-    def _call_tool(self, name: str, arguments: dict[str, Any]) -> str:
-        if self._failure is not None:
-            raise EpisodeFailed(f"the episode failed in the runtime: {name} was not run") from self._failure
-        session_id = self._session.session_id
-        if self._done:
-            raise EpisodeEnded(f"the episode has ended: {name} was not run")
-        if not session_id:
-            raise EpisodeEnded("no episode: reset() first")
-        action = json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)
-        index = self._step_index
-        client = self._session.client()
-        try:  # with its index: a step sent again that the runtime applied already is answered, not applied
-            response = self._session.outage.call(
-                lambda: client.step(session_id, action, step_index=index),
-                f"CodeGym Step {index} of session {session_id}",
-            )
-        except STEP_FAULTS as exc:  # the step rule (errors.py): the request is ours, never the model's
-            self._fail(f"Step {index} of session {session_id}", exc)
-            raise EpisodeFailed(
-                f"the CodeGym runtime could not serve this episode ({getattr(exc, 'reason', '') or exc}); "
-                "it is not scored"
-            ) from exc
-        self._step_index = int(response.step_index)
-        self._reward = float(response.reward)
-        if response.done or response.truncated:
-            self._done = True
-            self._session.close()
-        return str(response.observation)
+        return self._session.reward
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} session={self._session.session_id or None}>"
@@ -204,7 +211,7 @@ def skip_failed_episodes(reward_func: Callable[..., Any]) -> Callable[..., Any]:
         if environments is None:
             return list(rewards)
         return [
-            None if isinstance(env, CodeGymEnvironment) and env._failure is not None else reward
+            None if isinstance(env, CodeGymEnvironment) and env._session.failure is not None else reward
             for reward, env in zip(rewards, environments, strict=True)
         ]
 

@@ -182,10 +182,24 @@ class CodeGymSpec:
         datasets = optional_module("datasets")
         if datasets is None:
             raise ValueError("the curriculum dataset needs `datasets` (TRL brings it)")
-        source = Curriculum(self, prompts_per_draw=prompts_per_draw, seed=seed, **options)
+        source = self.curriculum_source(prompts_per_draw=prompts_per_draw, seed=seed, **options)
         key = len(CURRICULA)
         CURRICULA[key] = source
         return datasets.IterableDataset.from_generator(curriculum_rows, gen_kwargs={"key": key})
+
+    def curriculum_source(self, *, prompts_per_draw: int = 0, seed: int = 0, **options: Any) -> Curriculum:
+        """The `Curriculum` behind `curriculum()`: its draws as lists of rows, without `datasets`."""
+        return Curriculum(
+            run=self.run,
+            client=self.client,
+            outage=self._outage,
+            env_ids=self.environment_classes,
+            row=self.row,
+            fallback_rows=self.rows,
+            prompts_per_draw=prompts_per_draw,
+            seed=seed,
+            **options,
+        )
 
     def _get_env(self, env_id: str) -> Any:
         """GetEnv's answer for `env_id`; its tool schemas are kept (library rows and tool schemas
@@ -258,7 +272,7 @@ class CodeGymSpec:
         """The tool names of every environment of `prefix` the runtime lists, by env id."""
         client = self.client()
         listed = self._outage.call(
-            lambda: list(client.list_envs(prefix=prefix, page_size=LIST_PAGE_SIZE)), "CodeGym ListEnvs"
+            lambda: client.list_envs(prefix=prefix, page_size=LIST_PAGE_SIZE), "CodeGym ListEnvs"
         )
         return {e.env_id: list(e.tool_names) for e in listed}
 
@@ -267,7 +281,7 @@ class CodeGymSpec:
         if isinstance(library, str) or library is True:
             prefix = "" if library is True else str(library)
             listed = self._outage.call(
-                lambda: list(client.list_envs(prefix=prefix, page_size=LIST_PAGE_SIZE)), "CodeGym ListEnvs"
+                lambda: client.list_envs(prefix=prefix, page_size=LIST_PAGE_SIZE), "CodeGym ListEnvs"
             )
             env_ids = [e.env_id for e in listed if e.task_count]  # an env without tasks gives no row
         else:

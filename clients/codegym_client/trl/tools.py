@@ -9,10 +9,21 @@ from __future__ import annotations
 import inspect
 import keyword
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from codegym_client.trl.environment import CodeGymEnvironment
+
+class ToolCaller(Protocol):
+    """What a tool method steps: the session of its environment's episode."""
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> str: ...
+
+
+class ToolHost(Protocol):
+    """What a tool method is a method of: an environment holding its episode's session. Private,
+    since TRL takes every public member of an environment as a tool."""
+
+    _session: ToolCaller
+
 
 RESERVED = frozenset({"reset", "get_reward"})  # the names TRL does not take as tools
 ToolSchema = dict[str, Any]  # an OpenAI tool definition: {"type": "function", "function": {...}}
@@ -92,8 +103,8 @@ def tool_method(schema: ToolSchema) -> Callable[..., str]:
         )
         annotations[arg] = hint
 
-    def tool(self: CodeGymEnvironment, **arguments: Any) -> str:
-        return self._call_tool(name, {k: v for k, v in arguments.items() if v is not OMITTED})
+    def tool(self: ToolHost, **arguments: Any) -> str:
+        return self._session.call_tool(name, {k: v for k, v in arguments.items() if v is not OMITTED})
 
     tool.__name__ = tool.__qualname__ = name
     tool.__doc__ = _docstring(str(function.get("description") or name), properties)
