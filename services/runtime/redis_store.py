@@ -67,7 +67,9 @@ end
 # (ARGV[5]), the step lease KEYS[3] still holds it; then renew the expiry and the index. With a
 # history (KEYS[5], the order list KEYS[6]): clear it when ARGV[6] is '1', append ARGV[7] unless
 # empty (ARGV[8] kept per session, ARGV[9] in all, ARGV[10] the lists' prefix).
-COMMIT = HISTORY_APPEND + """
+COMMIT = (
+    HISTORY_APPEND
+    + """
 if redis.call('HGET', KEYS[1], 'step_index') ~= ARGV[1] then return 0 end
 if ARGV[5] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[5] then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 11))
@@ -82,9 +84,12 @@ if #KEYS >= 6 then
 end
 return 1
 """
+)
 # New sessions' histories: KEYS[1] the order list, then each session's list; ARGV: keep, total,
 # prefix, ttl, then per session its id, its entry count and the entries.
-HISTORY_PUT = HISTORY_APPEND + """
+HISTORY_PUT = (
+    HISTORY_APPEND
+    + """
 local at = 5
 for i = 2, #KEYS do
   local session, n = ARGV[at], tonumber(ARGV[at + 1])
@@ -96,6 +101,7 @@ for i = 2, #KEYS do
 end
 return 1
 """
+)
 # An idempotency entry KEYS[1] (ARGV[1], for ARGV[2] ms), indexed by expiry (ARGV[5]) in KEYS[2]
 # under its key ARGV[3]; expired members leave the index (now: ARGV[6]) and past ARGV[4] entries
 # the oldest go (ARGV[7] .. member is an entry's key).
@@ -395,7 +401,7 @@ class RedisSessionStore:
 
     async def recall(self, key: str) -> bytes | None:
         async with self._calls():
-            value = await self.redis.get(self.answer_key(key))
+            value: Any = await self.redis.get(self.answer_key(key))
         return None if value is None else bytes(value)
 
     async def remember(self, answer: Answer) -> None:

@@ -8,8 +8,9 @@ result only if the session is still at the step index the step started from, and
 renews only the session's idle time under the same condition.
 
 Only `put` and `put_new` write unconditionally, and only making a session (a create, a fork, a
-restore) uses them: anything a step or a reset writes is conditional, because with several replicas the step that wrote last is not
-necessarily the one that started last (a replica can stall past its lease while another steps on).
+restore) uses them: anything a step or a reset writes is conditional, because with several
+replicas the step that wrote last is not necessarily the one that started last (a replica can
+stall past its lease while another steps on).
 
 Two more things live beside the sessions, so every replica sees them: a session's history (only
 with `keep_history`, history.py), appended by the commit of its step; and the idempotency entries
