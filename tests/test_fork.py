@@ -607,3 +607,48 @@ def test_branches_are_recorded_apart_from_episodes(library: Path, workers: str, 
             assert (env.episodes, env.branches) == (1, 3)
     finally:
         a.stop()
+
+
+# ---- the async client and RemoteEnv ------------------------------------------------------------------
+
+
+async def test_the_async_client_forks_checkpoints_and_restores(runtime: ServerProcess) -> None:
+    from codegym_client import AsyncRuntimeClient
+
+    async with AsyncRuntimeClient(runtime.address, attempts=1) as client:
+        created = await client.create_session(env_id=DICE, config={"sides": 1000}, seed=3, keep_history=True)
+        source = created.session_id
+        for action in DICE_PLAY[:4]:
+            await client.step(source, action)
+        forks = await client.fork_session(source, count=2, at_step=2)
+        assert [f.step_index for f in forks] == [2, 2]
+        blob = await client.checkpoint_session(source, close=True)
+        restored = await client.restore_session(blob)
+        assert restored.step_index == 4 and restored.env_id == DICE
+        (again,) = await client.fork_session(restored.session_id)
+        rest = [(await client.step(restored.session_id, a)).observation for a in DICE_PLAY[4:7]]
+        assert [(await client.step(again.session_id, a)).observation for a in DICE_PLAY[4:7]] == rest
+        with pytest.raises(SessionNotFound):
+            await client.get_session(source)
+
+
+def test_remote_env_forks_checkpoints_and_restores(runtime: ServerProcess) -> None:
+    from codegym_client import RemoteEnv
+
+    env = RemoteEnv(runtime.address, env_id=DICE, config={"sides": 1000}, keep_history=True)
+    env.reset(seed=11)
+    for action in DICE_PLAY[:3]:
+        env.step(action)
+    branch = env.fork()
+    rewound = env.fork(at_step=1)
+    blob = env.checkpoint()
+    rest = [env.step(a)[0] for a in DICE_PLAY[3:6]]
+    assert [branch.step(a)[0] for a in DICE_PLAY[3:6]] == rest
+    assert rewound.step(DICE_PLAY[1])[4]["step_index"] == 2
+    restored = RemoteEnv.restore(blob, runtime.address)
+    assert "Roll" in restored.created.tools_text  # type: ignore[union-attr]
+    assert [restored.step(a)[0] for a in DICE_PLAY[3:6]] == rest
+    paused = env.checkpoint(close=True)
+    assert env.session_id == "" and paused
+    for made in (branch, rewound, restored, env):
+        made.close()
