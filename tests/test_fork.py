@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -39,7 +40,7 @@ from codegym_testkit.waiting import wait_until
 from services.runtime.checkpoints import write_key_file
 from tests.conftest import ROOT, SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, build_library, library_fixture
-from tests.helpers.servers import Redis, ServerProcess, workers_fixture
+from tests.helpers.servers import Redis, ServerProcess, require_redis_server, workers_fixture
 
 pytestmark = pytest.mark.jail  # every test steps through real sandbox workers
 
@@ -652,3 +653,53 @@ def test_remote_env_forks_checkpoints_and_restores(runtime: ServerProcess) -> No
     assert env.session_id == "" and paused
     for made in (branch, rewound, restored, env):
         made.close()
+
+
+# ---- through codegym up ---------------------------------------------------------------------------------
+
+
+def up_runtimes(folder: Path) -> tuple[ServerProcess, list[str]]:
+    require_redis_server()
+    args = ["up", "--library", str(folder / "lib.db"), "--port", "0", "--jails", "2", "--runtimes", "2"]
+    up = ServerProcess(args, timeout=180)
+    wait_until(lambda: "runtime 2 at" in up.text, 60, "codegym up to name its second runtime")
+    return up, re.findall(r"runtime \d+ at (\S+) \(pid", up.text)
+
+
+def check_restores_across_up_restarts(folder: Path, cases: list[dict[str, Any]]) -> None:
+    """Checkpoint each episode mid-way (suspended) through `codegym up --runtimes 2`, stop it (and
+    its Redis), start it again, restore each on the other runtime and play the recorded rest."""
+    up, addresses = up_runtimes(folder)
+    key = folder / "lib.checkpoint.key"
+    try:
+        assert key.stat().st_mode & 0o777 == 0o600
+        first_key = key.read_bytes()
+        blobs = []
+        with RuntimeClient(addresses[0], attempts=3) as there:
+            for trajectory in cases:
+                session = there.create_session(env_id=trajectory["env_id"], config=trajectory["config"])
+                half = len(trajectory["steps"]) // 2
+                play(there, session.session_id, [a for a, _ in trajectory["steps"][:half]])
+                blobs.append((half, there.checkpoint_session(session.session_id, close=True)))
+    finally:
+        up.stop()
+    up, addresses = up_runtimes(folder)
+    try:
+        assert key.read_bytes() == first_key  # the same key: made once, reused
+        with RuntimeClient(addresses[1], attempts=3) as there:
+            for trajectory, (half, blob) in zip(cases, blobs, strict=True):
+                restored = there.restore_session(blob)
+                assert restored.step_index == half
+                rest = trajectory["steps"][half:]
+                assert play(there, restored.session_id, [a for a, _ in rest]) == [o for _, o in rest]
+    finally:
+        up.stop()
+
+
+def test_checkpoints_restore_after_codegym_up_and_its_redis_restart(tmp_path: Path) -> None:
+    check_restores_across_up_restarts(tmp_path, fidelity_cases(8))
+
+
+@pytest.mark.slow
+def test_every_sample_trajectory_restores_after_codegym_up_restarts(tmp_path: Path) -> None:
+    check_restores_across_up_restarts(tmp_path, fidelity_cases(0))
