@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import pytest
 
-from codegym.runtime.v1 import checkpoint_pb2 as cp
+from codegym.checkpoint.v1 import checkpoint_pb2 as cp
 from codegym_client import RuntimeClient
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from google.protobuf.message import DecodeError
 
 from codegym.errors import Reason, Refusal
-from codegym.runtime.v1 import checkpoint_pb2 as cp
+from codegym.checkpoint.v1 import checkpoint_pb2 as cp
 
 VERSION = 1
 KEY_BYTES = 32

@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from codegym.errors import Reason, Refusal
-from codegym.runtime.v1 import checkpoint_pb2 as cp
+from codegym.checkpoint.v1 import checkpoint_pb2 as cp
 from codegym.server.auth import CALLER, OPERATOR
 from codegym.server.metrics import ADMISSION_REFUSALS, TENANT_CALLS
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt

@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from codegym.runtime.v1 import checkpoint_pb2 as cp
+from codegym.checkpoint.v1 import checkpoint_pb2 as cp
 
 
 @dataclass(frozen=True, slots=True)
