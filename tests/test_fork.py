@@ -209,6 +209,7 @@ def test_forks_and_rewinds_play_sample_trajectories_as_recorded(client: RuntimeC
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_forks_and_rewinds_play_every_sample_trajectory_as_recorded(client: RuntimeClient) -> None:
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda t: check_fork_fidelity(client, t), fidelity_cases(0)))
@@ -236,6 +237,13 @@ def test_bad_forks_are_refused_with_a_typed_line_and_nothing_made(client: Runtim
         (fork(session_id=kept, count=1, at_step=4), invalid, "INVALID_REQUEST", "past"),
         (fork(session_id=plain, count=1, at_step=1), precondition, "NO_HISTORY", "keep_history"),
         (fork(session_id="nope", count=1), grpc.StatusCode.NOT_FOUND, "SESSION_NOT_FOUND", "no session"),
+        (
+            fork(session_id="x" * 100_000, count=1),
+            grpc.StatusCode.NOT_FOUND,
+            "SESSION_NOT_FOUND",
+            "characters",
+        ),
+        (fork(session_id=kept, count=1, request_id="r" * 129), invalid, "INVALID_REQUEST", "request_id"),
     ]
     before = (held(client, plain), held(client, kept))
     for request, code, reason, words in cases:
@@ -701,5 +709,6 @@ def test_checkpoints_restore_after_codegym_up_and_its_redis_restart(tmp_path: Pa
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 def test_every_sample_trajectory_restores_after_codegym_up_restarts(tmp_path: Path) -> None:
     check_restores_across_up_restarts(tmp_path, fidelity_cases(0))

@@ -28,8 +28,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from google.protobuf.message import DecodeError
 
-from codegym.errors import Reason, Refusal
 from codegym.checkpoint.v1 import checkpoint_pb2 as cp
+from codegym.errors import Reason, Refusal
 
 VERSION = 1
 KEY_BYTES = 32
@@ -109,7 +109,7 @@ def _associated(version: int, key_id: str, tenant: str) -> bytes:
     return b"codegym-checkpoint\0%d\0%s\0%s" % (version, key_id.encode(), tenant.encode())
 
 
-def _require(keyring: Keyring | None) -> Keyring:
+def require_keys(keyring: Keyring | None) -> Keyring:
     if keyring is None:
         raise Refusal(
             Reason.CHECKPOINTS_OFF,
@@ -120,7 +120,7 @@ def _require(keyring: Keyring | None) -> Keyring:
 
 def seal(keyring: Keyring | None, body: cp.CheckpointBody) -> bytes:
     """`body` sealed with the primary key, bound to its tenant."""
-    ring = _require(keyring)
+    ring = require_keys(keyring)
     body.key_id = ring.primary
     nonce = secrets.token_bytes(NONCE_BYTES)
     sealed = AESGCM(ring.keys[ring.primary]).encrypt(
@@ -135,7 +135,7 @@ def seal(keyring: Keyring | None, body: cp.CheckpointBody) -> bytes:
 def unseal(keyring: Keyring | None, blob: bytes, max_bytes: int) -> cp.CheckpointBody:
     """The body of a blob this deployment sealed; a typed refusal for anything else. The caller
     checks the tenant (`body.tenant`, authenticated here)."""
-    ring = _require(keyring)
+    ring = require_keys(keyring)
     if not blob:
         raise Refusal(Reason.BAD_CHECKPOINT, "the checkpoint is empty")
     if len(blob) > max_bytes:

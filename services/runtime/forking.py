@@ -24,14 +24,14 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 
-from codegym.errors import Reason, Refusal
 from codegym.checkpoint.v1 import checkpoint_pb2 as cp
+from codegym.errors import Reason, Refusal
 from codegym.server.auth import CALLER, OPERATOR
 from codegym.server.metrics import ADMISSION_REFUSALS, TENANT_CALLS
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.runtime import history
 from services.runtime.catalog import Catalog
-from services.runtime.checkpoints import Keyring, seal, unseal
+from services.runtime.checkpoints import Keyring, require_keys, seal, unseal
 from services.runtime.config import RuntimeConfig, session_seed
 from services.runtime.history import HistoryWrite
 from services.runtime.idempotency import Idempotency
@@ -186,8 +186,7 @@ class Copies:
     # ---- checkpoint ---------------------------------------------------------------------------
 
     async def checkpoint(self, request: rt.CheckpointSessionRequest) -> rt.CheckpointSessionResponse:
-        if self.keyring is None:
-            seal(None, cp.CheckpointBody())  # the typed refusal naming the flag
+        require_keys(self.keyring)  # no key: the typed refusal naming the flag, before anything
         tenant, _ = self._caller()
         key = self.idempotency.key(tenant, "checkpoint", request.request_id)
         return await self.idempotency.once(
