@@ -712,3 +712,29 @@ def test_checkpoints_restore_after_codegym_up_and_its_redis_restart(tmp_path: Pa
 @pytest.mark.timeout(1200)
 def test_every_sample_trajectory_restores_after_codegym_up_restarts(tmp_path: Path) -> None:
     check_restores_across_up_restarts(tmp_path, fidelity_cases(0))
+
+
+# ---- the stores' idempotency entries -------------------------------------------------------------
+
+
+async def test_a_claimed_request_id_waits_answers_once_and_frees_on_failure(redis: Redis) -> None:
+    """In both stores: a claim marks the id pending for the next send, a failed call's unclaim lets
+    a resend run it, an answer is what every later send gets, and past the bound the oldest go."""
+    from services.runtime.redis_store import RedisSessionStore
+    from services.runtime.sessions import PENDING, Answer, InMemorySessionStore
+
+    on_redis = RedisSessionStore(redis.url, 60.0)
+    try:
+        for store in (InMemorySessionStore(), on_redis):
+            assert await store.claim("k", 30) is None
+            assert await store.claim("k", 30) == PENDING
+            await store.unclaim("k")
+            assert await store.claim("k", 30) is None
+            await store.remember(Answer("k", b"first", 60, 2))
+            await store.unclaim("k")  # a late unclaim never drops an answer
+            assert await store.claim("k", 30) == b"first"
+            await store.remember(Answer("k2", b"second", 60, 2))
+            await store.remember(Answer("k3", b"third", 60, 2))
+            assert await store.recall("k") is None and await store.recall("k3") == b"third"
+    finally:
+        await on_redis.close()

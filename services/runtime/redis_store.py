@@ -40,7 +40,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from services.runtime.history import HistoryWrite
-from services.runtime.sessions import Answer, HistoryBounds, Session, StoreUnavailable
+from services.runtime.sessions import PENDING, Answer, HistoryBounds, Session, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,19 @@ end
 return 1
 """
 )
+# Claim the idempotency key KEYS[1]: its value when set (an answer, or the PENDING mark ARGV[1] of
+# a call still running); else nil, having set the mark for ARGV[2] ms.
+CLAIM = """
+local held = redis.call('GET', KEYS[1])
+if held then return held end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+"""
+# Drop KEYS[1] only while it is still the PENDING mark ARGV[1] (never an answer written meanwhile).
+UNCLAIM = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 # An idempotency entry KEYS[1] (ARGV[1], for ARGV[2] ms), indexed by expiry (ARGV[5]) in KEYS[2]
 # under its key ARGV[3]; expired members leave the index (now: ARGV[6]) and past ARGV[4] entries
 # the oldest go (ARGV[7] .. member is an entry's key).
@@ -206,6 +219,8 @@ class RedisSessionStore:
         self._extend = self.redis.register_script(EXTEND)
         self._history_put = self.redis.register_script(HISTORY_PUT)
         self._remember = self.redis.register_script(REMEMBER)
+        self._claim = self.redis.register_script(CLAIM)
+        self._unclaim = self.redis.register_script(UNCLAIM)
         self._renewals: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps weak ones)
 
     def key(self, session_id: str) -> str:
@@ -403,6 +418,17 @@ class RedisSessionStore:
         async with self._calls():
             value: Any = await self.redis.get(self.answer_key(key))
         return None if value is None else bytes(value)
+
+    async def claim(self, key: str, hold_s: float) -> bytes | None:
+        async with self._calls():
+            held: Any = await self._claim(
+                keys=[self.answer_key(key)], args=[PENDING, max(1, int(hold_s * 1000))]
+            )
+        return None if held is None else bytes(held)
+
+    async def unclaim(self, key: str) -> None:
+        async with self._calls():
+            await self._unclaim(keys=[self.answer_key(key)], args=[PENDING])
 
     async def remember(self, answer: Answer) -> None:
         async with self._calls(), self.redis.pipeline(transaction=True) as pipe:

@@ -116,6 +116,16 @@ class SessionStore(Protocol):
         """The idempotency entry stored under `key`, if it has not expired."""
         ...
 
+    async def claim(self, key: str, hold_s: float) -> bytes | None:
+        """The idempotency entry under `key` (`PENDING` while a call holds it), or None, having
+        marked `key` PENDING for `hold_s` in the same atomic step: this call is then the one that
+        answers it (`remember` or `put_new` or `suspend` replaces the mark, `unclaim` drops it)."""
+        ...
+
+    async def unclaim(self, key: str) -> None:
+        """Drop this call's PENDING mark (it failed: a resend runs the call again)."""
+        ...
+
     async def remember(self, answer: Answer) -> None:
         """Store an idempotency entry (the oldest go past the store's bound)."""
         ...
@@ -142,6 +152,11 @@ class SessionStore(Protocol):
     async def expire(self, idle_s: float) -> list[str]:
         """Drop sessions idle for longer than `idle_s`; return their ids."""
         ...
+
+
+# The mark of an idempotency key whose call is running (never a serialized reply: protobuf has no
+# field number 0).
+PENDING = b"\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +269,18 @@ class InMemorySessionStore:
         if held is None or held[0] < time.monotonic():
             return None
         return held[1]
+
+    async def claim(self, key: str, hold_s: float) -> bytes | None:
+        held = await self.recall(key)
+        if held is not None:
+            return held
+        self._answers[key] = (time.monotonic() + hold_s, PENDING)
+        return None
+
+    async def unclaim(self, key: str) -> None:
+        held = self._answers.get(key)
+        if held is not None and held[1] == PENDING:
+            del self._answers[key]
 
     async def remember(self, answer: Answer) -> None:
         now = time.monotonic()
