@@ -140,6 +140,7 @@ class Copies:
         # The committed session as it stands: a step in flight is not waited for (it may fail).
         source = await self._session(request.session_id)
         entries = await self.store.history(source.session_id) if source.keep_history else []
+        items = history.parse(entries)
         base = dataclasses.replace(source)
         if request.HasField("at_step") and request.at_step != source.step_index:
             if not source.keep_history:
@@ -154,17 +155,17 @@ class Copies:
                     f"at_step {request.at_step} is past session {shown(source.session_id)}'s "
                     f"{source.step_index} committed steps",
                 )
-            found = history.find(entries, request.at_step)
+            found = history.find(items, request.at_step)
             if found is None:
                 raise Refusal(
                     Reason.NO_HISTORY,
                     f"session {shown(source.session_id)}'s history no longer holds step {request.at_step} "
-                    f"(it holds {history.held(entries)}; the oldest entries go past --history-steps)",
+                    f"(it holds {history.held(items)}; the oldest entries go past --history-steps)",
                 )
             base.state, base.step_index, base.reward = found.state, found.step_index, found.reward
             base.done, base.truncated = found.done, found.truncated
             base.last_reply, base.last_action = b"", ""
-        inherited = history.up_to(entries, base.step_index) if base.keep_history else []
+        inherited = history.up_to(entries, items, base.step_index) if base.keep_history else []
         if base.keep_history and not inherited:
             inherited = [start_entry(base)]
         await self.admit(tenant, request.count)

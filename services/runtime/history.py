@@ -67,12 +67,13 @@ def parse(entries: Sequence[bytes]) -> list[cp.HistoryEntry]:
     return parsed
 
 
-def up_to(entries: Sequence[bytes], step_index: int) -> list[bytes]:
-    """The entries a fork at `step_index` inherits: those of steps up to it, of the current episode
-    (after a reset the log starts again at 0, so an entry numbered past a lower one is older)."""
+def up_to(entries: Sequence[bytes], items: Sequence[cp.HistoryEntry], step_index: int) -> list[bytes]:
+    """The entries (`items`: them parsed) a fork at `step_index` inherits: those of steps up to it,
+    of the current episode (after a reset the log starts again at 0, so an entry numbered past a
+    lower one is older)."""
     kept: list[bytes] = []
     last = -1
-    for raw, item in zip(entries, parse(entries), strict=True):
+    for raw, item in zip(entries, items, strict=True):
         if item.step_index <= last:
             kept = []  # a restart of the log (not expected inside one read; never mixed)
         last = item.step_index
@@ -81,17 +82,16 @@ def up_to(entries: Sequence[bytes], step_index: int) -> list[bytes]:
     return kept
 
 
-def find(entries: Sequence[bytes], step_index: int) -> cp.HistoryEntry | None:
+def find(items: Sequence[cp.HistoryEntry], step_index: int) -> cp.HistoryEntry | None:
     """The entry of `step_index`, when the history still holds it."""
-    for item in reversed(parse(entries)):
+    for item in reversed(items):
         if item.step_index == step_index:
             return item
     return None
 
 
-def held(entries: Sequence[bytes]) -> str:
+def held(items: Sequence[cp.HistoryEntry]) -> str:
     """The steps a history holds, for a refusal's message."""
-    items = parse(entries)
     if not items:
         return "no steps"
     return f"steps {items[0].step_index}..{items[-1].step_index}"
