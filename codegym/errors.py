@@ -121,6 +121,27 @@ class Reason(enum.Enum):
         "never",
         "a bug in the server; the log has the traceback",
     )
+    BAD_CHECKPOINT = row(
+        "BAD_CHECKPOINT",
+        "never",
+        "the blob is not a checkpoint this deployment sealed for the caller's tenant (empty, "
+        "oversized, truncated, altered, sealed with a key the runtime lacks, another tenant's)",
+    )
+    CHECKPOINTS_OFF = row(
+        "CHECKPOINTS_OFF",
+        "never",
+        "the runtime has no checkpoint key: start it with `--checkpoint-key FILE`",
+    )
+    NO_HISTORY = row(
+        "NO_HISTORY",
+        "never",
+        "a fork `at_step` of a session that kept no history (`keep_history`), or no longer holds that step",
+    )
+    CODE_GONE = row(
+        "CODE_GONE",
+        "never",
+        "the checkpoint's environment code (env id and sha256) is no longer in the library",
+    )
 
     @property
     def code(self) -> grpc.StatusCode:

@@ -15,6 +15,8 @@ from codegym_cli.serve_setup import (
 )
 
 if TYPE_CHECKING:
+    from services.runtime.checkpoints import Keyring
+    from services.runtime.config import RuntimeConfig
     from services.runtime.episode_record import RecordStore
 
 
@@ -42,6 +44,16 @@ def record_store(args: argparse.Namespace) -> RecordStore | None:
         ) from None
 
 
+def checkpoint_keys(args: argparse.Namespace) -> Keyring | None:
+    """The keys `--checkpoint-key` names (None without one: checkpoints are then refused)."""
+    from services.runtime.checkpoints import Keyring
+
+    try:
+        return Keyring.load(args.checkpoint_key, args.checkpoint_primary)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"codegym serve runtime: --checkpoint-key: {exc}") from None
+
+
 def _serve_runtime(args: argparse.Namespace) -> int:
     configure_access(args)
     start_metrics(args)
@@ -56,14 +68,24 @@ def _serve_runtime(args: argparse.Namespace) -> int:
         default_max_steps=args.max_steps,
         step_timeout_ms=args.step_timeout_ms,
         max_steps_in_flight=args.max_steps_in_flight,
+        max_forks=args.max_forks,
+        history_steps=args.history_steps,
+        history_entries=args.history_entries,
     )
+    keyring = checkpoint_keys(args)
 
     async def main() -> None:
         store = None
         if args.sessions:
             from services.runtime.redis_store import RedisSessionStore
+            from services.runtime.sessions import HistoryBounds
 
-            store = RedisSessionStore(args.sessions, args.session_ttl_s, lease_s=args.step_lease_s)
+            store = RedisSessionStore(
+                args.sessions,
+                args.session_ttl_s,
+                lease_s=args.step_lease_s,
+                history=HistoryBounds(args.history_steps, args.history_entries),
+            )
         server = RuntimeServer(
             args.library,
             args.sandbox,
@@ -73,6 +95,7 @@ def _serve_runtime(args: argparse.Namespace) -> int:
             store=store,
             env_cache_mb=args.env_cache_mb,
             record=record_store(args),
+            checkpoint_keys=keyring,
         )
         await serve(server)
 
@@ -144,5 +167,45 @@ def add_parser(servers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     runtime.add_argument(
         "--no-record", action="store_true", help="keep no record of served episodes (--record off)"
     )
+    add_fork_options(runtime, defaults)
     runtime.set_defaults(func=_serve_runtime)
     return runtime
+
+
+def add_fork_options(parser: argparse.ArgumentParser, defaults: RuntimeConfig) -> None:
+    """Forks, histories and checkpoints (docs/fork.md)."""
+    parser.add_argument(
+        "--max-forks",
+        type=int,
+        default=defaults.max_forks,
+        help="sessions one ForkSession may make (its count: 1 to this)",
+    )
+    parser.add_argument(
+        "--history-steps",
+        type=int,
+        default=defaults.history_steps,
+        help="history entries kept per session created with keep_history (the oldest go first; a "
+        "fork at_step needs its step's entry)",
+    )
+    parser.add_argument(
+        "--history-entries",
+        type=int,
+        default=defaults.history_entries,
+        help="history entries kept across the runtime (with Redis: across every replica); past it the "
+        "oldest go, whichever session holds them; a step never fails for it",
+    )
+    parser.add_argument(
+        "--checkpoint-key",
+        action="append",
+        default=[],
+        metavar="[ID=]FILE",
+        help="a file holding a checkpoint key (32 bytes, base64); repeat for several (a rotation): "
+        "all of them open checkpoints, the first (or --checkpoint-primary) seals them. Without "
+        "one, CheckpointSession and RestoreSession are refused",
+    )
+    parser.add_argument(
+        "--checkpoint-primary",
+        default="",
+        metavar="ID",
+        help="the id of the key that seals checkpoints (default: the first --checkpoint-key)",
+    )

@@ -295,10 +295,16 @@ def cmd_up(args: argparse.Namespace) -> int:
                 flush=True,
             )
         runtimes = []
+        # One checkpoint key beside the library (0600, made once, reused by every start), passed by
+        # its path: a checkpoint made before a restart restores after it (docs/fork.md).
+        from services.runtime.checkpoints import write_key_file
+
+        key_file = write_key_file(library.with_name(f"{library.stem}.checkpoint.key"))
         for i in range(args.runtimes):
             runtime_args = [
                 "serve", "runtime", "--host", args.host, "--port", str(args.port if i == 0 else 0),
                 "--library", str(library), "--sandbox", ",".join(workers), *server_flags,
+                "--checkpoint-key", str(key_file),
             ]  # fmt: skip
             if sessions:
                 runtime_args += ["--sessions", sessions]

@@ -34,7 +34,10 @@ from codegym_client.actions import (
 )
 from codegym_client.async_client import AsyncRuntimeClient, StepStream
 from codegym_client.errors import (
+    BadCheckpoint,
     CapacityExceeded,
+    CheckpointsOff,
+    CodeGone,
     CodeGymError,
     EnvFailed,
     EnvNotFound,
@@ -42,6 +45,7 @@ from codegym_client.errors import (
     EpisodeFailed,
     InfrastructureFailure,
     InvalidRequest,
+    NoHistory,
     PermissionDenied,
     RuntimeUnavailable,
     SessionDone,
@@ -65,7 +69,10 @@ __all__ = [
     "ActionLike",
     "ActionParseError",
     "AsyncRuntimeClient",
+    "BadCheckpoint",
     "CapacityExceeded",
+    "CheckpointsOff",
+    "CodeGone",
     "CodeGymError",
     "EnvFailed",
     "EnvNotFound",
@@ -73,6 +80,7 @@ __all__ = [
     "EpisodeFailed",
     "InfrastructureFailure",
     "InvalidRequest",
+    "NoHistory",
     "OnlineGymEnv",
     "PermissionDenied",
     "RemoteEnv",

@@ -29,7 +29,10 @@ from codegym_client.requests import (
     NOT_RETRIED,
     SERVICE,
     ActionLike,
+    checkpoint_request,
     create_request,
+    fork_request,
+    restore_request,
     sample_request,
     step_request,
 )
@@ -244,6 +247,46 @@ class AsyncRuntimeClient:
             rt.LiftQuarantineRequest(env_id=env_id), timeout=self.timeout_s
         )
         return bool(response.lifted)
+
+    @raises_typed("ForkSession")
+    async def fork_session(
+        self, session_id: str, count: int = 1, at_step: int | None = None, reseed: bool = False
+    ) -> list[rt.ForkedSession]:
+        """See `RuntimeClient.fork_session`."""
+        request = fork_request(session_id, count, at_step, reseed)
+        response: rt.ForkSessionResponse = await self._send(
+            "ForkSession",
+            lambda _: self.stub.ForkSession(request, timeout=self.timeout_s),
+            repeatable=True,
+        )
+        for fork in response.sessions:
+            self.indexes.made(fork)
+        return list(response.sessions)
+
+    @raises_typed("CheckpointSession")
+    async def checkpoint_session(self, session_id: str, close: bool = False) -> bytes:
+        """See `RuntimeClient.checkpoint_session`."""
+        request = checkpoint_request(session_id, close)
+        response: rt.CheckpointSessionResponse = await self._send(
+            "CheckpointSession",
+            lambda _: self.stub.CheckpointSession(request, timeout=self.timeout_s),
+            repeatable=True,
+        )
+        if close:
+            self.indexes.forget(session_id)
+        return bytes(response.checkpoint)
+
+    @raises_typed("RestoreSession")
+    async def restore_session(self, blob: bytes) -> rt.ForkedSession:
+        """See `RuntimeClient.restore_session`."""
+        request = restore_request(blob)
+        response: rt.RestoreSessionResponse = await self._send(
+            "RestoreSession",
+            lambda _: self.stub.RestoreSession(request, timeout=self.timeout_s),
+            repeatable=True,
+        )
+        self.indexes.made(response.session)
+        return response.session
 
 
 class StepStream:

@@ -19,6 +19,10 @@ server, or a failure on the way):
 | `PERMISSION_DENIED` | PERMISSION_DENIED   | `PermissionDenied`  | never                     | no             |
 | `UPSTREAM_REJECTED` | FAILED_PRECONDITION | `CodeGymError`      | never (synthesis only)    | no             |
 | `INTERNAL`          | INTERNAL            | `CodeGymError`      | never                     | yes            |
+| `BAD_CHECKPOINT`    | INVALID_ARGUMENT    | `BadCheckpoint`     | never                     | no             |
+| `CHECKPOINTS_OFF`   | FAILED_PRECONDITION | `CheckpointsOff`    | never                     | no             |
+| `NO_HISTORY`        | FAILED_PRECONDITION | `NoHistory`         | never                     | no             |
+| `CODE_GONE`         | FAILED_PRECONDITION | `CodeGone`          | never                     | no             |
 
 A status that came without a reason is the row its exception stands for (NOT_FOUND is
 `EnvNotFound` from CreateSession and GetEnv, `SessionNotFound` elsewhere; FAILED_PRECONDITION is
@@ -86,7 +90,10 @@ __all__ = [
     "REASON_TRAILER",
     "RETRY_AFTER_TRAILER",
     "STEP_FAULTS",
+    "BadCheckpoint",
     "CapacityExceeded",
+    "CheckpointsOff",
+    "CodeGone",
     "CodeGymError",
     "EnvFailed",
     "EnvNotFound",
@@ -95,6 +102,7 @@ __all__ = [
     "Failure",
     "InfrastructureFailure",
     "InvalidRequest",
+    "NoHistory",
     "PermissionDenied",
     "RuntimeUnavailable",
     "SessionDone",
@@ -252,6 +260,36 @@ class PermissionDenied(CodeGymError):
     default_reason = "PERMISSION_DENIED"
 
 
+class BadCheckpoint(InvalidRequest):
+    """INVALID_ARGUMENT (`BAD_CHECKPOINT`) from RestoreSession: the blob is not a checkpoint this
+    deployment sealed for the caller's tenant (empty, oversized, truncated, altered, sealed with a key
+    the runtime does not hold, or another tenant's). Nothing was restored."""
+
+    default_reason = "BAD_CHECKPOINT"
+
+
+class CheckpointsOff(CodeGymError):
+    """FAILED_PRECONDITION (`CHECKPOINTS_OFF`): the runtime has no checkpoint key, so it neither
+    makes nor restores checkpoints (start it with `--checkpoint-key FILE`; `codegym up` makes one)."""
+
+    default_reason = "CHECKPOINTS_OFF"
+
+
+class NoHistory(CodeGymError):
+    """FAILED_PRECONDITION (`NO_HISTORY`) from ForkSession with `at_step`: the session kept no
+    history (create it with `keep_history=True`), or no longer holds that step (its history is
+    bounded: the oldest entries go). Nothing was forked."""
+
+    default_reason = "NO_HISTORY"
+
+
+class CodeGone(CodeGymError):
+    """FAILED_PRECONDITION (`CODE_GONE`) from RestoreSession: the checkpoint's environment code (its
+    env id and sha256, named in the message) is no longer in the runtime's library."""
+
+    default_reason = "CODE_GONE"
+
+
 # -- The failure table -----------------------------------------------------------------------------
 
 # What a client does about a failed call once its reply was lost (see the module docstring).
@@ -295,6 +333,12 @@ FAILURES: dict[str, Failure] = {
     # The synthesis server's (an LLM endpoint refusing the request); no runtime call answers it.
     "UPSTREAM_REJECTED": Failure(_S.FAILED_PRECONDITION, CodeGymError),
     "INTERNAL": Failure(_S.INTERNAL, CodeGymError, infrastructure=True),
+    # Forks, checkpoints and restores (docs/fork.md): the request's fault or the deployment's
+    # setting, never the infrastructure's.
+    "BAD_CHECKPOINT": Failure(_S.INVALID_ARGUMENT, BadCheckpoint),
+    "CHECKPOINTS_OFF": Failure(_S.FAILED_PRECONDITION, CheckpointsOff),
+    "NO_HISTORY": Failure(_S.FAILED_PRECONDITION, NoHistory),
+    "CODE_GONE": Failure(_S.FAILED_PRECONDITION, CodeGone),
 }
 # reason "": a status outside the table (UNKNOWN, a proxy's answer): not the environment's either.
 OUTSIDE = Failure(_S.UNKNOWN, CodeGymError, infrastructure=True)

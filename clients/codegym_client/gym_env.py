@@ -50,6 +50,10 @@ class RemoteEnv(gymnasium.Env[str, str]):
     `reset()` opens the session (or resets it to its own task); `reset(options={"ability": ...})`
     or `{"env_id": ..., "config": ...}` moves to another task; `reset(seed=N)` reopens with that
     seed. `info` carries the tool list, task text, step index and any typed step error.
+
+    `fork()` (and `forks(n)`) continues the episode as new environments from its last committed step
+    (or `at_step`, with `keep_history=True`); `checkpoint()` seals it as bytes and
+    `RemoteEnv.restore(blob)` brings it back, anywhere the deployment's key is (docs/fork.md).
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 (gymnasium declares it a plain attribute)
@@ -64,6 +68,7 @@ class RemoteEnv(gymnasium.Env[str, str]):
         env_str: str = "",
         max_steps: int = 0,
         step_timeout_ms: int = 0,
+        keep_history: bool = False,
     ) -> None:
         self._owns_client = not isinstance(client, RuntimeClient)
         self.client = client if isinstance(client, RuntimeClient) else RuntimeClient(client)
@@ -73,7 +78,11 @@ class RemoteEnv(gymnasium.Env[str, str]):
             "config": config,
             "env_str": env_str,
         }
-        self.options = {"max_steps": max_steps, "step_timeout_ms": step_timeout_ms}
+        self.options: dict[str, Any] = {
+            "max_steps": max_steps,
+            "step_timeout_ms": step_timeout_ms,
+            "keep_history": keep_history,
+        }
         self.observation_space = spaces.Text(MAX_TEXT, charset=TEXT_CHARSET)
         self.action_space = spaces.Text(MAX_TEXT, charset=TEXT_CHARSET)
         self.session_id = ""
@@ -135,6 +144,60 @@ class RemoteEnv(gymnasium.Env[str, str]):
             info["error_message"] = response.error.message
         terminated = response.done and not response.truncated
         return response.observation, response.reward, terminated, response.truncated, info
+
+    def _continued(self, session: rt.ForkedSession, created: rt.CreateSessionResponse) -> RemoteEnv:
+        """Another RemoteEnv on `session` (made by a fork or restore), over the same client."""
+        env = RemoteEnv(self.client, **self.task, **self.options)
+        env.session_id = session.session_id
+        env.created = created
+        env._step_index = session.step_index
+        return env
+
+    def forks(self, count: int, *, at_step: int | None = None, reseed: bool = False) -> list[RemoteEnv]:
+        """`count` environments continuing this episode from its last committed step (or `at_step`):
+        each steps on its own; by default each replays this episode's draws (`reseed` for its own).
+        They share this environment's client; close each when done."""
+        if not self.session_id:
+            raise RuntimeError("call reset() before fork()")
+        assert self.created is not None
+        made = self.client.fork_session(self.session_id, count, at_step, reseed)
+        return [self._continued(session, self.created) for session in made]
+
+    def fork(self, *, at_step: int | None = None, reseed: bool = False) -> RemoteEnv:
+        """One environment continuing this episode (see `forks`)."""
+        return self.forks(1, at_step=at_step, reseed=reseed)[0]
+
+    def checkpoint(self, close: bool = False) -> bytes:
+        """The episode as an opaque sealed blob; `close` suspends it (this environment then has no
+        session: `RemoteEnv.restore(blob)` continues it)."""
+        if not self.session_id:
+            raise RuntimeError("call reset() before checkpoint()")
+        blob = self.client.checkpoint_session(self.session_id, close)
+        if close:
+            self.session_id = ""
+        return blob
+
+    @classmethod
+    def restore(cls, blob: bytes, client: RuntimeClient | str | Sequence[str] = DEFAULT_TARGET) -> RemoteEnv:
+        """The episode a `checkpoint()` sealed, as a new environment (its tools and task text read
+        from the runtime); each restore of one blob is an episode of its own."""
+        env = cls(client)
+        session = env.client.restore_session(blob)
+        described = env.client.get_env(session.env_id)
+        env.task = {"ability": "", "env_id": session.env_id, "config": None, "env_str": ""}
+        env.options.update(max_steps=session.max_steps, step_timeout_ms=session.step_timeout_ms)
+        env.session_id = session.session_id
+        env._step_index = session.step_index
+        env.created = rt.CreateSessionResponse(
+            session_id=session.session_id,
+            tools=described.tools,
+            tools_text=described.tools_text,
+            task_text=described.task_text,
+            env_id=session.env_id,
+            max_steps=session.max_steps,
+            step_timeout_ms=session.step_timeout_ms,
+        )
+        return env
 
     def _close_session(self) -> None:
         if self.session_id:

@@ -4,12 +4,23 @@ built from a trainer's arguments (a task to open, an action in any of the forms 
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 from codegym_client.actions import Action
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 
-__all__ = ["DEFAULT_TARGET", "SERVICE", "ActionLike", "create_request", "sample_request", "step_request"]
+__all__ = [
+    "DEFAULT_TARGET",
+    "SERVICE",
+    "ActionLike",
+    "checkpoint_request",
+    "create_request",
+    "fork_request",
+    "restore_request",
+    "sample_request",
+    "step_request",
+]
 
 SERVICE = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
 NOT_RETRIED = [(SERVICE, "Step"), (SERVICE, "BatchStep")]
@@ -29,10 +40,14 @@ def create_request(
     seed: int = 0,
     run_id: str = "",
     policy_version: int | None = None,
+    keep_history: bool = False,
 ) -> rt.CreateSessionRequest:
     """`run_id` and `policy_version` (a trainer's run and global step) go into the runtime's record
-    of the episode's outcome, which `Stats` and `SampleTasks` read."""
-    options = rt.SessionOptions(max_steps=max_steps, step_timeout_ms=step_timeout_ms, seed=seed)
+    of the episode's outcome, which `Stats` and `SampleTasks` read. `keep_history`: the runtime keeps
+    the episode's per-step history, so `fork_session(..., at_step=k)` can rewind it."""
+    options = rt.SessionOptions(
+        max_steps=max_steps, step_timeout_ms=step_timeout_ms, seed=seed, keep_history=keep_history
+    )
     if ability:
         request = rt.CreateSessionRequest(ability=ability, options=options, run_id=run_id)
     else:
@@ -70,6 +85,30 @@ def sample_request(
     if explore is not None:
         request.explore = explore
     return request
+
+
+def request_id() -> str:
+    """A fresh idempotency key: one per call, the same on every resend of it."""
+    return secrets.token_hex(16)
+
+
+def fork_request(
+    session_id: str, count: int = 1, at_step: int | None = None, reseed: bool = False
+) -> rt.ForkSessionRequest:
+    request = rt.ForkSessionRequest(
+        session_id=session_id, count=count, reseed=reseed, request_id=request_id()
+    )
+    if at_step is not None:
+        request.at_step = at_step
+    return request
+
+
+def checkpoint_request(session_id: str, close: bool = False) -> rt.CheckpointSessionRequest:
+    return rt.CheckpointSessionRequest(session_id=session_id, close=close, request_id=request_id())
+
+
+def restore_request(blob: bytes) -> rt.RestoreSessionRequest:
+    return rt.RestoreSessionRequest(checkpoint=bytes(blob), request_id=request_id())
 
 
 def step_request(session_id: str, action: ActionLike, step_index: int | None = None) -> rt.StepRequest:

@@ -138,6 +138,15 @@ class StepIndexes:
                     seconds = response.step_timeout_ms / 1000 * RUNS_PER_STEP + STEP_DEADLINE_SLACK_S
                     self._deadline[response.session_id] = seconds
 
+    def made(self, session: rt.ForkedSession) -> None:
+        """A session a fork or restore made: its index, and its steps' deadline."""
+        self.set(session.session_id, session.step_index)
+        if session.step_timeout_ms:
+            with self._mutex:
+                if session.session_id in self._index:
+                    seconds = session.step_timeout_ms / 1000 * RUNS_PER_STEP + STEP_DEADLINE_SLACK_S
+                    self._deadline[session.session_id] = seconds
+
     def deadline(self, session_ids: Iterable[str], floor: float) -> float:
         """The deadline for one call stepping `session_ids`: `floor` (the client's
         `timeout_s`), raised to what the slowest of those sessions' steps may take."""

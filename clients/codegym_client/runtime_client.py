@@ -34,7 +34,10 @@ from codegym_client.requests import (
     NOT_RETRIED,
     SERVICE,
     ActionLike,
+    checkpoint_request,
     create_request,
+    fork_request,
+    restore_request,
     sample_request,
 )
 from codegym_client.resend import (
@@ -253,3 +256,48 @@ class RuntimeClient:
         """Let a quarantined environment be sampled again; whether it was quarantined."""
         response = self.stub.LiftQuarantine(rt.LiftQuarantineRequest(env_id=env_id), timeout=self.timeout_s)
         return bool(response.lifted)
+
+    @raises_typed("ForkSession")
+    def fork_session(
+        self, session_id: str, count: int = 1, at_step: int | None = None, reseed: bool = False
+    ) -> list[rt.ForkedSession]:
+        """`count` new sessions continuing `session_id` from its last committed step (or, with
+        `at_step`, from that earlier step of a session created with `keep_history`): each a session
+        of its own (`session_id`, `step_index`) whose steps replay the source's draws unless
+        `reseed`. Sent again when its reply is lost: the runtime answers a resend (same request id)
+        with the same forks. See docs/fork.md."""
+        request = fork_request(session_id, count, at_step, reseed)
+        response: rt.ForkSessionResponse = self._send(
+            "ForkSession",
+            lambda _: self.stub.ForkSession(request, timeout=self.timeout_s),
+            repeatable=True,
+        )
+        for fork in response.sessions:
+            self.indexes.made(fork)
+        return list(response.sessions)
+
+    @raises_typed("CheckpointSession")
+    def checkpoint_session(self, session_id: str, close: bool = False) -> bytes:
+        """The session as an opaque sealed blob (`restore_session` brings it back, on any replica of
+        the deployment); `close` suspends it (the runtime then holds nothing of it)."""
+        request = checkpoint_request(session_id, close)
+        response: rt.CheckpointSessionResponse = self._send(
+            "CheckpointSession",
+            lambda _: self.stub.CheckpointSession(request, timeout=self.timeout_s),
+            repeatable=True,
+        )
+        if close:
+            self.indexes.forget(session_id)
+        return bytes(response.checkpoint)
+
+    @raises_typed("RestoreSession")
+    def restore_session(self, blob: bytes) -> rt.ForkedSession:
+        """A new session from a checkpoint blob (each restore of one blob is an episode of its own)."""
+        request = restore_request(blob)
+        response: rt.RestoreSessionResponse = self._send(
+            "RestoreSession",
+            lambda _: self.stub.RestoreSession(request, timeout=self.timeout_s),
+            repeatable=True,
+        )
+        self.indexes.made(response.session)
+        return response.session

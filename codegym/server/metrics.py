@@ -107,7 +107,8 @@ WORKER_QUEUE_DEPTH = Gauge(
 RECORD_EVENTS = Counter(
     "codegym_record_events_total",
     "Episode record events: passed / failed episodes, failed_step, shortcut (rewarded in under a "
-    "quarter of the oracle's steps), dropped (deltas the store did not take)",
+    "quarter of the oracle's steps), branch (a fork's end, counted apart), dropped (deltas the store "
+    "did not take)",
     ["event"],
 )
 RECORD_TASKS = Gauge(

@@ -27,6 +27,20 @@ class RuntimeConfig:
     step_retry_after_ms: int = 100
     # Longest run id a create may name (it keys the episode record).
     max_run_id: int = 256
+    # Forks one ForkSession call may make (`--max-forks`): a tree's fan-out, never a flood.
+    max_forks: int = 64
+    # History (`keep_history`): entries kept per session (`--history-steps`) and across the runtime
+    # (`--history-entries`); at either bound the oldest entries go, a step never fails for it.
+    history_steps: int = 256
+    history_entries: int = 1_000_000
+    # Idempotency entries of ForkSession, CheckpointSession and RestoreSession: how long a resend
+    # finds the first answer, and how many are kept (the oldest go first).
+    idempotency_ttl_s: float = 15 * 60
+    idempotency_entries: int = 100_000
+    # Longest request id (it keys the idempotency entry).
+    max_request_id: int = 128
+    # Largest checkpoint blob RestoreSession reads (a state the sandbox made, sealed).
+    max_checkpoint_bytes: int = 2 * 1024 * 1024
 
 
 def session_seed(session_id: str) -> int:

@@ -258,6 +258,8 @@ def task_stats(task: TaskRecord, record: Record, band: Band, quarantined: Mappin
         step_errors=_counts(body, FAILURE_KINDS),
         pool=candidate(task, record, band, quarantined).pool,
         last_policy_version=int(body.get("version", 0)),
+        branches=int(body.get("branches", 0)),
+        branch_passes=int(body.get("branch_passes", 0)),
     )
     if prior is not None:
         stats.prior_pass_rate = prior
@@ -280,6 +282,8 @@ def env_stats(env_id: str, body: dict[str, Any]) -> rt.EnvStats:
         shortcut_episodes=int(body.get("shortcuts", 0)),
         shortcut_sessions=[str(s) for s in body.get("shortcut_sessions", [])],
         recent_errors=[str(m) for m in body.get("recent_errors", [])],
+        branches=int(body.get("branches", 0)),
+        branch_passes=int(body.get("branch_passes", 0)),
     )
 
 

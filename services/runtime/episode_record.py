@@ -197,6 +197,17 @@ class Recorder:
         self.runs[outcome.run_id or ALL_RUNS] = time.time()
         RECORD_EVENTS.labels("passed" if outcome.passed else "failed").inc()
 
+    def branch(self, outcome: EpisodeOutcome) -> None:
+        """A finished branch (a fork's episode): counted apart from episodes (`branches`,
+        `branch_passes`), never in the pass rates, the recent window or the shortcut sentinel,
+        which a prefix shared by several branches would otherwise weigh several times."""
+        delta = {"branches": 1, "branch_passes": int(outcome.passed)}
+        for scope in {task_scope(outcome.run_id), task_scope("")}:
+            self._delta(scope, outcome.task_key, dict(delta))
+        self._delta(ENV_SCOPE, outcome.env_id, dict(delta))
+        self.runs[outcome.run_id or ALL_RUNS] = time.time()
+        RECORD_EVENTS.labels("branch").inc()
+
     async def flush(self) -> None:
         """Merge what is held into the store. What the store did not take (down: a Redis restart)
         is held again, ahead of what came meanwhile, and goes with the next flush; only past

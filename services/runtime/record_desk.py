@@ -51,7 +51,10 @@ class RecordDesk:
         ended nothing, and a session closed before its end is no outcome)."""
         if self.recorder is None:
             return
-        self.recorder.episode(
+        # A fork's end is a branch's: counted apart, so the prefix it shares with its source (and
+        # its siblings) does not count again in pass rates, the sampler's pools or the sentinel.
+        record = self.recorder.branch if session.branch else self.recorder.episode
+        record(
             EpisodeOutcome(
                 session_id=session.session_id,
                 env_id=session.env_id,

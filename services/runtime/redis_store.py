@@ -15,6 +15,12 @@ started from *and* the step's lease is still held (one Lua script; a renewal tha
 gone refuses the commit at once), and a failed step only renews the session's TTL, again only at
 the step index it started from, never writing the state back over a newer one.
 
+A session that keeps a history has a list beside its hash (`codegym:history:{id}`), appended by
+the commit script itself, so a step whose lease was lost appends nothing; a list of the session
+of every entry appended (`codegym:history-order`) lets the script drop the oldest entries across
+the runtime past its bound. Idempotency entries are keys of their own with a TTL
+(`codegym:answer:{key}`), indexed by time in a sorted set that keeps at most the bound.
+
 Redis being unreachable is `StoreUnavailable`, which the runtime answers as UNAVAILABLE.
 """
 
@@ -26,31 +32,101 @@ import contextvars
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.runtime.sessions import Session, StoreUnavailable
+from services.runtime.history import HistoryWrite
+from services.runtime.sessions import PENDING, Answer, HistoryBounds, Session, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 FIELDS = (
     "env_id", "config_json", "state", "max_steps", "step_timeout_ms", "seed", "step_index", "reward", "done",
     "truncated", "last_reply", "last_action", "sha256", "run_id", "policy_version",
-    "tenant",
+    "tenant", "keep_history", "branch",
 )  # fmt: skip
+# Append ARGV[i] (a history entry of session ARGV[i+1], list KEYS[h]) and trim: the list to its
+# last ARGV[keep] entries, every list to ARGV[total] entries together (oldest first, by the order
+# list KEYS[o], whose members name the session; ARGV[prefix] .. session is its list).
+HISTORY_APPEND = """
+local function append(list, order, entry, session, keep, total, prefix, ttl)
+  redis.call('RPUSH', list, entry)
+  redis.call('LTRIM', list, -tonumber(keep), -1)
+  redis.call('PEXPIRE', list, ttl)
+  redis.call('RPUSH', order, session)
+  while redis.call('LLEN', order) > tonumber(total) do
+    redis.call('LPOP', prefix .. redis.call('LPOP', order))
+  end
+end
+"""
 # Replace the hash only if its step_index is still ARGV[1] and, when a lease token is given
-# (ARGV[5]), the step lease KEYS[3] still holds it; then renew the expiry and the index.
-COMMIT = """
+# (ARGV[5]), the step lease KEYS[3] still holds it; then renew the expiry and the index. With a
+# history (KEYS[5], the order list KEYS[6]): clear it when ARGV[6] is '1', append ARGV[7] unless
+# empty (ARGV[8] kept per session, ARGV[9] in all, ARGV[10] the lists' prefix).
+COMMIT = (
+    HISTORY_APPEND
+    + """
 if redis.call('HGET', KEYS[1], 'step_index') ~= ARGV[1] then return 0 end
 if ARGV[5] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[5] then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('HSET', KEYS[1], unpack(ARGV, 11))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 if #KEYS >= 4 then redis.call('ZADD', KEYS[4], ARGV[3], ARGV[4]) end
+if #KEYS >= 6 then
+  if ARGV[6] == '1' then redis.call('DEL', KEYS[5]) end
+  if ARGV[7] ~= '' then
+    append(KEYS[5], KEYS[6], ARGV[7], ARGV[4], ARGV[8], ARGV[9], ARGV[10], ARGV[2])
+  end
+end
+return 1
+"""
+)
+# New sessions' histories: KEYS[1] the order list, then each session's list; ARGV: keep, total,
+# prefix, ttl, then per session its id, its entry count and the entries.
+HISTORY_PUT = (
+    HISTORY_APPEND
+    + """
+local at = 5
+for i = 2, #KEYS do
+  local session, n = ARGV[at], tonumber(ARGV[at + 1])
+  redis.call('DEL', KEYS[i])
+  for j = 1, n do
+    append(KEYS[i], KEYS[1], ARGV[at + 1 + j], session, ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+  end
+  at = at + 2 + n
+end
+return 1
+"""
+)
+# Claim the idempotency key KEYS[1]: its value when set (an answer, or the PENDING mark ARGV[1] of
+# a call still running); else nil, having set the mark for ARGV[2] ms.
+CLAIM = """
+local held = redis.call('GET', KEYS[1])
+if held then return held end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return false
+"""
+# Drop KEYS[1] only while it is still the PENDING mark ARGV[1] (never an answer written meanwhile).
+UNCLAIM = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+# An idempotency entry KEYS[1] (ARGV[1], for ARGV[2] ms), indexed by expiry (ARGV[5]) in KEYS[2]
+# under its key ARGV[3]; expired members leave the index (now: ARGV[6]) and past ARGV[4] entries
+# the oldest go (ARGV[7] .. member is an entry's key).
+REMEMBER = """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[5], ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[6])
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
+if over > 0 then
+  local popped = redis.call('ZPOPMIN', KEYS[2], over)
+  for i = 1, #popped, 2 do redis.call('DEL', ARGV[7] .. popped[i]) end
+end
 return 1
 """
 # Renew only the expiry (the idle TTL) and the index, if the step_index is still ARGV[1]: what a
@@ -60,6 +136,7 @@ if redis.call('HGET', KEYS[1], 'step_index') ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 if #KEYS >= 3 then redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4]) end
+if #KEYS >= 4 then redis.call('PEXPIRE', KEYS[4], ARGV[2]) end
 return 1
 """
 RELEASE = """
@@ -111,13 +188,26 @@ def _mapping(session: Session) -> dict[Any, Any]:
         "run_id": session.run_id,
         "policy_version": "" if session.policy_version is None else session.policy_version,
         "tenant": session.tenant,
+        "keep_history": int(session.keep_history),
+        "branch": int(session.branch),
     }
 
 
 class RedisSessionStore:
     """A `SessionStore` on Redis (the `redis` package's asyncio client). Create inside the loop."""
 
-    def __init__(self, url: str, ttl_s: float, *, lease_s: float = 5.0, prefix: str = "codegym:") -> None:
+    def __init__(
+        self,
+        url: str,
+        ttl_s: float,
+        *,
+        lease_s: float = 5.0,
+        prefix: str = "codegym:",
+        history: HistoryBounds | None = None,
+    ) -> None:
+        self.history_bounds = history or HistoryBounds()
+        self.history_order = f"{prefix}history-order"
+        self.answers = f"{prefix}answers"
         self.redis = aioredis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.lease_ms = int(lease_s * 1000)
@@ -127,6 +217,10 @@ class RedisSessionStore:
         self._touch = self.redis.register_script(TOUCH)
         self._release = self.redis.register_script(RELEASE)
         self._extend = self.redis.register_script(EXTEND)
+        self._history_put = self.redis.register_script(HISTORY_PUT)
+        self._remember = self.redis.register_script(REMEMBER)
+        self._claim = self.redis.register_script(CLAIM)
+        self._unclaim = self.redis.register_script(UNCLAIM)
         self._renewals: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps weak ones)
 
     def key(self, session_id: str) -> str:
@@ -135,6 +229,12 @@ class RedisSessionStore:
     def tenant_index(self, tenant: str) -> str:
         """The tenant's sessions, scored by expiry like `index` (its quota counts them)."""
         return f"{self.prefix}tenant-sessions:{tenant}"
+
+    def history_key(self, session_id: str) -> str:
+        return f"{self.prefix}history:{session_id}"
+
+    def answer_key(self, key: str) -> str:
+        return f"{self.prefix}answer:{key}"
 
     def lock_key(self, session_id: str) -> str:
         return f"{self.prefix}lock:{session_id}"
@@ -175,6 +275,8 @@ class RedisSessionStore:
             run_id=bytes(f.get("run_id", b"")).decode(),
             policy_version=int(f["policy_version"]) if f.get("policy_version") else None,
             tenant=bytes(f.get("tenant", b"")).decode(),
+            keep_history=f.get("keep_history") == b"1",
+            branch=f.get("branch") == b"1",
         )
         session.touch()  # Redis holds only live sessions (its expiry is the idle TTL)
         return session
@@ -190,7 +292,9 @@ class RedisSessionStore:
             )
             await pipe.execute()
 
-    async def commit(self, session: Session, expected_step_index: int) -> bool:
+    async def commit(
+        self, session: Session, expected_step_index: int, history: HistoryWrite | None = None
+    ) -> bool:
         """The step's result, if the session is still at `expected_step_index` and, inside `lock()`,
         the lease is still this step's: a step whose lease ran out is not applied even when nobody
         stepped meanwhile, because the replica that holds the lease now may be stepping from the
@@ -207,6 +311,11 @@ class RedisSessionStore:
             time.time() + self.ttl_ms / 1000,
             session.session_id,
             token,
+            "1" if history is not None and history.restart else "0",
+            b"" if history is None else history.entry,
+            1 if history is None else max(1, history.keep),
+            1 if history is None else max(1, history.total),
+            f"{self.prefix}history:",
         ]
         for name, value in _mapping(session).items():
             args += [name, value]
@@ -215,6 +324,8 @@ class RedisSessionStore:
             self.index,
             self.lock_key(session.session_id),
             self.tenant_index(session.tenant),
+            self.history_key(session.session_id),
+            self.history_order,
         ]
         async with self._calls():
             done = await self._commit(keys=keys, args=args)
@@ -225,7 +336,12 @@ class RedisSessionStore:
         `SessionStore.touch`). A session gone from Redis stays gone."""
         args: list[Any] = [step_index, self.ttl_ms, time.time() + self.ttl_ms / 1000, session.session_id]
         async with self._calls():
-            keys = [self.key(session.session_id), self.index, self.tenant_index(session.tenant)]
+            keys = [
+                self.key(session.session_id),
+                self.index,
+                self.tenant_index(session.tenant),
+                self.history_key(session.session_id),
+            ]
             done = await self._touch(keys=keys, args=args)
         return bool(done)
 
@@ -234,11 +350,90 @@ class RedisSessionStore:
             tenant = await self.redis.hget(self.key(session_id), "tenant")
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.delete(self.key(session_id))
+                pipe.delete(self.history_key(session_id))
                 pipe.zrem(self.index, session_id)
                 owner = tenant.decode() if isinstance(tenant, bytes) else str(tenant or "")
                 pipe.zrem(self.tenant_index(owner), session_id)
-                deleted, _, _ = await pipe.execute()
+                deleted, _, _, _ = await pipe.execute()
         return bool(deleted)
+
+    def _put_on(self, pipe: Any, session: Session) -> None:
+        key = self.key(session.session_id)
+        expiry = time.time() + self.ttl_ms / 1000
+        pipe.hset(key, mapping=_mapping(session))
+        pipe.pexpire(key, self.ttl_ms)
+        pipe.zadd(self.index, {session.session_id: expiry})
+        pipe.zadd(self.tenant_index(session.tenant), {session.session_id: expiry})
+
+    async def _remember_on(self, pipe: Any, answer: Answer) -> None:
+        now = time.time()
+        await self._remember(
+            keys=[self.answer_key(answer.key), self.answers],
+            args=[
+                answer.value,
+                max(1, int(answer.ttl_s * 1000)),
+                answer.key,
+                max(1, answer.bound),
+                now + answer.ttl_s,
+                now,
+                f"{self.prefix}answer:",
+            ],
+            client=pipe,
+        )
+
+    async def put_new(
+        self, made: Sequence[tuple[Session, Sequence[bytes]]], answer: Answer | None = None
+    ) -> None:
+        """All in one MULTI: the sessions, their histories (one script) and the answer."""
+        bounds = self.history_bounds
+        keys = [self.history_order]
+        args: list[Any] = [max(1, bounds.keep), max(1, bounds.total), f"{self.prefix}history:", self.ttl_ms]
+        async with self._calls(), self.redis.pipeline(transaction=True) as pipe:
+            for session, entries in made:
+                self._put_on(pipe, session)
+                keys.append(self.history_key(session.session_id))
+                args += [session.session_id, len(entries), *entries]
+            await self._history_put(keys=keys, args=args, client=pipe)
+            if answer is not None:
+                await self._remember_on(pipe, answer)
+            await pipe.execute()
+
+    async def history(self, session_id: str) -> list[bytes]:
+        async with self._calls():
+            entries: list[Any] = await self.redis.lrange(self.history_key(session_id), 0, -1)
+        return [bytes(x) for x in entries]
+
+    async def suspend(self, session: Session, answer: Answer | None) -> bool:
+        async with self._calls(), self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.key(session.session_id))
+            pipe.delete(self.history_key(session.session_id))
+            pipe.zrem(self.index, session.session_id)
+            pipe.zrem(self.tenant_index(session.tenant), session.session_id)
+            if answer is not None:
+                await self._remember_on(pipe, answer)
+            done = await pipe.execute()
+        return bool(done[0])
+
+    async def recall(self, key: str) -> bytes | None:
+        async with self._calls():
+            value: Any = await self.redis.get(self.answer_key(key))
+        return None if value is None else bytes(value)
+
+    async def claim(self, key: str, hold_s: float) -> bytes | None:
+        async with self._calls():
+            held: Any = await self._claim(
+                keys=[self.answer_key(key)], args=[PENDING, max(1, int(hold_s * 1000))]
+            )
+        return None if held is None else bytes(held)
+
+    async def unclaim(self, key: str) -> None:
+        async with self._calls():
+            await self._unclaim(keys=[self.answer_key(key)], args=[PENDING])
+
+    async def remember(self, answer: Answer) -> None:
+        async with self._calls(), self.redis.pipeline(transaction=True) as pipe:
+            await self._remember_on(pipe, answer)
+            await pipe.execute()
 
     async def count_of(self, tenant: str) -> int:
         async with self._calls():

@@ -13,9 +13,10 @@ from codegym.server.grpcutil import ManagedServer
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.dispatcher import SandboxDispatcher
 from services.runtime.catalog import Catalog
+from services.runtime.checkpoints import Keyring
 from services.runtime.episode_record import Recorder, RecordStore
 from services.runtime.service import RuntimeConfig, RuntimeServicer, add_to_server
-from services.runtime.sessions import InMemorySessionStore, SessionStore
+from services.runtime.sessions import HistoryBounds, InMemorySessionStore, SessionStore
 from services.runtime.tenancy import Quotas
 
 log = logging.getLogger(__name__)
@@ -36,18 +37,22 @@ class RuntimeServer:
         store: SessionStore | None = None,
         env_cache_mb: int = 32,
         record: RecordStore | None = None,
+        checkpoint_keys: Keyring | None = None,
     ) -> None:
-        """`record`: where the episode record is kept (None: no record, `--no-record`)."""
+        """`record`: where the episode record is kept (None: no record, `--no-record`);
+        `checkpoint_keys`: the deployment's checkpoint keys (None: checkpoints are refused)."""
+        config = config or RuntimeConfig()
         self.catalog = Catalog(library, cache_bytes=env_cache_mb * 1024 * 1024)
         self.dispatcher = SandboxDispatcher(sandbox)
         self.recorder = None if record is None else Recorder(record, self.catalog.oracle_steps)
         self.servicer = RuntimeServicer(
             self.catalog,
-            store or InMemorySessionStore(),
+            store or InMemorySessionStore(HistoryBounds(config.history_steps, config.history_entries)),
             self.dispatcher,
             config,
             self.recorder,
             Quotas(configured().limits),
+            checkpoint_keys,
         )
         self._background: list[asyncio.Task[None]] = []
         self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)

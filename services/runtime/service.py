@@ -40,9 +40,12 @@ from codegym.server.metrics import (
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from services.dispatcher import SandboxDispatcher
+from services.runtime import history
 from services.runtime.catalog import Catalog, Served
+from services.runtime.checkpoints import Keyring
 from services.runtime.config import RuntimeConfig, session_seed
 from services.runtime.episode_record import Recorder
+from services.runtime.forking import Copies, history_write, start_entry
 from services.runtime.outcomes import action_digest, env_failed, recorded_reply, session_reply, step_error
 from services.runtime.record_desk import STEP_OUTCOMES, RecordDesk
 from services.runtime.requests import action_text, config_json, create_limits, shown
@@ -72,7 +75,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         config: RuntimeConfig | None = None,
         recorder: Recorder | None = None,
         quotas: Quotas | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
+        """`keyring`: the deployment's checkpoint keys (None: checkpoints are refused)."""
         self.catalog = catalog
         self.config = config or RuntimeConfig()
         # The record of served episodes (its recorder None: the runtime runs without one, `--no-record`).
@@ -84,6 +89,17 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self.releases: set[asyncio.Task[None]] = set()
         # One token per step admitted and not yet answered.
         self.steps_in_flight: set[object] = set()
+        # Forks, checkpoints and restores (forking.py).
+        self.copies = Copies(
+            catalog,
+            store,
+            self.config,
+            self.quotas,
+            keyring,
+            session=self._session,
+            expire=self._expire,
+            release=self._release,
+        )
         STEPS_IN_FLIGHT.set_function(lambda: len(self.steps_in_flight))
         WORKER_QUEUE_DEPTH.set_function(lambda: self.dispatcher.queued)
 
@@ -184,9 +200,13 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             run_id=request.run_id,
             policy_version=request.policy_version if request.HasField("policy_version") else None,
             tenant=tenant,
+            keep_history=options.keep_history,
         )
         session.touch()
-        await self.store.put(session)
+        if session.keep_history:
+            await self.store.put_new([(session, [start_entry(session)])])
+        else:
+            await self.store.put(session)
         return rt.CreateSessionResponse(
             session_id=session_id,
             observation=result.observation,
@@ -285,8 +305,22 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             )
             session.last_reply = reply.SerializeToString()
             session.last_action = action_digest(action)
+            logged = None
+            if session.keep_history:
+                logged = history_write(
+                    self.config,
+                    history.entry(
+                        session.step_index,
+                        session.state,
+                        action=action,
+                        observation=result.observation,
+                        reward=session.reward,
+                        done=session.done,
+                        truncated=session.truncated,
+                    ),
+                )
             try:
-                committed = await self.store.commit(session, started_at)
+                committed = await self.store.commit(session, started_at, logged)
             except StoreUnavailable as exc:
                 # Unlike any earlier failure, the commit may have happened before the store failed.
                 raise Refusal(
@@ -337,7 +371,13 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             session.touch()
             # Fenced like a step: a replica that stalled past its lease must not roll the session
             # back to step 0 under a client that moved on through another replica.
-            if not await self.store.commit(session, started_at):
+            # A reset starts the episode, and its history, over.
+            logged = (
+                history_write(self.config, start_entry(session), restart=True)
+                if session.keep_history
+                else None
+            )
+            if not await self.store.commit(session, started_at, logged):
                 raise Refusal(
                     Reason.STEP_CONFLICT,
                     f"session {shown(request.session_id)} moved on while the reset ran; it was not applied",
@@ -446,3 +486,21 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self, request: rt.LiftQuarantineRequest, context: grpc.aio.ServicerContext
     ) -> rt.LiftQuarantineResponse:
         return await self.desk.lift_quarantine(request)
+
+    @guarded
+    async def ForkSession(
+        self, request: rt.ForkSessionRequest, context: grpc.aio.ServicerContext
+    ) -> rt.ForkSessionResponse:
+        return await self.copies.fork(request)
+
+    @guarded
+    async def CheckpointSession(
+        self, request: rt.CheckpointSessionRequest, context: grpc.aio.ServicerContext
+    ) -> rt.CheckpointSessionResponse:
+        return await self.copies.checkpoint(request)
+
+    @guarded
+    async def RestoreSession(
+        self, request: rt.RestoreSessionRequest, context: grpc.aio.ServicerContext
+    ) -> rt.RestoreSessionResponse:
+        return await self.copies.restore(request)

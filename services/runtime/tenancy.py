@@ -50,15 +50,17 @@ class Bucket:
     def capacity(self) -> float:
         return max(1.0, self.rate)
 
-    def take(self, now: float | None = None) -> float:
-        """Take a token: 0.0 when there was one, else the seconds the caller should wait."""
+    def take(self, now: float | None = None, count: int = 1) -> float:
+        """Take `count` tokens, all or none: 0.0 when there were, else the seconds the caller should
+        wait. More than the bucket holds (a fork of more than a second's rate) waits for a full one."""
         now = time.monotonic() if now is None else now
         self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
         self.stamp = now
-        if self.tokens >= 1.0 - 1e-9:  # a token's time later is a token, whatever the rounding
-            self.tokens = max(0.0, self.tokens - 1.0)
+        need = min(float(count), self.capacity)
+        if self.tokens >= need - 1e-9:  # a token's time later is a token, whatever the rounding
+            self.tokens = max(0.0, self.tokens - need)
             return 0.0
-        self.slot = max(now + (1.0 - self.tokens) / self.rate, self.slot + 1.0 / self.rate)
+        self.slot = max(now + (need - self.tokens) / self.rate, self.slot + 1.0 / self.rate)
         self.slot = min(self.slot, now + MAX_WAIT_S)
         return self.slot - now
 
@@ -79,10 +81,10 @@ class Quotas:
             bucket = self.buckets[(tenant, kind)] = Bucket(rate)
         return bucket
 
-    def _rate(self, tenant: str, kind: str, rate: float, what: str) -> None:
+    def _rate(self, tenant: str, kind: str, rate: float, what: str, count: int = 1) -> None:
         if rate <= 0:
             return
-        wait_s = self._bucket(tenant, kind, rate).take()
+        wait_s = self._bucket(tenant, kind, rate).take(count=count)
         if wait_s > 0:
             TENANT_REFUSALS.labels(tenant, kind).inc()
             raise Refusal(
@@ -94,14 +96,17 @@ class Quotas:
     def admit_step(self, tenant: str) -> None:
         self._rate(tenant, "steps", self.limit(tenant).steps_per_s, "steps")
 
-    def admit_create(self, tenant: str, open_sessions: int, retry_after_ms: int) -> None:
+    def admit_create(self, tenant: str, open_sessions: int, retry_after_ms: int, count: int = 1) -> None:
+        """Admit `count` new sessions (a create, a restore, or the forks of one ForkSession) or none:
+        the session quota and the create rate count every one of them."""
         limit = self.limit(tenant)
-        if limit.sessions and open_sessions >= limit.sessions:
+        if limit.sessions and open_sessions + count > limit.sessions:
             TENANT_REFUSALS.labels(tenant, "sessions").inc()
+            more = f"; {count} more would pass it" if count > 1 else ""
             raise Refusal(
                 Reason.CAPACITY,
-                f"tenant {tenant!r} holds {open_sessions} sessions (its quota is {limit.sessions}); close "
-                "finished sessions or retry",
+                f"tenant {tenant!r} holds {open_sessions} sessions (its quota is {limit.sessions}){more}; "
+                "close finished sessions or retry",
                 retry_after_ms,
             )
-        self._rate(tenant, "creates", limit.creates_per_s, "creates")
+        self._rate(tenant, "creates", limit.creates_per_s, "creates", count)

@@ -93,22 +93,26 @@ class SessionOptions(_message.Message):
     MAX_STEPS_FIELD_NUMBER: _builtins.int
     STEP_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
+    KEEP_HISTORY_FIELD_NUMBER: _builtins.int
     max_steps: _builtins.int
     """Step cap; the step that reaches it ends the episode with truncated = true. 0 = 256."""
     step_timeout_ms: _builtins.int
     """Deadline of one step in the sandbox, in milliseconds. 0 = server default."""
     seed: _builtins.int
     """Seed for the environment's `random`; 0 = derived from the session id."""
+    keep_history: _builtins.bool
+    """Keep a per-step history (bounded), so `ForkSession` can rewind with `at_step`."""
     def __init__(
         self,
         *,
         max_steps: _builtins.int = ...,
         step_timeout_ms: _builtins.int = ...,
         seed: _builtins.int = ...,
+        keep_history: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_steps", b"max_steps", "seed", b"seed", "step_timeout_ms", b"step_timeout_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keep_history", b"keep_history", "max_steps", b"max_steps", "seed", b"seed", "step_timeout_ms", b"step_timeout_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -948,6 +952,8 @@ class TaskStats(_message.Message):
     POOL_FIELD_NUMBER: _builtins.int
     PRIOR_PASS_RATE_FIELD_NUMBER: _builtins.int
     LAST_POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    BRANCHES_FIELD_NUMBER: _builtins.int
+    BRANCH_PASSES_FIELD_NUMBER: _builtins.int
     ability: _builtins.str
     """Training ability string `codegym_v1@{env_id}@{config}` (the config as the library holds it)."""
     env_id: _builtins.str
@@ -972,6 +978,12 @@ class TaskStats(_message.Message):
     """The pass rate the record starts from before any episode (the published Qwen Bo4 score)."""
     last_policy_version: _builtins.int
     """Highest policy version seen among the episodes."""
+    branches: _builtins.int
+    """Finished branches (forked sessions), recorded apart from `episodes`: a shared prefix is
+    counted once, by the episode it was forked from.
+    """
+    branch_passes: _builtins.int
+    """Branches that ended with a positive reward."""
     @_builtins.property
     def endings(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Episodes by how they ended: "done", "truncated"."""
@@ -997,10 +1009,12 @@ class TaskStats(_message.Message):
         pool: _builtins.str = ...,
         prior_pass_rate: _builtins.float | None = ...,
         last_policy_version: _builtins.int = ...,
+        branches: _builtins.int = ...,
+        branch_passes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_prior_pass_rate", b"_prior_pass_rate", "prior_pass_rate", b"prior_pass_rate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_prior_pass_rate", b"_prior_pass_rate", "ability", b"ability", "endings", b"endings", "env_id", b"env_id", "episodes", b"episodes", "last_policy_version", b"last_policy_version", "mean_steps", b"mean_steps", "oracle_steps", b"oracle_steps", "pass_rate", b"pass_rate", "passes", b"passes", "pool", b"pool", "prior_pass_rate", b"prior_pass_rate", "recent_episodes", b"recent_episodes", "recent_pass_rate", b"recent_pass_rate", "step_errors", b"step_errors"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_prior_pass_rate", b"_prior_pass_rate", "ability", b"ability", "branch_passes", b"branch_passes", "branches", b"branches", "endings", b"endings", "env_id", b"env_id", "episodes", b"episodes", "last_policy_version", b"last_policy_version", "mean_steps", b"mean_steps", "oracle_steps", b"oracle_steps", "pass_rate", b"pass_rate", "passes", b"passes", "pool", b"pool", "prior_pass_rate", b"prior_pass_rate", "recent_episodes", b"recent_episodes", "recent_pass_rate", b"recent_pass_rate", "step_errors", b"step_errors"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__prior_pass_rate: _TypeAlias = _typing.Literal["prior_pass_rate"]  # noqa: Y015
     _WhichOneofArgType__prior_pass_rate: _TypeAlias = _typing.Literal["_prior_pass_rate", b"_prior_pass_rate"]  # noqa: Y015
@@ -1045,6 +1059,8 @@ class EnvStats(_message.Message):
     SHORTCUT_EPISODES_FIELD_NUMBER: _builtins.int
     SHORTCUT_SESSIONS_FIELD_NUMBER: _builtins.int
     RECENT_ERRORS_FIELD_NUMBER: _builtins.int
+    BRANCHES_FIELD_NUMBER: _builtins.int
+    BRANCH_PASSES_FIELD_NUMBER: _builtins.int
     env_id: _builtins.str
     """Environment id."""
     episodes: _builtins.int
@@ -1061,6 +1077,10 @@ class EnvStats(_message.Message):
     """The evidence, in one line."""
     shortcut_episodes: _builtins.int
     """Rewarded episodes that took under a quarter of the oracle's steps (a possible shortcut)."""
+    branches: _builtins.int
+    """Finished branches (forked sessions), apart from `episodes`."""
+    branch_passes: _builtins.int
+    """Branches with a positive reward."""
     @_builtins.property
     def step_errors(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Failed steps by kind: "env_error", "step_timeout", "sandbox_limit"."""
@@ -1087,10 +1107,12 @@ class EnvStats(_message.Message):
         shortcut_episodes: _builtins.int = ...,
         shortcut_sessions: _abc.Iterable[_builtins.str] | None = ...,
         recent_errors: _abc.Iterable[_builtins.str] | None = ...,
+        branches: _builtins.int = ...,
+        branch_passes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id", "episodes", b"episodes", "pass_rate", b"pass_rate", "passes", b"passes", "quarantine_reason", b"quarantine_reason", "quarantined", b"quarantined", "recent_errors", b"recent_errors", "shortcut_episodes", b"shortcut_episodes", "shortcut_sessions", b"shortcut_sessions", "step_errors", b"step_errors", "steps", b"steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["branch_passes", b"branch_passes", "branches", b"branches", "env_id", b"env_id", "episodes", b"episodes", "pass_rate", b"pass_rate", "passes", b"passes", "quarantine_reason", b"quarantine_reason", "quarantined", b"quarantined", "recent_errors", b"recent_errors", "shortcut_episodes", b"shortcut_episodes", "shortcut_sessions", b"shortcut_sessions", "step_errors", b"step_errors", "steps", b"steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1317,3 +1339,231 @@ class LiftQuarantineResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LiftQuarantineResponse: _TypeAlias = LiftQuarantineResponse  # noqa: Y015
+
+@_typing.final
+class ForkSessionRequest(_message.Message):
+    """Request of ForkSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    AT_STEP_FIELD_NUMBER: _builtins.int
+    RESEED_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session to fork (the caller's tenant's own)."""
+    count: _builtins.int
+    """How many forks: 1 up to the runtime's cap (`--max-forks`)."""
+    at_step: _builtins.int
+    """Fork from this earlier committed step (a rewind); needs a session created with
+    `keep_history`. Unset: the last committed step.
+    """
+    reseed: _builtins.bool
+    """Give each fork a seed of its own (its steps then draw differently); by default a fork keeps the
+    source's seed sequence and replays it exactly.
+    """
+    request_id: _builtins.str
+    """Idempotency key: a resend with the same id gets the first answer (the same forks). Empty: none."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        count: _builtins.int = ...,
+        at_step: _builtins.int | None = ...,
+        reseed: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_at_step", b"_at_step", "at_step", b"at_step"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_at_step", b"_at_step", "at_step", b"at_step", "count", b"count", "request_id", b"request_id", "reseed", b"reseed", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__at_step: _TypeAlias = _typing.Literal["at_step"]  # noqa: Y015
+    _WhichOneofArgType__at_step: _TypeAlias = _typing.Literal["_at_step", b"_at_step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__at_step) -> _WhichOneofReturnType__at_step | None: ...
+
+Global___ForkSessionRequest: _TypeAlias = ForkSessionRequest  # noqa: Y015
+
+@_typing.final
+class ForkedSession(_message.Message):
+    """One session made by a fork or a restore."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    STEP_INDEX_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    MAX_STEPS_FIELD_NUMBER: _builtins.int
+    STEP_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The new session."""
+    step_index: _builtins.int
+    """Its committed steps (the step it continues from)."""
+    reward: _builtins.float
+    """Reward so far."""
+    done: _builtins.bool
+    """Whether its episode has ended (a fork of an ended step)."""
+    truncated: _builtins.bool
+    """Ended by the step cap."""
+    env_id: _builtins.str
+    """Environment id."""
+    max_steps: _builtins.int
+    """Max steps."""
+    step_timeout_ms: _builtins.int
+    """Deadline of one step in the sandbox, in milliseconds."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        step_index: _builtins.int = ...,
+        reward: _builtins.float = ...,
+        done: _builtins.bool = ...,
+        truncated: _builtins.bool = ...,
+        env_id: _builtins.str = ...,
+        max_steps: _builtins.int = ...,
+        step_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["done", b"done", "env_id", b"env_id", "max_steps", b"max_steps", "reward", b"reward", "session_id", b"session_id", "step_index", b"step_index", "step_timeout_ms", b"step_timeout_ms", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkedSession: _TypeAlias = ForkedSession  # noqa: Y015
+
+@_typing.final
+class ForkSessionResponse(_message.Message):
+    """Response of ForkSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSIONS_FIELD_NUMBER: _builtins.int
+    STEP_INDEX_FIELD_NUMBER: _builtins.int
+    step_index: _builtins.int
+    """The source's step index the forks continue from."""
+    @_builtins.property
+    def sessions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ForkedSession]:
+        """The forks, `count` of them."""
+
+    def __init__(
+        self,
+        *,
+        sessions: _abc.Iterable[Global___ForkedSession] | None = ...,
+        step_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sessions", b"sessions", "step_index", b"step_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForkSessionResponse: _TypeAlias = ForkSessionResponse  # noqa: Y015
+
+@_typing.final
+class CheckpointSessionRequest(_message.Message):
+    """Request of CheckpointSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_ID_FIELD_NUMBER: _builtins.int
+    CLOSE_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    session_id: _builtins.str
+    """The session."""
+    close: _builtins.bool
+    """Suspend: the session is closed once the blob is made."""
+    request_id: _builtins.str
+    """Idempotency key: a resend with the same id gets the same blob. Empty: none."""
+    def __init__(
+        self,
+        *,
+        session_id: _builtins.str = ...,
+        close: _builtins.bool = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["close", b"close", "request_id", b"request_id", "session_id", b"session_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointSessionRequest: _TypeAlias = CheckpointSessionRequest  # noqa: Y015
+
+@_typing.final
+class CheckpointSessionResponse(_message.Message):
+    """Response of CheckpointSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    STEP_INDEX_FIELD_NUMBER: _builtins.int
+    checkpoint: _builtins.bytes
+    """The sealed checkpoint (opaque to the client)."""
+    step_index: _builtins.int
+    """The step index it holds."""
+    def __init__(
+        self,
+        *,
+        checkpoint: _builtins.bytes = ...,
+        step_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "step_index", b"step_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CheckpointSessionResponse: _TypeAlias = CheckpointSessionResponse  # noqa: Y015
+
+@_typing.final
+class RestoreSessionRequest(_message.Message):
+    """Request of RestoreSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CHECKPOINT_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    checkpoint: _builtins.bytes
+    """A blob from CheckpointSession."""
+    request_id: _builtins.str
+    """Idempotency key: a resend with the same id gets the same session. Empty: none."""
+    def __init__(
+        self,
+        *,
+        checkpoint: _builtins.bytes = ...,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint", b"checkpoint", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreSessionRequest: _TypeAlias = RestoreSessionRequest  # noqa: Y015
+
+@_typing.final
+class RestoreSessionResponse(_message.Message):
+    """Response of RestoreSession."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SESSION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def session(self) -> Global___ForkedSession:
+        """The restored session."""
+
+    def __init__(
+        self,
+        *,
+        session: Global___ForkedSession | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["session", b"session"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RestoreSessionResponse: _TypeAlias = RestoreSessionResponse  # noqa: Y015

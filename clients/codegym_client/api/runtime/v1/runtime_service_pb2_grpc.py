@@ -96,6 +96,21 @@ class RuntimeServiceStub:
                 request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineRequest.SerializeToString,
                 response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineResponse.FromString,
                 _registered_method=True)
+        self.ForkSession = channel.unary_unary(
+                '/codegym.runtime.v1.RuntimeService/ForkSession',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ForkSessionResponse.FromString,
+                _registered_method=True)
+        self.CheckpointSession = channel.unary_unary(
+                '/codegym.runtime.v1.RuntimeService/CheckpointSession',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CheckpointSessionRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CheckpointSessionResponse.FromString,
+                _registered_method=True)
+        self.RestoreSession = channel.unary_unary(
+                '/codegym.runtime.v1.RuntimeService/RestoreSession',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServiceServicer:
@@ -191,6 +206,29 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkSession(self, request, context):
+        """New sessions that continue a session from its last committed step (or, with `at_step`, from an
+        earlier one the session's history holds): a tree of rollouts that share a prefix.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckpointSession(self, request, context):
+        """The session as an opaque sealed blob (encrypted and authenticated with the deployment's
+        checkpoint key); `close` suspends it (the server then holds nothing of it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreSession(self, request, context):
+        """A new session from a checkpoint blob, on any replica holding the key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -253,6 +291,21 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.LiftQuarantine,
                     request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineRequest.FromString,
                     response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ForkSessionRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ForkSessionResponse.SerializeToString,
+            ),
+            'CheckpointSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckpointSession,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CheckpointSessionRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CheckpointSessionResponse.SerializeToString,
+            ),
+            'RestoreSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreSession,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -581,6 +634,87 @@ class RuntimeService:
             '/codegym.runtime.v1.RuntimeService/LiftQuarantine',
             codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineRequest.SerializeToString,
             codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/ForkSession',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ForkSessionRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ForkSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckpointSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/CheckpointSession',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CheckpointSessionRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.CheckpointSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/RestoreSession',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

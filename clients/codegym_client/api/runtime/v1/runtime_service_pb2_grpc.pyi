@@ -66,6 +66,16 @@ class RuntimeServiceStub:
     """
     LiftQuarantine: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.LiftQuarantineRequest, _runtime_service_pb2.LiftQuarantineResponse]
     """Let a quarantined environment be sampled again (its evidence so far is set aside)."""
+    ForkSession: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ForkSessionRequest, _runtime_service_pb2.ForkSessionResponse]
+    """New sessions that continue a session from its last committed step (or, with `at_step`, from an
+    earlier one the session's history holds): a tree of rollouts that share a prefix.
+    """
+    CheckpointSession: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.CheckpointSessionRequest, _runtime_service_pb2.CheckpointSessionResponse]
+    """The session as an opaque sealed blob (encrypted and authenticated with the deployment's
+    checkpoint key); `close` suspends it (the server then holds nothing of it).
+    """
+    RestoreSession: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RestoreSessionRequest, _runtime_service_pb2.RestoreSessionResponse]
+    """A new session from a checkpoint blob, on any replica holding the key."""
 
 @_typing.type_check_only
 class RuntimeServiceAsyncStub(RuntimeServiceStub):
@@ -105,6 +115,16 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """
     LiftQuarantine: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.LiftQuarantineRequest, _runtime_service_pb2.LiftQuarantineResponse]  # type: ignore[assignment]
     """Let a quarantined environment be sampled again (its evidence so far is set aside)."""
+    ForkSession: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ForkSessionRequest, _runtime_service_pb2.ForkSessionResponse]  # type: ignore[assignment]
+    """New sessions that continue a session from its last committed step (or, with `at_step`, from an
+    earlier one the session's history holds): a tree of rollouts that share a prefix.
+    """
+    CheckpointSession: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.CheckpointSessionRequest, _runtime_service_pb2.CheckpointSessionResponse]  # type: ignore[assignment]
+    """The session as an opaque sealed blob (encrypted and authenticated with the deployment's
+    checkpoint key); `close` suspends it (the server then holds nothing of it).
+    """
+    RestoreSession: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RestoreSessionRequest, _runtime_service_pb2.RestoreSessionResponse]  # type: ignore[assignment]
+    """A new session from a checkpoint blob, on any replica holding the key."""
 
 class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
     """Environment sessions for RL trainers. A session holds an environment state that only sandbox
@@ -213,5 +233,33 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.LiftQuarantineResponse, _abc.Awaitable[_runtime_service_pb2.LiftQuarantineResponse]]:
         """Let a quarantined environment be sampled again (its evidence so far is set aside)."""
+
+    @_abc_1.abstractmethod
+    def ForkSession(
+        self,
+        request: _runtime_service_pb2.ForkSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ForkSessionResponse, _abc.Awaitable[_runtime_service_pb2.ForkSessionResponse]]:
+        """New sessions that continue a session from its last committed step (or, with `at_step`, from an
+        earlier one the session's history holds): a tree of rollouts that share a prefix.
+        """
+
+    @_abc_1.abstractmethod
+    def CheckpointSession(
+        self,
+        request: _runtime_service_pb2.CheckpointSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.CheckpointSessionResponse, _abc.Awaitable[_runtime_service_pb2.CheckpointSessionResponse]]:
+        """The session as an opaque sealed blob (encrypted and authenticated with the deployment's
+        checkpoint key); `close` suspends it (the server then holds nothing of it).
+        """
+
+    @_abc_1.abstractmethod
+    def RestoreSession(
+        self,
+        request: _runtime_service_pb2.RestoreSessionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.RestoreSessionResponse, _abc.Awaitable[_runtime_service_pb2.RestoreSessionResponse]]:
+        """A new session from a checkpoint blob, on any replica holding the key."""
 
 def add_RuntimeServiceServicer_to_server(servicer: RuntimeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
