@@ -40,7 +40,7 @@ from codegym_testkit.waiting import wait_until
 from services.runtime.checkpoints import write_key_file
 from tests.conftest import ROOT, SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, build_library, library_fixture
-from tests.helpers.servers import Redis, ServerProcess, require_redis_server, workers_fixture
+from tests.helpers.servers import CodegymServer, Redis, require_redis_server, workers_fixture
 
 pytestmark = pytest.mark.jail  # every test steps through real sandbox workers
 
@@ -73,8 +73,8 @@ def runtime_args(library: Path, workers: str, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def runtime(library: Path, workers: str, key_file: Path) -> Iterator[ServerProcess]:
-    server = ServerProcess(runtime_args(library, workers, "--checkpoint-key", str(key_file)), env=ENV)
+def runtime(library: Path, workers: str, key_file: Path) -> Iterator[CodegymServer]:
+    server = CodegymServer(runtime_args(library, workers, "--checkpoint-key", str(key_file)), env=ENV)
     try:
         yield server
     finally:
@@ -82,7 +82,7 @@ def runtime(library: Path, workers: str, key_file: Path) -> Iterator[ServerProce
 
 
 @pytest.fixture(scope="module")
-def client(runtime: ServerProcess) -> Iterator[RuntimeClient]:
+def client(runtime: CodegymServer) -> Iterator[RuntimeClient]:
     with RuntimeClient(runtime.address, attempts=1) as made:
         yield made
 
@@ -324,7 +324,7 @@ def test_bad_blobs_are_refused_and_nothing_is_restored(
         assert "\n" not in refused.value.details()
     # Another deployment's key: the same envelope does not open.
     other_key = write_key_file(tmp_path / "other.key")
-    other = ServerProcess(runtime_args(library, workers, "--checkpoint-key", f"main={other_key}"), env=ENV)
+    other = CodegymServer(runtime_args(library, workers, "--checkpoint-key", f"main={other_key}"), env=ENV)
     try:
         with RuntimeClient(other.address, attempts=1) as there:
             with pytest.raises(BadCheckpoint, match="does not hold"):
@@ -337,7 +337,7 @@ def test_bad_blobs_are_refused_and_nothing_is_restored(
 
 
 def test_without_a_key_checkpoints_are_refused_naming_the_flag(library: Path, workers: str) -> None:
-    bare = ServerProcess(runtime_args(library, workers), env=ENV)
+    bare = CodegymServer(runtime_args(library, workers), env=ENV)
     try:
         with RuntimeClient(bare.address, attempts=1) as there:
             session = dice(there)
@@ -358,7 +358,7 @@ def test_a_blob_whose_code_the_library_no_longer_holds_names_it(
     source = dice(client)
     blob = client.checkpoint_session(source)
     without = build_library(tmp_path / "without.db", SAMPLE_LIBRARY)
-    other = ServerProcess(runtime_args(without, workers, "--checkpoint-key", str(key_file)), env=ENV)
+    other = CodegymServer(runtime_args(without, workers, "--checkpoint-key", str(key_file)), env=ENV)
     try:
         with RuntimeClient(other.address, attempts=1) as there:
             with pytest.raises(CodeGone, match=DICE) as refused:
@@ -372,7 +372,7 @@ def test_a_checkpoint_restores_after_the_runtime_restarts(
     library: Path, workers: str, key_file: Path
 ) -> None:
     cases = fidelity_cases(6)
-    first = ServerProcess(runtime_args(library, workers, "--checkpoint-key", str(key_file)), env=ENV)
+    first = CodegymServer(runtime_args(library, workers, "--checkpoint-key", str(key_file)), env=ENV)
     blobs = []
     try:
         with RuntimeClient(first.address, attempts=1) as there:
@@ -383,7 +383,7 @@ def test_a_checkpoint_restores_after_the_runtime_restarts(
                 blobs.append((half, there.checkpoint_session(session.session_id, close=True)))
     finally:
         first.stop()
-    second = ServerProcess(runtime_args(library, workers, "--checkpoint-key", str(key_file)), env=ENV)
+    second = CodegymServer(runtime_args(library, workers, "--checkpoint-key", str(key_file)), env=ENV)
     try:
         with RuntimeClient(second.address, attempts=1) as there:
             for trajectory, (half, blob) in zip(cases, blobs, strict=True):
@@ -444,15 +444,15 @@ TOKENS = {
 @pytest.fixture(scope="module")
 def tenanted(
     library: Path, key_file: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[ServerProcess, Path]]:
+) -> Iterator[tuple[CodegymServer, Path]]:
     folder = tmp_path_factory.mktemp("tenants")
     tokens = folder / "tokens.json"
     tokens.write_text(json.dumps(TOKENS))
-    worker = ServerProcess(
+    worker = CodegymServer(
         ["serve", "sandbox", "--port", "0", "--jails", "1", "--tokens", str(tokens)], env=ENV
     )
     args = runtime_args(library, worker.address, "--checkpoint-key", str(key_file), "--tokens", str(tokens))
-    server = ServerProcess([*args, "--no-record"], env={**ENV, TOKEN_ENV: "service-token"})
+    server = CodegymServer([*args, "--no-record"], env={**ENV, TOKEN_ENV: "service-token"})
     try:
         yield server, tokens
     finally:
@@ -466,7 +466,7 @@ def as_tenant(address: str, token: str, monkeypatch: pytest.MonkeyPatch) -> Runt
 
 
 def test_a_quota_counts_all_forks_or_none(
-    tenanted: tuple[ServerProcess, Path], monkeypatch: pytest.MonkeyPatch
+    tenanted: tuple[CodegymServer, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, _ = tenanted
     tight = as_tenant(server.address, "tight-token", monkeypatch)
@@ -486,7 +486,7 @@ def test_a_quota_counts_all_forks_or_none(
 
 
 def test_only_the_owner_forks_or_restores_and_an_operator_restores_for_a_tenant(
-    tenanted: tuple[ServerProcess, Path], monkeypatch: pytest.MonkeyPatch
+    tenanted: tuple[CodegymServer, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, _ = tenanted
     roomy = as_tenant(server.address, "roomy-token", monkeypatch)
@@ -523,8 +523,8 @@ def test_forks_and_restores_work_across_replicas(
     library: Path, workers: str, key_file: Path, redis: Redis
 ) -> None:
     shared = ("--checkpoint-key", str(key_file), "--sessions", redis.url)
-    a = ServerProcess(runtime_args(library, workers, *shared), env=ENV)
-    b = ServerProcess(runtime_args(library, workers, *shared), env=ENV)
+    a = CodegymServer(runtime_args(library, workers, *shared), env=ENV)
+    b = CodegymServer(runtime_args(library, workers, *shared), env=ENV)
     try:
         with RuntimeClient(a.address, attempts=1) as on_a, RuntimeClient(b.address, attempts=1) as on_b:
             source = dice(on_a, keep_history=True)
@@ -554,7 +554,7 @@ def test_forks_and_restores_work_across_replicas(
 
 def test_a_fork_does_not_wait_for_a_step_in_flight(library: Path, workers: str, redis: Redis) -> None:
     """It copies what is committed and says at which step; the step in flight goes on."""
-    a = ServerProcess(runtime_args(library, workers, "--sessions", redis.url), env=ENV)
+    a = CodegymServer(runtime_args(library, workers, "--sessions", redis.url), env=ENV)
     try:
         with RuntimeClient(a.address, attempts=1) as there, ThreadPoolExecutor(1) as pool:
             source = there.create_session(env_id=COUNTER, config={"target": 3}).session_id
@@ -572,7 +572,7 @@ def test_a_fork_does_not_wait_for_a_step_in_flight(library: Path, workers: str, 
 def test_the_history_bound_across_the_runtime_drops_the_oldest_entries(
     library: Path, workers: str, redis: Redis
 ) -> None:
-    a = ServerProcess(
+    a = CodegymServer(
         runtime_args(library, workers, "--sessions", redis.url, "--history-entries", "12"), env=ENV
     )
     try:
@@ -600,7 +600,7 @@ def test_branches_are_recorded_apart_from_episodes(library: Path, workers: str, 
     record = tmp_path / "record.sqlite"
     trajectory = fidelity_cases(1)[0]
     actions = [a for a, _ in trajectory["steps"]]
-    a = ServerProcess(runtime_args(library, workers, "--record", str(record)), env=ENV)
+    a = CodegymServer(runtime_args(library, workers, "--record", str(record)), env=ENV)
     try:
         with RuntimeClient(a.address, attempts=1) as there:
             created = there.create_session(
@@ -621,7 +621,7 @@ def test_branches_are_recorded_apart_from_episodes(library: Path, workers: str, 
 # ---- the async client and RemoteEnv ------------------------------------------------------------------
 
 
-async def test_the_async_client_forks_checkpoints_and_restores(runtime: ServerProcess) -> None:
+async def test_the_async_client_forks_checkpoints_and_restores(runtime: CodegymServer) -> None:
     from codegym_client import AsyncRuntimeClient
 
     async with AsyncRuntimeClient(runtime.address, attempts=1) as client:
@@ -641,7 +641,7 @@ async def test_the_async_client_forks_checkpoints_and_restores(runtime: ServerPr
             await client.get_session(source)
 
 
-def test_remote_env_forks_checkpoints_and_restores(runtime: ServerProcess) -> None:
+def test_remote_env_forks_checkpoints_and_restores(runtime: CodegymServer) -> None:
     from codegym_client import RemoteEnv
 
     env = RemoteEnv(runtime.address, env_id=DICE, config={"sides": 1000}, keep_history=True)
@@ -666,10 +666,10 @@ def test_remote_env_forks_checkpoints_and_restores(runtime: ServerProcess) -> No
 # ---- through codegym up ---------------------------------------------------------------------------------
 
 
-def up_runtimes(folder: Path) -> tuple[ServerProcess, list[str]]:
+def up_runtimes(folder: Path) -> tuple[CodegymServer, list[str]]:
     require_redis_server()
     args = ["up", "--library", str(folder / "lib.db"), "--port", "0", "--jails", "2", "--runtimes", "2"]
-    up = ServerProcess(args, timeout=180)
+    up = CodegymServer(args, timeout=180)
     wait_until(lambda: "runtime 2 at" in up.text, 60, "codegym up to name its second runtime")
     return up, re.findall(r"runtime \d+ at (\S+) \(pid", up.text)
 

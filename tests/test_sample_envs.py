@@ -20,7 +20,15 @@ import pytest
 from tests.conftest import ENV_DIR, PYTHON, ROOT, SAMPLES, sample_env_paths, sample_tasks
 
 # What the server distribution is built from (the Dockerfile copies the same).
-SERVER_SOURCES = ("pyproject.toml", "README.md", "codegym", "codegym_jobs", "codegym_cli", "services", "sandbox_worker")
+SERVER_SOURCES = (
+    "pyproject.toml",
+    "README.md",
+    "codegym",
+    "codegym_jobs",
+    "codegym_cli",
+    "services",
+    "sandbox_worker",
+)
 
 # Run from a non-editable install: `codegym up`'s first-run library, built from the installed samples.
 BUILD_DEFAULT = """
