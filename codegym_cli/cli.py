@@ -11,8 +11,6 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 import argparse
 import sys
 
-import grpc
-
 from codegym_cli import (
     access,
     demo,
@@ -127,8 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     from sandbox_worker.jail import JailDied
 
     answer_stacks_signal()  # `kill -USR1 PID`: every thread's stack on stderr (a hang, named)
+    import grpc
+
     args = build_parser().parse_args(argv)
-    access.apply(args)
+    args.access = access.client_access(args)  # handed to every channel the command opens
     try:
         result: int = args.func(args)
         sys.stdout.flush()  # inside the try: a reader gone early shows up here, not at exit

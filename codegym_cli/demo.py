@@ -123,7 +123,7 @@ async def play_random(
 async def run_demo(args: argparse.Namespace) -> tuple[dict[str, EnvRow], float]:
     rows: dict[str, EnvRow] = defaultdict(EnvRow)
     limit = asyncio.Semaphore(args.concurrency)
-    async with AsyncRuntimeClient(args.target) as client:
+    async with AsyncRuntimeClient(args.target, access=args.access) as client:
         await client.wait_ready(args.connect_timeout)
         envs = {e.env_id: await client.get_env(e.env_id) for e in await client.list_envs()}
         trajectories = []

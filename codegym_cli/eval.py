@@ -30,8 +30,9 @@ from rich.table import Table
 
 from codegym.contract import parse_ability
 from codegym.library.store import Library, canonical_config
+from codegym.server.settings import from_args
 from codegym_cli.export import learnability_argument
-from codegym_cli.synthesize import add_llm_arguments, missing_api_key, settings_from
+from codegym_cli.synthesize import add_llm_arguments
 from codegym_client import AsyncRuntimeClient, RuntimeUnavailable
 from codegym_jobs.evaluation.evaluator import (
     EvalTask,
@@ -43,6 +44,7 @@ from codegym_jobs.evaluation.evaluator import (
 )
 from codegym_jobs.evaluation.results import COUNTED_REASONS, FAILURE_REASONS, done_keys, summarize
 from services.synthesis.llm import LLMGateway, StageParams
+from services.synthesis.settings import LLMSettings
 
 
 def load_tasks(args: argparse.Namespace) -> list[EvalTask]:
@@ -149,7 +151,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not tasks:
         err.print("codegym eval: no task to play")
         return 2
-    problem = missing_api_key(args)
+    llm = from_args(LLMSettings, args)
+    problem = llm.missing_key()
     if problem:
         err.print(f"codegym eval: {problem}")
         return 2
@@ -164,9 +167,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     give_up_after = max(16, 2 * args.concurrency) if args.give_up_after == "auto" else int(args.give_up_after)
 
     async def main() -> RunCounts:
-        gateway = LLMGateway(settings_from(args), cache=None)  # samples must differ: no response cache
+        gateway = LLMGateway(llm, cache=None)  # samples must differ: no response cache
         try:
-            async with AsyncRuntimeClient(args.target, timeout_s=args.step_timeout_s) as runtime:
+            async with AsyncRuntimeClient(args.target, timeout_s=args.step_timeout_s, access=args.access) as runtime:
                 # A runtime still starting (`codegym up &` just before) is waited for; one that
                 # never answers plays nothing, rather than a failed attempt per episode.
                 await runtime.wait_ready(args.wait_s)
@@ -240,7 +243,7 @@ def count_or_auto(text: str) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from codegym.library.store import default_library_path
+    from codegym.library.location import default_library_path
 
     ev = sub.add_parser(
         "eval",

@@ -328,7 +328,7 @@ def learnability_argument(text: str) -> frozenset[str]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from codegym.library.store import default_library_path
+    from codegym.library.location import default_library_path
 
     export = sub.add_parser(
         "export",

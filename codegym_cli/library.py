@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from codegym.library.importing import ON_CONFLICT
-from codegym.library.store import ImportReport, Library, default_library_path
+from codegym.library.location import default_library_path
+from codegym.library.store import ImportReport, Library
 from codegym_cli import library_curriculum, library_replay
 
 
@@ -217,7 +218,7 @@ def _oracle(args: argparse.Namespace) -> int:
         return 2
     with Library(args.library) as library:
         records = [r for r in library.load_all().values() if r.env_id.startswith(args.prefix)]
-        trajectories = asyncio.run(record_oracle(records, args.sandbox))
+        trajectories = asyncio.run(record_oracle(records, args.sandbox, access=args.access))
         solved = [t for t in trajectories if t.get("reward") == 1 and "steps" in t]
         library.add_tasks(
             TaskRecord(

@@ -51,11 +51,12 @@ from typing import Any, TextIO
 
 import grpc
 
-from codegym.library.store import Library, default_library_path
+from codegym.library.location import default_library_path
+from codegym.library.store import Library
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
 from codegym_cli.progress import stderr_progress
-from codegym_client.channels import aio_channel, target_for
+from codegym_client.channels import Access, aio_channel, target_for
 from codegym_jobs.replay.playing import (
     STEP_TIMEOUT_MS,
     Limits,
@@ -121,11 +122,11 @@ def default_state(library: str, out: str | None) -> Path:
     return Path(f"{out}.state") if out else Path(f"{library}.replay-state.jsonl")
 
 
-async def reachable(addresses: list[str], timeout_s: float) -> list[str]:
+async def reachable(addresses: list[str], timeout_s: float, access: Access) -> list[str]:
     """The workers among `addresses` that answer GetWorkerInfo within `timeout_s`."""
 
     async def probe(address: str) -> str | None:
-        async with aio_channel(address, [SANDBOX_SERVICE]) as channel:
+        async with aio_channel(address, [SANDBOX_SERVICE], access=access) as channel:
             try:
                 await sb_grpc.SandboxServiceStub(channel).GetWorkerInfo(
                     sb.GetWorkerInfoRequest(), timeout=timeout_s, wait_for_ready=True
@@ -194,7 +195,7 @@ async def _replay(
     state_path: Path,
     settings: Settings,
 ) -> Tally | None:
-    live = await reachable(addresses, args.connect_timeout)
+    live = await reachable(addresses, args.connect_timeout, args.access)
     if not live:
         print(f"codegym library replay: no sandbox worker answered at {args.sandbox}", file=sys.stderr)
         return None
@@ -212,7 +213,7 @@ async def _replay(
         progress.update(bar, advance=1, description=f"replay ({problems or 'all identical'})")
 
     state = StateFile(state_path)
-    dispatcher = SandboxDispatcher(live)
+    dispatcher = SandboxDispatcher(live, access=args.access)
     out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115
     try:
         with progress:

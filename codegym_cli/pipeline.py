@@ -21,7 +21,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -30,13 +32,15 @@ from rich.table import Table
 from codegym.library.store import Library
 from codegym.procs import ServerProcess, codegym_command
 from codegym.server.grpcutil import wait_serving
+from codegym.server.settings import from_args
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
-from codegym_cli.synthesize import missing_api_key
 from codegym_client.channels import aio_channel
 from codegym_jobs.pipeline.runner import LLM_STAGES, STAGES, Pipeline, PipelineConfig
 from codegym_jobs.pipeline.state import PipelineState, StageOutcome
+from sandbox_worker.settings import DEFAULT_JAILS
 from services.synthesis.problems import load_problems
+from services.synthesis.settings import LLMSettings
 
 SYNTHESIS = sy.DESCRIPTOR.services_by_name["SynthesisService"].full_name
 VERIFICATION = vf.DESCRIPTOR.services_by_name["VerificationService"].full_name
@@ -63,12 +67,21 @@ def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, 
     Started ones are stopped on the way out, and die with this process however it ends (they are
     forked from the main thread with `PR_SET_PDEATHSIG`, see `codegym.procs`).
     """
+    from codegym.server.settings import from_args, secrets_env, to_argv
+    from sandbox_worker.settings import SandboxSettings
+    from services.synthesis.settings import LLMSettings, Stages, SynthesisSettings
+    from services.verification.settings import VerificationSettings
+
     with ExitStack() as stack:
         started: list[ServerProcess] = []
 
-        def start(name: str, argv: list[str]) -> str:
-            args = [*argv, "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
-            child = ServerProcess(codegym_command(args), name=name, stderr=None, keep=200, stacks=True)
+        def start(name: str, command: list[str], settings: Any) -> str:
+            """`codegym serve ...` on any free loopback port, its settings as argv, its secrets (the
+            LLM's API key) in its own environment."""
+            settings = replace(settings, host="127.0.0.1", port=0, log_level="WARNING")
+            argv = codegym_command([*command, *to_argv(settings)])
+            env = {**os.environ, **secrets_env(settings)}
+            child = ServerProcess(argv, name=name, stderr=None, keep=200, stacks=True, env=env)
             started.append(child)
             stack.callback(child.stop)
             return child.address
@@ -77,25 +90,21 @@ def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, 
         if not verification:
             sandbox = args.sandbox
             if not sandbox:
-                workers = [
-                    start(f"sandbox worker {i + 1}", ["serve", "sandbox", "--jails", str(args.jails)])
-                    for i in range(args.workers)
-                ]
+                worker = SandboxSettings(jails=args.jails)
+                workers = [start(f"sandbox worker {i + 1}", ["serve", "sandbox"], worker) for i in range(args.workers)]
                 sandbox = ",".join(workers)
-            verification = start("verification", ["serve", "verification", "--sandbox", sandbox])
+            verification = start("verification", ["serve", "verification"], VerificationSettings(sandbox=sandbox))
         synthesis = args.synthesis
         if not synthesis:
-            argv = [
-                "serve", "synthesis", "--out", str(work / "synthesis"), "--cache", str(work / "llm_cache.db"),
-                "--llm-base-url", args.llm_base_url, "--model", args.model,
-                "--concurrency", str(args.concurrency), "--timeout-s", str(args.timeout_s),
-                "--max-retries", str(args.max_retries), "--backoff-s", str(args.backoff_s),
-            ]  # fmt: skip
-            for item in args.stage:
-                argv += ["--stage", item]
-            synthesis = start("synthesis", argv)
+            settings = SynthesisSettings(
+                out=str(work / "synthesis"),
+                cache=str(work / "llm_cache.db"),
+                llm=from_args(LLMSettings, args),
+                stages=from_args(Stages, args),
+            )
+            synthesis = start("synthesis", ["serve", "synthesis"], settings)
         for child in started:
-            wait_serving(child.address)
+            wait_serving(child.address, access=args.access)
         yield synthesis, verification
 
 
@@ -204,7 +213,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not problems:
         err.print("codegym pipeline: no usable problem")
         return 2
-    problem = "" if args.synthesis else missing_api_key(args)
+    problem = "" if args.synthesis else from_args(LLMSettings, args).missing_key()
     if problem:
         err.print(f"codegym pipeline: {problem}")
         return 2
@@ -221,15 +230,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     state.set_meta("stages", list(stages))
     library_path = Path(args.library) if args.library else work / "library.db"
     state.set_meta("library", str(library_path))
-    if args.llm_api_key:
-        os.environ["OPENAI_API_KEY"] = args.llm_api_key
     started = time.monotonic()
     errors: list[str] = []
 
     async def main(synthesis: str, verification: str) -> None:
         async with (
-            aio_channel(synthesis, [SYNTHESIS]) as syn,
-            aio_channel(verification, [VERIFICATION]) as ver,
+            aio_channel(synthesis, [SYNTHESIS], access=args.access) as syn,
+            aio_channel(verification, [VERIFICATION], access=args.access) as ver,
         ):
             with Library(library_path) as library, live_progress(err, len(problems), stages) as progress:
 
@@ -351,7 +358,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--workers", type=int, default=2, help="sandbox workers to start when --sandbox is not given"
     )
-    run.add_argument("--jails", type=int, default=os.cpu_count() or 2, help="jails per started worker")
+    run.add_argument("--jails", type=int, default=DEFAULT_JAILS, help="jails per started worker")
     run.add_argument("--hard-tests", action="store_true", help="also generate hard unit tests")
     run.add_argument("--reject-unsafe", action="store_true", help="reject (not only flag) risky constructs")
     run.add_argument("--ref-time-ms", type=int, default=3000, help="time limit of one get_ref_answer()")

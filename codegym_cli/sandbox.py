@@ -44,7 +44,7 @@ async def _run(args: argparse.Namespace, operation: pb.Operation) -> pb.Operatio
 
     async with (
         worker_target(args.target, jails=1) as target,
-        aio_channel(target, ["codegym.sandbox.v1.SandboxService"]) as channel,
+        aio_channel(target, ["codegym.sandbox.v1.SandboxService"], access=args.access) as channel,
     ):
         stub = pb_grpc.SandboxServiceStub(channel)
         response = await stub.Execute(pb.ExecuteRequest(operation=operation), timeout=args.timeout)

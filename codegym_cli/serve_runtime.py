@@ -1,36 +1,32 @@
 """`codegym serve runtime`: environment sessions for RL trainers over sandbox workers, and where
-the record of the episodes it serves is kept."""
+the record of the episodes it serves is kept. Its options are `RuntimeSettings`'s
+(`services/runtime/settings.py`)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
 
-from codegym_cli.serve_setup import (
-    add_sandbox_target,
-    configure_access,
-    configure_logs,
-    run_server,
-    start_metrics,
-)
+from codegym.server.settings import from_args
+from codegym_cli.serve_setup import add_server, run_server, start
+from services.runtime.settings import RuntimeSettings
 
 if TYPE_CHECKING:
     from services.runtime.episode_record import RecordStore
 
 
-def record_store(args: argparse.Namespace) -> RecordStore | None:
+def record_store(settings: RuntimeSettings) -> RecordStore | None:
     """Where the runtime keeps its episode record: `--record` as given; by default in Redis when the
     sessions are there (every replica writes one record), else in a file beside the library."""
     import sqlite3
 
     from services.runtime.record_store import RedisRecordStore, SqliteRecordStore, record_path_for
 
-    place = "off" if args.no_record else args.record
+    place = "off" if settings.no_record else settings.record
     if place == "off":
         return None
     if place == "auto":
-        place = args.sessions if args.sessions.startswith(("redis://", "rediss://", "unix://")) else ""
-        place = place or str(record_path_for(args.library))
+        place = settings.sessions if settings.shared_sessions else str(record_path_for(settings.library))
     if place.startswith(("redis://", "rediss://", "unix://")):
         return RedisRecordStore(place)
     try:
@@ -43,106 +39,23 @@ def record_store(args: argparse.Namespace) -> RecordStore | None:
 
 
 def _serve_runtime(args: argparse.Namespace) -> int:
-    configure_access(args)
-    start_metrics(args)
+    settings = from_args(RuntimeSettings, args)
+    auth = start(settings.access, settings.host, settings.log_level, settings.output)
     from codegym.server.serving import serve
     from services.runtime.server import RuntimeServer
-    from services.runtime.service import RuntimeConfig
-
-    configure_logs(args.log_level, args.log_format)
-    config = RuntimeConfig(
-        max_sessions=args.max_sessions,
-        session_ttl_s=args.session_ttl_s,
-        default_max_steps=args.max_steps,
-        step_timeout_ms=args.step_timeout_ms,
-        max_steps_in_flight=args.max_steps_in_flight,
-    )
 
     async def main() -> None:
-        store = None
-        if args.sessions:
-            from services.runtime.redis_store import RedisSessionStore
-
-            store = RedisSessionStore(args.sessions, args.session_ttl_s, lease_s=args.step_lease_s)
-        server = RuntimeServer(
-            args.library,
-            args.sandbox,
-            host=args.host,
-            port=args.port,
-            config=config,
-            store=store,
-            env_cache_mb=args.env_cache_mb,
-            record=record_store(args),
-        )
-        await serve(server)
+        await serve(RuntimeServer(settings, auth=auth, record=record_store(settings)))
 
     run_server(main)
     return 0
 
 
 def add_parser(servers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """The runtime's options, their defaults RuntimeConfig's."""
-    from codegym.library.store import default_library_path
-    from services.runtime.service import RuntimeConfig
-
-    defaults = RuntimeConfig()
-    runtime = servers.add_parser(
+    return add_server(
+        servers,
         "runtime",
+        RuntimeSettings,
+        _serve_runtime,
         help="runtime: environment sessions for RL trainers over sandbox workers",
     )
-    runtime.add_argument(
-        "--library", default=str(default_library_path()), help="environment library (SQLite)"
-    )
-    add_sandbox_target(runtime)
-    runtime.add_argument("--host", default="127.0.0.1", help="address to bind")
-    runtime.add_argument("--port", type=int, default=50051, help="port (0 = any free port)")
-    runtime.add_argument(
-        "--max-sessions", type=int, default=defaults.max_sessions, help="open sessions at most"
-    )
-    runtime.add_argument(
-        "--session-ttl-s",
-        type=float,
-        default=defaults.session_ttl_s,
-        help="idle time before a session expires",
-    )
-    runtime.add_argument("--max-steps", type=int, default=defaults.default_max_steps, help="default step cap")
-    runtime.add_argument(
-        "--env-cache-mb",
-        type=int,
-        default=32,
-        help="memory for the records of the environments in play (the library is read on demand)",
-    )
-    runtime.add_argument(
-        "--max-steps-in-flight",
-        type=int,
-        default=defaults.max_steps_in_flight,
-        help="steps running or waiting for a worker at once; past it a step is refused with CAPACITY "
-        "and a retry-after hint instead of queueing behind work it would time out on",
-    )
-    runtime.add_argument(
-        "--step-timeout-ms", type=int, default=defaults.step_timeout_ms, help="default deadline of one step"
-    )
-    runtime.add_argument("--log-level", default="INFO", help="logging level")
-    runtime.add_argument(
-        "--sessions",
-        default="",
-        help="session store: empty keeps sessions in this process; redis://HOST:PORT/N shares them between replicas",
-    )
-    runtime.add_argument(
-        "--step-lease-s",
-        type=float,
-        default=5.0,
-        help="with Redis: how long a dead replica's step can block its session (a live replica renews "
-        "the lease every third of it while its step runs, however long the step)",
-    )
-    runtime.add_argument(
-        "--record",
-        default="auto",
-        help="where the record of served episodes is kept (Stats, SampleTasks): auto (Redis when "
-        "--sessions is, else LIBRARY.record.sqlite beside the library), a file, redis://..., or off",
-    )
-    runtime.add_argument(
-        "--no-record", action="store_true", help="keep no record of served episodes (--record off)"
-    )
-    runtime.set_defaults(func=_serve_runtime)
-    return runtime

@@ -16,6 +16,7 @@ from typing import Any
 from starlette.websockets import WebSocket
 
 from codegym.server.auth import Identity
+from codegym_client.channels import Access
 from codegym_client.errors import (
     CapacityExceeded,
     CodeGymError,
@@ -85,6 +86,8 @@ class GatewayConfig:
     grace_s: float = 30.0
     # Access tokens the gateway takes (`codegym.server.auth.ServerAuth.tokens`; empty: every caller served).
     tokens: Mapping[str, Identity] = field(default_factory=dict)
+    # How the gateway calls the runtime (its token and CA; None: the environment's).
+    access: Access | None = None
 
     @property
     def max_mcp_tokens(self) -> int:

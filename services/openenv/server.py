@@ -16,7 +16,9 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from services.openenv.gateway import Gateway, GatewayConfig
+from codegym.server.auth import ServerAuth
+from services.openenv.gateway import Gateway
+from services.openenv.settings import GatewaySettings
 
 
 class QuietServer(uvicorn.Server):
@@ -61,9 +63,13 @@ def uvicorn_config(
     )
 
 
-async def serve(
-    config: GatewayConfig, host: str = "127.0.0.1", port: int = 8000, tls: tuple[str, str] | None = None
-) -> None:
+async def serve(settings: GatewaySettings, auth: ServerAuth | None = None) -> None:
+    """Serve until SIGTERM or Ctrl-C; `auth`: what `settings.access` loads to, when the caller holds
+    it already (in memory)."""
+    auth = settings.access.load() if auth is None else auth
+    config = settings.gateway_config(auth.tokens)
+    host, port = settings.host, settings.port
+    tls = (settings.access.tls_cert, settings.access.tls_key) if settings.access.tls_cert else None
     gateway = Gateway(config)
     server = QuietServer(uvicorn_config(gateway, tls=tls))
     sock = bind(host, port)
