@@ -46,6 +46,7 @@ def client_access(args: argparse.Namespace) -> Access:
     """The access every channel of this command uses: its flags, else the environment's."""
     calls = from_args(Calls, args)
     try:
-        return calls.access()  # type: ignore[no-any-return]
+        access: Access = calls.access()
+        return access
     except ValueError as exc:
         raise SystemExit(f"codegym: --tls-ca {calls.tls_ca}: {exc}") from None

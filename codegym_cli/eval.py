@@ -169,7 +169,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     async def main() -> RunCounts:
         gateway = LLMGateway(llm, cache=None)  # samples must differ: no response cache
         try:
-            async with AsyncRuntimeClient(args.target, timeout_s=args.step_timeout_s, access=args.access) as runtime:
+            async with AsyncRuntimeClient(
+                args.target, timeout_s=args.step_timeout_s, access=args.access
+            ) as runtime:
                 # A runtime still starting (`codegym up &` just before) is waited for; one that
                 # never answers plays nothing, rather than a failed attempt per episode.
                 await runtime.wait_ready(args.wait_s)

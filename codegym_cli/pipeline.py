@@ -91,9 +91,14 @@ def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, 
             sandbox = args.sandbox
             if not sandbox:
                 worker = SandboxSettings(jails=args.jails)
-                workers = [start(f"sandbox worker {i + 1}", ["serve", "sandbox"], worker) for i in range(args.workers)]
+                workers = [
+                    start(f"sandbox worker {i + 1}", ["serve", "sandbox"], worker)
+                    for i in range(args.workers)
+                ]
                 sandbox = ",".join(workers)
-            verification = start("verification", ["serve", "verification"], VerificationSettings(sandbox=sandbox))
+            verification = start(
+                "verification", ["serve", "verification"], VerificationSettings(sandbox=sandbox)
+            )
         synthesis = args.synthesis
         if not synthesis:
             settings = SynthesisSettings(

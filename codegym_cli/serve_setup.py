@@ -14,7 +14,7 @@ from codegym.server.settings import add_arguments
 
 if TYPE_CHECKING:
     from codegym.server.auth import ServerAuth
-    from codegym.server.settings import Access, Output
+    from codegym.server.settings import Output, ServerAccess
 
 
 def add_server(
@@ -55,7 +55,7 @@ def run_server(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     uvloop.run(then_exit())
 
 
-def start(access: Access, host: str, level: str, output: Output) -> ServerAuth:
+def start(access: ServerAccess, host: str, level: str, output: Output) -> ServerAuth:
     """Before a server is built: its access loaded (a file that cannot be read, or a non-loopback
     bind without tokens, refused here in one line), its logs set up, its metrics served."""
     from codegym.server.auth import check_bind

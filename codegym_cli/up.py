@@ -38,9 +38,9 @@ from codegym.samples import ENVS, TASKS
 from codegym.server.settings import (
     SERVER_TOKEN_ENV,
     TOKENS_FILE_ENV,
-    Access,
     Calls,
     GrpcAccess,
+    ServerAccess,
     add_arguments,
     from_args,
     secrets_env,
@@ -129,8 +129,6 @@ class Supervised(Protocol):
     def again(self) -> Supervised: ...
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int | None: ...
-
-
 
 
 def lock_redis_folder(folder: Path) -> TextIO:
@@ -233,10 +231,10 @@ class Servers:
     calls: Calls = field(default_factory=Calls)
 
     @property
-    def gateway_access(self) -> Access:
+    def gateway_access(self) -> ServerAccess:
         fields_ = asdict(self.access)
         fields_.pop("health_port")
-        return Access(**fields_)
+        return ServerAccess(**fields_)
 
 
 def access_settings(args: argparse.Namespace, library: Path) -> Servers:
@@ -251,7 +249,7 @@ def access_settings(args: argparse.Namespace, library: Path) -> Servers:
     CA)."""
     from codegym.server.auth import SERVICE, TRAINER, ServerAuth, check_bind, local_tokens
 
-    given = from_args(Access, args)
+    given = from_args(ServerAccess, args)
     tokens_file, token, ca = "", "", ""
     if args.auth:
         path = tokens_path(library)
@@ -275,7 +273,9 @@ def access_settings(args: argparse.Namespace, library: Path) -> Servers:
         for what, file in (("--tls-cert", cert), ("--tls-key", key), ("--tls-ca", ca)):
             if not Path(file).is_file():
                 raise SystemExit(f"codegym up: {what} {file} is not a readable file")
-        print(f"TLS on every server: clients trust the servers' CA with\n  export {TLS_CA_ENV}={ca}", flush=True)
+        print(
+            f"TLS on every server: clients trust the servers' CA with\n  export {TLS_CA_ENV}={ca}", flush=True
+        )
     access = GrpcAccess(tokens=tokens_file, tls_cert=cert, tls_key=key, insecure=given.insecure)
     return Servers(access, Calls(token=token, tls_ca=ca))
 
@@ -294,7 +294,9 @@ def start_workers(args: argparse.Namespace, servers: Servers) -> list[Child]:
     return workers
 
 
-def start_runtimes(args: argparse.Namespace, servers: Servers, workers: list[str], sessions: str) -> list[Child]:
+def start_runtimes(
+    args: argparse.Namespace, servers: Servers, workers: list[str], sessions: str
+) -> list[Child]:
     given = from_args(RuntimeSettings, args)
     runtimes = []
     for i in range(args.runtimes):
@@ -455,7 +457,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     # The servers' own options, declared on their settings (help as `codegym serve ... --help` says).
     add_arguments(RuntimeSettings, up, RUNTIME_OPTIONS)
     add_arguments(SandboxSettings, up, SANDBOX_OPTIONS)
-    add_arguments(Access, up, ACCESS_OPTIONS)
+    add_arguments(ServerAccess, up, ACCESS_OPTIONS)
     add_arguments(Calls, up, CALLS_OPTIONS)
     # up's own.
     up.add_argument("--workers", type=int, default=2, help="sandbox worker processes")

@@ -33,7 +33,10 @@ async def record_oracle(
     from sandbox_worker.server import worker_target
 
     trajectories: list[dict[str, Any]] = []
-    async with worker_target(target, jails=2) as address, aio_channel(address, [SANDBOX], access=access) as channel:
+    async with (
+        worker_target(target, jails=2) as address,
+        aio_channel(address, [SANDBOX], access=access) as channel,
+    ):
         stub = pb_grpc.SandboxServiceStub(channel)
         for record in envs:
             if not record.tasks:

@@ -42,7 +42,10 @@ class SandboxWorker:
             source_cache_bytes=settings.source_cache_mb * 1024 * 1024,
         )
         self.managed = ManagedServer(
-            [SERVICE_NAME], host=settings.host, port=settings.port, auth=settings.access.load() if auth is None else auth
+            [SERVICE_NAME],
+            host=settings.host,
+            port=settings.port,
+            auth=settings.access.load() if auth is None else auth,
         )
         add_lenient(self.servicer, self.managed.server, pb.DESCRIPTOR.services_by_name["SandboxService"], pb)
 

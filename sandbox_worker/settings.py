@@ -104,7 +104,9 @@ class SandboxSettings:
         "most resident sessions per jail (0 = 1,024, the jail's ceiling; the memory budget may hold fewer)",
     )
     resident_idle_s: float = option(
-        JailSettings.resident_idle_s, "--resident-idle-s", "idle time after which a resident session is evicted"
+        JailSettings.resident_idle_s,
+        "--resident-idle-s",
+        "idle time after which a resident session is evicted",
     )
     resident_sample_s: float = option(
         COST_SAMPLE_S,

@@ -123,7 +123,7 @@ class ServerAuth:
         return bool(self.tokens)
 
     @classmethod
-    def load(cls, access: settings.Access, health_port: int = -1) -> ServerAuth:
+    def load(cls, access: settings.ServerAccess, health_port: int = -1) -> ServerAuth:
         """From a server's access settings: its tokens file and its one token (`CODEGYM_SERVER_TOKEN`,
         else the deprecated `CODEGYM_TOKEN`), its TLS pair; a file or a key that cannot be read is a
         ValueError naming it."""

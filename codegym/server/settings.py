@@ -203,7 +203,9 @@ class Output:
     log_format: str = option(
         "text", "--log-format", "log lines for people or one JSON object each", choices=("text", "json")
     )
-    metrics_port: int = option(-1, "--metrics-port", "serve Prometheus /metrics on this port (-1 = off, 0 = any)")
+    metrics_port: int = option(
+        -1, "--metrics-port", "serve Prometheus /metrics on this port (-1 = off, 0 = any)"
+    )
 
 
 @dataclass(frozen=True)
@@ -211,9 +213,7 @@ class Calls:
     """How a server calls the others (the runtime and verification the workers, the gateway the
     runtime): the token it sends and the CA it checks their certificates against."""
 
-    token: str = option(
-        "", "--token", "access token sent to the servers called", env=TOKEN_ENV, secret=True
-    )
+    token: str = option("", "--token", "access token sent to the servers called", env=TOKEN_ENV, secret=True)
     tls_ca: str = option(
         "",
         "--tls-ca",
@@ -230,7 +230,7 @@ class Calls:
 
 
 @dataclass(frozen=True)
-class Access:
+class ServerAccess:
     """What a server takes: the tokens it accepts (a file, and one token from its environment), its
     TLS certificate, and whether it may serve a non-loopback address without tokens. Loaded into a
     `codegym.server.auth.ServerAuth` by `load()`."""
@@ -243,7 +243,9 @@ class Access:
         f"${SERVER_TOKEN_ENV}, one operator token) every caller is served",
         env=TOKENS_FILE_ENV,
     )
-    server_token: str = option("", "", "one operator token this server takes", env=SERVER_TOKEN_ENV, secret=True)
+    server_token: str = option(
+        "", "", "one operator token this server takes", env=SERVER_TOKEN_ENV, secret=True
+    )
     tls_cert: str = option("", "--tls-cert", "serve TLS with this certificate (PEM; with --tls-key)")
     tls_key: str = option("", "--tls-key", "the TLS certificate's private key (PEM)")
     insecure: bool = option(
@@ -259,7 +261,7 @@ class Access:
 
 
 @dataclass(frozen=True)
-class GrpcAccess(Access):
+class GrpcAccess(ServerAccess):
     """A gRPC server's access, with the plain-text port Kubernetes probes use (they cannot speak TLS)."""
 
     health_port: int = option(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from codegym.server.settings import Access, Calls, Output, host, log_level, nested, option, port
+from codegym.server.settings import Calls, Output, ServerAccess, host, log_level, nested, option, port
 
 OPENENV_PORT = 8000
 
@@ -32,7 +32,9 @@ class GatewaySettings:
         "runtime's session cap, its --max-sessions, is the limit; a session being closed never counts)",
     )
     idle_timeout_s: float = option(
-        900.0, "--idle-timeout-s", "close a socket and its session after this long without a message (0 = never)"
+        900.0,
+        "--idle-timeout-s",
+        "close a socket and its session after this long without a message (0 = never)",
     )
     ping_interval_s: float = option(30.0, "--ping-interval-s", "WebSocket keep-alive ping interval (0 = off)")
     ping_timeout_s: float = option(
@@ -41,7 +43,9 @@ class GatewaySettings:
         "close a socket whose pong is this late (0 = never); long generations keep answering pings",
     )
     max_message_bytes: int = option(
-        1 << 20, "--max-message-bytes", "larger messages get a VALIDATION_ERROR (frames over 16 MiB close the socket)"
+        1 << 20,
+        "--max-message-bytes",
+        "larger messages get a VALIDATION_ERROR (frames over 16 MiB close the socket)",
     )
     env: str = option(
         "",
@@ -58,7 +62,7 @@ class GatewaySettings:
     )
     log_level: str = log_level()
     output: Output = nested(Output)
-    access: Access = nested(Access)
+    access: ServerAccess = nested(ServerAccess)
     calls: Calls = nested(Calls)
 
     def gateway_config(self, tokens: Any) -> Any:
