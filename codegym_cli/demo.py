@@ -25,7 +25,8 @@ from rich.table import Table
 
 from codegym.samples import TRAJECTORIES
 from codegym_cli.progress import stderr_progress
-from codegym_client import DEFAULT_TARGET, AsyncRuntimeClient, CodeGymError
+from codegym_client import AsyncRuntimeClient, CodeGymError
+from codegym_client.defaults import DEFAULT_TARGET
 from codegym_jobs.oracle import read_trajectories
 
 

@@ -34,6 +34,7 @@ from codegym.server.settings import from_args
 from codegym_cli.export import learnability_argument
 from codegym_cli.synthesize import add_llm_arguments
 from codegym_client import AsyncRuntimeClient, RuntimeUnavailable
+from codegym_client.defaults import DEFAULT_TARGET
 from codegym_jobs.evaluation.evaluator import (
     EvalTask,
     Evaluator,
@@ -252,7 +253,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="play an OpenAI-compatible model as an agent on every task through the runtime",
         description=__doc__,
     )
-    ev.add_argument("--target", default="127.0.0.1:50051", help="runtime HOST:PORT")
+    ev.add_argument("--target", default=DEFAULT_TARGET, help="runtime HOST:PORT")
     source = ev.add_mutually_exclusive_group()
     source.add_argument(
         "--library", default=str(default_library_path()), help="play every task config of this library"

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from codegym.library.records import TOOL_MODES
 from codegym.library.store import Library
 from codegym_jobs.export import (
-    TOOL_MODES,
     Difficulty,
     ExportCounts,
     HeldOut,

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from codegym.library.importing import ON_CONFLICT
 from codegym.library.location import default_library_path
+from codegym.library.records import ON_CONFLICT
 from codegym.library.store import ImportReport, Library
 from codegym_cli import library_curriculum, library_replay
 

@@ -36,8 +36,8 @@ from codegym.library.store import Library, canonical_config
 from codegym_client import CodeGymError, RuntimeClient
 from codegym_client.abilities import ABILITY_FORMAT
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.defaults import DEFAULT_TARGET
 
-DEFAULT_TARGET = "127.0.0.1:50051"
 # The sampler's own default (SampleTasksRequest.min_episodes): a task's pass rate decides nothing
 # before this many episodes.
 MIN_EPISODES = 4
@@ -248,6 +248,14 @@ def _label_command(args: argparse.Namespace) -> int:
     return with_runtime("label", _label)(args)
 
 
+def _stats_command(args: argparse.Namespace) -> int:
+    return with_runtime("stats", _stats)(args)
+
+
+def _quarantine_command(args: argparse.Namespace) -> int:
+    return with_runtime("quarantine", _quarantine)(args)
+
+
 def _sample_command(args: argparse.Namespace) -> int:
     if error := band_error("sample", args):
         print(error, file=sys.stderr)
@@ -315,7 +323,7 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
     )
     stats.add_argument("--envs-only", action="store_true", help="environments only, no task lines")
     stats.add_argument("--played-only", action="store_true", help="only tasks the run has played")
-    stats.set_defaults(func=with_runtime("stats", _stats))
+    stats.set_defaults(func=_stats_command)
 
     sample = lib_sub.add_parser(
         "sample",
@@ -356,7 +364,7 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
     )
     runtime(quarantine)
     quarantine.add_argument("--lift", default="", metavar="ENV_ID", help="lift this environment's quarantine")
-    quarantine.set_defaults(func=with_runtime("quarantine", _quarantine))
+    quarantine.set_defaults(func=_quarantine_command)
 
     label = lib_sub.add_parser(
         "label",

@@ -58,7 +58,6 @@ from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
 from codegym_cli.progress import stderr_progress
 from codegym_client.channels import Access, aio_channel, target_for
 from codegym_jobs.replay.playing import (
-    STEP_TIMEOUT_MS,
     Limits,
     Settings,
     StateFile,
@@ -67,6 +66,7 @@ from codegym_jobs.replay.playing import (
 )
 from codegym_jobs.replay.recordings import Recordings, Unreadable, parse_trajectory, select
 from services.dispatcher import SANDBOX_SERVICE, SandboxDispatcher
+from services.runtime.config import RuntimeConfig
 
 # The command's API, the reading and playing it is made of included (replay_recordings.py,
 # replay_playing.py): `from codegym_cli.library_replay import parse_trajectory` keeps working.
@@ -264,7 +264,7 @@ def add_parser(library_subparsers: argparse._SubParsersAction) -> argparse.Argum
         "--step-timeout-ms",
         metavar="MS",
         type=positive,
-        default=STEP_TIMEOUT_MS,
+        default=RuntimeConfig.step_timeout_ms,
         help="wall-clock limit of one step, the runtime's default (a create gets twice this)",
     )
     replay.add_argument(

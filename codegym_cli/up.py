@@ -46,7 +46,7 @@ from codegym.server.settings import (
     secrets_env,
     to_argv,
 )
-from codegym_client.access_env import TLS_CA_ENV, TOKEN_ENV
+from codegym_client.defaults import TLS_CA_ENV, TOKEN_ENV
 from sandbox_worker.settings import SandboxSettings
 from services.openenv.settings import GatewaySettings
 from services.runtime.settings import RuntimeSettings

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from codegym.contract import parse_ability
-from codegym.library.records import LEARNABILITY
+from codegym.library.records import LEARNABILITY, TOOL_MODES
 from codegym.library.store import EnvRecord
 from codegym_client.abilities import make_ability
 
@@ -69,7 +69,6 @@ NATIVE_PROTOCOL = (
     "3. Submit your final answer with the `Done` tool.\n"
     "4. Do not try to solve the problem without using the tools."
 )
-TOOL_MODES = ("text", "json", "both")
 
 
 def user_message(task_text: str, protocol: str = PROTOCOL) -> str:

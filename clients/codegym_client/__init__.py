@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-# Each name is imported on first use (PEP 562): `import codegym_client.access_env` (a command
+# Each name is imported on first use (PEP 562): `import codegym_client.defaults` (a command
 # line's --help) does not load gRPC, and `RemoteEnv` needs gymnasium, which only the `gym` extra
 # brings.
 _HOMES = {

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from codegym_client.access_env import TLS_CA_ENV, TOKEN_ENV
+from codegym_client.defaults import TLS_CA_ENV, TOKEN_ENV
 
 __all__ = [
     "HEALTH_CHECK",

@@ -16,6 +16,10 @@ DIFFICULTIES = ("", "easy", "medium", "hard")
 # Learnability labels from the runtime's record of served episodes (`codegym library label`), apart
 # from the published easy/medium/hard `difficulty`; "" = not labelled.
 LEARNABILITY = ("unsolved", "learnable", "mastered")
+# What an import does with an environment key whose code differs from the library's.
+ON_CONFLICT = ("refuse", "keep", "replace")
+# How a training instance shows its tools: CodeGym's prompt, OpenAI tool schemas, or both.
+TOOL_MODES = ("text", "json", "both")
 # Where the task statement starts in a training instance's user message (English, Chinese protocol).
 QUESTION_MARKERS = ("\nQuestion:\n", "\n问题：\n")
 

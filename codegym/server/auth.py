@@ -44,8 +44,8 @@ import grpc
 from codegym.errors import REASON_TRAILER, Reason
 from codegym.server import settings
 from codegym.server.settings import SERVER_TOKEN_ENV, TOKENS_FILE_ENV
-from codegym_client.access_env import TOKEN_ENV
 from codegym_client.channels import is_loopback
+from codegym_client.defaults import TOKEN_ENV
 
 log = logging.getLogger(__name__)
 TRAINER, OPERATOR, SERVICE = "trainer", "operator", "service"

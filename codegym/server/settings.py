@@ -22,7 +22,7 @@ from collections.abc import Callable, Collection
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from typing import Any
 
-from codegym_client.access_env import TLS_CA_ENV, TOKEN_ENV
+from codegym_client.defaults import TLS_CA_ENV, TOKEN_ENV
 
 # What a server takes: a tokens file, and one operator token. `CODEGYM_TOKEN` is what a process
 # sends; a server took it too before these had names of their own (`auth.deprecated_token`).

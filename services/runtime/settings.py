@@ -20,9 +20,10 @@ from codegym.server.settings import (
     port,
     sandbox_target,
 )
+from codegym_client.defaults import DEFAULT_TARGET
 from services.runtime.config import RuntimeConfig
 
-RUNTIME_PORT = 50051
+RUNTIME_PORT = int(DEFAULT_TARGET.rsplit(":", 1)[1])
 # Memory for the records of the environments in play (the library is read on demand).
 ENV_CACHE_MB = 32
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
