@@ -13,13 +13,13 @@ import sys
 
 from codegym_cli import (
     access,
-    demo,
-    env,
-    eval,
-    export,
-    library,
-    pipeline,
-    sandbox,
+    demo_options,
+    env_options,
+    eval_options,
+    export_options,
+    library_options,
+    pipeline_options,
+    sandbox_options,
     serve,
     synthesize,
     up,
@@ -96,16 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="CodeGym service: interactive, verified tool-use environments for RL training of agents.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    env.register(sub)
-    library.register(sub)
-    sandbox.register(sub)
+    env_options.register(sub)
+    library_options.register(sub)
+    sandbox_options.register(sub)
     serve.register(sub)
     up.register(sub)
-    demo.register(sub)
+    demo_options.register(sub)
     synthesize.register(sub)
-    pipeline.register(sub)
-    export.register(sub)
-    eval.register(sub)
+    pipeline_options.register(sub)
+    export_options.register(sub)
+    eval_options.register(sub)
     for below in subparsers(parser):
         below.formatter_class = HelpFormatter
     for words, command, summary in commands(parser):

@@ -6,7 +6,6 @@ Each server's options are declared once, on its settings object (`SandboxSetting
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +36,8 @@ def run_server(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
     Once the coroutine has returned (the server drained and stopped) the process is bound to end
     within `procs.EXIT_WAIT_S`, whatever the teardown after it does (`procs.exit_within`)."""
+    import asyncio
+
     from codegym.procs import exit_within
 
     async def then_exit() -> None:

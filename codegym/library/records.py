@@ -24,6 +24,15 @@ TOOL_MODES = ("text", "json", "both")
 QUESTION_MARKERS = ("\nQuestion:\n", "\n问题：\n")
 
 
+def learnability_labels(text: str) -> frozenset[str]:
+    """`--learnability unsolved,learnable`: the labels kept (`codegym library label` writes them)."""
+    labels = frozenset(label.strip() for label in text.split(",") if label.strip())
+    unknown = sorted(labels - set(LEARNABILITY))
+    if unknown or not labels:
+        raise ValueError(f"learnability labels are {', '.join(LEARNABILITY)}, not {text!r}")
+    return labels
+
+
 @dataclass(frozen=True)
 class Tool:
     """One agent-facing tool, as stored: name, signature line, CodeGym text and OpenAI schema."""
