@@ -33,7 +33,7 @@ def count_or_auto(text: str) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from codegym.library.location import default_library_path
+    from codegym.library.location import add_library_argument
 
     ev = sub.add_parser(
         "eval",
@@ -42,9 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     ev.add_argument("--target", default=DEFAULT_TARGET, help="runtime HOST:PORT")
     source = ev.add_mutually_exclusive_group()
-    source.add_argument(
-        "--library", default=str(default_library_path()), help="play every task config of this library"
-    )
+    add_library_argument(source, "play every task config of this library")
     source.add_argument("--instances", default="", help="play these training instances (JSONL) instead")
     ev.add_argument("--out", required=True, help="folder for episodes.jsonl and summary.json")
     ev.add_argument("--samples", type=int, default=1, help="episodes per task (K of pass@K)")

@@ -33,16 +33,14 @@ def learnability_argument(text: str) -> frozenset[str]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from codegym.library.location import default_library_path
+    from codegym.library.location import add_library_argument
 
     export = sub.add_parser(
         "export",
         help="write the library's verified task configs as training instances (JSONL or Parquet)",
         description=__doc__,
     )
-    export.add_argument(
-        "--library", default=str(default_library_path()), help="library (default: %(default)s)"
-    )
+    add_library_argument(export)
     export.add_argument("--out", required=True, help="file to write (.jsonl or .parquet)")
     export.add_argument(
         "--format", choices=("jsonl", "parquet"), default="", help="default: from the --out suffix"

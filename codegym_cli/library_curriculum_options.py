@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from codegym.library.location import default_library_path
+from codegym.library.location import add_library_argument
 from codegym_cli.later import later
 from codegym_client.defaults import DEFAULT_TARGET
 
@@ -147,11 +147,6 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
     label.add_argument(
         "--run", default="", metavar="RUN", help="one trainer run's record (default: every run)"
     )
-    label.add_argument(
-        "--library",
-        default=str(default_library_path()),
-        metavar="FILE",
-        help="library to write the labels into",
-    )
+    add_library_argument(label, "library to write the labels into")
     band(label)
     label.set_defaults(func=later("codegym_cli.library_curriculum", "_label_command"))

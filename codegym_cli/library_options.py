@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from codegym.library.location import default_library_path
+from codegym.library.location import add_library_argument
 from codegym.library.records import ON_CONFLICT
 from codegym_cli import library_curriculum_options, library_replay_options
 from codegym_cli.later import later
@@ -19,9 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     lib_sub = library.add_subparsers(dest="library_command", required=True, metavar="ACTION")
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--library", default=str(default_library_path()), help="library file (default: %(default)s)"
-        )
+        add_library_argument(p)
 
     imp = lib_sub.add_parser(
         "import",

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import argparse
 
-from codegym.library.location import default_library_path
+from codegym.library.location import add_library_argument
 from codegym_cli.later import later
 from services.runtime.config import RuntimeConfig
 
@@ -62,7 +62,7 @@ def add_parser(library_subparsers: argparse._SubParsersAction) -> argparse.Argum
         "and compare every observation",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
-    replay.add_argument("--library", metavar="DB", default=str(default_library_path()), help="library file")
+    add_library_argument(replay)
     replay.add_argument(
         "--sandbox", metavar="HOST:PORT[,HOST:PORT...]", required=True, help="sandbox workers to replay on"
     )
