@@ -27,6 +27,7 @@ from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym_client.channels import aio_channel
 from codegym_jobs.pipeline.runner import LLM_STAGES, STAGES, Pipeline, PipelineConfig
+from codegym_jobs.pipeline.settings import PipelineSettings
 from codegym_jobs.pipeline.state import PipelineState, StageOutcome
 from services.synthesis.problems import load_problems
 from services.synthesis.settings import LLMSettings
@@ -103,33 +104,7 @@ def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, 
 
 
 def config_from(args: argparse.Namespace) -> PipelineConfig:
-    return PipelineConfig(
-        hard_tests=args.hard_tests,
-        reject_unsafe=args.reject_unsafe,
-        parallel=args.parallel,
-        model=args.model,
-        unit_tests=vf.UnitTestThresholds(
-            ref_time_ms=args.ref_time_ms,
-            ref_memory_mb=args.ref_memory_mb,
-            max_answer_chars=args.max_answer_chars,
-            min_valid=args.min_valid,
-            min_valid_ratio=args.min_valid_ratio,
-        ),
-        solvability=vf.SolvabilityLimits(
-            case_time_ms=args.case_time_ms,
-            case_memory_mb=args.case_memory_mb,
-            max_steps=args.max_steps,
-            budget_ms=int(args.budget_s * 1000),
-        ),
-        min_solve_fc_round=args.min_solve_fc_round,
-        max_solve_fc_round=args.max_solve_fc_round,
-        min_tools=args.min_tools,
-        drop_shortcuts=not args.keep_shortcuts,
-        shortcut_fraction=args.shortcut_fraction,
-        negative_controls=not args.no_negative_controls,
-        determinism_tests=args.determinism_tests,
-        max_guess_rate=args.max_guess_rate,
-    )
+    return from_args(PipelineSettings, args).config(args.model)
 
 
 def summary_table(state: PipelineState, stages: tuple[str, ...], title: str) -> Table:

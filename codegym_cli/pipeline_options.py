@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 
+from codegym.server.settings import add_arguments
 from codegym_cli.later import later
+from codegym_jobs.pipeline.settings import PipelineSettings
 from sandbox_worker.settings import DEFAULT_JAILS
 
 
@@ -46,7 +48,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="only the problems FILE names: question or env ids, one a line, or `library stats` JSON lines "
         "(e.g. the envs a run has mastered, for --hard-tests)",
     )
-    run.add_argument("--parallel", type=int, default=8, help="problems in flight")
     run.add_argument("--synthesis", default="", help="synthesis service HOST:PORT (default: start one)")
     run.add_argument("--verification", default="", help="verification service HOST:PORT (default: start one)")
     run.add_argument(
@@ -56,50 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--workers", type=int, default=2, help="sandbox workers to start when --sandbox is not given"
     )
     run.add_argument("--jails", type=int, default=DEFAULT_JAILS, help="jails per started worker")
-    run.add_argument("--hard-tests", action="store_true", help="also generate hard unit tests")
-    run.add_argument("--reject-unsafe", action="store_true", help="reject (not only flag) risky constructs")
-    run.add_argument("--ref-time-ms", type=int, default=3000, help="time limit of one get_ref_answer()")
-    run.add_argument("--ref-memory-mb", type=int, default=100, help="memory limit of one get_ref_answer()")
-    run.add_argument("--max-answer-chars", type=int, default=100, help="longest accepted answer repr()")
-    run.add_argument("--min-valid", type=int, default=10, help="valid tests an environment needs")
-    run.add_argument(
-        "--min-valid-ratio", type=float, default=0.8, help="fraction of distinct tests that must be valid"
-    )
-    run.add_argument("--case-time-ms", type=int, default=10_000, help="time limit of one solve() run")
-    run.add_argument("--case-memory-mb", type=int, default=256, help="memory limit of one solve() run")
-    run.add_argument("--max-steps", type=int, default=1024, help="step() calls one solve() run may make")
-    run.add_argument("--budget-s", type=float, default=300.0, help="solvability budget per environment")
-    run.add_argument(
-        "--min-solve-fc-round", type=int, default=10, help="fewest oracle steps of a kept config"
-    )
-    run.add_argument("--max-solve-fc-round", type=int, default=256, help="most oracle steps of a kept config")
-    run.add_argument("--min-tools", type=int, default=4, help="fewest distinct tools of a kept environment")
-    run.add_argument(
-        "--keep-shortcuts", action="store_true", help="flag shortcut environments instead of dropping them"
-    )
-    run.add_argument(
-        "--shortcut-fraction",
-        type=float,
-        default=0.5,
-        help="a tool answering on more than this fraction of tests is a shortcut",
-    )
-    run.add_argument(
-        "--no-negative-controls",
-        action="store_true",
-        help="skip the check that Done pays no wrong answer derived from the reference answer",
-    )
-    run.add_argument(
-        "--determinism-tests",
-        type=int,
-        default=5,
-        help="tests the oracle replays twice in separate processes (0 = skip the determinism check)",
-    )
-    run.add_argument(
-        "--max-guess-rate",
-        type=float,
-        default=0.0,
-        help="reject environments a blind Done answers right more often than this (0 = only report)",
-    )
+    add_arguments(PipelineSettings, run)
     add_llm_arguments(run)
     run.set_defaults(func=later("codegym_cli.pipeline", "cmd_run"))
 
