@@ -48,30 +48,30 @@ def positive(text: str) -> int:
     return value
 
 
-def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
-    def runtime(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default=DEFAULT_TARGET, metavar="HOST:PORT", help="the runtime")
-        p.add_argument(
-            "--connect-timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the runtime"
-        )
-        p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="deadline of one call")
-        p.add_argument("--env-prefix", default="", metavar="P", help="only env ids starting with this")
+def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the runtime is and how long to wait for it."""
+    p.add_argument("--target", default=DEFAULT_TARGET, metavar="HOST:PORT", help="the runtime")
+    p.add_argument(
+        "--connect-timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the runtime"
+    )
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="deadline of one call")
+    p.add_argument("--env-prefix", default="", metavar="P", help="only env ids starting with this")
 
-    def band(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--low", type=fraction, default=0.0, metavar="L", help="pass rate at or below: unsolved"
-        )
-        p.add_argument(
-            "--high", type=fraction, default=1.0, metavar="H", help="pass rate at or above: mastered"
-        )
-        p.add_argument(
-            "--min-episodes",
-            type=count,
-            default=MIN_EPISODES,
-            metavar="M",
-            help="episodes of a task before its pass rate decides",
-        )
 
+def add_band_arguments(p: argparse.ArgumentParser) -> None:
+    """The learnable band: the pass rates between unsolved and mastered."""
+    p.add_argument("--low", type=fraction, default=0.0, metavar="L", help="pass rate at or below: unsolved")
+    p.add_argument("--high", type=fraction, default=1.0, metavar="H", help="pass rate at or above: mastered")
+    p.add_argument(
+        "--min-episodes",
+        type=count,
+        default=MIN_EPISODES,
+        metavar="M",
+        help="episodes of a task before its pass rate decides",
+    )
+
+
+def add_stats(lib_sub: argparse._SubParsersAction) -> None:
     stats = lib_sub.add_parser(
         "stats",
         help="the runtime's record of served episodes as JSON lines: each task config, then each env",
@@ -81,7 +81,7 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
         'with "kind": "task" or "env". Episodes ended by the infrastructure, and sessions closed before '
         "an end, are never counted.",
     )
-    runtime(stats)
+    add_runtime_arguments(stats)
     stats.add_argument(
         "--run", default="", metavar="RUN", help="one trainer run's record (default: every run)"
     )
@@ -89,6 +89,8 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
     stats.add_argument("--played-only", action="store_true", help="only tasks the run has played")
     stats.set_defaults(func=later("codegym_cli.library_curriculum", "_stats_command"))
 
+
+def add_sample(lib_sub: argparse._SubParsersAction) -> None:
     sample = lib_sub.add_parser(
         "sample",
         help="N task configs chosen for a run to learn from (the runtime's sampler), as JSON lines",
@@ -97,13 +99,13 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
         "quarantined environments are left out, and no environment gives more than --per-env-cap. The "
         "same seed and record give the same choice. The pools' sizes go to stderr.",
     )
-    runtime(sample)
+    add_runtime_arguments(sample)
     sample.add_argument("--run", required=True, metavar="RUN", help="the trainer run the choice is for")
     sample.add_argument("-n", type=positive, required=True, metavar="N", help="how many task configs")
     sample.add_argument(
         "--seed", type=count, default=0, metavar="S", help="the same seed gives the same choice"
     )
-    band(sample)
+    add_band_arguments(sample)
     sample.add_argument(
         "--explore",
         type=fraction,
@@ -120,16 +122,20 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
     )
     sample.set_defaults(func=later("codegym_cli.library_curriculum", "_sample_command"))
 
+
+def add_quarantine(lib_sub: argparse._SubParsersAction) -> None:
     quarantine = lib_sub.add_parser(
         "quarantine",
         help="the environments kept out of sampling, with their evidence (JSON lines); --lift lets one back",
         description="An environment whose steps fail (environment errors, time-outs) above the "
         "runtime's rate is quarantined: no longer sampled, still served. Nothing is deleted.",
     )
-    runtime(quarantine)
+    add_runtime_arguments(quarantine)
     quarantine.add_argument("--lift", default="", metavar="ENV_ID", help="lift this environment's quarantine")
     quarantine.set_defaults(func=later("codegym_cli.library_curriculum", "_quarantine_command"))
 
+
+def add_label(lib_sub: argparse._SubParsersAction) -> None:
     label = lib_sub.add_parser(
         "label",
         help="write each played task's learnability (unsolved, learnable, mastered) into a library",
@@ -143,10 +149,17 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
     label.add_argument(
         "--from-stats", action="store_true", required=True, help="label from the runtime's record (--target)"
     )
-    runtime(label)
+    add_runtime_arguments(label)
     label.add_argument(
         "--run", default="", metavar="RUN", help="one trainer run's record (default: every run)"
     )
     add_library_argument(label, "library to write the labels into")
-    band(label)
+    add_band_arguments(label)
     label.set_defaults(func=later("codegym_cli.library_curriculum", "_label_command"))
+
+
+def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
+    add_stats(lib_sub)
+    add_sample(lib_sub)
+    add_quarantine(lib_sub)
+    add_label(lib_sub)

@@ -15,6 +15,8 @@ from codegym.server.settings import add_arguments, from_args
 from services.synthesis.settings import LLMSettings, Stages
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from services.synthesis.stages import StageDefaults
 
 
@@ -40,7 +42,6 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from services.synthesis.llm import LLMGateway
     from services.synthesis.llm_cache import ResponseCache
@@ -94,8 +95,20 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             cache.close()
 
     report = asyncio.run(main())
+    print_report(report, len(problems), console)
+    print(f"results in {out} (summary.json); refused rows: {len(errors)}")
+    return 1 if report["errors"] else 0
+
+
+def print_report(report: dict[str, Any], problems: int, console: Console) -> None:
+    """Per stage: accepted, rejected and why, LLM requests and tokens; then each error once."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from services.synthesis.stages import STAGES
+
     table = Table(
-        title=f"codegym synthesize: {report['environments']}/{len(problems)} problems got an environment"
+        title=f"codegym synthesize: {report['environments']}/{problems} problems got an environment"
     )
     for column in ("stage", "accepted", "rejected", "reasons", "requests", "cached", "tokens in/out"):
         table.add_column(column)
@@ -121,8 +134,6 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     for text, qids in by_error.items():
         who = qids[0] if len(qids) == 1 else f"{len(qids)} problems ({qids[0]}, ...)"
         console.print(f"[red]{who}[/red]: {text}")
-    print(f"results in {out} (summary.json); refused rows: {len(errors)}")
-    return 1 if report["errors"] else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
