@@ -224,8 +224,8 @@ class Supervisor:
 
 @dataclass(frozen=True)
 class Servers:
-    """What every server `up` starts is told about access: what it takes (`access`), what it sends
-    (`calls`), and how `up` itself checks them (`probe`: TLS only, health takes no token)."""
+    """What every server `up` starts is told about access: what it takes (`access`, its gRPC form;
+    the gateways' without the probes' port) and what it sends (`calls`)."""
 
     access: GrpcAccess = field(default_factory=GrpcAccess)
     calls: Calls = field(default_factory=Calls)
