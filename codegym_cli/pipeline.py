@@ -104,7 +104,7 @@ def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, 
 
 
 def config_from(args: argparse.Namespace) -> PipelineConfig:
-    return from_args(PipelineSettings, args).config(args.model)
+    return PipelineConfig.of(from_args(PipelineSettings, args), args.model)
 
 
 def summary_table(state: PipelineState, stages: tuple[str, ...], title: str) -> Table:

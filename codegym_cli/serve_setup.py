@@ -59,11 +59,11 @@ def run_server(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 def start(access: ServerAccess, host: str, level: str, output: Output) -> ServerAuth:
     """Before a server is built: its access loaded (a file that cannot be read, or a non-loopback
     bind without tokens, refused here in one line), its logs set up, its metrics served."""
-    from codegym.server.auth import check_bind
+    from codegym.server.auth import ServerAuth, check_bind
     from codegym.server.logs import configure
 
     try:
-        auth = access.load()
+        auth = ServerAuth.load(access)
     except ValueError as exc:
         raise SystemExit(f"codegym serve: {exc}") from None
     check_bind(host, auth)
@@ -73,5 +73,4 @@ def start(access: ServerAccess, host: str, level: str, output: Output) -> Server
         port = serve_metrics(output.metrics_port, host)
         print(f"metrics on {host}:{port}", flush=True)
     configure(level, output.log_format)
-    result: ServerAuth = auth
-    return result
+    return auth

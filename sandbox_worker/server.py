@@ -45,7 +45,7 @@ class SandboxWorker:
             [SERVICE_NAME],
             host=settings.host,
             port=settings.port,
-            auth=settings.access.load() if auth is None else auth,
+            auth=ServerAuth.load(settings.access) if auth is None else auth,
         )
         add_lenient(self.servicer, self.managed.server, pb.DESCRIPTOR.services_by_name["SandboxService"], pb)
 

@@ -123,10 +123,10 @@ class ServerAuth:
         return bool(self.tokens)
 
     @classmethod
-    def load(cls, access: settings.ServerAccess, health_port: int = -1) -> ServerAuth:
+    def load(cls, access: settings.ServerAccess) -> ServerAuth:
         """From a server's access settings: its tokens file and its one token (`CODEGYM_SERVER_TOKEN`,
-        else the deprecated `CODEGYM_TOKEN`), its TLS pair; a file or a key that cannot be read is a
-        ValueError naming it."""
+        else the deprecated `CODEGYM_TOKEN`), its TLS pair, a gRPC server's probes' port; a file or a
+        key that cannot be read is a ValueError naming it."""
         tokens: dict[str, Identity] = {}
         limits: dict[str, TenantLimits] = {}
         if access.tokens:
@@ -139,6 +139,7 @@ class ServerAuth:
             raise ValueError("TLS needs both --tls-cert and --tls-key")
         cert = read_file(access.tls_cert, "--tls-cert") if access.tls_cert else None
         key = read_file(access.tls_key, "--tls-key") if access.tls_key else None
+        health_port = access.health_port if isinstance(access, settings.GrpcAccess) else -1
         return cls(tokens, limits, cert, key, access.insecure, health_port)
 
 

@@ -232,8 +232,8 @@ class Calls:
 @dataclass(frozen=True)
 class ServerAccess:
     """What a server takes: the tokens it accepts (a file, and one token from its environment), its
-    TLS certificate, and whether it may serve a non-loopback address without tokens. Loaded into a
-    `codegym.server.auth.ServerAuth` by `load()`."""
+    TLS certificate, and whether it may serve a non-loopback address without tokens. Loaded (files
+    read) by `codegym.server.auth.ServerAuth.load`."""
 
     tokens: str = option(
         "",
@@ -252,13 +252,6 @@ class ServerAccess:
         False, "--insecure", "bind an address other than loopback without access tokens (refused otherwise)"
     )
 
-    def load(self, health_port: int = -1) -> Any:
-        """The `ServerAuth` these settings give (files read, the deprecated `CODEGYM_TOKEN` taken
-        with a warning); ValueError names a file that cannot be read."""
-        from codegym.server.auth import ServerAuth
-
-        return ServerAuth.load(self, health_port)
-
 
 @dataclass(frozen=True)
 class GrpcAccess(ServerAccess):
@@ -269,9 +262,6 @@ class GrpcAccess(ServerAccess):
         "--health-port",
         "also serve grpc.health.v1 alone, in plain text, on this port (Kubernetes probes cannot speak TLS; -1 = off)",
     )
-
-    def load(self, health_port: int = -1) -> Any:
-        return super().load(self.health_port)
 
 
 def sandbox_target(required: bool = True) -> Any:

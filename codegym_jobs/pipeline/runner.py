@@ -69,7 +69,7 @@ _OPTIONS = PipelineSettings()
 @dataclass
 class PipelineConfig:
     """Everything a run can be told, as the stages read it; the defaults are `PipelineSettings`'s
-    (the options of `codegym pipeline run`, DESIGN §7's), which builds it (`config()`)."""
+    (the options of `codegym pipeline run`, DESIGN §7's), which `of` builds it from."""
 
     hard_tests: bool = _OPTIONS.hard_tests
     reject_unsafe: bool = _OPTIONS.reject_unsafe
@@ -88,6 +88,26 @@ class PipelineConfig:
     determinism_tests: int = _OPTIONS.determinism_tests
     # Reject an environment whose blind Done is right more often than this (0 = only report).
     max_guess_rate: float = _OPTIONS.max_guess_rate
+
+    @classmethod
+    def of(cls, settings: PipelineSettings, model: str) -> PipelineConfig:
+        """A run's config from `codegym pipeline run`'s options (`model`: the LLM's, for the record)."""
+        return cls(
+            hard_tests=settings.hard_tests,
+            reject_unsafe=settings.reject_unsafe,
+            parallel=settings.parallel,
+            model=model,
+            unit_tests=settings.unit_tests.message(),
+            solvability=settings.solvability.message(),
+            min_solve_fc_round=settings.min_solve_fc_round,
+            max_solve_fc_round=settings.max_solve_fc_round,
+            min_tools=settings.min_tools,
+            drop_shortcuts=not settings.keep_shortcuts,
+            shortcut_fraction=settings.shortcut_fraction,
+            negative_controls=not settings.no_negative_controls,
+            determinism_tests=settings.determinism_tests,
+            max_guess_rate=settings.max_guess_rate,
+        )
 
     def active_stages(self) -> tuple[str, ...]:
         off = {

@@ -1,6 +1,6 @@
 """What a pipeline run can be told (`PipelineSettings`): its stages' thresholds, each declared once
 as an option of `codegym pipeline run` (`codegym.server.settings`). Standard library only, for
-`codegym --help`; `config()` builds the `PipelineConfig` a run takes, with the verification
+`codegym --help`; `PipelineConfig.of` builds what a run takes from it, with the verification
 service's request messages."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from codegym.server.settings import nested, option
 
 if TYPE_CHECKING:
     from codegym.verification.v1 import verification_service_pb2 as vf
-    from codegym_jobs.pipeline.runner import PipelineConfig
 
 
 @dataclass(frozen=True)
@@ -92,23 +91,3 @@ class PipelineSettings:
         "--max-guess-rate",
         "reject environments a blind Done answers right more often than this (0 = only report)",
     )
-
-    def config(self, model: str) -> PipelineConfig:
-        from codegym_jobs.pipeline.runner import PipelineConfig
-
-        return PipelineConfig(
-            hard_tests=self.hard_tests,
-            reject_unsafe=self.reject_unsafe,
-            parallel=self.parallel,
-            model=model,
-            unit_tests=self.unit_tests.message(),
-            solvability=self.solvability.message(),
-            min_solve_fc_round=self.min_solve_fc_round,
-            max_solve_fc_round=self.max_solve_fc_round,
-            min_tools=self.min_tools,
-            drop_shortcuts=not self.keep_shortcuts,
-            shortcut_fraction=self.shortcut_fraction,
-            negative_controls=not self.no_negative_controls,
-            determinism_tests=self.determinism_tests,
-            max_guess_rate=self.max_guess_rate,
-        )

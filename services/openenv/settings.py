@@ -5,7 +5,6 @@ port: its probes (/health, /live) are HTTP on its own port. Standard library onl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from codegym.server.settings import Calls, Output, ServerAccess, host, log_level, nested, option, port
 
@@ -64,20 +63,3 @@ class GatewaySettings:
     output: Output = nested(Output)
     access: ServerAccess = nested(ServerAccess)
     calls: Calls = nested(Calls)
-
-    def gateway_config(self, tokens: Any) -> Any:
-        """The `GatewayConfig` the gateway runs with, `tokens` being what `access` loaded to."""
-        from services.openenv.gateway import GatewayConfig
-
-        return GatewayConfig(
-            runtime=self.runtime,
-            max_sessions=self.max_sessions,
-            idle_timeout_s=self.idle_timeout_s,
-            ping_interval_s=self.ping_interval_s if self.ping_interval_s > 0 else None,
-            ping_timeout_s=self.ping_timeout_s if self.ping_timeout_s > 0 else None,
-            max_message_bytes=self.max_message_bytes,
-            env=self.env,
-            grace_s=self.grace_s,
-            tokens=tokens,
-            access=self.calls.access(),
-        )

@@ -35,7 +35,7 @@ class RuntimeServer:
         """`auth`: what `settings.access` loads to, when the caller holds it already (in memory);
         `store`: the session store (default: Redis when `settings.sessions` names it, else this
         process's memory); `record`: where the episode record is kept (None: no record, `--no-record`)."""
-        auth = settings.access.load() if auth is None else auth
+        auth = ServerAuth.load(settings.access) if auth is None else auth
         self.settings = settings
         self.catalog = Catalog(settings.library, cache_bytes=settings.env_cache_mb * 1024 * 1024)
         self.dispatcher = SandboxDispatcher(settings.sandbox, access=settings.calls.access())

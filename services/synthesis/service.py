@@ -233,7 +233,7 @@ class SynthesisServer:
     def __init__(self, settings: SynthesisSettings, *, auth: ServerAuth | None = None) -> None:
         """`auth`: what `settings.access` loads to, when the caller holds it already (in memory).
         A bad `--stage` override is a ValueError."""
-        auth = settings.access.load() if auth is None else auth
+        auth = ServerAuth.load(settings.access) if auth is None else auth
         out_dir = Path(settings.out)
         self.cache = ResponseCache(Path(settings.cache) if settings.cache else out_dir / "llm_cache.db")
         self.gateway = LLMGateway(settings.llm, self.cache)

@@ -124,7 +124,7 @@ class VerificationServer:
 
     def __init__(self, settings: VerificationSettings, *, auth: ServerAuth | None = None) -> None:
         """`auth`: what `settings.access` loads to, when the caller holds it already (in memory)."""
-        auth = settings.access.load() if auth is None else auth
+        auth = ServerAuth.load(settings.access) if auth is None else auth
         self.dispatcher = SandboxDispatcher(settings.sandbox, access=settings.calls.access())
         self.servicer = VerificationServicer(Verifier(self.dispatcher))
         self.managed = ManagedServer([SERVICE_NAME], host=settings.host, port=settings.port, auth=auth)
