@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from codegym.server.auth import OPERATOR, SERVICE, Identity, ServerAuth, write_tokens
 from codegym.server.settings import (
     Calls,
     GrpcAccess,
@@ -203,3 +207,56 @@ def test_help_loads_neither_grpc_nor_the_llm_client() -> None:
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     loaded = [m for m in json.loads(run.stdout) if any(m == h or m.startswith(h + ".") for h in heavy)]
     assert loaded == []
+
+
+def test_a_server_takes_its_own_token_and_the_old_variable_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`CODEGYM_SERVER_TOKEN` is the token a server takes; `CODEGYM_TOKEN`, what a process sends,
+    is still taken when the server has no token of its own, with one deprecation line, and is only
+    sent when the tokens file names it already (the service token of `up --auth` and of k8s)."""
+    monkeypatch.setenv("CODEGYM_SERVER_TOKEN", "server-token")
+    assert ServerAuth.load(from_args(ServerAccess, argparse.Namespace())).tokens == {
+        "server-token": Identity("default", OPERATOR)
+    }
+    monkeypatch.delenv("CODEGYM_SERVER_TOKEN")
+    monkeypatch.setenv("CODEGYM_TOKEN", "old-token")
+    with caplog.at_level(logging.WARNING):
+        auth = ServerAuth.load(ServerAccess())
+    assert auth.tokens == {"old-token": Identity("default", OPERATOR)}
+    assert [r.message for r in caplog.records if "deprecated" in r.message] == [
+        "CODEGYM_TOKEN as a token this server takes is deprecated: it is what a process sends; set "
+        "CODEGYM_SERVER_TOKEN (or --tokens FILE)"
+    ]
+    caplog.clear()
+    tokens = tmp_path / "tokens.json"
+    write_tokens(tokens, {"old-token": Identity("local", SERVICE)})
+    with caplog.at_level(logging.WARNING):
+        auth = ServerAuth.load(ServerAccess(tokens=str(tokens)))
+    assert auth.tokens == {"old-token": Identity("local", SERVICE)} and not caplog.records
+
+
+def test_a_bad_setting_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    """An unreadable tokens file or a lone TLS certificate stops `codegym serve` with a line naming
+    it (exit 1 from SystemExit), not a traceback."""
+    for argv, said in (
+        (["--tokens", str(tmp_path / "missing.json")], "cannot read the tokens file"),
+        (["--tls-cert", str(tmp_path / "c.pem")], "TLS needs both --tls-cert and --tls-key"),
+    ):
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "codegym_cli.cli",
+                "serve",
+                "verification",
+                "--sandbox",
+                "127.0.0.1:9",
+                *argv,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={k: v for k, v in os.environ.items() if k not in ACCESS_ENV},
+        )
+        assert run.returncode != 0 and said in run.stderr and "Traceback" not in run.stderr, run.stderr
