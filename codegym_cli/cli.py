@@ -22,7 +22,7 @@ from codegym_cli import (
     sandbox_options,
     serve,
     synthesize,
-    up,
+    up_options,
 )
 
 # One example per command, shown at the end of its --help.
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     library_options.register(sub)
     sandbox_options.register(sub)
     serve.register(sub)
-    up.register(sub)
+    up_options.register(sub)
     demo_options.register(sub)
     synthesize.register(sub)
     pipeline_options.register(sub)

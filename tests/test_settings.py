@@ -27,7 +27,7 @@ from codegym.server.settings import (
     secrets_env,
     to_argv,
 )
-from codegym_cli import up
+from codegym_cli import up, up_options
 from sandbox_worker.settings import JailLimits, RequestLimits, SandboxSettings
 from services.openenv.settings import GatewaySettings
 from services.runtime.config import RuntimeConfig
@@ -145,7 +145,7 @@ def test_secrets_never_go_into_argv_and_come_back_through_the_environment(
 
 def test_every_up_option_that_configures_a_server_is_declared_by_that_servers_settings() -> None:
     parser = argparse.ArgumentParser()
-    up.register(parser.add_subparsers())
+    up_options.register(parser.add_subparsers())
     up_parser = parser._subparsers._group_actions[0].choices["up"]  # type: ignore[union-attr]
     declared = {**flags(SandboxSettings), **flags(RuntimeSettings), **flags(GatewaySettings)}
     up_own = {
@@ -164,7 +164,12 @@ def test_every_up_option_that_configures_a_server_is_declared_by_that_servers_se
         # Not up's own: a server's option, added from the settings that declare it, with its flag.
         assert action.dest in declared, action.dest
         assert action.option_strings == [declared[action.dest]], action.dest
-    passed = {*up.SANDBOX_OPTIONS, *up.RUNTIME_OPTIONS, *up.ACCESS_OPTIONS, *up.CALLS_OPTIONS}
+    passed = {
+        *up_options.SANDBOX_OPTIONS,
+        *up_options.RUNTIME_OPTIONS,
+        *up_options.ACCESS_OPTIONS,
+        *up_options.CALLS_OPTIONS,
+    }
     assert passed == {a.dest for a in up_parser._actions} - up_own
 
 
