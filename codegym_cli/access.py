@@ -2,8 +2,8 @@
 
 Every command with a target option (`--target`, `--sandbox`, `--runtime`, ...) takes them (a server
 declares them on its settings, `codegym.server.settings.Calls`); they stand for `CODEGYM_TOKEN` and
-`CODEGYM_TLS_CA`. `main` reads them into one `codegym_client.channels.Access` (`args.access`), which
-the command hands to every channel it opens: nothing is written to the process's environment.
+`CODEGYM_TLS_CA`. A command reads them into one `codegym_client.channels.Access` (`client_access`),
+which it hands to every channel it opens: nothing is written to the process's environment.
 """
 
 from __future__ import annotations
@@ -42,11 +42,8 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(Calls, parser)
 
 
-def client_access(args: argparse.Namespace) -> Access | None:
-    """The access every channel of this command uses: its flags, else the environment's (None for a
-    command that calls no server, which then reads no CA file)."""
-    if not hasattr(args, "token"):
-        return None
+def client_access(args: argparse.Namespace) -> Access:
+    """The access every channel of this command uses: its flags, else the environment's."""
     calls = from_args(Calls, args)
     try:
         access: Access = calls.access()

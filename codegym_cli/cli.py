@@ -128,7 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     import grpc
 
     args = build_parser().parse_args(argv)
-    args.access = access.client_access(args)  # handed to every channel the command opens
     try:
         result: int = args.func(args)
         sys.stdout.flush()  # inside the try: a reader gone early shows up here, not at exit

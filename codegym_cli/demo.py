@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from codegym_cli.access import client_access
 from codegym_cli.progress import stderr_progress
 from codegym_client import AsyncRuntimeClient, CodeGymError
 from codegym_jobs.oracle import read_trajectories
@@ -122,7 +123,7 @@ async def play_random(
 async def run_demo(args: argparse.Namespace) -> tuple[dict[str, EnvRow], float]:
     rows: dict[str, EnvRow] = defaultdict(EnvRow)
     limit = asyncio.Semaphore(args.concurrency)
-    async with AsyncRuntimeClient(args.target, access=args.access) as client:
+    async with AsyncRuntimeClient(args.target, access=client_access(args)) as client:
         await client.wait_ready(args.connect_timeout)
         envs = {e.env_id: await client.get_env(e.env_id) for e in await client.list_envs()}
         trajectories = []

@@ -16,6 +16,7 @@ from rich.table import Table
 from codegym.contract import parse_ability
 from codegym.library.store import Library, canonical_config
 from codegym.server.settings import from_args
+from codegym_cli.access import client_access
 from codegym_client import AsyncRuntimeClient, RuntimeUnavailable
 from codegym_jobs.evaluation.evaluator import (
     EvalTask,
@@ -153,7 +154,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         gateway = LLMGateway(llm, cache=None)  # samples must differ: no response cache
         try:
             async with AsyncRuntimeClient(
-                args.target, timeout_s=args.step_timeout_s, access=args.access
+                args.target, timeout_s=args.step_timeout_s, access=client_access(args)
             ) as runtime:
                 # A runtime still starting (`codegym up &` just before) is waited for; one that
                 # never answers plays nothing, rather than a failed attempt per episode.

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from codegym.library.store import ImportReport, Library
+from codegym_cli.access import client_access
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -215,7 +216,7 @@ def _oracle(args: argparse.Namespace) -> int:
         return 2
     with Library(args.library) as library:
         records = [r for r in library.load_all().values() if r.env_id.startswith(args.prefix)]
-        trajectories = asyncio.run(record_oracle(records, args.sandbox, access=args.access))
+        trajectories = asyncio.run(record_oracle(records, args.sandbox, access=client_access(args)))
         solved = [t for t in trajectories if t.get("reward") == 1 and "steps" in t]
         library.add_tasks(
             TaskRecord(

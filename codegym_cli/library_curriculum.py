@@ -32,6 +32,7 @@ from codegym.contract import parse_ability
 from codegym.contract.errors import EnvStringError
 from codegym.library.records import LEARNABILITY
 from codegym.library.store import Library, canonical_config
+from codegym_cli.access import client_access
 from codegym_client import CodeGymError, RuntimeClient
 from codegym_client.abilities import ABILITY_FORMAT
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
@@ -78,7 +79,7 @@ def with_runtime(
     reached or refuses is one line on stderr and exit 1, never a traceback."""
 
     def run(args: argparse.Namespace) -> int:
-        with RuntimeClient(args.target, timeout_s=args.timeout, access=args.access) as client:
+        with RuntimeClient(args.target, timeout_s=args.timeout, access=client_access(args)) as client:
             try:
                 client.wait_ready(args.connect_timeout)
                 return body(client, args)

@@ -15,6 +15,7 @@ import grpc
 from codegym.library.store import Library
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
+from codegym_cli.access import client_access
 from codegym_cli.progress import stderr_progress
 from codegym_client.channels import Access, aio_channel, target_for
 from codegym_jobs.replay.playing import (
@@ -153,7 +154,7 @@ async def _replay(
     state_path: Path,
     settings: Settings,
 ) -> Tally | None:
-    live = await reachable(addresses, args.connect_timeout, args.access)
+    live = await reachable(addresses, args.connect_timeout, client_access(args))
     if not live:
         print(f"codegym library replay: no sandbox worker answered at {args.sandbox}", file=sys.stderr)
         return None
@@ -171,7 +172,7 @@ async def _replay(
         progress.update(bar, advance=1, description=f"replay ({problems or 'all identical'})")
 
     state = StateFile(state_path)
-    dispatcher = SandboxDispatcher(live, access=args.access)
+    dispatcher = SandboxDispatcher(live, access=client_access(args))
     out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115
     try:
         with progress:

@@ -25,6 +25,7 @@ from codegym.server.grpcutil import wait_serving
 from codegym.server.settings import from_args
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
+from codegym_cli.access import client_access
 from codegym_client.channels import aio_channel
 from codegym_jobs.pipeline.runner import LLM_STAGES, STAGES, Pipeline, PipelineConfig
 from codegym_jobs.pipeline.settings import PipelineSettings
@@ -99,7 +100,7 @@ def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, 
             )
             synthesis = start("synthesis", ["serve", "synthesis"], settings)
         for child in started:
-            wait_serving(child.address, access=args.access)
+            wait_serving(child.address, access=client_access(args))
         yield synthesis, verification
 
 
@@ -204,8 +205,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     async def main(synthesis: str, verification: str) -> None:
         async with (
-            aio_channel(synthesis, [SYNTHESIS], access=args.access) as syn,
-            aio_channel(verification, [VERIFICATION], access=args.access) as ver,
+            aio_channel(synthesis, [SYNTHESIS], access=client_access(args)) as syn,
+            aio_channel(verification, [VERIFICATION], access=client_access(args)) as ver,
         ):
             with Library(library_path) as library, live_progress(err, len(problems), stages) as progress:
 

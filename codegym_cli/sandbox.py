@@ -15,6 +15,7 @@ from google.protobuf.message import Message
 
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from codegym_cli.access import client_access
 from codegym_client.channels import aio_channel
 
 
@@ -42,7 +43,7 @@ async def _run(args: argparse.Namespace, operation: pb.Operation) -> pb.Operatio
 
     async with (
         worker_target(args.target, jails=1) as target,
-        aio_channel(target, ["codegym.sandbox.v1.SandboxService"], access=args.access) as channel,
+        aio_channel(target, ["codegym.sandbox.v1.SandboxService"], access=client_access(args)) as channel,
     ):
         stub = pb_grpc.SandboxServiceStub(channel)
         response = await stub.Execute(pb.ExecuteRequest(operation=operation), timeout=args.timeout)
