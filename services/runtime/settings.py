@@ -70,7 +70,9 @@ class RuntimeSettings:
         metavar="[ID=]FILE",
     )
     checkpoint_primary: str = option(
-        "", "--checkpoint-primary", "the id of the key that seals checkpoints (default: the first --checkpoint-key)",
+        "",
+        "--checkpoint-primary",
+        "the id of the key that seals checkpoints (default: the first --checkpoint-key)",
         metavar="ID",
     )
     log_level: str = log_level()
