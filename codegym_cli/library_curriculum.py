@@ -9,6 +9,8 @@ against any runtime, local or deployed, and never open its store:
 - `sample` asks the runtime's sampler for N task configurations chosen for a run to learn from;
 - `quarantine` lists the environments kept out of sampling, with their evidence, and `--lift`
   lets one be sampled again (nothing is ever deleted);
+- `history` prints a run's played tasks by pool at each policy version it reached (the runtime
+  keeps the last 1,000 versions of each of its last 256 runs), as JSON lines;
 - `label --from-stats` writes each played task's learnability (unsolved / learnable / mastered)
   into a library, where `codegym export --learnability` and `codegym eval --learnability` filter
   by it. It is kept apart from the published easy/medium/hard `difficulty`.
@@ -35,11 +37,9 @@ from codegym.library.store import Library, canonical_config, default_library_pat
 from codegym_client import CodeGymError, RuntimeClient
 from codegym_client.abilities import ABILITY_FORMAT
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.curriculum import DEFAULT_MIN_EPISODES, Band
 
 DEFAULT_TARGET = "127.0.0.1:50051"
-# The sampler's own default (SampleTasksRequest.min_episodes): a task's pass rate decides nothing
-# before this many episodes.
-MIN_EPISODES = 4
 
 
 def message_dict(message: Message) -> dict[str, Any]:
@@ -62,18 +62,6 @@ def entry_dict(entry: rt.StatsResponse) -> dict[str, Any]:
 
 def run_name(run: str) -> str:
     return f"run {run!r}" if run else "any run"
-
-
-def learnability(pass_rate: float, episodes: int, low: float, high: float, min_episodes: int) -> str:
-    """A task's label from its pass rate: at most `low` unsolved, at least `high` mastered, learnable
-    between; "" (no label) before `min_episodes` episodes."""
-    if episodes < max(1, min_episodes):
-        return ""
-    if pass_rate <= low:
-        return "unsolved"
-    if pass_rate >= high:
-        return "mastered"
-    return "learnable"
 
 
 def with_runtime(
@@ -158,6 +146,20 @@ def _sample(client: RuntimeClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _history(client: RuntimeClient, args: argparse.Namespace) -> int:
+    points = client.run_history(args.run)
+    for point in points:
+        print(json.dumps(message_dict(point), ensure_ascii=False))
+    if not points:
+        print(
+            f"codegym library history: {run_name(args.run)} has no policy version recorded yet",
+            file=sys.stderr,
+        )
+    else:
+        print(f"{len(points)} policy versions of {run_name(args.run)}", file=sys.stderr)
+    return 0
+
+
 def _quarantine(client: RuntimeClient, args: argparse.Namespace) -> int:
     if args.lift:
         if client.lift_quarantine(args.lift):
@@ -182,13 +184,13 @@ def task_labels(
     The pass rate is the recent one (the task's last 32 episodes, which the runtime keeps; its
     sampler decides over the last 16 of them): a label says what the task is for the policy now,
     not at the run's start."""
-    labels = []
+    labels: list[tuple[str, str, str]] = []
     left: Counter[str] = Counter()
     for entry in entries:
         if entry.WhichOneof("entry") != "task" or not entry.task.episodes:
             continue
         task = entry.task
-        label = learnability(task.recent_pass_rate, task.recent_episodes, low, high, min_episodes)
+        label = Band(low, high, min_episodes).label(task.recent_pass_rate, task.recent_episodes)
         if not label:
             left["too_few"] += 1
             continue
@@ -294,7 +296,7 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
         p.add_argument(
             "--min-episodes",
             type=count,
-            default=MIN_EPISODES,
+            default=DEFAULT_MIN_EPISODES,
             metavar="M",
             help="episodes of a task before its pass rate decides",
         )
@@ -346,6 +348,19 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
         help="most tasks of one env (0: the runtime's default)",
     )
     sample.set_defaults(func=_sample_command)
+
+    history = lib_sub.add_parser(
+        "history",
+        help="a run's played tasks by pool at each policy version it reached, as JSON lines",
+        description="A line per policy version the run reached (CreateSession's policy_version), oldest "
+        "first: the run's played tasks then, and how many of them were learnable (a pass rate strictly "
+        "between 0 and 1 over their last 16 episodes, or fewer than 4 episodes), mastered and unsolved, "
+        "as they stood after the last episodes recorded at that version. Bounded: the runtime keeps the "
+        "last 1,000 versions of each of its last 256 runs. An unknown run is an error.",
+    )
+    runtime(history)
+    history.add_argument("--run", default="", metavar="RUN", help="the trainer run (default: every run)")
+    history.set_defaults(func=with_runtime("history", _history))
 
     quarantine = lib_sub.add_parser(
         "quarantine",

@@ -250,3 +250,9 @@ class RuntimeClient:
         """Let a quarantined environment be sampled again; whether it was quarantined."""
         response = self.stub.LiftQuarantine(rt.LiftQuarantineRequest(env_id=env_id), timeout=self.timeout_s)
         return bool(response.lifted)
+
+    @raises_typed("RunHistory")
+    def run_history(self, run_id: str = "") -> list[rt.RunHistoryPoint]:
+        """The run's played tasks by pool at each policy version it reached, oldest first."""
+        response = self.stub.RunHistory(rt.RunHistoryRequest(run_id=run_id), timeout=self.timeout_s)
+        return list(response.points)

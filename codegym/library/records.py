@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from codegym_client.abilities import make_ability
+from codegym_client.curriculum import LABELS
 
 DIFFICULTIES = ("", "easy", "medium", "hard")
 # Learnability labels from the runtime's record of served episodes (`codegym library label`), apart
 # from the published easy/medium/hard `difficulty`; "" = not labelled.
-LEARNABILITY = ("unsolved", "learnable", "mastered")
+LEARNABILITY = LABELS
 # Where the task statement starts in a training instance's user message (English, Chinese protocol).
 QUESTION_MARKERS = ("\nQuestion:\n", "\n问题：\n")
 

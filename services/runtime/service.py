@@ -446,3 +446,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self, request: rt.LiftQuarantineRequest, context: grpc.aio.ServicerContext
     ) -> rt.LiftQuarantineResponse:
         return await self.desk.lift_quarantine(request)
+
+    @guarded
+    async def RunHistory(
+        self, request: rt.RunHistoryRequest, context: grpc.aio.ServicerContext
+    ) -> rt.RunHistoryResponse:
+        return await self.desk.history(request)

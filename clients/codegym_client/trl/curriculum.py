@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from codegym_client.curriculum import uniform_fallback
 from codegym_client.trl.environment import Run
 from codegym_client.trl.instances import optional_module
 
@@ -81,14 +81,7 @@ class Curriculum:
                 len(response.tasks),
             )
         if not rows:
-            log.warning(
-                "CodeGym curriculum: the runtime sampled no task of the spec's environments for run %r: "
-                "%d of the spec's rows, uniformly",
-                run.run_id,
-                size,
-            )
-            chosen = random.Random(seed).choices(self.spec.rows, k=size)
-            rows = [dict(row) for row in chosen]
+            rows = [dict(row) for row in uniform_fallback(self.spec.rows, size, seed, run.run_id, log)]
         return rows
 
 

@@ -96,6 +96,11 @@ class RuntimeServiceStub:
                 request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineRequest.SerializeToString,
                 response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineResponse.FromString,
                 _registered_method=True)
+        self.RunHistory = channel.unary_unary(
+                '/codegym.runtime.v1.RuntimeService/RunHistory',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServiceServicer:
@@ -191,6 +196,13 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunHistory(self, request, context):
+        """A run's played tasks by pool at each policy version it reached (the last ones, bounded).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -253,6 +265,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.LiftQuarantine,
                     request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineRequest.FromString,
                     response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineResponse.SerializeToString,
+            ),
+            'RunHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunHistory,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -581,6 +598,33 @@ class RuntimeService:
             '/codegym.runtime.v1.RuntimeService/LiftQuarantine',
             codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineRequest.SerializeToString,
             codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.LiftQuarantineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/RunHistory',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,6 +66,8 @@ class RuntimeServiceStub:
     """
     LiftQuarantine: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.LiftQuarantineRequest, _runtime_service_pb2.LiftQuarantineResponse]
     """Let a quarantined environment be sampled again (its evidence so far is set aside)."""
+    RunHistory: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RunHistoryRequest, _runtime_service_pb2.RunHistoryResponse]
+    """A run's played tasks by pool at each policy version it reached (the last ones, bounded)."""
 
 @_typing.type_check_only
 class RuntimeServiceAsyncStub(RuntimeServiceStub):
@@ -105,6 +107,8 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """
     LiftQuarantine: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.LiftQuarantineRequest, _runtime_service_pb2.LiftQuarantineResponse]  # type: ignore[assignment]
     """Let a quarantined environment be sampled again (its evidence so far is set aside)."""
+    RunHistory: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RunHistoryRequest, _runtime_service_pb2.RunHistoryResponse]  # type: ignore[assignment]
+    """A run's played tasks by pool at each policy version it reached (the last ones, bounded)."""
 
 class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
     """Environment sessions for RL trainers. A session holds an environment state that only sandbox
@@ -213,5 +217,13 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.LiftQuarantineResponse, _abc.Awaitable[_runtime_service_pb2.LiftQuarantineResponse]]:
         """Let a quarantined environment be sampled again (its evidence so far is set aside)."""
+
+    @_abc_1.abstractmethod
+    def RunHistory(
+        self,
+        request: _runtime_service_pb2.RunHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.RunHistoryResponse, _abc.Awaitable[_runtime_service_pb2.RunHistoryResponse]]:
+        """A run's played tasks by pool at each policy version it reached (the last ones, bounded)."""
 
 def add_RuntimeServiceServicer_to_server(servicer: RuntimeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
