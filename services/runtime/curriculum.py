@@ -141,13 +141,21 @@ class Pools:
 
     items: dict[str, list[tuple[float, Candidate]]]
     sizes: Counter[str]
-    envs: int
+    envs: int  # environments with a task that is not quarantined
+    library: int  # tasks under the prefix
 
 
-def pools_for(library: Library, summary_of: Summaries, record: Record, band: Band, prefix: str, n: int,
-              rng: random.Random) -> Pools:  # fmt: skip
-    """The candidates of a choice of `n`: every task the record knows, and a random draw of the
-    rest of the library (module doc)."""
+def pools_for(
+    library: Library,
+    summary_of: Summaries,
+    record: Record,
+    band: Band,
+    prefix: str,
+    draw: int,
+    rng: random.Random,
+) -> Pools:
+    """The candidates of a choice: every task the record knows, and `draw` tasks drawn at random
+    from the rest of the library (module doc)."""
     summary = summary_of.of(library, prefix)
     known: list[TaskRecord] = [
         task for _, task in library.find_tasks(under({*record.run, *record.failing}, prefix))
@@ -170,7 +178,7 @@ def pools_for(library: Library, summary_of: Summaries, record: Record, band: Ban
     sizes.update(rest_sizes)
     drawn: list[Candidate] = []
     skip = known_keys | {task_key(t.env_id, t.config_json) for t in held}
-    for _, task in library.tasks_with_ids(summary.positions(rng, max(MIN_DRAW, DRAW_PER_TASK * n))):
+    for _, task in library.tasks_with_ids(summary.positions(rng, draw)):
         if task.env_id not in record.quarantined and task_key(task.env_id, task.config_json) not in skip:
             drawn.append(candidate(task, record, band))
     stands_for = Counter(c.pool for c in drawn)
@@ -180,7 +188,7 @@ def pools_for(library: Library, summary_of: Summaries, record: Record, band: Ban
     for c in drawn:
         r = max(1.0, rest_sizes[c.pool] / stands_for[c.pool])
         items.setdefault(c.pool, []).append((weighted_key(rng, c, r), c))
-    return Pools(items, sizes, summary.envs - quarantined_envs)
+    return Pools(items, sizes, summary.envs - quarantined_envs, len(summary.ids))
 
 
 def weighted_key(rng: random.Random, c: Candidate, r: float) -> float:
@@ -189,24 +197,10 @@ def weighted_key(rng: random.Random, c: Candidate, r: float) -> float:
     return rng.random() ** (1.0 / (max(1e-6, informative(c.estimate)) * r))
 
 
-def sample(
-    library_path: str | Path,
-    record: Record,
-    request: rt.SampleTasksRequest,
-    summaries: Summaries | None = None,
-) -> rt.SampleTasksResponse:
-    """`request.n` tasks for the run (see the module doc). Raises ValueError for a bad band."""
-    band = Band.of(request.low, request.high, request.min_episodes)
-    explore = request.explore if request.HasField("explore") else DEFAULT_EXPLORE
-    if not 0.0 <= explore <= 1.0:
-        raise ValueError(f"explore must be between 0 and 1, got {explore}")
-    n = request.n
-    rng = random.Random(request.seed)
-    with Library(library_path, read_only=True) as library:
-        pools = pools_for(
-            library, summaries or Summaries(library_path), record, band, request.env_prefix, n, rng
-        )
-    cap = request.per_env_cap or max(DEFAULT_PER_ENV_CAP, math.ceil(n / max(1, pools.envs)))
+def choose(pools: Pools, n: int, explore: float, per_env_cap: int) -> list[Candidate]:
+    """Up to `n` of the pools (module doc): `explore` of them unseen, then learnable, then the
+    fill order; at most `per_env_cap` (0: the default) per environment."""
+    cap = per_env_cap or max(DEFAULT_PER_ENV_CAP, math.ceil(n / max(1, pools.envs)))
     per_env: Counter[str] = Counter()
     chosen: list[Candidate] = []
     taken: set[str] = set()
@@ -227,6 +221,33 @@ def sample(
     take("learnable", n - len(chosen))
     for pool in FILL_ORDER:
         take(pool, n - len(chosen))
+    return chosen
+
+
+def sample(
+    library_path: str | Path,
+    record: Record,
+    request: rt.SampleTasksRequest,
+    summaries: Summaries | None = None,
+) -> rt.SampleTasksResponse:
+    """`request.n` tasks for the run (see the module doc). Raises ValueError for a bad band."""
+    band = Band.of(request.low, request.high, request.min_episodes)
+    explore = request.explore if request.HasField("explore") else DEFAULT_EXPLORE
+    if not 0.0 <= explore <= 1.0:
+        raise ValueError(f"explore must be between 0 and 1, got {explore}")
+    n = request.n
+    draw = max(MIN_DRAW, DRAW_PER_TASK * n)
+    with Library(library_path, read_only=True) as library:
+        summary_of = summaries or Summaries(library_path)
+        while True:
+            rng = random.Random(request.seed)
+            pools = pools_for(library, summary_of, record, band, request.env_prefix, draw, rng)
+            chosen = choose(pools, n, explore, request.per_env_cap)
+            # Short of n with part of the library undrawn (the cap per environment left too few
+            # of the draw): draw more, from the same seed.
+            if len(chosen) >= n or draw >= pools.library:
+                break
+            draw *= 4
     return rt.SampleTasksResponse(
         tasks=[
             rt.SampledTask(
