@@ -252,19 +252,21 @@ class Library:
         ).fetchone()
         return None if row is None else self._task(row)
 
-    def tasks_with_ids(self, ids: Iterable[int]) -> list[tuple[int, TaskRecord]]:
-        """(row id, task) of each id the library has, in (env id, row) order: a random draw of a
-        library is drawn as ids, and only what was drawn is read."""
+    def task_heads(self, ids: Iterable[int]) -> list[tuple[int, str, str, str]]:
+        """(row id, env id, canonical config, config as published) of each id the library has, in
+        (env id, row) order: what a random draw of the library needs of a task, read by id, and
+        nothing else of its row."""
         wanted = list(ids)
-        found: list[tuple[Any, ...]] = []
+        text = "config_text" if "config_text" in self._task_columns().split(", ") else "''"
+        found: list[tuple[int, str, str, str]] = []
         for start in range(0, len(wanted), 900):
             part = wanted[start : start + 900]
             found += self.db.execute(
-                f"SELECT id, {self._task_columns()} FROM tasks WHERE id IN ({','.join('?' * len(part))})",
+                f"SELECT id, env_id, config_json, {text} FROM tasks WHERE id IN ({','.join('?' * len(part))})",
                 part,
             ).fetchall()
         found.sort(key=lambda row: (row[1], row[0]))
-        return [(row[0], self._task(row[1:])) for row in found]
+        return [(row_id, env_id, config, text or config) for row_id, env_id, config, text in found]
 
     def find_tasks(self, keys: Iterable[tuple[str, str]]) -> list[tuple[int, TaskRecord]]:
         """(row id, task) of each (env id, canonical config) the library has, in (env id, row)

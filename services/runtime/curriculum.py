@@ -41,6 +41,7 @@ from pathlib import Path
 
 from codegym.library.records import TaskRecord
 from codegym.library.store import Library
+from codegym_client.abilities import make_ability
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.curriculum import Band, Pool
 from services.runtime.episode_record import task_key
@@ -56,10 +57,10 @@ GROUP = 8
 DEFAULT_PER_ENV_CAP = 2
 # Pools in the order a shortfall is filled from.
 FILL_ORDER: tuple[Pool, ...] = ("learnable", "unseen", "mastered", "unsolved")
-# Tasks of the library drawn per task asked for (at least `MIN_DRAW`): enough that each pool's
-# draw has several per task taken after the per-environment cap.
-DRAW_PER_TASK = 4
-MIN_DRAW = 1024
+# Tasks of the library drawn per task asked for (at least `MIN_DRAW`); a pool the draw leaves
+# short is drawn again, four times larger.
+DRAW_PER_TASK = 2
+MIN_DRAW = 512
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ class Pools:
     items: dict[str, list[tuple[float, Candidate]]]
     sizes: Counter[str]
     envs: int  # environments with a task that is not quarantined
-    library: int  # tasks under the prefix
+    undrawn: Counter[str]  # tasks of each pool the draw left out
 
 
 def pools_for(
@@ -178,9 +179,12 @@ def pools_for(
     sizes.update(rest_sizes)
     drawn: list[Candidate] = []
     skip = known_keys | {task_key(t.env_id, t.config_json) for t in held}
-    for _, task in library.tasks_with_ids(summary.positions(rng, draw)):
-        if task.env_id not in record.quarantined and task_key(task.env_id, task.config_json) not in skip:
-            drawn.append(candidate(task, record, band))
+    priors = summary.draw(rng, draw)
+    for row_id, env_id, config, published in library.task_heads(priors):
+        if env_id in record.quarantined or task_key(env_id, config) in skip:
+            continue
+        pool, rate, estimate = pool_of(None, False, priors[row_id], band)
+        drawn.append(Candidate(make_ability(env_id, published), env_id, pool, rate, 0, estimate))
     stands_for = Counter(c.pool for c in drawn)
     items: dict[str, list[tuple[float, Candidate]]] = {}
     for c in placed:
@@ -188,7 +192,8 @@ def pools_for(
     for c in drawn:
         r = max(1.0, rest_sizes[c.pool] / stands_for[c.pool])
         items.setdefault(c.pool, []).append((weighted_key(rng, c, r), c))
-    return Pools(items, sizes, summary.envs - quarantined_envs, len(summary.ids))
+    undrawn = Counter({pool: rest_sizes[pool] - stands_for[pool] for pool in rest_sizes})
+    return Pools(items, sizes, summary.envs - quarantined_envs, +undrawn)
 
 
 def weighted_key(rng: random.Random, c: Candidate, r: float) -> float:
@@ -197,13 +202,15 @@ def weighted_key(rng: random.Random, c: Candidate, r: float) -> float:
     return rng.random() ** (1.0 / (max(1e-6, informative(c.estimate)) * r))
 
 
-def choose(pools: Pools, n: int, explore: float, per_env_cap: int) -> list[Candidate]:
+def choose(pools: Pools, n: int, explore: float, per_env_cap: int) -> tuple[list[Candidate], set[str]]:
     """Up to `n` of the pools (module doc): `explore` of them unseen, then learnable, then the
-    fill order; at most `per_env_cap` (0: the default) per environment."""
+    fill order; at most `per_env_cap` (0: the default) per environment. Also the pools that could
+    not give all that was wanted of them."""
     cap = per_env_cap or max(DEFAULT_PER_ENV_CAP, math.ceil(n / max(1, pools.envs)))
     per_env: Counter[str] = Counter()
     chosen: list[Candidate] = []
     taken: set[str] = set()
+    short: set[str] = set()
 
     def take(pool: str, wanted: int) -> None:
         """Up to `wanted` of a pool, largest key first, within the per-environment cap."""
@@ -216,12 +223,14 @@ def choose(pools: Pools, n: int, explore: float, per_env_cap: int) -> list[Candi
             taken.add(c.ability)
             per_env[c.env_id] += 1
             wanted -= 1
+        if wanted > 0:
+            short.add(pool)
 
     take("unseen", round(n * explore))
     take("learnable", n - len(chosen))
     for pool in FILL_ORDER:
         take(pool, n - len(chosen))
-    return chosen
+    return chosen, short
 
 
 def sample(
@@ -242,10 +251,10 @@ def sample(
         while True:
             rng = random.Random(request.seed)
             pools = pools_for(library, summary_of, record, band, request.env_prefix, draw, rng)
-            chosen = choose(pools, n, explore, request.per_env_cap)
-            # Short of n with part of the library undrawn (the cap per environment left too few
-            # of the draw): draw more, from the same seed.
-            if len(chosen) >= n or draw >= pools.library:
+            chosen, short = choose(pools, n, explore, request.per_env_cap)
+            # A pool that gave less than wanted of it while part of it was left undrawn: what
+            # the whole pool would have given is not known, so draw more, from the same seed.
+            if not any(pools.undrawn[pool] for pool in short):
                 break
             draw *= 4
     return rt.SampleTasksResponse(

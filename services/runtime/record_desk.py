@@ -113,7 +113,12 @@ class RecordDesk:
 
     async def gauges(self, every_s: float = 30.0) -> None:
         """Refresh the record's Prometheus gauges (bands and totals only: no env or task label)
-        from the counts the store keeps: a few reads, whatever the record's size."""
+        from the counts the store keeps: a few reads, whatever the record's size. Summarizes the
+        library for the sampler first, once (`Summaries.warm`)."""
+        try:
+            await asyncio.to_thread(self.summaries.warm)
+        except Exception as exc:  # the sampler summarizes on its first call instead
+            log.warning("library not summarized for the sampler: %s", exc)
         while True:
             try:
                 store = (await self.flushed()).store

@@ -337,7 +337,9 @@ class RedisRecordStore:
             async for name in self.redis.scan_iter(match=f"{self.prefix}record:*", count=500):
                 hash_key = name.decode() if isinstance(name, bytes) else str(name)
                 scope = hash_key.removeprefix(f"{self.prefix}record:")
-                fields = [f.decode() if isinstance(f, bytes) else str(f) for f in await self.redis.hkeys(hash_key)]
+                fields = [
+                    f.decode() if isinstance(f, bytes) else str(f) for f in await self.redis.hkeys(hash_key)
+                ]
                 for start in range(0, len(fields), 500):
                     await self._merge_part([((scope, field), {}) for field in fields[start : start + 500]])
             await self.redis.set(self.indexed_key, "1")

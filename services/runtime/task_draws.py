@@ -11,6 +11,7 @@ a prefix is first asked for or the library file changed, and kept for `MAX_PREFI
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import threading
@@ -38,29 +39,33 @@ def prior_of(scores: Mapping[str, float]) -> float | None:
 
 @dataclass(frozen=True)
 class Summary:
-    """The tasks under a prefix: their row ids, how many have each prior (None: no prior), and
-    how many environments they are of."""
+    """The tasks under a prefix: their row ids and each one's prior (NaN: none), how many have
+    each prior (None: no prior), and how many environments they are of."""
 
     ids: array[int]
+    prior: array[float]
     priors: Counter[float | None]
     envs: int
 
-    def positions(self, rng: random.Random, k: int) -> list[int]:
-        """`k` row ids drawn without replacement (all of them when `k` is at least their number)."""
-        if k >= len(self.ids):
-            return list(self.ids)
-        return [self.ids[i] for i in rng.sample(range(len(self.ids)), k)]
+    def draw(self, rng: random.Random, k: int) -> dict[int, float | None]:
+        """`k` row ids drawn without replacement (all of them when `k` is at least their number),
+        each with its prior."""
+        picked = range(len(self.ids)) if k >= len(self.ids) else rng.sample(range(len(self.ids)), k)
+        return {self.ids[i]: None if math.isnan(self.prior[i]) else self.prior[i] for i in picked}
 
 
 def summarize(library: Library, prefix: str) -> Summary:
     ids: array[int] = array("q")
+    prior: array[float] = array("d")
     priors: Counter[float | None] = Counter()
     envs: set[str] = set()
     for row_id, env_id, scores in library.task_scores(prefix):
         ids.append(row_id)
         envs.add(env_id)
-        priors[prior_of(json.loads(scores))] += 1
-    return Summary(ids, priors, len(envs))
+        value = prior_of(json.loads(scores))
+        prior.append(math.nan if value is None else value)
+        priors[value] += 1
+    return Summary(ids, prior, priors, len(envs))
 
 
 def file_version(path: Path) -> tuple[int, ...]:
@@ -84,6 +89,12 @@ class Summaries:
         self.path = Path(path)
         self.kept: OrderedDict[str, tuple[tuple[int, ...], Summary]] = OrderedDict()
         self.lock = threading.Lock()
+
+    def warm(self, prefix: str = "") -> None:
+        """Summarize `prefix` now (the runtime does it for the whole library when it starts, so
+        the first SampleTasks does not wait for it)."""
+        with Library(self.path, read_only=True) as library:
+            self.of(library, prefix)
 
     def of(self, library: Library, prefix: str) -> Summary:
         version = file_version(self.path)
