@@ -185,7 +185,7 @@ def pools_for(
             continue
         pool, rate, estimate = pool_of(None, False, priors[row_id], band)
         drawn.append(Candidate(make_ability(env_id, published), env_id, pool, rate, 0, estimate))
-    stands_for = Counter(c.pool for c in drawn)
+    stands_for: Counter[str] = Counter(c.pool for c in drawn)
     items: dict[str, list[tuple[float, Candidate]]] = {}
     for c in placed:
         items.setdefault(c.pool, []).append((weighted_key(rng, c, 1.0), c))
