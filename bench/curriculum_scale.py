@@ -14,7 +14,7 @@ Per stack and store:
               and max of --scale-calls calls over the runs and seeds
   stats rpc   `Stats(run, played_only)` read to its end by a client: median of --scale-calls
   stats cli   `codegym library stats --run R --played-only` end to end, the command's own start
-              included: median of 3
+              included: median of 3; beside it that start (`codegym library stats --help`)
   idle CPU    the runtime's CPU over --idle-s seconds of no traffic (the gauges refresh every
               30 s): with the big library and record, and with the sample library (12 envs) and
               no record. Flat in the number of tasks: big <= 1.5 x small + 50 ms/min
@@ -173,6 +173,19 @@ def stats_cli(spec: StackSpec, address: str, run: str) -> float:
     return median(times)
 
 
+def cli_start(spec: StackSpec) -> float:
+    """`codegym library stats --help`: the command's own start, median of 3 (seconds)."""
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "codegym_cli.cli", "library", "stats", "--help"],
+            cwd=spec.tree, env=spec.env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        times.append(time.perf_counter() - started)
+    return median(times)
+
+
 def idle_cpu_ms_per_min(stack_pid: int, idle_s: float) -> float:
     """The runtime's CPU over `idle_s` seconds of no traffic, in ms per minute."""
     runtime = runtime_pid(stack_pid)
@@ -224,6 +237,7 @@ def run_scale(args: argparse.Namespace, specs: list[StackSpec], workdir: Path, l
                 with up(stack_spec) as stack:
                     figures = asyncio.run(measure_calls(stack.address, runs, args.scale_calls))
                     figures["stats_cli_s"] = stats_cli(spec, stack.address, runs[0])
+                    figures["cli_start_s"] = cli_start(spec)
                     figures["idle_cpu_ms_min"] = idle_cpu_ms_per_min(stack.pid, args.idle_s)
                 small = folder / "samples.db"  # built by `codegym up` from the sample environments
                 with store_args(store, logs) as (_, small_extra):
@@ -259,6 +273,8 @@ def scale_targets(rows: list[Figures]) -> list[Figures]:
             verdict(f"{store}: SampleTasks 512, p50", "<= 100 ms", f"{sample:.0f} ms", sample <= 100, ms=sample),
             verdict(f"{store}: stats --played-only, end to end", "<= 1 s", f"{cli:.2f} s", cli <= 1.0, s=cli),
             verdict(f"{store}: Stats played_only at the server", "beside", f"{rpc:.0f} ms", None, ms=rpc),
+            verdict(f"{store}: the command's start (--help)", "beside", f"{row['cli_start_s']:.2f} s", None,
+                    s=row["cli_start_s"]),
             verdict(f"{store}: idle CPU, {row['tasks']:,} tasks vs 12 envs", "<= 1.5 x + 50 ms/min",
                     f"{big:.0f} vs {small:.0f} ms/min", big <= 1.5 * small + 50, big=big, small=small),
         ]  # fmt: skip
@@ -270,5 +286,6 @@ SCALE_COLUMNS = (
     [Col("tasks", "tasks", "d"), Col("played", "played", "d"), Col("sample first ms", "sample_first_ms", ".0f"),
      Col("sample p50 ms", "sample_p50_ms", ".1f", ratio=True), Col("sample max ms", "sample_max_ms", ".1f"),
      Col("stats rpc ms", "stats_rpc_ms", ".1f", ratio=True), Col("stats cli s", "stats_cli_s", ".2f", ratio=True),
+     Col("cli start s", "cli_start_s", ".2f"),
      Col("idle ms/min", "idle_cpu_ms_min", ".0f"), Col("idle small ms/min", "idle_cpu_small_ms_min", ".0f")],
 )  # fmt: skip

@@ -89,6 +89,7 @@ class Summaries:
         self.path = Path(path)
         self.kept: OrderedDict[str, tuple[tuple[int, ...], Summary]] = OrderedDict()
         self.lock = threading.Lock()
+        self.building = threading.Lock()  # one summary made at a time: a second asker waits for it
 
     def warm(self, prefix: str = "") -> None:
         """Summarize `prefix` now (the runtime does it for the whole library when it starts, so
@@ -98,15 +99,23 @@ class Summaries:
 
     def of(self, library: Library, prefix: str) -> Summary:
         version = file_version(self.path)
+        if (held := self._held(prefix, version)) is not None:
+            return held
+        with self.building:
+            if (held := self._held(prefix, version)) is not None:
+                return held  # made meanwhile (the runtime's warm-up)
+            summary = summarize(library, prefix)
+            with self.lock:
+                self.kept[prefix] = (version, summary)
+                self.kept.move_to_end(prefix)
+                while len(self.kept) > MAX_PREFIXES:
+                    self.kept.popitem(last=False)
+        return summary
+
+    def _held(self, prefix: str, version: tuple[int, ...]) -> Summary | None:
         with self.lock:
             held = self.kept.get(prefix)
-            if held is not None and held[0] == version:
-                self.kept.move_to_end(prefix)
-                return held[1]
-        summary = summarize(library, prefix)
-        with self.lock:
-            self.kept[prefix] = (version, summary)
+            if held is None or held[0] != version:
+                return None
             self.kept.move_to_end(prefix)
-            while len(self.kept) > MAX_PREFIXES:
-                self.kept.popitem(last=False)
-        return summary
+            return held[1]
