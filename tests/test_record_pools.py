@@ -244,3 +244,46 @@ def test_bad_sample_requests_are_refused_with_what_is_wrong(library: Path, tmp_p
         and "explore must be between 0 and 1" in said[1]
         and "exceeds" in said[2]
     )
+
+
+def test_the_gauges_count_what_a_walk_of_every_runs_record_gives(library: Path, tmp_path: Path) -> None:
+    """`codegym_record_tasks{band}` and the quarantined gauge, refreshed from the kept counts, equal
+    the bands of every run's tasks and the quarantined environments recomputed from the bodies."""
+    from codegym.server.metrics import RECORD_QUARANTINED, RECORD_TASKS
+    from services.runtime.tallies import BANDS
+
+    tasks = all_tasks(library)
+
+    async def scenario() -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        store = SqliteRecordStore(tmp_path / "record.sqlite")
+        try:
+            await play_history(store, tasks, 5)
+            desk = RecordDesk(Catalog(library), Recorder(store, lambda env_id, config: 0), max_batch=64)
+            refresh = asyncio.get_running_loop().create_task(desk.gauges(every_s=3600))
+            try:
+                while RECORD_QUARANTINED._value.get() == -1:  # set last by the first refresh
+                    await asyncio.sleep(0.01)
+            finally:
+                refresh.cancel()
+            return await store.read(task_scope("")), await store.read(ENV_SCOPE)
+        finally:
+            await store.close()
+
+    for band in BANDS:
+        RECORD_TASKS.labels(band).set(-1)
+    RECORD_QUARANTINED.set(-1)
+    everyone, envs = asyncio.run(scenario())
+    walked: Counter[str] = Counter()
+    for body in everyone.values():
+        seen, rate = TaskTally.of(body).recent_rate()
+        if seen:
+            quarter = min(3, int(rate * 4))
+            walked[
+                "0" if rate == 0 else "1" if rate == 1 else f"{quarter / 4:.2f}-{quarter / 4 + 0.25:.2f}"
+            ] += 1
+    assert {band: RECORD_TASKS.labels(band)._value.get() for band in BANDS} == {
+        band: walked[band] for band in BANDS
+    }
+    assert sum(walked.values()) > 10
+    quarantined = sum(1 for body in envs.values() if EnvTally.of(body).quarantine_reason())
+    assert RECORD_QUARANTINED._value.get() == quarantined
