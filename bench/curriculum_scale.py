@@ -154,9 +154,14 @@ async def measure_calls(address: str, runs: list[str], calls: int) -> Figures:
             entries = await client.stats(runs[i % len(runs)], played_only=True)
             stats.append(time.perf_counter() - started)
         played = sum(1 for e in entries if e.WhichOneof("entry") == "task")
-    return {"sample_first_ms": 1000 * first_s, "sample_p50_ms": 1000 * median(samples),
-            "sample_max_ms": 1000 * max(samples), "stats_rpc_ms": 1000 * median(stats),
-            "played": played, "pools": dict(first.pools)}  # fmt: skip
+    return {
+        "sample_first_ms": 1000 * first_s,
+        "sample_p50_ms": 1000 * median(samples),
+        "sample_max_ms": 1000 * max(samples),
+        "stats_rpc_ms": 1000 * median(stats),
+        "played": played,
+        "pools": dict(first.pools),
+    }
 
 
 def stats_cli(spec: StackSpec, address: str, run: str) -> float:
@@ -165,10 +170,24 @@ def stats_cli(spec: StackSpec, address: str, run: str) -> float:
     for _ in range(3):
         started = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "codegym_cli.cli", "library", "stats", "--run", run,
-             "--played-only", "--target", address],
-            cwd=spec.tree, env=spec.env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "codegym_cli.cli",
+                "library",
+                "stats",
+                "--run",
+                run,
+                "--played-only",
+                "--target",
+                address,
+            ],
+            cwd=spec.tree,
+            env=spec.env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         times.append(time.perf_counter() - started)
     return median(times)
 
@@ -180,8 +199,12 @@ def cli_start(spec: StackSpec) -> float:
         started = time.perf_counter()
         subprocess.run(
             [sys.executable, "-m", "codegym_cli.cli", "library", "stats", "--help"],
-            cwd=spec.tree, env=spec.env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+            cwd=spec.tree,
+            env=spec.env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         times.append(time.perf_counter() - started)
     return median(times)
 
@@ -270,22 +293,42 @@ def scale_targets(rows: list[Figures]) -> list[Figures]:
         sample, cli, rpc = row["sample_p50_ms"], row["stats_cli_s"], row["stats_rpc_ms"]
         big, small = row["idle_cpu_ms_min"], row["idle_cpu_small_ms_min"]
         out += [
-            verdict(f"{store}: SampleTasks 512, p50", "<= 100 ms", f"{sample:.0f} ms", sample <= 100, ms=sample),
+            verdict(
+                f"{store}: SampleTasks 512, p50", "<= 100 ms", f"{sample:.0f} ms", sample <= 100, ms=sample
+            ),
             verdict(f"{store}: stats --played-only, end to end", "<= 1 s", f"{cli:.2f} s", cli <= 1.0, s=cli),
             verdict(f"{store}: Stats played_only at the server", "beside", f"{rpc:.0f} ms", None, ms=rpc),
-            verdict(f"{store}: the command's start (--help)", "beside", f"{row['cli_start_s']:.2f} s", None,
-                    s=row["cli_start_s"]),
-            verdict(f"{store}: idle CPU, {row['tasks']:,} tasks vs 12 envs", "<= 1.5 x + 50 ms/min",
-                    f"{big:.0f} vs {small:.0f} ms/min", big <= 1.5 * small + 50, big=big, small=small),
-        ]  # fmt: skip
+            verdict(
+                f"{store}: the command's start (--help)",
+                "beside",
+                f"{row['cli_start_s']:.2f} s",
+                None,
+                s=row["cli_start_s"],
+            ),
+            verdict(
+                f"{store}: idle CPU, {row['tasks']:,} tasks vs 12 envs",
+                "<= 1.5 x + 50 ms/min",
+                f"{big:.0f} vs {small:.0f} ms/min",
+                big <= 1.5 * small + 50,
+                big=big,
+                small=small,
+            ),
+        ]
     return out
 
 
 SCALE_COLUMNS = (
     "scale: reading the record at the library's size (8 runs), per store; new/base ratios below each",
-    [Col("tasks", "tasks", "d"), Col("played", "played", "d"), Col("sample first ms", "sample_first_ms", ".0f"),
-     Col("sample p50 ms", "sample_p50_ms", ".1f", ratio=True), Col("sample max ms", "sample_max_ms", ".1f"),
-     Col("stats rpc ms", "stats_rpc_ms", ".1f", ratio=True), Col("stats cli s", "stats_cli_s", ".2f", ratio=True),
-     Col("cli start s", "cli_start_s", ".2f"),
-     Col("idle ms/min", "idle_cpu_ms_min", ".0f"), Col("idle small ms/min", "idle_cpu_small_ms_min", ".0f")],
-)  # fmt: skip
+    [
+        Col("tasks", "tasks", "d"),
+        Col("played", "played", "d"),
+        Col("sample first ms", "sample_first_ms", ".0f"),
+        Col("sample p50 ms", "sample_p50_ms", ".1f", ratio=True),
+        Col("sample max ms", "sample_max_ms", ".1f"),
+        Col("stats rpc ms", "stats_rpc_ms", ".1f", ratio=True),
+        Col("stats cli s", "stats_cli_s", ".2f", ratio=True),
+        Col("cli start s", "cli_start_s", ".2f"),
+        Col("idle ms/min", "idle_cpu_ms_min", ".0f"),
+        Col("idle small ms/min", "idle_cpu_small_ms_min", ".0f"),
+    ],
+)
