@@ -278,13 +278,14 @@ def positive(text: str) -> int:
 
 
 def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
-    def runtime(p: argparse.ArgumentParser) -> None:
+    def runtime(p: argparse.ArgumentParser, *, prefix: bool = True) -> None:
         p.add_argument("--target", default=DEFAULT_TARGET, metavar="HOST:PORT", help="the runtime")
         p.add_argument(
             "--connect-timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the runtime"
         )
         p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="deadline of one call")
-        p.add_argument("--env-prefix", default="", metavar="P", help="only env ids starting with this")
+        if prefix:
+            p.add_argument("--env-prefix", default="", metavar="P", help="only env ids starting with this")
 
     def band(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -357,8 +358,9 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
         "between 0 and 1 over their last 16 episodes, or fewer than 4 episodes), mastered and unsolved, "
         "as they stood after the last episodes recorded at that version. Bounded: the runtime keeps the "
         "last 1,000 versions of each of its last 256 runs. An unknown run is an error.",
+        epilog="Example:\n  codegym library history --target 127.0.0.1:50051 --run grpo-1",
     )
-    runtime(history)
+    runtime(history, prefix=False)
     history.add_argument("--run", default="", metavar="RUN", help="the trainer run (default: every run)")
     history.set_defaults(func=with_runtime("history", _history))
 
