@@ -504,3 +504,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self, request: rt.RestoreSessionRequest, context: grpc.aio.ServicerContext
     ) -> rt.RestoreSessionResponse:
         return await self.copies.restore(request)
+
+    @guarded
+    async def RunHistory(
+        self, request: rt.RunHistoryRequest, context: grpc.aio.ServicerContext
+    ) -> rt.RunHistoryResponse:
+        return await self.desk.history(request)

@@ -76,6 +76,8 @@ class RuntimeServiceStub:
     """
     RestoreSession: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RestoreSessionRequest, _runtime_service_pb2.RestoreSessionResponse]
     """A new session from a checkpoint blob, on any replica holding the key."""
+    RunHistory: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RunHistoryRequest, _runtime_service_pb2.RunHistoryResponse]
+    """A run's played tasks by pool at each policy version it reached (the last ones, bounded)."""
 
 @_typing.type_check_only
 class RuntimeServiceAsyncStub(RuntimeServiceStub):
@@ -125,6 +127,8 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """
     RestoreSession: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RestoreSessionRequest, _runtime_service_pb2.RestoreSessionResponse]  # type: ignore[assignment]
     """A new session from a checkpoint blob, on any replica holding the key."""
+    RunHistory: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RunHistoryRequest, _runtime_service_pb2.RunHistoryResponse]  # type: ignore[assignment]
+    """A run's played tasks by pool at each policy version it reached (the last ones, bounded)."""
 
 class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
     """Environment sessions for RL trainers. A session holds an environment state that only sandbox
@@ -261,5 +265,13 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.RestoreSessionResponse, _abc.Awaitable[_runtime_service_pb2.RestoreSessionResponse]]:
         """A new session from a checkpoint blob, on any replica holding the key."""
+
+    @_abc_1.abstractmethod
+    def RunHistory(
+        self,
+        request: _runtime_service_pb2.RunHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.RunHistoryResponse, _abc.Awaitable[_runtime_service_pb2.RunHistoryResponse]]:
+        """A run's played tasks by pool at each policy version it reached (the last ones, bounded)."""
 
 def add_RuntimeServiceServicer_to_server(servicer: RuntimeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
