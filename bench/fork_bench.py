@@ -73,7 +73,9 @@ def reason(exc: Exception) -> str:
     return (exc.reason or exc.code().name) if isinstance(exc, CodeGymError) else type(exc).__name__
 
 
-async def mid_episode(client: AsyncRuntimeClient, lines: Sequence[Line], count: int, rng: random.Random) -> list[tuple[str, Line, int]]:
+async def mid_episode(
+    client: AsyncRuntimeClient, lines: Sequence[Line], count: int, rng: random.Random
+) -> list[tuple[str, Line, int]]:
     """`count` sessions, each played halfway through its recording (at least a step): (id, line, step)."""
     chosen = [rng.choice(lines) for _ in range(count)]
 
@@ -142,8 +144,13 @@ class SideCalls:
             self.pending.add(task)
             task.add_done_callback(self.pending.discard)
 
-    async def run(self, lines: Sequence[Line], pool: int) -> None:
-        self.sources = [sid for sid, _, _ in await mid_episode(self.client, lines, pool, self.rng)]
+    async def prepare(self, lines: Sequence[Line], pool: int) -> None:
+        """The sessions the calls act on, mid-episode, made before the load starts (the longest
+        trajectories left out: playing half of one back to back is load of its own)."""
+        short = [line for line in lines if len(line["steps"]) <= 40]
+        self.sources = [sid for sid, _, _ in await mid_episode(self.client, short, pool, self.rng)]
+
+    async def run(self) -> None:
         fns = {"fork": self.fork, "checkpoint": self.checkpoint, "restore": self.restore}
         await asyncio.gather(*(self.schedule(c, fns[c], i / (3 * self.rate)) for i, c in enumerate(CALLS)))
 
@@ -169,7 +176,9 @@ async def mixed_run(stack: Stack, lines: Sequence[Line], args: argparse.Namespac
     async with AsyncRuntimeClient(stack.address, timeout_s=CLIENT_TIMEOUT_S) as client:
         await client.wait_ready(60)
         side = SideCalls(client, args.rate)
-        beside = asyncio.create_task(side.run(lines, args.pool)) if calls else None
+        if calls:
+            await side.prepare(lines, args.pool)
+        beside = asyncio.create_task(side.run()) if calls else None
         try:
             figures = await measure(stack, lines, plan(args, args.n, args.think, args.window_s))
         finally:
@@ -183,7 +192,9 @@ async def mixed_run(stack: Stack, lines: Sequence[Line], args: argparse.Namespac
     return figures
 
 
-def run_mixed(spec: StackSpec, lines: list[Line], args: argparse.Namespace) -> tuple[list[Figures], list[Figures]]:
+def run_mixed(
+    spec: StackSpec, lines: list[Line], args: argparse.Namespace
+) -> tuple[list[Figures], list[Figures]]:
     rows: list[Figures] = []
     for run in range(args.runs):
         for mode in ("off", "on"):
@@ -210,8 +221,10 @@ def run_mixed(spec: StackSpec, lines: list[Line], args: argparse.Namespace) -> t
             got = [row.get(f"{c}_per_s"), row.get(f"{c}_p50_ms"), row.get(f"{c}_p99_ms")]
             cells += ["" if v is None else f"{v:.1f}" for v in got]
         body.append(cells)
-    print(f"\nmixed: {args.n} rollouts thinking {args.think:g} s, {args.rate:g}/s each of {', '.join(CALLS)} "
-          f"beside (on) or not (off); ms over the window ({args.window_s:g} s)")
+    print(
+        f"\nmixed: {args.n} rollouts thinking {args.think:g} s, {args.rate:g}/s each of {', '.join(CALLS)} "
+        f"beside (on) or not (off); ms over the window ({args.window_s:g} s)"
+    )
     print_rows(header, body)
     on = [r for r in rows if r["stack"] == "on"]
     verdicts = []
@@ -224,7 +237,9 @@ def run_mixed(spec: StackSpec, lines: list[Line], args: argparse.Namespace) -> t
         else:
             verdicts.append(verdict(f"mixed: {c}", "answered", "none answered", False))
     served = [r.get("served_pct") or 0.0 for r in on]
-    verdicts.append(verdict("mixed: load served (calls on)", ">= 97 %", f"{min(served):.1f} %", min(served) >= 97))
+    verdicts.append(
+        verdict("mixed: load served (calls on)", ">= 97 %", f"{min(served):.1f} %", min(served) >= 97)
+    )
     errors = sum(r["errors"] + sum(r.get("call_errors", {}).values()) + r["mismatches"] for r in rows)
     verdicts.append(verdict("mixed: errors and mismatches", "0", str(errors), errors == 0))
     verdicts += [v for v in spread_verdicts(rows, "on", "off", name="mixed") if "p99" in v["target"]]
@@ -288,7 +303,9 @@ async def backtoback(stack: Stack, lines: list[Line], args: argparse.Namespace) 
     return out
 
 
-def run_backtoback(spec: StackSpec, lines: list[Line], args: argparse.Namespace) -> tuple[Figures, list[Figures]]:
+def run_backtoback(
+    spec: StackSpec, lines: list[Line], args: argparse.Namespace
+) -> tuple[Figures, list[Figures]]:
     with up(spec) as stack:
         out = asyncio.run(backtoback(stack, lines, args))
     print(f"\nback to back: {args.calls} calls, {args.concurrency} callers, no think; stack CPU per call")
@@ -401,7 +418,9 @@ def memory_store(state: bytes, count: int) -> Figures:
     return {"forks": count, "per_fork_b": (after - before) / count, "state_b": len(state)}
 
 
-def run_memory(spec: StackSpec, lines: list[Line], args: argparse.Namespace, workdir: Path) -> tuple[Figures, list[Figures]]:
+def run_memory(
+    spec: StackSpec, lines: list[Line], args: argparse.Namespace, workdir: Path
+) -> tuple[Figures, list[Figures]]:
     redis_spec = dataclasses.replace(spec, up_args=("--runtimes", "2", "--redis-dir", str(workdir / "redis")))
     with up(redis_spec) as stack:
         redis_figures, state = asyncio.run(memory_redis(stack, lines, args))
@@ -411,23 +430,54 @@ def run_memory(spec: StackSpec, lines: list[Line], args: argparse.Namespace, wor
     print_rows(
         ["where", "", "figure", "bytes"],
         [
-            ["redis", "", f"MEMORY USAGE of a fork's hash less its state, p50 ({r['forks']} forks)", f"{r['beyond_state_p50_b']:.0f}"],
+            [
+                "redis",
+                "",
+                f"MEMORY USAGE of a fork's hash less its state, p50 ({r['forks']} forks)",
+                f"{r['beyond_state_p50_b']:.0f}",
+            ],
             ["redis", "", "the same, max", f"{r['beyond_state_max_b']:.0f}"],
-            ["redis", "", "used_memory added per fork less its state (index, answer)", f"{r['used_memory_per_fork_beyond_state_b']:.0f}"],
+            [
+                "redis",
+                "",
+                "used_memory added per fork less its state (index, answer)",
+                f"{r['used_memory_per_fork_beyond_state_b']:.0f}",
+            ],
             ["redis", "", "a fork's state, p50", f"{r['state_p50_b']:.0f}"],
-            ["memory store", "", f"tracemalloc per fork ({store['forks']} forks; state shared)", f"{store['per_fork_b']:.0f}"],
+            [
+                "memory store",
+                "",
+                f"tracemalloc per fork ({store['forks']} forks; state shared)",
+                f"{store['per_fork_b']:.0f}",
+            ],
             ["redis", "", f"keys left of {r['suspended']} suspended episodes", str(r["suspended_keys_left"])],
-            ["redis", "", f"idempotency entries they added (MEMORY USAGE p50 {r['answer_entry_p50_b'] or 0:.0f} B)", str(r["suspended_new_answer_entries"])],
+            [
+                "redis",
+                "",
+                f"idempotency entries they added (MEMORY USAGE p50 {r['answer_entry_p50_b'] or 0:.0f} B)",
+                str(r["suspended_new_answer_entries"]),
+            ],
         ],
     )
     verdicts = [
-        verdict("memory: idle fork beyond state, redis", "<= 4 KiB", f"{r['beyond_state_max_b']:.0f} B",
-                r["beyond_state_max_b"] <= 4 * KIB),
-        verdict("memory: idle fork beyond state, memory store", "<= 4 KiB", f"{store['per_fork_b']:.0f} B",
-                store["per_fork_b"] <= 4 * KIB),
-        verdict("memory: suspended episode leaves only its entry", "0 keys, 1 entry each",
-                f"{r['suspended_keys_left']} keys, {r['suspended_new_answer_entries']} entries",
-                r["suspended_keys_left"] == 0 and r["suspended_new_answer_entries"] == r["suspended"]),
+        verdict(
+            "memory: idle fork beyond state, redis",
+            "<= 4 KiB",
+            f"{r['beyond_state_max_b']:.0f} B",
+            r["beyond_state_max_b"] <= 4 * KIB,
+        ),
+        verdict(
+            "memory: idle fork beyond state, memory store",
+            "<= 4 KiB",
+            f"{store['per_fork_b']:.0f} B",
+            store["per_fork_b"] <= 4 * KIB,
+        ),
+        verdict(
+            "memory: suspended episode leaves only its entry",
+            "0 keys, 1 entry each",
+            f"{r['suspended_keys_left']} keys, {r['suspended_new_answer_entries']} entries",
+            r["suspended_keys_left"] == 0 and r["suspended_new_answer_entries"] == r["suspended"],
+        ),
     ]
     return {"redis": redis_figures, "memory_store": store}, verdicts
 
@@ -522,17 +572,42 @@ def run_tree(spec: StackSpec, lines: list[Line], args: argparse.Namespace) -> tu
         f"({len(long_enough)} of {len(lines)}), no think"
     )
     print_rows(
-        ["shape", "", "episodes", "finished", "steps", "makespan s", "CPU s", "CPU ms/step", "errors", "mismatch"],
         [
-            [name, "", str(f["episodes"]), str(f["finished"]), str(f["steps"]), f"{f['makespan_s']:.1f}",
-             f"{f['cpu_s']:.1f}", f"{f['cpu_ms_per_step'] or 0:.2f}", str(f["errors"]), str(f["mismatches"])]
+            "shape",
+            "",
+            "episodes",
+            "finished",
+            "steps",
+            "makespan s",
+            "CPU s",
+            "CPU ms/step",
+            "errors",
+            "mismatch",
+        ],
+        [
+            [
+                name,
+                "",
+                str(f["episodes"]),
+                str(f["finished"]),
+                str(f["steps"]),
+                f"{f['makespan_s']:.1f}",
+                f"{f['cpu_s']:.1f}",
+                f"{f['cpu_ms_per_step'] or 0:.2f}",
+                str(f["errors"]),
+                str(f["mismatches"]),
+            ]
             for name, f in out.items()
         ],
     )
     t, s = out["tree"], out["straight"]
     verdicts = [
-        verdict("tree: leaves played to the end", f"{leaves}", str(t["finished"]),
-                t["finished"] == leaves and not t["errors"] and not t["mismatches"]),
+        verdict(
+            "tree: leaves played to the end",
+            f"{leaves}",
+            str(t["finished"]),
+            t["finished"] == leaves and not t["errors"] and not t["mismatches"],
+        ),
         verdict("tree: makespan / straight", "", f"{t['makespan_s'] / s['makespan_s']:.2f}x", None),
         verdict("tree: CPU / straight", "", f"{t['cpu_s'] / s['cpu_s']:.2f}x", None),
     ]
@@ -544,17 +619,23 @@ def run_tree(spec: StackSpec, lines: list[Line], args: argparse.Namespace) -> tu
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
     parser.add_argument("--n", type=int, default=1024, help="mixed: rollouts in flight")
     parser.add_argument("--think", type=float, default=4.0, help="mixed: think time T, s")
-    parser.add_argument("--rate", type=float, default=20.0, help="mixed: forks, checkpoints and restores per s, each")
+    parser.add_argument(
+        "--rate", type=float, default=20.0, help="mixed: forks, checkpoints and restores per s, each"
+    )
     parser.add_argument("--pool", type=int, default=32, help="mixed: sessions mid-episode the calls act on")
     parser.add_argument("--runs", type=int, default=2, help="mixed: alternating off/on pairs")
     parser.add_argument("--window-s", type=float, default=30.0, help="mixed: measurement window")
     parser.add_argument("--calls", type=int, default=2000, help="backtoback: calls of each kind")
     parser.add_argument("--concurrency", type=int, default=8, help="backtoback: callers")
-    parser.add_argument("--memory-sources", type=int, default=64, help="memory: sessions forked 4 ways, suspended")
+    parser.add_argument(
+        "--memory-sources", type=int, default=64, help="memory: sessions forked 4 ways, suspended"
+    )
     parser.add_argument("--memory-forks", type=int, default=10_000, help="memory: forks in the memory store")
     parser.add_argument("--roots", type=int, default=64, help="tree: roots")
     parser.add_argument("--ways", type=int, default=4, help="tree: forks at each branch point")
@@ -610,12 +691,21 @@ def main(argv: list[str] | None = None) -> None:
             verdicts += found
             loads.append(os.getloadavg())
     print_targets(verdicts)
-    print(f"  ({spec.revision}; load average at each part's start and the end: "
-          + ", ".join(f"{x[0]:.2f}" for x in loads) + f"; {os.cpu_count()} CPUs)")
+    print(
+        f"  ({spec.revision}; load average at each part's start and the end: "
+        + ", ".join(f"{x[0]:.2f}" for x in loads)
+        + f"; {os.cpu_count()} CPUs)"
+    )
     if args.json:
-        meta = {"revision": spec.revision, "loadavg": loads, "cpus": os.cpu_count(),
-                "args": {k: str(v) for k, v in vars(args).items()}}
-        args.json.write_text(json.dumps({"meta": meta, "parts": results, "targets": verdicts}, indent=2, default=str))
+        meta = {
+            "revision": spec.revision,
+            "loadavg": loads,
+            "cpus": os.cpu_count(),
+            "args": {k: str(v) for k, v in vars(args).items()},
+        }
+        args.json.write_text(
+            json.dumps({"meta": meta, "parts": results, "targets": verdicts}, indent=2, default=str)
+        )
         progress(f"figures written to {args.json}")
 
 

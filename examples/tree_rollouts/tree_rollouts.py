@@ -164,7 +164,9 @@ class Rollouts:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--target", default="127.0.0.1:50051", help="the runtime (`codegym up` prints it)")
     parser.add_argument("--roots", type=int, default=4, help="root episodes")
     parser.add_argument("--ways", type=int, default=4, help="forks at each branch point")
@@ -174,8 +176,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[3],
         help="step indices to branch after, e.g. 3 or 3,6 (a tree of two levels)",
     )
-    parser.add_argument("--epsilon", type=float, default=1.0, help="the most exploring branch's chance of a random tool call per step")
-    parser.add_argument("--min-steps", type=int, default=8, help="tasks whose oracle takes at least this many")
+    parser.add_argument(
+        "--epsilon",
+        type=float,
+        default=1.0,
+        help="the most exploring branch's chance of a random tool call per step",
+    )
+    parser.add_argument(
+        "--min-steps", type=int, default=8, help="tasks whose oracle takes at least this many"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trajectories", type=Path, default=TRAJECTORIES)
     return parser.parse_args(argv)
