@@ -211,12 +211,15 @@ def run_mixed(
                     if mode == "on"
                 )
             )
-    header = ["run", "calls", "served/s", "served %", "step p50", "step p99", "errors", "mismatch"]
+    header = ["run", "calls", "served/s", "served %", "step p50", "step p99", "stack CPU %", "other CPU %"]
+    header += ["errors", "mismatch"]
     header += [f"{c} {q}" for c in CALLS for q in ("/s", "p50", "p99")]
     body = []
     for row in rows:
         cells = [row["point"], row["stack"], f"{row['served']:.0f}", f"{row.get('served_pct') or 0:.1f}"]
-        cells += [f"{row['p50_ms']:.1f}", f"{row['p99_ms']:.1f}", str(row["errors"]), str(row["mismatches"])]
+        cells += [f"{row['p50_ms']:.1f}", f"{row['p99_ms']:.1f}"]
+        cells += [f"{row['stack_cpu_pct']:.0f}", f"{row['other_cpu_pct']:.0f}"]
+        cells += [str(row["errors"]), str(row["mismatches"])]
         for c in CALLS:
             got = [row.get(f"{c}_per_s"), row.get(f"{c}_p50_ms"), row.get(f"{c}_p99_ms")]
             cells += ["" if v is None else f"{v:.1f}" for v in got]
@@ -226,6 +229,7 @@ def run_mixed(
         f"beside (on) or not (off); ms over the window ({args.window_s:g} s)"
     )
     print_rows(header, body)
+    print("  (CPU %: 100 = one CPU; other: the machine's CPU outside the stack and this generator)")
     on = [r for r in rows if r["stack"] == "on"]
     verdicts = []
     for c in CALLS:

@@ -92,14 +92,17 @@ def tool_schemas(created: Any) -> list[dict[str, Any]]:
 
 
 class Rollouts:
+    """The trees of one run, on one client: roots, forks at the branch points, leaves."""
+
     def __init__(self, client: AsyncRuntimeClient, args: argparse.Namespace) -> None:
         self.client = client
         self.args = args
         self.branch_at = sorted(set(args.branch_at))
 
     def action(self, branch: Branch, recorded: list[str], tools: list[dict[str, Any]]) -> str:
-        # The root's prefix, up to the first branch point, is the recorded one: the tool calls
-        # chosen to branch after. Past it every branch strays on its own.
+        """The recorded call next (the cursor moves on), or, with the branch's own chance, a
+        random one (the cursor stays: the branch may still get back on track). A root's epsilon
+        is 0: its prefix, up to the first branch point, is the recording's."""
         if branch.rng.random() < branch.epsilon:
             return random_call(tools, branch.rng)
         action = recorded[branch.cursor]
