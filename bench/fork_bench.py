@@ -106,7 +106,7 @@ class SideCalls:
         self.blobs: deque[bytes] = deque(maxlen=64)
         self.sent: dict[str, list[tuple[float, float]]] = {call: [] for call in CALLS}
         self.errors: Counter[str] = Counter()
-        self.pending: set[asyncio.Task[None]] = set()
+        self.pending: set[asyncio.Task[Any]] = set()
         self.rng = random.Random(7)
 
     async def fork(self) -> None:
@@ -123,8 +123,8 @@ class SideCalls:
 
     def closing(self, session_id: str) -> None:
         task = asyncio.create_task(self.client.close_session(session_id))
-        self.pending.add(task)  # type: ignore[arg-type]
-        task.add_done_callback(self.pending.discard)  # type: ignore[arg-type]
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
 
     async def timed(self, call: str, fn: Callable[[], Awaitable[None]]) -> None:
         started = time.monotonic()
@@ -350,7 +350,8 @@ async def memory_redis(stack: Stack, lines: list[Line], args: argparse.Namespace
         for sid, _, _ in sources:
             forks += [f.session_id for f in await client.fork_session(sid, count=4)]
         used_after = int(db.info("memory")["used_memory"])
-        beyond, states = [], []
+        beyond: list[float] = []
+        states: list[float] = []
         for fid in forks:
             key = f"{prefix}session:{fid}"
             state = db.hget(key, "state") or b""
@@ -405,7 +406,7 @@ def memory_store(state: bytes, count: int) -> Figures:
     )
 
     async def fork_all() -> None:
-        made = []
+        made: list[tuple[Session, list[bytes]]] = []
         for _ in range(count):
             fork = dataclasses.replace(source, session_id=secrets.token_hex(16), tenant="", branch=True)
             fork.touch()

@@ -18,7 +18,7 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,7 @@ from bench.common import Line
 from bench.episodes import Failed, Refused, WsEpisode
 from bench.judge import Judge, Verdict
 from bench.stacks import ROOT
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.errors import CodeGymError, EpisodeEnded, EpisodeFailed, InfrastructureFailure
 from codegym_client.outages import ride_out_async
@@ -193,9 +194,11 @@ class MovingEpisode(RidingEpisode):
         try:
             for index, (action, _) in enumerate(rest, start):
                 await asyncio.sleep(self.rng.uniform(0.5, 1.5) * self.think_s)
-                reply = await ride_out_async(
-                    lambda a=action, i=index: client.step(session, a, step_index=i), "step"
-                )
+
+                def send(action: str = action, index: int = index) -> Awaitable[rt.StepResponse]:
+                    return client.step(session, action, step_index=index)
+
+                reply = await ride_out_async(send, "step")
                 self.tally.steps += 1
                 if not judge.saw(str(reply.observation)):
                     break
