@@ -145,6 +145,15 @@ bench-curriculum:
 bench-access:
 	$(PY) bench/access_bench.py $(ACCESS_ARGS)
 
+# Forks, checkpoints and restores (docs/fork.md): 20/s each beside the 1,024-rollout shape against
+# the same load without them (alternating), forks/s against creates/s with their CPU, an idle
+# fork's and a suspended episode's memory, a tree of 1,024 leaves beside 1,024 straight episodes
+# (targets PASS/FAIL): e.g. `make bench-fork FORK_ARGS=--quick`; every option in
+# `$(PY) bench/fork_bench.py --help`.
+.PHONY: bench-fork
+bench-fork:
+	$(PY) bench/fork_bench.py $(FORK_ARGS)
+
 # Episodes through the trainer paths while runtimes, workers, the gateway and Redis fail on a
 # schedule (20 minutes by default; `SOAK_ARGS="--minutes 3"` for a short one).
 .PHONY: soak

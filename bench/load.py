@@ -302,6 +302,10 @@ async def measure(stack: Stack, lines: Sequence[Line], plan: Plan) -> Figures:
         create_p99_ms=ms(tally.create_latencies, 0.99),
         counts=dict(tally.counts),
         counts_in_window=dict(tally.in_window),
+        # The window on the monotonic clock: a load run beside this one (bench/fork_bench.py)
+        # counts its own calls over the same seconds.
+        window_start=tally.window_start,
+        window_end=tally.window_end,
     )
     if idle_roles is not None:
         figures["idle_by_role"] = idle_roles

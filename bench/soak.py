@@ -18,7 +18,10 @@ through each path, with think time between steps, while a schedule of faults run
 Paths, all at once:
 
   client   the async client as the trainer adapters drive it (`--rollouts` episodes in flight):
-           every call through `codegym_client.outages.ride_out_async`, steps sent with their index
+           every call through `codegym_client.outages.ride_out_async`, steps sent with their index;
+           `--moves-share` of its episodes, at a random step, fork 2 ways (the rest played in
+           both forks, each judged as an episode) or suspend (checkpoint close=True) and go on in
+           a restore of the blob (bench/soak_paths.py's `MovingEpisode`)
   trl      TRL's own `GRPOTrainer` training on `CodeGymSpec`'s `environment_factory` with a
            scripted model (bench/soak_trl.py, a process in the trainers' venv)
   verl     verl's own agent loop machinery running `CodeGymAgentLoop` (bench/soak_verl.py, a
@@ -36,7 +39,9 @@ the infrastructure and marked so the trainer does not learn from them (TRL: `get
 None; verl: `infrastructure_failure`, its row masked); episodes lost (an error escaped to the
 trainer: a TRL `InfrastructureFailure` ends the run, an exception out of verl's episode fails its
 worker; must be 0 on the trainer paths); trainer processes that died (must be 0); and at the end
-the sessions left open in Redis (must be 0 once every episode closed its own) and the PSS of every
+the sessions left open in Redis (must be 0 once every episode closed its own; those the client
+path was never handed by an answer are a fork or restore done twice by a resend: duplicated), forks
+and restores answered at another step or count than asked (must be 0), and the PSS of every
 server at start and end (growth within `--memory-growth-mib`). It exits 1 when any of these
 fails, after the report. Each episode is judged against its recording by bench/judge.py; the
 stack and its faults are bench/soak_stack.py, the paths bench/soak_paths.py.
@@ -50,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import sys
 import tempfile
 import time
@@ -64,6 +70,8 @@ sys.path.insert(0, str(ROOT))
 from bench.common import Line  # noqa: E402
 from bench.episodes import WsEpisode  # noqa: E402
 from bench.soak_paths import (  # noqa: E402
+    Moves,
+    MovingEpisode,
     PathTally,
     RidingEpisode,
     TrlEpisode,
@@ -111,8 +119,12 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line], workdi
             outage_wait_s=args.outage_wait_s,
         )
         pool = ThreadPoolExecutor(max_workers=max(1, args.rollouts), thread_name_prefix="trl")
+        moves = Moves()
+        moving = random.Random(99)
         paths: dict[str, Callable[[], RidingEpisode | WsEpisode | TrlEpisode]] = {
-            "client": lambda: RidingEpisode(client),
+            "client": lambda: MovingEpisode(
+                client, tallies["client"], moves, moving, args.think_s, args.moves_share
+            ),
             "trl": lambda: TrlEpisode(spec, pool),
             "openenv": lambda: WsEpisode(gateway_url(stack), os.environ.get(TOKEN_ENV, "")),
         }
@@ -148,8 +160,11 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line], workdi
         finally:
             pool.shutdown(wait=True)
             spec.client().close()
-    left_open = await sessions_left(redis_url(stack))
+    left = await sessions_left(redis_url(stack))
     return {
+        "moves": vars(moves) | {"known": len(moves.known), "wrong": dict(moves.wrong)},
+        "left_by_paths": len(left & moves.known),
+        "left_unknown": len(left - moves.known),
         "minutes": args.minutes,
         "auth": args.auth,
         "faults": faults_log,
@@ -158,17 +173,19 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line], workdi
             | {"failed": dict(t.failed), "lost": dict(t.lost), "not_started": dict(t.not_started)}
             for name, t in tallies.items()
         },
-        "sessions_left_open": left_open,
+        "sessions_left_open": len(left),
         "memory_mib": {"start": memory_start, "end": memory_mib(stack)},
     }
 
 
-async def sessions_left(url: str) -> int:
+async def sessions_left(url: str) -> set[str]:
+    """The ids of the sessions still in Redis."""
     from redis.asyncio import Redis
 
     redis = Redis.from_url(url)
+    prefix = b"codegym:session:"
     try:
-        return sum([1 async for _ in redis.scan_iter(match="codegym:session:*")])
+        return {key[len(prefix) :].decode() async for key in redis.scan_iter(match=prefix + b"*")}
     finally:
         await redis.aclose()
 
@@ -180,6 +197,12 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=20.0, help="how long episodes are started")
     parser.add_argument("--rollouts", type=int, default=16, help="episodes in flight per path")
     parser.add_argument("--think-s", type=float, default=1.0, help="mean think time before each step")
+    parser.add_argument(
+        "--moves-share",
+        type=float,
+        default=0.5,
+        help="share of the client path's episodes that fork (2 ways) or suspend and restore at a random step",
+    )
     parser.add_argument("--faults", default="all", help=f"comma list of {', '.join(FAULTS)}, or all")
     parser.add_argument("--paths", default="all", help=f"comma list of {', '.join(PATHS)}, or all")
     parser.add_argument(
@@ -230,7 +253,19 @@ def main() -> None:
         print(f"         ran as: {tally['mode']}; trainer processes died: {tally['died']}")
         for example in tally["examples"][:5]:
             print(f"         shaped: {example}")
-    print(f"sessions left open in Redis: {report['sessions_left_open']}")
+    moves = report["moves"]
+    print(
+        f"client path moves: {moves['forks']} sessions forked, {moves['suspends']} suspended and "
+        f"{moves['restores']} restored; {moves['known']} sessions handed to it; wrong answers: "
+        f"{sum(moves['wrong'].values())}"
+    )
+    for example in list(moves["wrong"])[:5]:
+        print(f"         wrong: {example}")
+    print(
+        f"sessions left open in Redis: {report['sessions_left_open']} ({report['left_by_paths']} "
+        f"handed to the client path, {report['left_unknown']} to no call it saw answered: duplicates, "
+        "or other paths' sessions)"
+    )
     print("PSS MiB at start -> end (workers without their session processes, counted apart):")
     start, end = report["memory_mib"]["start"], report["memory_mib"]["end"]
     for name in sorted(set(start) | set(end)):
@@ -255,6 +290,8 @@ def verdict(report: dict[str, Any], growth_mib: float) -> list[str]:
             broken.append(f"{name}: episodes lost {tally['lost']}")
         if tally["died"]:
             broken.append(f"{name}: {tally['died']} trainer process died")
+    if report["moves"]["wrong"]:
+        broken.append(f"forks or restores answered wrongly: {report['moves']['wrong']}")
     if report["sessions_left_open"]:
         broken.append(f"{report['sessions_left_open']} sessions left open in Redis")
     start, end = report["memory_mib"]["start"], report["memory_mib"]["end"]

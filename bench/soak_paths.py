@@ -18,7 +18,7 @@ import json
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +29,7 @@ from bench.common import Line
 from bench.episodes import Failed, Refused, WsEpisode
 from bench.judge import Judge, Verdict
 from bench.stacks import ROOT
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.errors import CodeGymError, EpisodeEnded, EpisodeFailed, InfrastructureFailure
 from codegym_client.outages import ride_out_async
@@ -100,6 +101,119 @@ class RidingEpisode:
             session, self.session = self.session, ""
             with contextlib.suppress(Exception):
                 await ride_out_async(lambda: self.client.close_session(session), "close", 60)
+
+
+@dataclass
+class Moves:
+    """The client path's forks and suspends (bench/soak.py): every session id a call handed it
+    (`known`: created, forked, restored), and what the moves did. A session left open at the end
+    that is in `known` was not closed by its episode; one that is not was made by a call whose
+    answer the path never got (a fork or restore done twice by a resend): a duplicate."""
+
+    known: set[str] = field(default_factory=set)
+    forks: int = 0  # sessions made by forks
+    suspends: int = 0  # checkpoints with close=True
+    restores: int = 0  # sessions made by restores
+    # A fork or restore that answered another count or another step than the one asked for.
+    wrong: Counter[str] = field(default_factory=Counter)
+
+
+class MovingEpisode(RidingEpisode):
+    """The client path with forks and checkpoints (docs/fork.md), every call riding out outages
+    as the step's do. At a step drawn per episode it either forks its session 2 ways, goes on in
+    the first fork (the source closed) and plays the recording's rest in the second beside it,
+    judged and counted as an episode of its own; or it suspends its session
+    (`checkpoint_session(close=True)`: the server keeps nothing of it) and goes on in a restore of
+    the blob. Either way the rest must be the recording's, observation by observation."""
+
+    def __init__(
+        self,
+        client: AsyncRuntimeClient,
+        tally: PathTally,
+        moves: Moves,
+        rng: random.Random,
+        think_s: float,
+        share: float,
+    ) -> None:
+        super().__init__(client)
+        self.tally = tally
+        self.moves = moves
+        self.rng = rng
+        self.think_s = think_s
+        self.share = share
+        self.line: Line = {}
+        self.move_at: int | None = None
+        self.kind = ""
+        self.beside: list[asyncio.Task[None]] = []
+
+    async def create(self, line: Line) -> None:
+        await super().create(line)
+        self.moves.known.add(self.session)
+        self.line = line
+        steps = len(line["steps"])
+        moving = steps > 1 and self.rng.random() < self.share
+        self.move_at = self.rng.randrange(1, steps) if moving else None
+        self.kind = self.rng.choice(("fork", "suspend"))
+
+    async def step(self, action: str) -> str:
+        if self.index == self.move_at:
+            await (self.fork() if self.kind == "fork" else self.suspend())
+        return await super().step(action)
+
+    def check(self, what: str, count: int, want: int, steps: list[int]) -> None:
+        if count != want or any(index != self.index for index in steps):
+            self.moves.wrong[f"{what}: {count} sessions at steps {steps}, asked {want} at {self.index}"] += 1
+
+    async def fork(self) -> None:
+        client, source = self.client, self.session
+        forks = await ride_out_async(lambda: client.fork_session(source, count=2), "fork")
+        self.moves.known.update(fork.session_id for fork in forks)
+        self.moves.forks += len(forks)
+        self.check("fork", len(forks), 2, [fork.step_index for fork in forks])
+        self.session = forks[0].session_id
+        with contextlib.suppress(Exception):
+            await ride_out_async(lambda: client.close_session(source), "close", 60)
+        for fork in forks[1:]:
+            self.beside.append(asyncio.create_task(self.branch(fork.session_id, self.index)))
+
+    async def suspend(self) -> None:
+        client, source = self.client, self.session
+        blob = await ride_out_async(lambda: client.checkpoint_session(source, close=True), "checkpoint")
+        self.moves.suspends += 1
+        restored = await ride_out_async(lambda: client.restore_session(blob), "restore")
+        self.moves.known.add(restored.session_id)
+        self.moves.restores += 1
+        self.check("restore", 1, 1, [restored.step_index])
+        self.session = restored.session_id
+
+    async def branch(self, session: str, start: int) -> None:
+        """The second fork: the recording's rest from `start`, judged as an episode of its own."""
+        client, line = self.client, self.line
+        rest = line["steps"][start:]
+        judge = Judge(line, rest)
+        try:
+            for index, (action, _) in enumerate(rest, start):
+                await asyncio.sleep(self.rng.uniform(0.5, 1.5) * self.think_s)
+
+                def send(action: str = action, index: int = index) -> Awaitable[rt.StepResponse]:
+                    return client.step(session, action, step_index=index)
+
+                reply = await ride_out_async(send, "step")
+                self.tally.steps += 1
+                if not judge.saw(str(reply.observation)):
+                    break
+            self.tally.count(line, judge.verdict())
+        except Exception as exc:
+            self.tally.lost[f"fork: {failure_reason(exc)}"] += 1
+        finally:
+            with contextlib.suppress(Exception):
+                await ride_out_async(lambda: client.close_session(session), "close", 60)
+
+    async def close(self) -> None:
+        await super().close()
+        beside, self.beside = self.beside, []
+        if beside:
+            await asyncio.gather(*beside)
 
 
 class Unscored(Exception):
