@@ -17,6 +17,7 @@ import contextlib
 import json
 import random
 import time
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -165,8 +166,10 @@ class MovingEpisode(RidingEpisode):
             self.moves.wrong[f"{what}: {count} sessions at steps {steps}, asked {want} at {self.index}"] += 1
 
     async def fork(self) -> None:
-        client, source = self.client, self.session
-        forks = await ride_out_async(lambda: client.fork_session(source, count=2), "fork")
+        client, source, key = self.client, self.session, uuid.uuid4().hex
+        # One key for every send of this fork, the outage's included: a fork the runtime made before
+        # its answer was lost is answered again, not made twice.
+        forks = await ride_out_async(lambda: client.fork_session(source, count=2, request_id=key), "fork")
         self.moves.known.update(fork.session_id for fork in forks)
         self.moves.forks += len(forks)
         self.check("fork", len(forks), 2, [fork.step_index for fork in forks])
@@ -177,10 +180,12 @@ class MovingEpisode(RidingEpisode):
             self.beside.append(asyncio.create_task(self.branch(fork.session_id, self.index)))
 
     async def suspend(self) -> None:
-        client, source = self.client, self.session
-        blob = await ride_out_async(lambda: client.checkpoint_session(source, close=True), "checkpoint")
+        client, source, key = self.client, self.session, uuid.uuid4().hex
+        blob = await ride_out_async(
+            lambda: client.checkpoint_session(source, close=True, request_id=key), "checkpoint"
+        )
         self.moves.suspends += 1
-        restored = await ride_out_async(lambda: client.restore_session(blob), "restore")
+        restored = await ride_out_async(lambda: client.restore_session(blob, request_id=key), "restore")
         self.moves.known.add(restored.session_id)
         self.moves.restores += 1
         self.check("restore", 1, 1, [restored.step_index])

@@ -428,6 +428,22 @@ def test_resends_with_one_request_id_get_the_first_answer(client: RuntimeClient)
     channel.close()
 
 
+def test_a_caller_resending_through_the_client_names_its_own_request_id(client: RuntimeClient) -> None:
+    """A trainer riding out an outage calls the client again after the client's own resends gave
+    up: with one request id of its own, the runtime answers the fork it made, not a second one."""
+    source = dice(client)
+    play(client, source, DICE_PLAY[:2])
+    first = client.fork_session(source, count=2, request_id="ride-out-1")
+    again = client.fork_session(source, count=2, request_id="ride-out-1")
+    assert [f.session_id for f in again] == [f.session_id for f in first]
+    fresh = client.fork_session(source, count=2)
+    assert {f.session_id for f in fresh}.isdisjoint(f.session_id for f in first)
+    blob = client.checkpoint_session(source, request_id="ride-out-2")
+    assert client.checkpoint_session(source, request_id="ride-out-2") == blob
+    restored = client.restore_session(blob, request_id="ride-out-3")
+    assert client.restore_session(blob, request_id="ride-out-3").session_id == restored.session_id
+
+
 # ---- tenants and quotas ----------------------------------------------------------------------------
 
 TOKENS = {

@@ -251,10 +251,16 @@ class AsyncRuntimeClient:
 
     @raises_typed("ForkSession")
     async def fork_session(
-        self, session_id: str, count: int = 1, at_step: int | None = None, reseed: bool = False
+        self,
+        session_id: str,
+        count: int = 1,
+        at_step: int | None = None,
+        reseed: bool = False,
+        *,
+        request_id: str = "",
     ) -> list[rt.ForkedSession]:
         """See `RuntimeClient.fork_session`."""
-        request = fork_request(session_id, count, at_step, reseed)
+        request = fork_request(session_id, count, at_step, reseed, request_id)
         response: rt.ForkSessionResponse = await self._send(
             "ForkSession",
             lambda _: self.stub.ForkSession(request, timeout=self.timeout_s),
@@ -265,9 +271,11 @@ class AsyncRuntimeClient:
         return list(response.sessions)
 
     @raises_typed("CheckpointSession")
-    async def checkpoint_session(self, session_id: str, close: bool = False) -> bytes:
+    async def checkpoint_session(
+        self, session_id: str, close: bool = False, *, request_id: str = ""
+    ) -> bytes:
         """See `RuntimeClient.checkpoint_session`."""
-        request = checkpoint_request(session_id, close)
+        request = checkpoint_request(session_id, close, request_id)
         response: rt.CheckpointSessionResponse = await self._send(
             "CheckpointSession",
             lambda _: self.stub.CheckpointSession(request, timeout=self.timeout_s),
@@ -278,9 +286,9 @@ class AsyncRuntimeClient:
         return bytes(response.checkpoint)
 
     @raises_typed("RestoreSession")
-    async def restore_session(self, blob: bytes) -> rt.ForkedSession:
+    async def restore_session(self, blob: bytes, *, request_id: str = "") -> rt.ForkedSession:
         """See `RuntimeClient.restore_session`."""
-        request = restore_request(blob)
+        request = restore_request(blob, request_id)
         response: rt.RestoreSessionResponse = await self._send(
             "RestoreSession",
             lambda _: self.stub.RestoreSession(request, timeout=self.timeout_s),

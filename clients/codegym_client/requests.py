@@ -93,22 +93,27 @@ def request_id() -> str:
 
 
 def fork_request(
-    session_id: str, count: int = 1, at_step: int | None = None, reseed: bool = False
+    session_id: str, count: int = 1, at_step: int | None = None, reseed: bool = False, key: str = ""
 ) -> rt.ForkSessionRequest:
+    """`key`: the idempotency key (a fresh one when ""). A caller that sends the same fork again
+    itself, past the client's own resends (riding out an outage), gives the same key each time, so
+    a fork the runtime committed before its answer was lost is answered, not made twice."""
     request = rt.ForkSessionRequest(
-        session_id=session_id, count=count, reseed=reseed, request_id=request_id()
+        session_id=session_id, count=count, reseed=reseed, request_id=key or request_id()
     )
     if at_step is not None:
         request.at_step = at_step
     return request
 
 
-def checkpoint_request(session_id: str, close: bool = False) -> rt.CheckpointSessionRequest:
-    return rt.CheckpointSessionRequest(session_id=session_id, close=close, request_id=request_id())
+def checkpoint_request(session_id: str, close: bool = False, key: str = "") -> rt.CheckpointSessionRequest:
+    """`key`: as `fork_request`'s."""
+    return rt.CheckpointSessionRequest(session_id=session_id, close=close, request_id=key or request_id())
 
 
-def restore_request(blob: bytes) -> rt.RestoreSessionRequest:
-    return rt.RestoreSessionRequest(checkpoint=bytes(blob), request_id=request_id())
+def restore_request(blob: bytes, key: str = "") -> rt.RestoreSessionRequest:
+    """`key`: as `fork_request`'s."""
+    return rt.RestoreSessionRequest(checkpoint=bytes(blob), request_id=key or request_id())
 
 
 def step_request(session_id: str, action: ActionLike, step_index: int | None = None) -> rt.StepRequest:

@@ -261,14 +261,21 @@ class RuntimeClient:
 
     @raises_typed("ForkSession")
     def fork_session(
-        self, session_id: str, count: int = 1, at_step: int | None = None, reseed: bool = False
+        self,
+        session_id: str,
+        count: int = 1,
+        at_step: int | None = None,
+        reseed: bool = False,
+        *,
+        request_id: str = "",
     ) -> list[rt.ForkedSession]:
         """`count` new sessions continuing `session_id` from its last committed step (or, with
         `at_step`, from that earlier step of a session created with `keep_history`): each a session
         of its own (`session_id`, `step_index`) whose steps replay the source's draws unless
         `reseed`. Sent again when its reply is lost: the runtime answers a resend (same request id)
-        with the same forks. See docs/fork.md."""
-        request = fork_request(session_id, count, at_step, reseed)
+        with the same forks. A caller that sends it again itself (riding out an outage past these
+        resends) passes one `request_id` of its own each time. See docs/fork.md."""
+        request = fork_request(session_id, count, at_step, reseed, request_id)
         response: rt.ForkSessionResponse = self._send(
             "ForkSession",
             lambda _: self.stub.ForkSession(request, timeout=self.timeout_s),
@@ -279,10 +286,10 @@ class RuntimeClient:
         return list(response.sessions)
 
     @raises_typed("CheckpointSession")
-    def checkpoint_session(self, session_id: str, close: bool = False) -> bytes:
+    def checkpoint_session(self, session_id: str, close: bool = False, *, request_id: str = "") -> bytes:
         """The session as an opaque sealed blob (`restore_session` brings it back, on any replica of
         the deployment); `close` suspends it (the runtime then holds nothing of it)."""
-        request = checkpoint_request(session_id, close)
+        request = checkpoint_request(session_id, close, request_id)
         response: rt.CheckpointSessionResponse = self._send(
             "CheckpointSession",
             lambda _: self.stub.CheckpointSession(request, timeout=self.timeout_s),
@@ -293,9 +300,9 @@ class RuntimeClient:
         return bytes(response.checkpoint)
 
     @raises_typed("RestoreSession")
-    def restore_session(self, blob: bytes) -> rt.ForkedSession:
+    def restore_session(self, blob: bytes, *, request_id: str = "") -> rt.ForkedSession:
         """A new session from a checkpoint blob (each restore of one blob is an episode of its own)."""
-        request = restore_request(blob)
+        request = restore_request(blob, request_id)
         response: rt.RestoreSessionResponse = self._send(
             "RestoreSession",
             lambda _: self.stub.RestoreSession(request, timeout=self.timeout_s),
