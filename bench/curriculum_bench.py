@@ -31,13 +31,21 @@ runtime, loopback; bench/rollout_bench.py's `up`, stopped by pid):
               recorded (n/a when off: it keeps no record and refuses Stats). Target, for p50 and
               p99: |median on - median off| below the run-to-run spread (the larger max - min).
 
+  scale       what reading the record costs at the published library's size, in both stores,
+              beside the base commit (--base, or --no-base): SampleTasks of 512 and Stats
+              --played-only at the server, `codegym library stats --run R --played-only` end to
+              end, and the runtime's idle CPU against the sample library's (bench/curriculum_scale.py
+              has the details). Targets: SampleTasks <= 100 ms, the command <= 1 s, idle CPU flat.
+
 Progress goes to stderr, tables to stdout, every figure (each training step's too) to --json FILE.
 
-    .venv/bin/python bench/curriculum_bench.py [--quick] [--parts curriculum,recording]
+    .venv/bin/python bench/curriculum_bench.py [--quick] [--parts curriculum,recording,scale]
         [--envs 300] [--steps 40] [--batch 16] [--prior bo4|random|none] [--repeats 3]
-        [--steady 256:1] [--window-s 20] [--json FILE]
+        [--steady 256:1] [--window-s 20] [--base REV | --no-base] [--scale-envs 22366]
+        [--record-episodes 2000] [--scale-calls 7] [--idle-s 35] [--json FILE]
 
---quick: 120 envs, 8 steps per arm, 64 rollouts thinking 0.25 s, 8 s windows, 2 rounds (minutes).
+--quick: 120 envs, 8 steps per arm, 64 rollouts thinking 0.25 s, 8 s windows, 2 rounds, and for
+scale 2,000 envs, 3 calls, 10 s idle (minutes).
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ from bench.common import (  # noqa: E402
     median,
     progress,
 )
+from bench.curriculum_scale import SCALE_COLUMNS, run_scale, scale_targets  # noqa: E402
 from bench.curriculum_targets import (  # noqa: E402
     CURRICULUM_COLUMNS,
     RECORDING_COLUMNS,
@@ -90,7 +99,7 @@ from bench.library_data import (  # noqa: E402
 )
 from bench.load import CLIENT_TIMEOUT_S, Plan, measure  # noqa: E402
 from bench.rollout_bench import points  # noqa: E402
-from bench.stacks import StackSpec, git, up  # noqa: E402
+from bench.stacks import StackSpec, git, stack_specs, up  # noqa: E402
 from bench.tables import print_table, report_busy  # noqa: E402
 from bench.targets import print_targets  # noqa: E402
 from codegym_client.abilities import make_ability  # noqa: E402
@@ -98,7 +107,7 @@ from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 from codegym_client.errors import CapacityExceeded, InvalidRequest  # noqa: E402
 from codegym_jobs.oracle import read_trajectories  # noqa: E402
 
-PARTS = ("curriculum", "recording")
+PARTS = ("curriculum", "recording", "scale")
 ARMS = ("uniform", "curriculum")
 GROUP = 8  # episodes of one configuration: a GRPO group
 LEARN_RATE = 0.05  # a task's probability rises this much per group of it with mixed rewards
@@ -391,6 +400,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--steady", type=lambda s: points(s)[0], default=(256, 1.0), help="N:T of the steady shape")
     add("--window-s", type=float, default=20.0, help="steady window after the warm-up, s")
     add("--max-seconds", type=float, default=120.0, help="time cap of each steady run")
+    add("--base", default="0968435", help="scale: the base commit measured beside the working tree")
+    add("--no-base", action="store_true", help="scale: the working tree only")
+    add("--up-args", default="", help=argparse.SUPPRESS)  # stack_specs reads it
+    add("--scale-envs", type=int, help="scale: environments of the big library (22366: 80,000+ tasks)")
+    add("--record-episodes", type=int, default=2000, help="scale: episodes in the record's 8 runs")
+    add("--scale-calls", type=int, help="scale: calls timed per figure (7; --quick 3)")
+    add("--idle-s", type=float, help="scale: idle window of the CPU figure, s (35; --quick 10)")
     add("--seed", type=int, default=1)
     add("--json", type=Path, help="also write every figure to this file")
     add(
@@ -403,6 +419,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.envs = args.envs or (120 if args.quick else 300)
     args.steps = args.steps or (8 if args.quick else 40)
     args.repeats = args.repeats or (2 if args.quick else 3)
+    args.scale_envs = args.scale_envs or (2000 if args.quick else 22366)
+    args.scale_calls = args.scale_calls or (3 if args.quick else 7)
+    args.idle_s = args.idle_s or (10.0 if args.quick else 35.0)
     if args.quick:
         n, think = args.steady
         args.steady = (max(1, n // 4), max(0.25, think / 4))
@@ -432,6 +451,11 @@ def main() -> None:
             results["recording"] = run_recording(args, workdir, logs, revision)
             print_table("recording", results["recording"], specs, RECORDING_COLUMNS)
             verdicts += recording_targets(results["recording"])
+        if "scale" in args.parts:
+            scale_specs = stack_specs(args, cleanup, workdir)
+            results["scale"] = run_scale(args, scale_specs, workdir, logs)
+            print_table("scale", results["scale"], scale_specs, SCALE_COLUMNS)
+            verdicts += scale_targets(results["scale"])
         print_targets(verdicts)
         report_busy({"recording": results.get("recording", [])})  # contended latencies named
     if args.json:

@@ -1,4 +1,4 @@
-"""`codegym library stats|sample|quarantine|label`: the runtime's record of served episodes.
+"""`codegym library stats|sample|history|quarantine|label`: the runtime's record of served episodes.
 
 The runtime records every finished episode against its task configuration and its trainer's run
 (`create_session(run_id=...)`); these commands read that record through its RPCs, so they work
@@ -9,6 +9,8 @@ against any runtime, local or deployed, and never open its store:
 - `sample` asks the runtime's sampler for N task configurations chosen for a run to learn from;
 - `quarantine` lists the environments kept out of sampling, with their evidence, and `--lift`
   lets one be sampled again (nothing is ever deleted);
+- `history` prints a run's played tasks by pool at each policy version it reached (the runtime
+  keeps the last 1,000 versions of each of its last 256 runs), as JSON lines;
 - `label --from-stats` writes each played task's learnability (unsolved / learnable / mastered)
   into a library, where `codegym export --learnability` and `codegym eval --learnability` filter
   by it. It is kept apart from the published easy/medium/hard `difficulty`.
@@ -36,6 +38,7 @@ from codegym_cli.access import client_access
 from codegym_client import CodeGymError, RuntimeClient
 from codegym_client.abilities import ABILITY_FORMAT
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.curriculum import Band
 
 
 def message_dict(message: Message) -> dict[str, Any]:
@@ -58,18 +61,6 @@ def entry_dict(entry: rt.StatsResponse) -> dict[str, Any]:
 
 def run_name(run: str) -> str:
     return f"run {run!r}" if run else "any run"
-
-
-def learnability(pass_rate: float, episodes: int, low: float, high: float, min_episodes: int) -> str:
-    """A task's label from its pass rate: at most `low` unsolved, at least `high` mastered, learnable
-    between; "" (no label) before `min_episodes` episodes."""
-    if episodes < max(1, min_episodes):
-        return ""
-    if pass_rate <= low:
-        return "unsolved"
-    if pass_rate >= high:
-        return "mastered"
-    return "learnable"
 
 
 def with_runtime(
@@ -154,6 +145,20 @@ def _sample(client: RuntimeClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _history(client: RuntimeClient, args: argparse.Namespace) -> int:
+    points = client.run_history(args.run)
+    for point in points:
+        print(json.dumps(message_dict(point), ensure_ascii=False))
+    if not points:
+        print(
+            f"codegym library history: {run_name(args.run)} has no policy version recorded yet",
+            file=sys.stderr,
+        )
+    else:
+        print(f"{len(points)} policy versions of {run_name(args.run)}", file=sys.stderr)
+    return 0
+
+
 def _quarantine(client: RuntimeClient, args: argparse.Namespace) -> int:
     if args.lift:
         if client.lift_quarantine(args.lift):
@@ -178,13 +183,13 @@ def task_labels(
     The pass rate is the recent one (the task's last 32 episodes, which the runtime keeps; its
     sampler decides over the last 16 of them): a label says what the task is for the policy now,
     not at the run's start."""
-    labels = []
+    labels: list[tuple[str, str, str]] = []
     left: Counter[str] = Counter()
     for entry in entries:
         if entry.WhichOneof("entry") != "task" or not entry.task.episodes:
             continue
         task = entry.task
-        label = learnability(task.recent_pass_rate, task.recent_episodes, low, high, min_episodes)
+        label = Band(low, high, min_episodes).label(task.recent_pass_rate, task.recent_episodes)
         if not label:
             left["too_few"] += 1
             continue
@@ -245,6 +250,10 @@ def _label_command(args: argparse.Namespace) -> int:
 
 def _stats_command(args: argparse.Namespace) -> int:
     return with_runtime("stats", _stats)(args)
+
+
+def _history_command(args: argparse.Namespace) -> int:
+    return with_runtime("history", _history)(args)
 
 
 def _quarantine_command(args: argparse.Namespace) -> int:

@@ -1,5 +1,5 @@
-"""`codegym library stats|sample|quarantine|label|episodes`: the runtime's record of served
-episodes, and its captured episodes (library_episodes.py).
+"""`codegym library stats|sample|history|quarantine|label|episodes`: the runtime's record of
+served episodes, and its captured episodes (`episodes`, library_episodes.py).
 
 The runtime records every finished episode against its task configuration and its trainer's run
 (`create_session(run_id=...)`); these commands read that record through its RPCs, so they work
@@ -21,11 +21,8 @@ import argparse
 
 from codegym.library.location import add_library_argument
 from codegym_cli.later import later
+from codegym_client.curriculum import DEFAULT_MIN_EPISODES
 from codegym_client.defaults import DEFAULT_TARGET
-
-# The sampler's own default (SampleTasksRequest.min_episodes): a task's pass rate decides nothing
-# before this many episodes.
-MIN_EPISODES = 4
 
 
 def fraction(text: str) -> float:
@@ -49,14 +46,15 @@ def positive(text: str) -> int:
     return value
 
 
-def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
-    """Where the runtime is and how long to wait for it."""
+def add_runtime_arguments(p: argparse.ArgumentParser, *, prefix: bool = True) -> None:
+    """Where the runtime is and how long to wait for it (and, where the command reads envs, which)."""
     p.add_argument("--target", default=DEFAULT_TARGET, metavar="HOST:PORT", help="the runtime")
     p.add_argument(
         "--connect-timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the runtime"
     )
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="deadline of one call")
-    p.add_argument("--env-prefix", default="", metavar="P", help="only env ids starting with this")
+    if prefix:
+        p.add_argument("--env-prefix", default="", metavar="P", help="only env ids starting with this")
 
 
 def add_band_arguments(p: argparse.ArgumentParser) -> None:
@@ -66,7 +64,7 @@ def add_band_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--min-episodes",
         type=count,
-        default=MIN_EPISODES,
+        default=DEFAULT_MIN_EPISODES,
         metavar="M",
         help="episodes of a task before its pass rate decides",
     )
@@ -122,6 +120,21 @@ def add_sample(lib_sub: argparse._SubParsersAction) -> None:
         help="most tasks of one env (0: the runtime's default)",
     )
     sample.set_defaults(func=later("codegym_cli.library_curriculum", "_sample_command"))
+
+
+def add_history(lib_sub: argparse._SubParsersAction) -> None:
+    history = lib_sub.add_parser(
+        "history",
+        help="a run's played tasks by pool at each policy version it reached, as JSON lines",
+        description="A line per policy version the run reached (CreateSession's policy_version), oldest "
+        "first: the run's played tasks then, and how many of them were learnable (a pass rate strictly "
+        "between 0 and 1 over their last 16 episodes, or fewer than 4 episodes), mastered and unsolved, "
+        "as they stood after the last episodes recorded at that version. Bounded: the runtime keeps the "
+        "last 1,000 versions of each of its last 256 runs. An unknown run is an error.",
+    )
+    add_runtime_arguments(history, prefix=False)
+    history.add_argument("--run", default="", metavar="RUN", help="the trainer run (default: every run)")
+    history.set_defaults(func=later("codegym_cli.library_curriculum", "_history_command"))
 
 
 def add_quarantine(lib_sub: argparse._SubParsersAction) -> None:
@@ -191,6 +204,7 @@ def add_episodes(lib_sub: argparse._SubParsersAction) -> None:
 def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
     add_stats(lib_sub)
     add_sample(lib_sub)
+    add_history(lib_sub)
     add_quarantine(lib_sub)
     add_label(lib_sub)
     add_episodes(lib_sub)

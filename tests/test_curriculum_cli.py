@@ -338,6 +338,7 @@ def test_quarantine_lists_failing_envs_with_evidence_and_lift_lets_them_back(
         ["library", "quarantine"],
         ["library", "quarantine", "--lift", COUNTER],
         ["library", "label", "--from-stats"],
+        ["library", "history"],
     ],
 )
 def test_a_runtime_that_is_not_there_is_one_line_and_exit_1(
@@ -351,6 +352,23 @@ def test_a_runtime_that_is_not_there_is_one_line_and_exit_1(
     assert err.splitlines() == [
         f"codegym {' '.join(argv[:2])}: cannot reach {nowhere}: connection refused (nothing listens there)"
     ]
+
+
+@pytest.mark.jail
+def test_history_prints_the_runs_pools_by_policy_version_and_refuses_an_unknown_run(
+    played: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run played at policy version 7: one point, its three played tasks by pool (the default
+    band, fewer than 4 episodes each: all still learnable). A run nobody played is one clear line."""
+    code, points, err = cli(capsys, "library", "history", "--target", played, "--run", RUN)
+    assert code == 0, err
+    assert [
+        (p["policy_version"], p["played"], p["learnable"], p["mastered"], p["unsolved"]) for p in points
+    ] == [(7, 3, 3, 0, 0)]
+    assert points[0]["at"] > 0 and "1 policy versions of run" in err
+    code, points, err = cli(capsys, "library", "history", "--target", played, "--run", "nobody-ran-this")
+    assert code == 1 and points == []
+    assert "refused RunHistory: INVALID_ARGUMENT: no run 'nobody-ran-this' is recorded" in err, err
 
 
 def test_a_library_from_before_the_label_is_read_as_unlabelled_and_gains_the_column(tmp_path: Path) -> None:

@@ -27,8 +27,9 @@ from codegym_client import RuntimeClient
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.errors import CodeGymError
 from services.runtime.curriculum import Record, sample
-from services.runtime.episode_record import ENV_SCOPE, EpisodeOutcome, Recorder, merge, task_key, task_scope
+from services.runtime.episode_record import ENV_SCOPE, EpisodeOutcome, Recorder, task_key, task_scope
 from services.runtime.record_store import RedisRecordStore, SqliteRecordStore, record_path_for
+from services.runtime.tallies import TaskTally, merge
 from tests.conftest import ENV_DIR, SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, build_library
 from tests.helpers.processes import wait_until
@@ -125,12 +126,14 @@ def runtime(library: Path, workers: list[CodegymServer]) -> Iterator[CodegymServ
 
 
 def test_merge_rules_add_counts_keep_windows_and_reset_fields() -> None:
-    body = merge({}, {"episodes": 1, "version": 7, "recent": "1", "recent_errors": ["a"]})
+    body = merge("task", {}, {"episodes": 1, "version": 7, "recent": "1"})
+    env = merge("env", {}, {"recent_errors": ["a"]})
     for n in range(40):
-        merge(body, {"episodes": 1, "version": 3, "recent": "0", "recent_errors": [f"e{n}"]})
+        merge("task", body, {"episodes": 1, "version": 3, "recent": "0"})
+        merge("env", env, {"recent_errors": [f"e{n}"]})
     assert body["episodes"] == 41 and body["version"] == 7
-    assert body["recent"] == "0" * 32 and body["recent_errors"] == [f"e{n}" for n in range(35, 40)]
-    merge(body, {"reset": ["recent"], "recent": "1"})
+    assert body["recent"] == "0" * 32 and env["recent_errors"] == [f"e{n}" for n in range(35, 40)]
+    merge("task", body, {"reset": ["recent"], "recent": "1"})
     assert body["recent"] == "1"
 
 
@@ -393,10 +396,10 @@ def test_the_sampler_prefers_tasks_whose_groups_are_likelier_to_teach(library: P
     """Two learnable tasks, one at a pass rate of one half, one at 15 of 16: a group of 8 on the
     first has rewards that differ almost surely, on the second about half the time. Drawn one at a
     time over many seeds, the first comes first clearly more often, and the second still comes."""
-    half = {"recent": "01" * 8, "episodes": 16}
-    nearly = {"recent": "0" + "1" * 15, "episodes": 16}
+    half = TaskTally(recent="01" * 8, episodes=16)
+    nearly = TaskTally(recent="0" + "1" * 15, episodes=16)
     a, b = task_key(MAX, json.dumps(ONE)), task_key(PREFIX, json.dumps({"words": ["a"]}))
-    record = Record(run={a: half, b: nearly}, everyone={a: half, b: nearly}, envs={})
+    record = Record(run={a: half, b: nearly}, failing=frozenset(), quarantined=frozenset())
     firsts = Counter(
         sample(library, record, rt.SampleTasksRequest(run_id="w", n=1, seed=seed, explore=0.0))
         .tasks[0]

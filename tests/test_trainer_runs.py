@@ -235,7 +235,7 @@ def test_verls_sampler_yields_the_runtimes_choice_as_dataset_indices(
     strange = [{"ability": "codegym_v1@Nope__NoEnv@{}"} for _ in range(8)]
     fallback = sampler_module.CodeGymCurriculumSampler(strange, config)
     assert set(fallback) <= set(range(8))
-    assert "drawn uniformly" in caplog.text
+    assert "4 of its own rows, uniformly" in caplog.text
 
     # verl 0.9's way in: the training set's rows follow the sampler, the validation set's do not.
     dataset_config = {**config, "train_files": data}

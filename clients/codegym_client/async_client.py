@@ -289,6 +289,12 @@ class AsyncRuntimeClient:
         self.indexes.made(response.session)
         return response.session
 
+    @raises_typed("RunHistory")
+    async def run_history(self, run_id: str = "") -> list[rt.RunHistoryPoint]:
+        """The run's played tasks by pool at each policy version it reached, oldest first."""
+        response = await self.stub.RunHistory(rt.RunHistoryRequest(run_id=run_id), timeout=self.timeout_s)
+        return list(response.points)
+
 
 class StepStream:
     """A trainer's side of `StepStream`: many sessions' steps over one call, answered as they finish.

@@ -342,3 +342,9 @@ class RuntimeClient:
         )
         self.indexes.made(response.session)
         return response.session
+
+    @raises_typed("RunHistory")
+    def run_history(self, run_id: str = "") -> list[rt.RunHistoryPoint]:
+        """The run's played tasks by pool at each policy version it reached, oldest first."""
+        response = self.stub.RunHistory(rt.RunHistoryRequest(run_id=run_id), timeout=self.timeout_s)
+        return list(response.points)

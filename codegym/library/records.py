@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from codegym_client.abilities import make_ability
+from codegym_client.curriculum import LABELS
 
 DIFFICULTIES = ("", "easy", "medium", "hard")
 # Learnability labels from the runtime's record of served episodes (`codegym library label`), apart
 # from the published easy/medium/hard `difficulty`; "" = not labelled.
-LEARNABILITY = ("unsolved", "learnable", "mastered")
+LEARNABILITY = LABELS
 # What an import does with an environment key whose code differs from the library's.
 ON_CONFLICT = ("refuse", "keep", "replace")
 # How a training instance shows its tools: CodeGym's prompt, OpenAI tool schemas, or both.

@@ -267,6 +267,46 @@ class Library:
         ).fetchone()
         return None if row is None else self._task(row)
 
+    def task_heads(self, ids: Iterable[int]) -> list[tuple[int, str, str, str]]:
+        """(row id, env id, canonical config, config as published) of each id the library has, in
+        (env id, row) order: what a random draw of the library needs of a task, read by id, and
+        nothing else of its row."""
+        wanted = list(ids)
+        text = "config_text" if "config_text" in self._task_columns().split(", ") else "''"
+        found: list[tuple[int, str, str, str]] = []
+        for start in range(0, len(wanted), 900):
+            part = wanted[start : start + 900]
+            found += self.db.execute(
+                f"SELECT id, env_id, config_json, {text} FROM tasks WHERE id IN ({','.join('?' * len(part))})",
+                part,
+            ).fetchall()
+        found.sort(key=lambda row: (row[1], row[0]))
+        return [(row_id, env_id, config, text or config) for row_id, env_id, config, text in found]
+
+    def find_tasks(self, keys: Iterable[tuple[str, str]]) -> list[tuple[int, TaskRecord]]:
+        """(row id, task) of each (env id, canonical config) the library has, in (env id, row)
+        order: one indexed read per key, batched."""
+        wanted = list(keys)
+        found: list[tuple[Any, ...]] = []
+        for start in range(0, len(wanted), 400):
+            part = wanted[start : start + 400]
+            values = ",".join("(?, ?)" for _ in part)
+            found += self.db.execute(
+                f"WITH k(e, c) AS (VALUES {values}) SELECT t.id, {self._task_columns()} FROM k"
+                " JOIN tasks AS t ON t.env_id = k.e AND t.config_json = k.c",
+                [item for key in part for item in key],
+            ).fetchall()
+        found.sort(key=lambda row: (row[1], row[0]))
+        return [(row[0], self._task(row[1:])) for row in found]
+
+    def task_scores(self, prefix: str = "") -> Iterator[tuple[int, str, str]]:
+        """(row id, env id, published scores as JSON) of every task under `prefix`: what a summary
+        of the library's priors is built from, in one pass without building a task."""
+        column = "scores" if "'" not in self._task_columns().split(", ")[4] else "'{}'"
+        yield from self.db.execute(
+            f"SELECT id, env_id, {column} FROM tasks WHERE substr(env_id, 1, ?) = ?", (len(prefix), prefix)
+        )
+
     def task_source(self, env_id: str, config_json: str) -> str:
         """The sha256 of the code the task (by its canonical config) was recorded with, when it is
         not its environment's; "" otherwise. What every create asks: one indexed column, not the

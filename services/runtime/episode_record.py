@@ -16,11 +16,9 @@ examples; at most `MAX_RUNS` runs (the least recently seen goes first). Never ev
 
 Recording costs the step path a dict update: `Recorder` folds outcomes into deltas in memory and a
 background task merges them into the store (`record_store.py`) about once a second. A delta is a
-JSON object merged by `merge`'s rules, the same in Python (SQLite) and Lua (Redis), so both stores
-keep one format:
-  numbers add (`version` keeps the highest); strings append and keep their last `WINDOWS[key]`
-  characters; lists append and keep their last `LIST_KEEP` items; `reset` names fields to clear
-  first (lifting a quarantine clears the environment's step window).
+JSON object of a tally's fields, merged by the tally's declaration (`tallies.py`: counters add,
+windows keep their last marks, lists their last items), the same in Python (SQLite) and Lua
+(Redis), so both stores keep one format.
 """
 
 from __future__ import annotations
@@ -29,28 +27,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from codegym.server.metrics import RECORD_EVENTS
+from services.runtime.tallies import EnvTally, HistoryPoint, TaskTally, merge
 
 log = logging.getLogger(__name__)
 
-# Outcomes of the last episodes of a task kept per run ('1' rewarded, '0' not): the recent pass rate.
-TASK_WINDOW = 32
-# Steps of an environment kept ('.' served, 'x' failed by the environment or a time-out, 'l' a
-# sandbox limit): what quarantine decides from.
-ENV_WINDOW = 64
-WINDOWS = {"recent": TASK_WINDOW, "window": ENV_WINDOW}
-# Examples kept per environment (recent error messages, sessions of suspected shortcuts).
-LIST_KEEP = 5
 # Runs kept; past this the run seen least recently is dropped from the record.
 MAX_RUNS = 256
 # Scope of the tallies of every run together.
 ALL_RUNS = "*"
-# Failed steps by kind, as `StepErrorCode` names them.
-FAILURE_KINDS = ("env_error", "step_timeout", "sandbox_limit")
 # Deltas held in memory before a flush is due at once (each is a distinct task or environment).
 MAX_PENDING_KEYS = 20_000
 FLUSH_EVERY_S = 1.0
@@ -83,11 +72,6 @@ def task_key(env_id: str, config_json: str) -> str:
     return f"{env_id}@{config_json}"
 
 
-def split_task_key(key: str) -> tuple[str, str]:
-    env_id, _, config = key.partition("@")
-    return env_id, config
-
-
 def task_scope(run_id: str) -> str:
     return f"task:{run_id or ALL_RUNS}"
 
@@ -105,25 +89,14 @@ def run_scopes(run_id: str) -> set[str]:
     return {task_scope(run_id), task_scope("")}
 
 
-def merge(body: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
-    """`body` with `delta` merged in by the record's rules (see the module doc); `body` is changed."""
-    for name in delta.get("reset", ()):
-        body.pop(name, None)
-    for name, value in delta.items():
-        if name == "reset":
-            continue
-        if name == "version":
-            body[name] = max(int(body.get(name, 0)), int(value))
-        elif isinstance(value, bool) or not isinstance(value, (int, float, str, list)):
-            body[name] = value
-        elif isinstance(value, (int, float)):
-            body[name] = body.get(name, 0) + value
-        elif isinstance(value, str):
-            keep = WINDOWS.get(name, 256)
-            body[name] = (str(body.get(name, "")) + value)[-keep:]
-        else:
-            body[name] = (list(body.get(name, [])) + value)[-LIST_KEEP:]
-    return body
+def schema_of(scope: str) -> str:
+    """The tally a scope's bodies are: an environment's or a task's."""
+    return EnvTally.SCHEMA if scope == ENV_SCOPE else TaskTally.SCHEMA
+
+
+def run_of(scope: str) -> str | None:
+    """The run a task scope is of (ALL_RUNS for every run's); None for the environments'."""
+    return scope.removeprefix("task:") if scope.startswith("task:") else None
 
 
 class RecordStore(Protocol):
@@ -138,7 +111,31 @@ class RecordStore(Protocol):
         """Every key of a scope with its merged body."""
         ...
 
+    async def read_many(self, scope: str, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The bodies of `keys` in a scope (keys without one left out)."""
+        ...
+
     async def read_one(self, scope: str, key: str) -> dict[str, Any] | None: ...
+
+    async def scored(self, scope: str, low: float, high: float) -> list[str]:
+        """The keys of a task scope whose pool score (`tallies.pool_score`) is in [low, high]."""
+        ...
+
+    async def counts(self, scope: str) -> dict[str, int]:
+        """A task scope's tasks by class (`tallies.CLASS_RANGES`), as kept: never a walk."""
+        ...
+
+    async def quarantined(self) -> set[str]:
+        """The environments quarantined now."""
+        ...
+
+    async def runs(self) -> set[str]:
+        """The runs the record holds (ALL_RUNS among them once any episode was recorded)."""
+        ...
+
+    async def history(self, run: str) -> list[HistoryPoint]:
+        """The run's pools by policy version, oldest first (at most `HISTORY_KEEP`)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -162,10 +159,7 @@ class Recorder:
 
     def _delta(self, scope: str, key: str, delta: dict[str, Any]) -> None:
         held = self.deltas.get((scope, key))
-        if held is None:
-            self.deltas[(scope, key)] = merge({}, delta)
-        else:
-            merge(held, delta)
+        self.deltas[(scope, key)] = merge(schema_of(scope), {} if held is None else held, delta)
         if len(self.deltas) >= MAX_PENDING_KEYS:
             self.due.set()
 
@@ -232,7 +226,7 @@ class Recorder:
             self.flushed += len(deltas)
         except Exception as exc:  # the store is down or refused: evidence for a sampler, never a step
             for key, later in self.deltas.items():
-                deltas[key] = merge(deltas[key], later) if key in deltas else later
+                deltas[key] = merge(schema_of(key[0]), deltas[key], later) if key in deltas else later
             self.deltas = deltas
             self.runs = {**runs, **self.runs}
             if len(self.deltas) > MAX_PENDING_KEYS:

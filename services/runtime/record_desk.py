@@ -16,10 +16,21 @@ from codegym.errors import Reason, Refusal
 from codegym.server.metrics import RECORD_QUARANTINED, RECORD_TASKS
 from codegym.threaded import iterate_in_thread
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.curriculum import DEFAULT_MIN_EPISODES, Band
 from services.runtime.catalog import Catalog
-from services.runtime.curriculum import Record, pass_rate_bands, quarantine_reason, sample, stats_pages
-from services.runtime.episode_record import ENV_SCOPE, EpisodeOutcome, Recorder, task_scope
+from services.runtime.curriculum import Record, gauge_bands, is_failing, sample, stats_pages
+from services.runtime.episode_record import (
+    ALL_RUNS,
+    ENV_SCOPE,
+    MAX_RUNS,
+    EpisodeOutcome,
+    Recorder,
+    RecordStore,
+    task_scope,
+)
 from services.runtime.sessions import Session
+from services.runtime.tallies import BANDS, MEASURING, EnvTally, TaskTally
+from services.runtime.task_draws import Summaries
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +41,19 @@ STEP_OUTCOMES = {
 }
 
 
+async def failing(store: RecordStore, band: Band) -> frozenset[str]:
+    """The tasks every run fails by `band` (rule 2 of curriculum.py), read from the pool index: a
+    range of it, and the bodies only when the band asks for other evidence than the index keeps."""
+    scope = task_scope("")
+    keys = await store.scored(scope, 0.0, band.low)
+    if band.min_episodes == DEFAULT_MIN_EPISODES:
+        return frozenset(keys)
+    if band.min_episodes < DEFAULT_MIN_EPISODES:
+        keys += await store.scored(scope, MEASURING, MEASURING)
+    bodies = await store.read_many(scope, keys)
+    return frozenset(key for key, body in bodies.items() if is_failing(TaskTally.of(body), band))
+
+
 class RecordDesk:
     """The record's side of the runtime (`recorder` None: started with `--no-record`)."""
 
@@ -37,6 +61,7 @@ class RecordDesk:
         self.catalog = catalog
         self.recorder = recorder
         self.max_batch = max_batch
+        self.summaries = Summaries(catalog.path)
 
     def served(self, session: Session, error: rt.StepError | None) -> None:
         """Count a step a worker ran (an action refused before it is not one)."""
@@ -77,21 +102,33 @@ class RecordDesk:
         await self.recorder.flush()
         return self.recorder
 
-    async def record(self, run_id: str) -> Record:
-        """The record as it stands, with what this runtime holds in memory written first."""
+    async def record(self, run_id: str, band: Band) -> Record:
+        """What a call reads of the record (the run's played tasks, the tasks every run fails by
+        `band`, the quarantined environments), with what this runtime holds in memory written
+        first. Never a walk of the library or of other runs' tasks."""
         store = (await self.flushed()).store
-        everyone = await store.read(task_scope(""))
-        run = everyone if not run_id else await store.read(task_scope(run_id))
-        return Record(run=run, everyone=everyone, envs=await store.read(ENV_SCOPE))
+        run = await store.read(task_scope(run_id))
+        return Record(
+            run={key: TaskTally.of(body) for key, body in run.items()},
+            failing=await failing(store, band),
+            quarantined=frozenset(await store.quarantined()),
+        )
 
     async def gauges(self, every_s: float = 30.0) -> None:
-        """Refresh the record's Prometheus gauges (bands and totals only: no env or task label)."""
+        """Refresh the record's Prometheus gauges (bands and totals only: no env or task label)
+        from the counts the store keeps: a few reads, whatever the record's size. Summarizes the
+        library for the sampler first, once (`Summaries.warm`)."""
+        try:
+            await asyncio.to_thread(self.summaries.warm)
+        except Exception as exc:  # the sampler summarizes on its first call instead
+            log.warning("library not summarized for the sampler: %s", exc)
         while True:
             try:
-                record = await self.record("")
-                for band, count in pass_rate_bands(record.everyone).items():
-                    RECORD_TASKS.labels(band).set(count)
-                RECORD_QUARANTINED.set(len(record.quarantined()))
+                store = (await self.flushed()).store
+                bands = gauge_bands(await store.counts(task_scope("")))
+                for band in BANDS:
+                    RECORD_TASKS.labels(band).set(bands.get(band, 0))
+                RECORD_QUARANTINED.set(len(await store.quarantined()))
             except Exception as exc:  # a store down now is no reason to stop refreshing later
                 log.warning("episode record gauges not refreshed: %s", exc)
             await asyncio.sleep(every_s)
@@ -99,35 +136,62 @@ class RecordDesk:
     async def stats(self, request: rt.StatsRequest) -> AsyncIterator[rt.StatsResponse]:
         """Every task's (and env's) line, built page by page in a thread: a library of tens of
         thousands must not hold the event loop."""
-        record = await self.record(request.run_id)
+        record = await self.record(request.run_id, Band())
+        store = (await self.flushed()).store
+        envs = {env_id: EnvTally.of(body) for env_id, body in (await store.read(ENV_SCOPE)).items()}
         path = self.catalog.path
-        async for page in iterate_in_thread(lambda: stats_pages(path, record, request)):
+        async for page in iterate_in_thread(lambda: stats_pages(path, record, envs, request)):
             for entry in page:
                 yield entry
 
     async def sample(self, request: rt.SampleTasksRequest) -> rt.SampleTasksResponse:
         if request.n > self.max_batch * 64:
             raise Refusal(Reason.INVALID_REQUEST, f"n {request.n} exceeds {self.max_batch * 64}")
-        record = await self.record(request.run_id)
         try:
-            return await asyncio.to_thread(sample, self.catalog.path, record, request)
+            band = Band.of(request.low, request.high, request.min_episodes)
+            record = await self.record(request.run_id, band)
+            return await asyncio.to_thread(sample, self.catalog.path, record, request, self.summaries)
         except ValueError as exc:
             raise Refusal(Reason.INVALID_REQUEST, str(exc)) from None
 
+    async def history(self, request: rt.RunHistoryRequest) -> rt.RunHistoryResponse:
+        """The run's pools by policy version; a run the record does not hold is refused by name."""
+        store = (await self.flushed()).store
+        points = await store.history(request.run_id)
+        if not points and (request.run_id or ALL_RUNS) not in await store.runs():
+            raise Refusal(
+                Reason.INVALID_REQUEST,
+                f"no run {request.run_id!r} is recorded (a run is named by create_session(run_id=...); "
+                f"the record keeps the last {MAX_RUNS} runs)",
+            )
+        return rt.RunHistoryResponse(
+            points=[
+                rt.RunHistoryPoint(
+                    policy_version=p.version,
+                    at=p.at,
+                    played=p.played,
+                    learnable=p.learnable,
+                    mastered=p.mastered,
+                    unsolved=p.unsolved,
+                )
+                for p in points
+            ]
+        )
+
     async def search(self, request: rt.SearchEnvsRequest) -> rt.SearchEnvsResponse:
-        """SearchEnvs: the catalog's page, each environment marked quarantined from the record
-        (one read per environment of the page)."""
+        """SearchEnvs: the catalog's page, each environment marked quarantined from the record (its
+        set of quarantined environments: a few, never the library)."""
         page = self.catalog.search(request)
         if self.recorder is not None and page.envs:
-            store = (await self.flushed()).store
+            quarantined = await (await self.flushed()).store.quarantined()
             for env in page.envs:
-                env.quarantined = bool(quarantine_reason(await store.read_one(ENV_SCOPE, env.env_id)))
+                env.quarantined = env.env_id in quarantined
         return page
 
     async def lift_quarantine(self, request: rt.LiftQuarantineRequest) -> rt.LiftQuarantineResponse:
         store = (await self.flushed()).store
         env = await store.read_one(ENV_SCOPE, request.env_id)  # the env's record, not the run's tasks
-        if not quarantine_reason(env):
+        if not EnvTally.of(env).quarantine_reason():
             if env is None:
                 self.catalog.env(request.env_id)  # ENV_NOT_FOUND for an id the library lacks
             return rt.LiftQuarantineResponse(lifted=False)

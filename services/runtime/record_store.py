@@ -1,10 +1,20 @@
 """Where the episode record is kept: a SQLite file beside the library, or Redis beside the sessions.
 
-Both hold (scope, key) → a JSON body merged by `episode_record.merge`'s rules, and the runs with
-when each was last seen. SQLite serves one runtime (the default `codegym up`); Redis serves every
-replica of a shared deployment, where the sessions already are, with the merge done by a Lua
-script so replicas never lose each other's counts. Either survives a restart of every server
-(Redis as durable as its own persistence: the k8s manifest's append-only file).
+Both hold (scope, key) → a JSON body merged by its tally's declaration (`tallies.py`), the runs
+with when each was last seen, and what lets a reader pay for what it asks rather than for what is
+stored, kept up to date as each body changes:
+- per task scope, each played task's pool score and recent rate (an indexed table; sorted sets),
+  so "the tasks every run fails" or "how many tasks are mastered" is a range, not a walk;
+- per task scope, the count of tasks in each class (`tallies.CLASS_RANGES`): what the gauges and
+  the history read;
+- the quarantined environments;
+- per run, its history: the pools of its played tasks at each policy version it reached (the
+  last flush at that version), at most `HISTORY_KEEP` versions (the oldest go first).
+
+SQLite serves one runtime (the default `codegym up`); Redis serves every replica of a shared
+deployment, where the sessions already are, with the merge done by a Lua script generated from the
+tallies' declaration so replicas never lose each other's counts. Either survives a restart of every
+server (Redis as durable as its own persistence: the k8s manifest's append-only file).
 """
 
 from __future__ import annotations
@@ -12,12 +22,29 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 
-from services.runtime.episode_record import LIST_KEEP, MAX_RUNS, WINDOWS, merge, task_scope
+from services.runtime.episode_record import ALL_RUNS, ENV_SCOPE, MAX_RUNS, run_of, schema_of, task_scope
+from services.runtime.tallies import (
+    CLASS_RANGES,
+    HISTORY_KEEP,
+    LUA_MERGE,
+    HistoryPoint,
+    classes,
+    encode,
+    merge,
+    pool_counts,
+    pool_score,
+    quarantined,
+    recent_score,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tallies (
@@ -30,7 +57,47 @@ CREATE TABLE IF NOT EXISTS runs (
     run       TEXT PRIMARY KEY,
     last_seen REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS task_index (
+    scope  TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    pool   REAL,
+    recent REAL,
+    PRIMARY KEY (scope, key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS task_index_pool ON task_index (scope, pool);
+CREATE TABLE IF NOT EXISTS class_counts (
+    scope TEXT NOT NULL,
+    class TEXT NOT NULL,
+    n     INTEGER NOT NULL,
+    PRIMARY KEY (scope, class)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS quarantined (env_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS history (
+    run       TEXT NOT NULL,
+    version   INTEGER NOT NULL,
+    at        REAL NOT NULL,
+    played    INTEGER NOT NULL,
+    learnable INTEGER NOT NULL,
+    mastered  INTEGER NOT NULL,
+    unsolved  INTEGER NOT NULL,
+    PRIMARY KEY (run, version)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS record_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+
+def history_point(version: int, counts: dict[str, int]) -> HistoryPoint:
+    pools = pool_counts(counts)
+    return HistoryPoint(version, time.time(), sum(pools.values()), **pools)
+
+
+def versions_of(deltas: dict[tuple[str, str], dict[str, Any]]) -> dict[str, int]:
+    """The highest policy version each task scope's deltas carry (scopes with none left out)."""
+    out: dict[str, int] = {}
+    for (scope, _), delta in deltas.items():
+        if "version" in delta and run_of(scope) is not None:
+            out[scope] = max(out.get(scope, 0), int(delta["version"]))
+    return out
 
 
 def record_path_for(library: str | Path) -> Path:
@@ -40,7 +107,7 @@ def record_path_for(library: str | Path) -> Path:
 
 
 class SqliteRecordStore:
-    """The record in a SQLite file. Writes run in a thread, one at a time (a lock), so the event
+    """The record in a SQLite file. Calls run in a thread, one at a time (a lock), so the event
     loop never waits on the disk."""
 
     def __init__(self, path: str | Path) -> None:
@@ -50,6 +117,59 @@ class SqliteRecordStore:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         self.lock = asyncio.Lock()
+        if self.db.execute("SELECT 1 FROM record_meta WHERE name = 'indexed'").fetchone() is None:
+            self._index_all()
+
+    def _index_all(self) -> None:
+        """Index a record written before the indexes were kept (once, when it is first opened)."""
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for table in ("task_index", "class_counts", "quarantined"):
+                db.execute(f"DELETE FROM {table}")
+            rows = db.execute("SELECT scope, key, body FROM tallies").fetchall()
+            self._write_indexes(((scope, key, None, json.loads(body)) for scope, key, body in rows))
+            db.execute("INSERT OR REPLACE INTO record_meta (name, value) VALUES ('indexed', '1')")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _write_indexes(
+        self, changes: Iterable[tuple[str, str, dict[str, Any] | None, dict[str, Any]]]
+    ) -> None:
+        """Bring the indexes from each (scope, key)'s old body to its new one."""
+        db = self.db
+        counted: Counter[tuple[str, str]] = Counter()
+        index_rows: list[tuple[str, str, float | None, float | None]] = []
+        gone: list[tuple[str, str]] = []
+        sick: list[tuple[str]] = []
+        well: list[tuple[str]] = []
+        for scope, key, old, new in changes:
+            if scope == ENV_SCOPE:
+                (sick if quarantined(new) else well).append((key,))
+                continue
+            pool, recent = pool_score(new), recent_score(new)
+            if pool is None and recent is None:
+                gone.append((scope, key))
+            else:
+                index_rows.append((scope, key, pool, recent))
+            before, after = classes(old), classes(new)
+            for name in after - before:
+                counted[(scope, name)] += 1
+            for name in before - after:
+                counted[(scope, name)] -= 1
+        db.executemany(
+            "INSERT OR REPLACE INTO task_index (scope, key, pool, recent) VALUES (?, ?, ?, ?)", index_rows
+        )
+        db.executemany("DELETE FROM task_index WHERE scope = ? AND key = ?", gone)
+        db.executemany("INSERT OR IGNORE INTO quarantined (env_id) VALUES (?)", sick)
+        db.executemany("DELETE FROM quarantined WHERE env_id = ?", well)
+        db.executemany(
+            "INSERT INTO class_counts (scope, class, n) VALUES (?, ?, ?)"
+            " ON CONFLICT (scope, class) DO UPDATE SET n = n + excluded.n",
+            [(scope, name, n) for (scope, name), n in counted.items() if n],
+        )
 
     async def apply(self, deltas: dict[tuple[str, str], dict[str, Any]], runs: dict[str, float]) -> None:
         async with self.lock:
@@ -73,110 +193,191 @@ class SqliteRecordStore:
                         f"SELECT key, body FROM tallies WHERE scope = ? AND key IN ({marks})", (scope, *part)
                     )
                     held.update(((scope, key), body) for key, body in rows)
-            merged = []
+            merged, changes = [], []
             for (scope, key), delta in deltas.items():
-                body = merge(json.loads(held[(scope, key)]) if (scope, key) in held else {}, delta)
-                merged.append((scope, key, json.dumps(body, ensure_ascii=False, separators=(",", ":"))))
+                old = json.loads(held[(scope, key)]) if (scope, key) in held else None
+                body = merge(schema_of(scope), dict(old or {}), delta)
+                merged.append((scope, key, encode(body)))
+                changes.append((scope, key, old, body))
             db.executemany("INSERT OR REPLACE INTO tallies (scope, key, body) VALUES (?, ?, ?)", merged)
+            self._write_indexes(changes)
+            for scope, version in versions_of(deltas).items():
+                point = history_point(version, self._counts(scope))
+                db.execute(
+                    "INSERT OR REPLACE INTO history (run, version, at, played, learnable, mastered, unsolved)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (run_of(scope), *asdict(point).values()),
+                )
+                db.execute(
+                    "DELETE FROM history WHERE run = ? AND version < (SELECT version FROM history WHERE run = ?"
+                    " ORDER BY version DESC LIMIT 1 OFFSET ?)",
+                    (run_of(scope), run_of(scope), HISTORY_KEEP - 1),
+                )
             for run, seen in runs.items():
                 db.execute("INSERT OR REPLACE INTO runs (run, last_seen) VALUES (?, ?)", (run, seen))
             for (run,) in db.execute(
-                "SELECT run FROM runs WHERE run != '*' ORDER BY last_seen DESC LIMIT -1 OFFSET ?", (MAX_RUNS,)
+                "SELECT run FROM runs WHERE run != ? ORDER BY last_seen DESC LIMIT -1 OFFSET ?",
+                (ALL_RUNS, MAX_RUNS),
             ).fetchall():
-                db.execute("DELETE FROM tallies WHERE scope = ?", (task_scope(run),))
+                for table in ("tallies", "task_index", "class_counts"):
+                    db.execute(f"DELETE FROM {table} WHERE scope = ?", (task_scope(run),))
+                db.execute("DELETE FROM history WHERE run = ?", (run,))
                 db.execute("DELETE FROM runs WHERE run = ?", (run,))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
 
-    async def read(self, scope: str) -> dict[str, dict[str, Any]]:
+    async def _call(self, query: Any) -> Any:
         async with self.lock:
-            rows = await asyncio.to_thread(
-                lambda: self.db.execute("SELECT key, body FROM tallies WHERE scope = ?", (scope,)).fetchall()
-            )
+            return await asyncio.to_thread(query)
+
+    async def read(self, scope: str) -> dict[str, dict[str, Any]]:
+        rows = await self._call(
+            lambda: self.db.execute("SELECT key, body FROM tallies WHERE scope = ?", (scope,)).fetchall()
+        )
         return {key: json.loads(body) for key, body in rows}
 
+    async def read_many(self, scope: str, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The bodies of `keys` in `scope` (keys without one left out)."""
+        wanted = list(keys)
+
+        def query() -> list[tuple[str, str]]:
+            rows = []
+            for start in range(0, len(wanted), 500):
+                part = wanted[start : start + 500]
+                marks = ",".join("?" * len(part))
+                rows += self.db.execute(
+                    f"SELECT key, body FROM tallies WHERE scope = ? AND key IN ({marks})", (scope, *part)
+                ).fetchall()
+            return rows
+
+        return {key: json.loads(body) for key, body in await self._call(query)}
+
     async def read_one(self, scope: str, key: str) -> dict[str, Any] | None:
-        async with self.lock:
-            row = await asyncio.to_thread(
-                lambda: self.db.execute(
-                    "SELECT body FROM tallies WHERE scope = ? AND key = ?", (scope, key)
-                ).fetchone()
-            )
+        row = await self._call(
+            lambda: self.db.execute(
+                "SELECT body FROM tallies WHERE scope = ? AND key = ?", (scope, key)
+            ).fetchone()
+        )
         return None if row is None else dict(json.loads(row[0]))
+
+    async def scored(self, scope: str, low: float, high: float) -> list[str]:
+        """The keys of a task scope whose pool score is in [low, high] (an index range)."""
+        rows = await self._call(
+            lambda: self.db.execute(
+                "SELECT key FROM task_index WHERE scope = ? AND pool BETWEEN ? AND ?", (scope, low, high)
+            ).fetchall()
+        )
+        return [key for (key,) in rows]
+
+    def _counts(self, scope: str) -> dict[str, int]:
+        rows = self.db.execute("SELECT class, n FROM class_counts WHERE scope = ?", (scope,))
+        return {name: int(n) for name, n in rows if n}
+
+    async def counts(self, scope: str) -> dict[str, int]:
+        """A task scope's tasks by class (`tallies.CLASS_RANGES`), as kept: no walk."""
+        result: dict[str, int] = await self._call(lambda: self._counts(scope))
+        return result
+
+    async def quarantined(self) -> set[str]:
+        rows = await self._call(lambda: self.db.execute("SELECT env_id FROM quarantined").fetchall())
+        return {env_id for (env_id,) in rows}
+
+    async def runs(self) -> set[str]:
+        rows = await self._call(lambda: self.db.execute("SELECT run FROM runs").fetchall())
+        return {run for (run,) in rows}
+
+    async def history(self, run: str) -> list[HistoryPoint]:
+        """The run's history, oldest version first."""
+        rows = await self._call(
+            lambda: self.db.execute(
+                "SELECT version, at, played, learnable, mastered, unsolved FROM history WHERE run = ?"
+                " ORDER BY version",
+                (run or ALL_RUNS,),
+            ).fetchall()
+        )
+        return [HistoryPoint(*row) for row in rows]
 
     async def close(self) -> None:
         async with self.lock:
             self.db.close()
 
 
-# KEYS: the scopes' hashes, one per delta; ARGV: pairs of (field, delta JSON), then the window
-# sizes and list length as JSON. The rules are `episode_record.merge`'s, in Lua.
-MERGE = """
-local sizes = cjson.decode(ARGV[#ARGV])
-for i = 1, #KEYS do
-  local field = ARGV[2 * i - 1]
-  local delta = cjson.decode(ARGV[2 * i])
-  local raw = redis.call('HGET', KEYS[i], field)
-  local body = {}
-  if raw then body = cjson.decode(raw) end
-  if delta['reset'] then
-    for _, name in ipairs(delta['reset']) do body[name] = nil end
-  end
-  for name, value in pairs(delta) do
-    if name == 'reset' then
-    elseif name == 'version' then
-      body[name] = math.max(tonumber(body[name] or 0), tonumber(value))
-    elseif type(value) == 'number' then
-      body[name] = (tonumber(body[name]) or 0) + value
-    elseif type(value) == 'string' then
-      local keep = sizes['windows'][name] or 256
-      local joined = (body[name] or '') .. value
-      body[name] = string.sub(joined, math.max(1, #joined - keep + 1))
-    elseif type(value) == 'table' then
-      local items = body[name] or {}
-      for _, item in ipairs(value) do table.insert(items, item) end
-      while #items > sizes['list'] do table.remove(items, 1) end
-      body[name] = items
-    else
-      body[name] = value
-    end
-  end
-  redis.call('HSET', KEYS[i], field, cjson.encode(body))
-end
-return #KEYS
-"""
-
-
 class RedisRecordStore:
-    """The record in Redis: a hash per scope (`{prefix}record:{scope}`), runs in a sorted set."""
+    """The record in Redis: a hash per scope (`{prefix}record:{scope}`), beside it the scope's pool
+    index and recent index (sorted sets `record-pool:`, `record-recent:`), the quarantined
+    environments (a set), the runs by when each was last seen and each run's history (sorted
+    sets by time and by version). Counts are ZCOUNTs of the indexes: no walk."""
 
     def __init__(self, url: str, *, prefix: str = "codegym:") -> None:
         self.redis = aioredis.from_url(url, socket_connect_timeout=2, socket_timeout=10)
         self.prefix = prefix
         self.runs_key = f"{prefix}record-runs"
-        self._merge = self.redis.register_script(MERGE)
-        self.sizes = json.dumps({"windows": WINDOWS, "list": LIST_KEEP})
+        self.quarantine_key = f"{prefix}record-quarantined"
+        self.indexed_key = f"{prefix}record-indexed"
+        self._merge = self.redis.register_script(LUA_MERGE)
+        self._indexed = False
 
     def hash(self, scope: str) -> str:
         return f"{self.prefix}record:{scope}"
 
+    def index(self, name: str, scope: str) -> str:
+        return f"{self.prefix}record-{name}:{scope}"
+
+    def history_key(self, run: str) -> str:
+        return f"{self.prefix}record-history:{run or ALL_RUNS}"
+
+    async def _index_all(self) -> None:
+        """Index a record written before the indexes were kept (once: a marker key says it is done).
+        Each body is merged with an empty delta, which rewrites it and its indexes unchanged."""
+        if self._indexed:
+            return
+        if not await self.redis.exists(self.indexed_key):
+            async for name in self.redis.scan_iter(match=f"{self.prefix}record:*", count=500):
+                hash_key = name.decode() if isinstance(name, bytes) else str(name)
+                scope = hash_key.removeprefix(f"{self.prefix}record:")
+                fields = [
+                    f.decode() if isinstance(f, bytes) else str(f) for f in await self.redis.hkeys(hash_key)
+                ]
+                for start in range(0, len(fields), 500):
+                    await self._merge_part([((scope, field), {}) for field in fields[start : start + 500]])
+            await self.redis.set(self.indexed_key, "1")
+        self._indexed = True
+
+    async def _merge_part(self, part: list[tuple[tuple[str, str], dict[str, Any]]]) -> None:
+        keys: list[str] = []
+        args: list[str] = []
+        for (scope, key), delta in part:
+            keys += [self.hash(scope), self.index("pool", scope), self.index("recent", scope)]
+            args += [schema_of(scope), key, json.dumps(delta, ensure_ascii=False)]
+        await self._merge(keys=[*keys, self.quarantine_key], args=args)
+
     async def apply(self, deltas: dict[tuple[str, str], dict[str, Any]], runs: dict[str, float]) -> None:
+        await self._index_all()
         items = list(deltas.items())
         for start in range(0, len(items), 500):
-            part = items[start : start + 500]
-            keys = [self.hash(scope) for (scope, _), _ in part]
-            args: list[str] = []
-            for (_, key), delta in part:
-                args += [key, json.dumps(delta, ensure_ascii=False)]
-            await self._merge(keys=keys, args=[*args, self.sizes])
+            await self._merge_part(items[start : start + 500])
+        for scope, version in versions_of(deltas).items():
+            point = history_point(version, await self.counts(scope))
+            key = self.history_key(run_of(scope) or "")
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.zremrangebyscore(key, version, version)
+                pipe.zadd(key, {json.dumps(asdict(point)): version})
+                pipe.zremrangebyrank(key, 0, -HISTORY_KEEP - 1)
+                await pipe.execute()
         if runs:
             await self.redis.zadd(self.runs_key, {run: seen for run, seen in runs.items()})
             for raw in await self.redis.zrevrange(self.runs_key, MAX_RUNS, -1):
                 run = raw.decode() if isinstance(raw, bytes) else str(raw)
-                if run != "*":
-                    await self.redis.delete(self.hash(task_scope(run)))
+                if run != ALL_RUNS:
+                    scope = task_scope(run)
+                    await self.redis.delete(
+                        self.hash(scope),
+                        self.index("pool", scope),
+                        self.index("recent", scope),
+                        self.history_key(run),
+                    )
                     await self.redis.zrem(self.runs_key, run)
 
     async def read(self, scope: str) -> dict[str, dict[str, Any]]:
@@ -185,9 +386,53 @@ class RedisRecordStore:
             out[field.decode()] = json.loads(raw)
         return out
 
+    async def read_many(self, scope: str, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        wanted = list(keys)
+        out: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(wanted), 1000):
+            part = wanted[start : start + 1000]
+            for key, raw in zip(part, await self.redis.hmget(self.hash(scope), part), strict=True):
+                if raw is not None:
+                    out[key] = json.loads(raw)
+        return out
+
     async def read_one(self, scope: str, key: str) -> dict[str, Any] | None:
         raw = await self.redis.hget(self.hash(scope), key)
         return None if raw is None else dict(json.loads(raw))
+
+    async def scored(self, scope: str, low: float, high: float) -> list[str]:
+        await self._index_all()
+        members = await self.redis.zrangebyscore(self.index("pool", scope), low, high)
+        return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
+
+    async def counts(self, scope: str) -> dict[str, int]:
+        await self._index_all()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for index, low, high, low_open, high_open in CLASS_RANGES.values():
+                pipe.zcount(
+                    self.index(index, scope),
+                    f"({low}" if low_open else low,
+                    f"({high}" if high_open else high,
+                )
+            found = await pipe.execute()
+        return {name: int(n) for name, n in zip(CLASS_RANGES, found, strict=True) if n}
+
+    async def quarantined(self) -> set[str]:
+        await self._index_all()
+        return {
+            m.decode() if isinstance(m, bytes) else str(m)
+            for m in await self.redis.smembers(self.quarantine_key)
+        }
+
+    async def runs(self) -> set[str]:
+        return {
+            m.decode() if isinstance(m, bytes) else str(m)
+            for m in await self.redis.zrange(self.runs_key, 0, -1)
+        }
+
+    async def history(self, run: str) -> list[HistoryPoint]:
+        found = await self.redis.zrange(self.history_key(run), 0, -1)
+        return [HistoryPoint(**json.loads(cast(bytes, raw))) for raw in found]
 
     async def close(self) -> None:
         await self.redis.aclose()

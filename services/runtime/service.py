@@ -551,6 +551,12 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         return await self.copies.restore(request)
 
     @guarded
+    async def RunHistory(
+        self, request: rt.RunHistoryRequest, context: grpc.aio.ServicerContext
+    ) -> rt.RunHistoryResponse:
+        return await self.desk.history(request)
+
+    @guarded
     async def SearchEnvs(
         self, request: rt.SearchEnvsRequest, context: grpc.aio.ServicerContext
     ) -> rt.SearchEnvsResponse:

@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from codegym_client.curriculum import uniform_fallback
 from codegym_client.outages import Outage
 from codegym_client.runtime_client import RuntimeClient
 from codegym_client.trl.environment import Run
@@ -96,14 +96,7 @@ class Curriculum:
                 len(response.tasks),
             )
         if not rows:
-            log.warning(
-                "CodeGym curriculum: the runtime sampled no task of the spec's environments for run %r: "
-                "%d of the spec's rows, uniformly",
-                run.run_id,
-                size,
-            )
-            chosen = random.Random(seed).choices(self.fallback_rows, k=size)
-            rows = [dict(row) for row in chosen]
+            rows = [dict(row) for row in uniform_fallback(self.fallback_rows, size, seed, run.run_id, log)]
         return rows
 
 

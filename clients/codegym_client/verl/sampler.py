@@ -45,6 +45,7 @@ from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 from codegym_client.abilities import ability_parts
+from codegym_client.curriculum import uniform_fallback
 from codegym_client.outages import DEFAULT_OUTAGE_WAIT_S, ride_out
 from codegym_client.requests import DEFAULT_TARGET
 from codegym_client.runtime_client import RuntimeClient
@@ -170,12 +171,7 @@ class CodeGymCurriculumSampler(_SamplerBase):
                 len(response.tasks),
             )
         if not chosen:
-            log.warning(
-                "CodeGym curriculum: no sampled task of run %r is in the dataset: %d rows drawn uniformly",
-                self.run_id,
-                self.batch_size,
-            )
-            return [rng.randrange(len(self)) for _ in range(self.batch_size)]
+            return uniform_fallback(range(len(self)), self.batch_size, seed, self.run_id, log)
         drawn = len(chosen)  # fewer tasks than a batch (a small library): the choice again, in turn
         chosen += [chosen[i % drawn] for i in range(self.batch_size - drawn)]
         return chosen

@@ -1569,6 +1569,96 @@ class RestoreSessionResponse(_message.Message):
 Global___RestoreSessionResponse: _TypeAlias = RestoreSessionResponse  # noqa: Y015
 
 @_typing.final
+class RunHistoryRequest(_message.Message):
+    """Request of RunHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """The run ("" = every run together)."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunHistoryRequest: _TypeAlias = RunHistoryRequest  # noqa: Y015
+
+@_typing.final
+class RunHistoryPoint(_message.Message):
+    """A run's played tasks by pool (the default band: a task still being measured is learnable) as
+    they stood after the last episodes recorded at one policy version.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    PLAYED_FIELD_NUMBER: _builtins.int
+    LEARNABLE_FIELD_NUMBER: _builtins.int
+    MASTERED_FIELD_NUMBER: _builtins.int
+    UNSOLVED_FIELD_NUMBER: _builtins.int
+    policy_version: _builtins.int
+    """The policy version (CreateSession's policy_version)."""
+    at: _builtins.float
+    """When the point was written, Unix seconds."""
+    played: _builtins.int
+    """Tasks the run has played."""
+    learnable: _builtins.int
+    """Of those, learnable (pass rate strictly between 0 and 1, or fewer than 4 episodes)."""
+    mastered: _builtins.int
+    """Of those, mastered (every recent episode passed)."""
+    unsolved: _builtins.int
+    """Of those, unsolved (no recent episode passed)."""
+    def __init__(
+        self,
+        *,
+        policy_version: _builtins.int = ...,
+        at: _builtins.float = ...,
+        played: _builtins.int = ...,
+        learnable: _builtins.int = ...,
+        mastered: _builtins.int = ...,
+        unsolved: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "learnable", b"learnable", "mastered", b"mastered", "played", b"played", "policy_version", b"policy_version", "unsolved", b"unsolved"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunHistoryPoint: _TypeAlias = RunHistoryPoint  # noqa: Y015
+
+@_typing.final
+class RunHistoryResponse(_message.Message):
+    """Response of RunHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POINTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def points(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunHistoryPoint]:
+        """Oldest version first; at most the runtime's bound (1,000 versions per run)."""
+
+    def __init__(
+        self,
+        *,
+        points: _abc.Iterable[Global___RunHistoryPoint] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["points", b"points"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunHistoryResponse: _TypeAlias = RunHistoryResponse  # noqa: Y015
+
+@_typing.final
 class SearchEnvsRequest(_message.Message):
     """Request of SearchEnvs. Filters combine with AND; unset filters match everything."""
 

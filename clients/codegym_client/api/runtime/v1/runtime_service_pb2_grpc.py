@@ -111,6 +111,11 @@ class RuntimeServiceStub:
                 request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionRequest.SerializeToString,
                 response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionResponse.FromString,
                 _registered_method=True)
+        self.RunHistory = channel.unary_unary(
+                '/codegym.runtime.v1.RuntimeService/RunHistory',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryResponse.FromString,
+                _registered_method=True)
         self.SearchEnvs = channel.unary_unary(
                 '/codegym.runtime.v1.RuntimeService/SearchEnvs',
                 request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SearchEnvsRequest.SerializeToString,
@@ -249,6 +254,13 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RunHistory(self, request, context):
+        """A run's played tasks by pool at each policy version it reached (the last ones, bounded).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SearchEnvs(self, request, context):
         """Environments of the library found by text and filters, a page at a time (served by indexed
         queries: a page costs the same in a library of any size).
@@ -355,6 +367,11 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.RestoreSession,
                     request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionRequest.FromString,
                     response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionResponse.SerializeToString,
+            ),
+            'RunHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.RunHistory,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryResponse.SerializeToString,
             ),
             'SearchEnvs': grpc.unary_unary_rpc_method_handler(
                     servicer.SearchEnvs,
@@ -784,6 +801,33 @@ class RuntimeService:
             '/codegym.runtime.v1.RuntimeService/RestoreSession',
             codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionRequest.SerializeToString,
             codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RunHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/RunHistory',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RunHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

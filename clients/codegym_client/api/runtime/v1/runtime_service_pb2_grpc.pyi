@@ -76,6 +76,8 @@ class RuntimeServiceStub:
     """
     RestoreSession: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RestoreSessionRequest, _runtime_service_pb2.RestoreSessionResponse]
     """A new session from a checkpoint blob, on any replica holding the key."""
+    RunHistory: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RunHistoryRequest, _runtime_service_pb2.RunHistoryResponse]
+    """A run's played tasks by pool at each policy version it reached (the last ones, bounded)."""
     SearchEnvs: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.SearchEnvsRequest, _runtime_service_pb2.SearchEnvsResponse]
     """Environments of the library found by text and filters, a page at a time (served by indexed
     queries: a page costs the same in a library of any size).
@@ -135,6 +137,8 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """
     RestoreSession: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RestoreSessionRequest, _runtime_service_pb2.RestoreSessionResponse]  # type: ignore[assignment]
     """A new session from a checkpoint blob, on any replica holding the key."""
+    RunHistory: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RunHistoryRequest, _runtime_service_pb2.RunHistoryResponse]  # type: ignore[assignment]
+    """A run's played tasks by pool at each policy version it reached (the last ones, bounded)."""
     SearchEnvs: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.SearchEnvsRequest, _runtime_service_pb2.SearchEnvsResponse]  # type: ignore[assignment]
     """Environments of the library found by text and filters, a page at a time (served by indexed
     queries: a page costs the same in a library of any size).
@@ -281,6 +285,14 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.RestoreSessionResponse, _abc.Awaitable[_runtime_service_pb2.RestoreSessionResponse]]:
         """A new session from a checkpoint blob, on any replica holding the key."""
+
+    @_abc_1.abstractmethod
+    def RunHistory(
+        self,
+        request: _runtime_service_pb2.RunHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.RunHistoryResponse, _abc.Awaitable[_runtime_service_pb2.RunHistoryResponse]]:
+        """A run's played tasks by pool at each policy version it reached (the last ones, bounded)."""
 
     @_abc_1.abstractmethod
     def SearchEnvs(

@@ -1,0 +1,360 @@
+"""The episode record's bodies, declared: what a task's and an environment's tally hold, and how
+each field merges.
+
+One declaration drives everything that reads or merges a body:
+- `TaskTally` and `EnvTally` name each field with its merge kind (`Merge`): a counter adds, a
+  maximum keeps the highest, a window of n marks appends and keeps the last n characters, a "last
+  n" list appends and keeps the last n items;
+- `merge` (Python: the SQLite store and the recorder's pending deltas) and `lua_merge` (the Lua
+  that Redis runs, generated from the same fields) follow those kinds, and nothing else: a delta
+  naming a field the declaration lacks is refused by both;
+- readers get typed tallies (`TaskTally.of(body)`), never string keys.
+
+A delta may also carry `reset`, the fields to clear before it is merged (lifting a quarantine
+clears the environment's step window). tests/test_record_merge.py runs both merges on the same
+random deltas against a real redis-server.
+
+The indexes the stores keep beside the bodies (a task's pool rate, its recent rate, whether an
+environment is quarantined) are derived from a merged body by `pool_score`, `recent_score` and
+`quarantined`; the Lua has the same three rules, checked by the same test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Self
+
+from codegym_client.curriculum import DEFAULT_MIN_EPISODES
+
+# Outcomes of the last episodes of a task kept per run ('1' rewarded, '0' not): the recent pass rate.
+TASK_WINDOW = 32
+# Episodes of a task's recent window its pool is decided by (two GRPO groups of 8).
+POOL_WINDOW = 16
+# Steps of an environment kept ('.' served, 'x' failed by the environment or a time-out, 'l' a
+# sandbox limit): what quarantine decides from.
+ENV_WINDOW = 64
+# Examples kept per environment (recent error messages, sessions of suspected shortcuts).
+LIST_KEEP = 5
+# Quarantine: at least this many of an environment's recent steps, this share of them failed.
+QUARANTINE_MIN_STEPS = 20
+QUARANTINE_RATE = 0.5
+# Failed steps by kind, as `StepErrorCode` names them.
+FailureKind = Literal["env_error", "step_timeout", "sandbox_limit"]
+FAILURE_KINDS: tuple[FailureKind, ...] = ("env_error", "step_timeout", "sandbox_limit")
+# A task's pool score while the run has played it fewer than `DEFAULT_MIN_EPISODES` times.
+MEASURING = -1.0
+
+
+class Merge(enum.Enum):
+    """How a field of a tally takes a delta."""
+
+    COUNTER = "counter"  # adds
+    MAXIMUM = "maximum"  # keeps the highest
+    WINDOW = "window"  # a string of marks: appends, keeps the last `keep` characters
+    LAST = "last"  # a list: appends, keeps the last `keep` items
+
+
+def counter() -> Any:
+    return field(default=0, metadata={"merge": Merge.COUNTER, "keep": 0})
+
+
+def maximum() -> Any:
+    return field(default=0, metadata={"merge": Merge.MAXIMUM, "keep": 0})
+
+
+def window(keep: int) -> Any:
+    return field(default="", metadata={"merge": Merge.WINDOW, "keep": keep})
+
+
+def last(keep: int) -> Any:
+    return field(default=(), metadata={"merge": Merge.LAST, "keep": keep})
+
+
+class Tally:
+    """What both tallies share: their declaration read back, and a body read into one."""
+
+    SCHEMA: ClassVar[str]
+
+    @classmethod
+    def declared(cls) -> dict[str, tuple[Merge, int]]:
+        """Each field's merge kind and bound, from the dataclass's fields."""
+        return {f.name: (f.metadata["merge"], f.metadata["keep"]) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+
+    @classmethod
+    def of(cls, body: dict[str, Any] | None) -> Self:
+        """A stored body as a tally (fields it lacks at their zero; lists as tuples)."""
+        if not body:
+            return cls()
+        values = {}
+        for name, (kind, _) in DECLARED[cls.SCHEMA].items():
+            if name in body:
+                value = body[name]
+                values[name] = tuple(str(v) for v in value) if kind is Merge.LAST else value
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTally(Tally):
+    """A task configuration's record, per run and for every run together."""
+
+    SCHEMA: ClassVar[str] = "task"
+
+    episodes: int = counter()
+    passes: int = counter()
+    steps: int = counter()
+    done: int = counter()
+    truncated: int = counter()
+    env_error: int = counter()
+    step_timeout: int = counter()
+    sandbox_limit: int = counter()
+    version: int = maximum()  # the highest policy version that played it
+    # Ends of forked sessions (branches), counted apart from episodes: nothing else reads them, so a
+    # prefix several branches share weighs once in the pass rates, the pools and the sentinel.
+    branches: int = counter()
+    branch_passes: int = counter()
+    recent: str = window(TASK_WINDOW)  # '1' rewarded, '0' not, oldest first
+
+    def recent_rate(self, last: int = 0) -> tuple[int, float]:
+        """(episodes in the recent window, or in its `last` ones, and their pass rate)."""
+        marks = self.recent[-last:] if last else self.recent
+        return len(marks), (marks.count("1") / len(marks)) if marks else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EnvTally(Tally):
+    """An environment's record (every run together)."""
+
+    SCHEMA: ClassVar[str] = "env"
+
+    episodes: int = counter()
+    passes: int = counter()
+    steps: int = counter()
+    env_error: int = counter()
+    step_timeout: int = counter()
+    sandbox_limit: int = counter()
+    shortcuts: int = counter()
+    lifts: int = counter()
+    branches: int = counter()  # as TaskTally's
+    branch_passes: int = counter()
+    window: str = window(ENV_WINDOW)  # '.' served, 'x' failed, 'l' a sandbox limit
+    recent_errors: tuple[str, ...] = last(LIST_KEEP)
+    shortcut_sessions: tuple[str, ...] = last(LIST_KEEP)
+
+    def quarantine_reason(self) -> str:
+        """Why the environment is quarantined ("" when it is not), from its recent steps."""
+        failed = self.window.count("x")
+        if len(self.window) < QUARANTINE_MIN_STEPS or failed < QUARANTINE_RATE * len(self.window):
+            return ""
+        return (
+            f"{failed} of its last {len(self.window)} steps failed (environment errors or time-outs); "
+            f"{self.env_error} environment errors and {self.step_timeout} time-outs in {self.steps} steps served"
+        )
+
+
+Schema = Literal["task", "env"]
+DECLARED: dict[str, dict[str, tuple[Merge, int]]] = {
+    TaskTally.SCHEMA: TaskTally.declared(),
+    EnvTally.SCHEMA: EnvTally.declared(),
+}
+
+
+class UnknownField(ValueError):
+    """A delta names a field its tally does not declare."""
+
+
+def merge(schema: str, body: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """`body` with `delta` merged in by the declaration of `schema` ("task" or "env"); `body` is
+    changed. Raises `UnknownField` for a field the tally lacks."""
+    declared = DECLARED[schema]
+    for name in delta.get("reset", ()):
+        body.pop(name, None)
+    for name, value in delta.items():
+        if name == "reset":
+            continue
+        if name not in declared:
+            raise UnknownField(f"a {schema} tally has no field {name!r}")
+        kind, keep = declared[name]
+        if kind is Merge.COUNTER:
+            body[name] = body.get(name, 0) + value
+        elif kind is Merge.MAXIMUM:
+            body[name] = max(body.get(name, 0), value)
+        elif kind is Merge.WINDOW:
+            body[name] = (body.get(name, "") + value)[-keep:]
+        elif value:  # an empty list adds nothing (and Lua's JSON could not tell it from an object)
+            body[name] = (list(body.get(name, [])) + list(value))[-keep:]
+    return body
+
+
+def pool_score(body: dict[str, Any]) -> float | None:
+    """The task's place in its scope's pool index: the pass rate of its last `POOL_WINDOW`
+    episodes, `MEASURING` before `DEFAULT_MIN_EPISODES` of them; None when it has no episode (a
+    failed step alone does not make a task played)."""
+    if not body.get("episodes"):
+        return None
+    seen, rate = TaskTally.of(body).recent_rate(POOL_WINDOW)
+    return rate if seen >= DEFAULT_MIN_EPISODES else MEASURING
+
+
+def recent_score(body: dict[str, Any]) -> float | None:
+    """The task's pass rate over its whole recent window (what the gauges band); None when empty."""
+    seen, rate = TaskTally.of(body).recent_rate()
+    return rate if seen else None
+
+
+def quarantined(body: dict[str, Any]) -> bool:
+    return bool(EnvTally.of(body).quarantine_reason())
+
+
+# What a scope's counts are kept by (`classes`): each played task's pool in the default band (a
+# task still being measured is learnable), and each task's recent rate in quarter bands (the
+# `codegym_record_tasks` gauge). Counted as bodies change, never by walking a scope.
+POOL_CLASSES = ("learnable", "mastered", "unsolved")
+BANDS = ("0", "0.00-0.25", "0.25-0.50", "0.50-0.75", "0.75-1.00", "1")
+# Each class's range of its index's score: (low, high, low excluded, high excluded).
+CLASS_RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
+    "pool:unsolved": ("pool", 0.0, 0.0, False, False),
+    "pool:mastered": ("pool", 1.0, 1.0, False, False),
+    "pool:learnable": ("pool", 0.0, 1.0, True, True),
+    "pool:measuring": ("pool", MEASURING, MEASURING, False, False),
+    "band:0": ("recent", 0.0, 0.0, False, False),
+    "band:0.00-0.25": ("recent", 0.0, 0.25, True, True),
+    "band:0.25-0.50": ("recent", 0.25, 0.5, False, True),
+    "band:0.50-0.75": ("recent", 0.5, 0.75, False, True),
+    "band:0.75-1.00": ("recent", 0.75, 1.0, False, True),
+    "band:1": ("recent", 1.0, 1.0, False, False),
+}
+
+
+def classes(body: dict[str, Any] | None) -> set[str]:
+    """The counted classes a task body is in (`CLASS_RANGES`)."""
+    if not body:
+        return set()
+    scores = {"pool": pool_score(body), "recent": recent_score(body)}
+    out = set()
+    for name, (index, low, high, low_open, high_open) in CLASS_RANGES.items():
+        score = scores[index]
+        if score is None:
+            continue
+        if (score > low if low_open else score >= low) and (score < high if high_open else score <= high):
+            out.add(name)
+    return out
+
+
+def pool_counts(counts: dict[str, int]) -> dict[str, int]:
+    """A scope's counts as its played tasks' pools in the default band."""
+    return {
+        "learnable": counts.get("pool:learnable", 0) + counts.get("pool:measuring", 0),
+        "mastered": counts.get("pool:mastered", 0),
+        "unsolved": counts.get("pool:unsolved", 0),
+    }
+
+
+def _lua_table() -> str:
+    """The declaration as a Lua table literal: schema → field → {kind, keep}."""
+    schemas = []
+    for schema, declared in DECLARED.items():
+        fields = ", ".join(f"{name} = {{'{kind.value}', {keep}}}" for name, (kind, keep) in declared.items())
+        schemas.append(f"{schema} = {{{fields}}}")
+    return "{" + ", ".join(schemas) + "}"
+
+
+# KEYS: per delta its scope's hash, pool index and recent index (sorted sets), then the set of
+# quarantined environments last. ARGV: per delta (schema, field, delta JSON). The merge follows
+# the declaration (`DECLARED`, generated into the script); the indexes follow `pool_score`,
+# `recent_score` and `quarantined`. Returns the number of deltas merged, or raises for a field the
+# tally does not declare (nothing of the call is written: the check runs first).
+LUA_MERGE = f"""
+local declared = {_lua_table()}
+local n = (#KEYS - 1) / 3
+for i = 1, n do
+  local decl = declared[ARGV[3 * i - 2]]
+  for name, _ in pairs(cjson.decode(ARGV[3 * i])) do
+    if name ~= 'reset' and decl[name] == nil then
+      return redis.error_reply('a ' .. ARGV[3 * i - 2] .. " tally has no field '" .. name .. "'")
+    end
+  end
+end
+local quarantine = KEYS[#KEYS]
+for i = 1, n do
+  local schema, field = ARGV[3 * i - 2], ARGV[3 * i - 1]
+  local decl = declared[schema]
+  local delta = cjson.decode(ARGV[3 * i])
+  local hash = KEYS[3 * i - 2]
+  local raw = redis.call('HGET', hash, field)
+  local body = {{}}
+  if raw then body = cjson.decode(raw) end
+  if delta['reset'] then
+    for _, name in ipairs(delta['reset']) do body[name] = nil end
+  end
+  for name, value in pairs(delta) do
+    if name ~= 'reset' then
+      local kind, keep = decl[name][1], decl[name][2]
+      if kind == 'counter' then
+        body[name] = (body[name] or 0) + value
+      elseif kind == 'maximum' then
+        body[name] = math.max(body[name] or 0, value)
+      elseif kind == 'window' then
+        local joined = (body[name] or '') .. value
+        body[name] = string.sub(joined, math.max(1, #joined - keep + 1))
+      elseif #value > 0 then
+        local items = body[name] or {{}}
+        for _, item in ipairs(value) do table.insert(items, item) end
+        while #items > keep do table.remove(items, 1) end
+        body[name] = items
+      end
+    end
+  end
+  redis.call('HSET', hash, field, cjson.encode(body))
+  if schema == 'task' then
+    local recent = body['recent'] or ''
+    local pool = string.sub(recent, math.max(1, #recent - {POOL_WINDOW} + 1))
+    local _, pool_passes = string.gsub(pool, '1', '')
+    local _, passes = string.gsub(recent, '1', '')
+    if (body['episodes'] or 0) > 0 then
+      local score = {MEASURING}
+      if #pool >= {DEFAULT_MIN_EPISODES} then score = pool_passes / #pool end
+      redis.call('ZADD', KEYS[3 * i - 1], score, field)
+    else
+      redis.call('ZREM', KEYS[3 * i - 1], field)
+    end
+    if #recent > 0 then
+      redis.call('ZADD', KEYS[3 * i], passes / #recent, field)
+    else
+      redis.call('ZREM', KEYS[3 * i], field)
+    end
+  else
+    local marks = body['window'] or ''
+    local _, failed = string.gsub(marks, 'x', '')
+    if #marks >= {QUARANTINE_MIN_STEPS} and failed >= {QUARANTINE_RATE} * #marks then
+      redis.call('SADD', quarantine, field)
+    else
+      redis.call('SREM', quarantine, field)
+    end
+  end
+end
+return n
+"""
+
+
+# Policy versions kept in a run's history; past this the oldest go.
+HISTORY_KEEP = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPoint:
+    """A run's played tasks by pool (the default band; a task still measured is learnable) as
+    they stood after its last flush at `version`, at `at` (Unix seconds)."""
+
+    version: int
+    at: float
+    played: int
+    learnable: int
+    mastered: int
+    unsolved: int
+
+
+def encode(body: dict[str, Any]) -> str:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"))

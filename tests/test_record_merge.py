@@ -1,0 +1,242 @@
+"""The episode record's declaration drives both merges (Python for SQLite, generated Lua for Redis),
+and the indexes kept beside the bodies always equal what a full recomputation gives.
+
+Random histories of deltas, seeded (each seed names a history that can be replayed), are applied
+to the SQLite store and to a real redis-server; the bodies, the pool index, the counts, the
+quarantined environments and the history must agree with each other and with the bodies
+recomputed from scratch by the declaration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.runtime.episode_record import ALL_RUNS, ENV_SCOPE, task_scope
+from services.runtime.record_store import RedisRecordStore, SqliteRecordStore
+from services.runtime.tallies import (
+    DECLARED,
+    HISTORY_KEEP,
+    MEASURING,
+    EnvTally,
+    Merge,
+    TaskTally,
+    UnknownField,
+    classes,
+    merge,
+    pool_score,
+    quarantined,
+)
+from tests.helpers.servers import Redis
+
+Deltas = dict[tuple[str, str], dict[str, Any]]
+RUNS = ("a", "b", "c")
+TASKS = [f'E{n}@{{"k": {m}}}' for n in range(4) for m in range(3)]
+ENVS = [f"E{n}" for n in range(4)]
+
+
+def random_delta(rng: random.Random, schema: str) -> dict[str, Any]:
+    """Some of a tally's fields, each with a value of its kind (windows and lists past their bound
+    now and then; a reset of the environment's window now and then)."""
+    delta: dict[str, Any] = {}
+    for name, (kind, keep) in DECLARED[schema].items():
+        if rng.random() < 0.5:
+            continue
+        if kind is Merge.COUNTER:
+            delta[name] = rng.randrange(0, 4)
+        elif kind is Merge.MAXIMUM:
+            delta[name] = rng.randrange(0, 50)
+        elif kind is Merge.WINDOW:
+            marks = "01" if schema == "task" else ".xxl"
+            delta[name] = "".join(rng.choice(marks) for _ in range(rng.randrange(1, keep + 8)))
+        else:
+            delta[name] = [f"m{rng.randrange(100)}" for _ in range(rng.randrange(0, keep + 3))]
+    if schema == "env" and rng.random() < 0.1:
+        delta["reset"] = ["window"]
+    return delta
+
+
+def random_history(seed: int, flushes: int = 12) -> list[Deltas]:
+    rng = random.Random(seed)
+    history = []
+    for _ in range(flushes):
+        deltas: Deltas = {}
+        for _ in range(rng.randrange(1, 12)):
+            if rng.random() < 0.3:
+                deltas[(ENV_SCOPE, rng.choice(ENVS))] = random_delta(rng, "env")
+            else:
+                deltas[(task_scope(rng.choice([*RUNS, ""])), rng.choice(TASKS))] = random_delta(rng, "task")
+        history.append(deltas)
+    return history
+
+
+def recomputed(history: list[Deltas]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every scope's bodies from scratch, by the declaration."""
+    bodies: dict[str, dict[str, dict[str, Any]]] = {}
+    for deltas in history:
+        for (scope, key), delta in deltas.items():
+            schema = "env" if scope == ENV_SCOPE else "task"
+            merge(schema, bodies.setdefault(scope, {}).setdefault(key, {}), delta)
+    return bodies
+
+
+def counts_of(bodies: dict[str, dict[str, Any]]) -> dict[str, int]:
+    found: Counter[str] = Counter()
+    for body in bodies.values():
+        found.update(classes(body))
+    return dict(found)
+
+
+async def read_everything(store: Any) -> dict[str, Any]:
+    scopes = [task_scope(run) for run in [*RUNS, ""]]
+    return {
+        "bodies": {scope: await store.read(scope) for scope in [*scopes, ENV_SCOPE]},
+        "counts": {scope: await store.counts(scope) for scope in scopes},
+        "learnable": {scope: sorted(await store.scored(scope, 0.01, 0.99)) for scope in scopes},
+        "measuring": {scope: sorted(await store.scored(scope, MEASURING, MEASURING)) for scope in scopes},
+        "quarantined": await store.quarantined(),
+        "history": {
+            run: [
+                (p.version, p.played, p.learnable, p.mastered, p.unsolved) for p in await store.history(run)
+            ]
+            for run in [*RUNS, ""]
+        },
+    }
+
+
+@pytest.fixture
+def redis_url() -> AsyncIterator[str]:
+    server = Redis()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def run(coro: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    return asyncio.run(coro())
+
+
+def test_both_stores_merge_random_histories_by_the_declaration_and_index_them_exactly(
+    tmp_path: Path, redis_url: str
+) -> None:
+    async def scenario() -> None:
+        redis = RedisRecordStore(redis_url)
+        try:
+            for seed in range(25):
+                await redis.redis.flushall()
+                redis._indexed = False
+                sqlite = SqliteRecordStore(tmp_path / f"record-{seed}.sqlite")
+                history = random_history(seed)
+                for deltas in history:
+                    await sqlite.apply(deltas, {})
+                    await redis.apply(deltas, {})
+                from_sqlite, from_redis = await read_everything(sqlite), await read_everything(redis)
+                await sqlite.close()
+                expected = recomputed(history)
+                for got in (from_sqlite, from_redis):
+                    for scope, bodies in got["bodies"].items():
+                        assert bodies == expected.get(scope, {}), (seed, scope)
+                    for scope, counts in got["counts"].items():
+                        assert counts == counts_of(expected.get(scope, {})), (seed, scope)
+                    for scope, keys in got["measuring"].items():
+                        bodies = expected.get(scope, {})
+                        assert keys == sorted(k for k, b in bodies.items() if pool_score(b) == MEASURING)
+                    envs = expected.get(ENV_SCOPE, {})
+                    assert got["quarantined"] == {env for env, body in envs.items() if quarantined(body)}, (
+                        seed
+                    )
+                assert from_sqlite["learnable"] == from_redis["learnable"], seed
+                assert from_sqlite["history"].keys() == from_redis["history"].keys()
+                for name in from_sqlite["history"]:  # the same points (`at` aside)
+                    assert from_sqlite["history"][name] == from_redis["history"][name], (seed, name)
+        finally:
+            await redis.close()
+
+    run(scenario)
+
+
+def test_a_tally_is_read_by_its_declared_fields() -> None:
+    task = TaskTally.of({"episodes": 3, "passes": 2, "recent": "011", "version": 9})
+    assert (task.episodes, task.passes, task.version, task.recent_rate()) == (3, 2, 9, (3, 2 / 3))
+    env = EnvTally.of({"window": "x" * 20, "env_error": 20, "steps": 20, "recent_errors": ["boom"]})
+    assert env.recent_errors == ("boom",) and "20 of its last 20 steps failed" in env.quarantine_reason()
+    assert EnvTally.of({"window": "x" * 19}).quarantine_reason() == ""
+
+
+def test_a_field_the_declaration_lacks_is_refused_by_both_merges_and_nothing_is_written(
+    tmp_path: Path, redis_url: str
+) -> None:
+    with pytest.raises(UnknownField, match="no field 'bogus'"):
+        merge("task", {}, {"bogus": 1})
+    with pytest.raises(UnknownField, match="no field 'window'"):
+        merge("task", {}, {"window": "."})  # an environment's field on a task
+
+    async def scenario() -> None:
+        sqlite, redis = SqliteRecordStore(tmp_path / "r.sqlite"), RedisRecordStore(redis_url)
+        good = {(task_scope("r"), "E@{}"): {"episodes": 1}}
+        try:
+            for store in (sqlite, redis):
+                with pytest.raises(Exception, match="no field 'bogus'"):
+                    await store.apply({**good, (task_scope("r"), "F@{}"): {"bogus": 1}}, {"r": 1.0})
+                assert await store.read(task_scope("r")) == {}, store
+        finally:
+            await sqlite.close()
+            await redis.close()
+
+    run(scenario)
+
+
+def test_a_runs_history_keeps_its_last_versions_only(tmp_path: Path, redis_url: str) -> None:
+    extra = 7
+
+    async def scenario() -> None:
+        sqlite, redis = SqliteRecordStore(tmp_path / "r.sqlite"), RedisRecordStore(redis_url)
+        try:
+            for store in (sqlite, redis):
+                for version in range(HISTORY_KEEP + extra):
+                    recent = "1" if version % 2 else "0"
+                    await store.apply(
+                        {(task_scope("r"), "E@{}"): {"episodes": 1, "recent": recent, "version": version}}, {}
+                    )
+                points = await store.history("r")
+                assert [p.version for p in points] == list(range(extra, HISTORY_KEEP + extra)), store
+                assert points[-1].played == 1 and points[-1].learnable == 1
+                assert await store.history("nobody") == []
+        finally:
+            await sqlite.close()
+            await redis.close()
+
+    run(scenario)
+
+
+def test_a_record_written_before_the_indexes_is_indexed_when_opened(tmp_path: Path, redis_url: str) -> None:
+    """A record file or Redis from the release before: bodies only. Opening it builds the indexes."""
+    body = {"episodes": 5, "recent": "11111"}
+
+    async def scenario() -> None:
+        sqlite = SqliteRecordStore(tmp_path / "old.sqlite")
+        sqlite.db.execute("DELETE FROM record_meta")
+        sqlite.db.execute(
+            "INSERT INTO tallies (scope, key, body) VALUES (?, ?, ?)",
+            (task_scope(ALL_RUNS), "E@{}", '{"episodes":5,"recent":"11111"}'),
+        )
+        await sqlite.close()
+        reopened = SqliteRecordStore(tmp_path / "old.sqlite")
+        redis = RedisRecordStore(redis_url)
+        await redis.redis.hset(redis.hash(task_scope("")), "E@{}", '{"episodes":5,"recent":"11111"}')
+        try:
+            for store in (reopened, redis):
+                assert await store.counts(task_scope("")) == counts_of({"E@{}": body}), store
+                assert await store.read(task_scope("")) == {"E@{}": body}
+        finally:
+            await reopened.close()
+            await redis.close()
+
+    run(scenario)
