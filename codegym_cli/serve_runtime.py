@@ -43,6 +43,8 @@ def record_store(settings: RuntimeSettings) -> RecordStore | None:
 def capture_store(settings: RuntimeSettings) -> CaptureStore | None:
     """Where captured episodes are kept: where the record is (its SQLite file or Redis); in memory
     when the record is off; None with `--no-capture`."""
+    import sqlite3
+
     from services.runtime.capture_store import SqliteCaptureStore
     from services.runtime.record_store import record_path_for
     from services.runtime.redis_captures import RedisCaptureStore
@@ -59,7 +61,13 @@ def capture_store(settings: RuntimeSettings) -> CaptureStore | None:
         place = settings.sessions if settings.shared_sessions else str(record_path_for(settings.library))
     if place.startswith(("redis://", "rediss://", "unix://")):
         return RedisCaptureStore(place, config.capture_bytes)
-    return SqliteCaptureStore(":memory:" if place == "off" else place, config.capture_bytes)
+    try:
+        return SqliteCaptureStore(":memory:" if place == "off" else place, config.capture_bytes)
+    except (sqlite3.Error, OSError) as exc:
+        raise SystemExit(
+            f"codegym serve runtime: cannot keep captured episodes in {place} ({exc}): give --record FILE "
+            "(somewhere writable) or --no-capture"
+        ) from None
 
 
 def checkpoint_keys(settings: RuntimeSettings) -> Keyring | None:
@@ -77,12 +85,12 @@ def _serve_runtime(args: argparse.Namespace) -> int:
     settings = from_args(RuntimeSettings, args)
     auth = start(settings.access, settings.host, settings.log_level, settings.output)
     keys = checkpoint_keys(settings)
-    captures = capture_store(settings)
     from codegym.server.serving import serve
     from services.runtime.server import RuntimeServer
 
     async def main() -> None:
         record = record_store(settings)
+        captures = capture_store(settings)  # where the record is: after its own check of the place
         await serve(
             RuntimeServer(settings, auth=auth, record=record, checkpoint_keys=keys, captures=captures)
         )
