@@ -1,4 +1,5 @@
-"""`codegym library stats|sample|history|quarantine|label`: the runtime's record of served episodes.
+"""`codegym library stats|sample|history|quarantine|label|episodes`: the runtime's record of
+served episodes, and its captured episodes (`episodes`, library_episodes.py).
 
 The runtime records every finished episode against its task configuration and its trainer's run
 (`create_session(run_id=...)`); these commands read that record through its RPCs, so they work
@@ -171,9 +172,39 @@ def add_label(lib_sub: argparse._SubParsersAction) -> None:
     label.set_defaults(func=later("codegym_cli.library_curriculum", "_label_command"))
 
 
+def add_episodes(lib_sub: argparse._SubParsersAction) -> None:
+    episodes = lib_sub.add_parser(
+        "episodes",
+        help="the runtime's captured episodes as JSON lines (newest first); --id prints one whole",
+        description="Captured episodes: a sampled fraction of all (`serve runtime --capture RATE`) "
+        "and every one the shortcut sentinel flags. A trainer's token sees its own tenant's.",
+    )
+    add_runtime_arguments(episodes)
+    episodes.add_argument("--run", default="", metavar="RUN", help="only this run's")
+    episodes.add_argument("--env", default="", metavar="ENV_ID", help="only this environment's")
+    rewarded = episodes.add_mutually_exclusive_group()
+    rewarded.add_argument(
+        "--rewarded",
+        dest="rewarded",
+        action="store_const",
+        const=True,
+        default=None,
+        help="only rewarded ones",
+    )
+    rewarded.add_argument(
+        "--unrewarded", dest="rewarded", action="store_const", const=False, help="only unrewarded ones"
+    )
+    episodes.add_argument("--flagged", action="store_true", help="only those the shortcut sentinel flagged")
+    episodes.add_argument("--errors", action="store_true", help="only those that ended by an error")
+    episodes.add_argument("--limit", type=count, default=0, metavar="N", help="at most N lines (0: all)")
+    episodes.add_argument("--id", default="", metavar="ID", help="one episode, whole, with its steps")
+    episodes.set_defaults(func=later("codegym_cli.library_episodes", "_episodes_command"))
+
+
 def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
     add_stats(lib_sub)
     add_sample(lib_sub)
     add_history(lib_sub)
     add_quarantine(lib_sub)
     add_label(lib_sub)
+    add_episodes(lib_sub)

@@ -59,6 +59,23 @@ class RuntimeConfig:
     max_request_id: int = 128
     # Largest checkpoint blob RestoreSession reads (a state the sandbox made, sealed).
     max_checkpoint_bytes: int = 2 * 1024 * 1024
+    # Captured episodes (captures.py, docs/limits.md): the fraction logged whole, whether anything is
+    # logged for them at all, and the bytes the capture store keeps.
+    capture_rate: float = option(
+        0.05,
+        "--capture",
+        "fraction of episodes captured whole (0..1), drawn per episode at create; every episode also "
+        "logs its first ceil(solve_fc_round/4) steps, so each one the shortcut sentinel flags is "
+        "captured whole. Captures are kept where the record is (its file or Redis; memory with "
+        "--no-record)",
+        metavar="RATE",
+    )
+    no_capture: bool = option(False, "--no-capture", "capture nothing, not even flagged episodes")
+    capture_bytes: int = option(
+        64 * 1024 * 1024,
+        "--capture-bytes",
+        "bytes of captured episodes kept (with Redis: across every replica); past it the oldest captures go",
+    )
 
 
 def session_seed(session_id: str) -> int:

@@ -178,6 +178,16 @@ class RecordDesk:
             ]
         )
 
+    async def search(self, request: rt.SearchEnvsRequest) -> rt.SearchEnvsResponse:
+        """SearchEnvs: the catalog's page, each environment marked quarantined from the record (its
+        set of quarantined environments: a few, never the library)."""
+        page = self.catalog.search(request)
+        if self.recorder is not None and page.envs:
+            quarantined = await (await self.flushed()).store.quarantined()
+            for env in page.envs:
+                env.quarantined = env.env_id in quarantined
+        return page
+
     async def lift_quarantine(self, request: rt.LiftQuarantineRequest) -> rt.LiftQuarantineResponse:
         store = (await self.flushed()).store
         env = await store.read_one(ENV_SCOPE, request.env_id)  # the env's record, not the run's tasks

@@ -10,6 +10,7 @@ from codegym.server.auth import ServerAuth
 from codegym.server.grpcutil import ManagedServer
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.dispatcher import SandboxDispatcher
+from services.runtime.captures import CaptureStore
 from services.runtime.catalog import Catalog
 from services.runtime.checkpoints import Keyring
 from services.runtime.episode_record import Recorder, RecordStore
@@ -33,12 +34,14 @@ class RuntimeServer:
         store: SessionStore | None = None,
         record: RecordStore | None = None,
         checkpoint_keys: Keyring | None = None,
+        captures: CaptureStore | None = None,
     ) -> None:
         """`auth`: what `settings.access` loads to, when the caller holds it already (in memory);
         `store`: the session store (default: Redis when `settings.sessions` names it, else this
         process's memory); `record`: where the episode record is kept (None: no record, `--no-record`);
         `checkpoint_keys`: the deployment's checkpoint keys (default: the files `settings` names;
-        none: checkpoints are refused)."""
+        none: checkpoints are refused); `captures`: where captured episodes are kept (default: this
+        process's memory; none with `--no-capture`)."""
         auth = ServerAuth.load(settings.access) if auth is None else auth
         self.settings = settings
         self.catalog = Catalog(settings.library, cache_bytes=settings.env_cache_mb * 1024 * 1024)
@@ -52,6 +55,7 @@ class RuntimeServer:
             self.recorder,
             Quotas(auth.limits),
             checkpoint_keys or Keyring.load(settings.checkpoint_key, settings.checkpoint_primary),
+            None if settings.config.no_capture else captures or memory_captures(settings),
         )
         self._background: list[asyncio.Task[None]] = []
         self.managed = ManagedServer([SERVICE_NAME], host=settings.host, port=settings.port, auth=auth)
@@ -88,6 +92,8 @@ class RuntimeServer:
                 await task
         if self.recorder is not None:
             await self.recorder.store.close()
+        if self.servicer.captures.store is not None:
+            await self.servicer.captures.store.close()
         await self.dispatcher.close()
         close = getattr(self.servicer.store, "close", None)
         if close is not None:
@@ -105,3 +111,10 @@ def session_store(settings: RuntimeSettings) -> SessionStore:
     return RedisSessionStore(
         settings.sessions, settings.config.session_ttl_s, lease_s=settings.step_lease_s, history=history
     )
+
+
+def memory_captures(settings: RuntimeSettings) -> CaptureStore:
+    """Captured episodes kept in this process (a runtime given no store for them)."""
+    from services.runtime.capture_store import SqliteCaptureStore
+
+    return SqliteCaptureStore(":memory:", settings.config.capture_bytes)
