@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PY312 := $(shell command -v python3.12 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1)
 PROTOS := $(shell find protos -name '*.proto' | sort)
-DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server
+DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server chromium chromium-driver
 LINT_PATHS := codegym codegym_jobs codegym_cli sandbox_worker services clients codegym_testkit tests bench
 
 

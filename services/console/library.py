@@ -1,0 +1,193 @@
+"""The Library page's reads: a page of environments matching a search, and one environment with
+its tasks' published scores, its record and its health, all from the runtime's API.
+
+Search is the runtime's `SearchEnvs` (text, source, learnability, published pass-rate range,
+paged on the server); a runtime without it is searched by id prefix (`ListEnvs`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import grpc
+
+from codegym_client.api.common.v1 import common_pb2 as common
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.async_client import AsyncRuntimeClient
+from services.console.plays import clip
+
+LEARNABILITY = ("learnable", "mastered", "unsolved", "unseen")
+
+
+def fraction(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= 1.0 else None
+
+
+@dataclass(frozen=True)
+class Query:
+    text: str = ""
+    source: str = ""
+    learnability: tuple[str, ...] = ()
+    min_pass_rate: float | None = None
+    max_pass_rate: float | None = None
+    page_token: str = ""
+    page_size: int = 50
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, str], page_size: int) -> Query:
+        getlist = getattr(params, "getlist", None)
+        chosen = getlist("learnability") if getlist else []
+        return cls(
+            text=params.get("q", "").strip()[:200],
+            source=params.get("source", "").strip()[:100],
+            learnability=tuple(x for x in chosen if x in LEARNABILITY),
+            min_pass_rate=fraction(params.get("min", "")),
+            max_pass_rate=fraction(params.get("max", "")),
+            page_token=params.get("page", "")[:200],
+            page_size=page_size,
+        )
+
+    def link(self, page_token: str) -> str:
+        """The query string of this search's page at `page_token`."""
+        from urllib.parse import urlencode
+
+        pairs: list[tuple[str, str]] = [("q", self.text), ("source", self.source)]
+        pairs += [("learnability", x) for x in self.learnability]
+        if self.min_pass_rate is not None:
+            pairs.append(("min", str(self.min_pass_rate)))
+        if self.max_pass_rate is not None:
+            pairs.append(("max", str(self.max_pass_rate)))
+        pairs.append(("page", page_token))
+        return "?" + urlencode([(k, v) for k, v in pairs if v])
+
+
+@dataclass
+class Row:
+    env_id: str
+    tools: list[str]
+    task_count: int
+    source: str = ""
+    learnability: dict[str, int] = field(default_factory=dict)
+    bo4: float | None = None
+    bo8: float | None = None
+    quarantined: bool = False
+
+
+@dataclass
+class Found:
+    rows: list[Row]
+    next_page_token: str
+    total: int | None
+    searched: bool  # by the runtime's SearchEnvs (else: an id prefix)
+
+
+def searchable(client: AsyncRuntimeClient) -> bool:
+    return hasattr(client.stub, "SearchEnvs")
+
+
+async def search(client: AsyncRuntimeClient, query: Query) -> Found:
+    if searchable(client):
+        request = rt.SearchEnvsRequest(  # type: ignore[attr-defined,unused-ignore]
+            text=query.text,
+            source=query.source,
+            learnability=list(query.learnability),
+            page_size=query.page_size,
+            page_token=query.page_token,
+        )
+        if query.min_pass_rate is not None:
+            request.min_pass_rate = query.min_pass_rate
+        if query.max_pass_rate is not None:
+            request.max_pass_rate = query.max_pass_rate
+        page = await client.stub.SearchEnvs(request, timeout=client.timeout_s)
+        return Found([row_of(env) for env in page.envs], page.next_page_token, page.total, True)
+    page = await client.stub.ListEnvs(
+        rt.ListEnvsRequest(prefix=query.text, page_size=query.page_size, page_token=query.page_token),
+        timeout=client.timeout_s,
+    )
+    return Found([row_of(env) for env in page.envs], page.next_page_token, None, False)
+
+
+def row_of(env: rt.EnvSummary) -> Row:
+    """A table row from an EnvSummary, with the fields SearchEnvs adds when the runtime sends them."""
+    row = Row(env.env_id, list(env.tool_names), env.task_count)
+    fields = {f.name for f in env.DESCRIPTOR.fields}
+    if "source" in fields:
+        row.source = getattr(env, "source")
+    if "learnability" in fields:
+        row.learnability = dict(getattr(env, "learnability"))
+    for name, attr in (("bo4_pass_rate", "bo4"), ("bo8_pass_rate", "bo8")):
+        if name in fields and env.HasField(name):
+            setattr(row, attr, getattr(env, name))
+    if "quarantined" in fields:
+        row.quarantined = bool(getattr(env, "quarantined"))
+    return row
+
+
+@dataclass
+class TaskRow:
+    number: int
+    config_json: str
+    difficulty: str
+    oracle_steps: int
+    bo4: float | None
+    bo8: float | None
+    pool: str
+    episodes: int
+    pass_rate: float
+
+
+@dataclass
+class EnvView:
+    env: rt.GetEnvResponse
+    tasks: list[TaskRow]
+    health: rt.EnvStats | None
+    error_rate: float
+
+
+async def env_view(client: AsyncRuntimeClient, env_id: str) -> EnvView:
+    env = await client.get_env(env_id)
+    stats = await client.stats("", env_prefix=env_id)
+    by_config: dict[str, rt.TaskStats] = {}
+    health = None
+    for entry in stats:
+        if entry.HasField("task") and entry.task.env_id == env_id:
+            by_config[entry.task.ability.split("@", 2)[-1]] = entry.task
+        elif entry.HasField("env") and entry.env.env_id == env_id:
+            health = entry.env
+    tasks = []
+    for number, task in enumerate(env.tasks):
+        record = by_config.get(task.config_json)
+        bo4 = record.prior_pass_rate if record is not None and record.HasField("prior_pass_rate") else None
+        tasks.append(
+            TaskRow(
+                number,
+                clip(task.config_json),
+                common.Difficulty.Name(task.difficulty).removeprefix("DIFFICULTY_").lower(),
+                task.solve_fc_round,
+                bo4,
+                None,
+                record.pool if record is not None else "",
+                record.episodes if record is not None else 0,
+                record.pass_rate if record is not None else 0.0,
+            )
+        )
+    error_rate = sum(health.step_errors.values()) / health.steps if health is not None and health.steps else 0.0
+    return EnvView(env, tasks, health, error_rate)
+
+
+async def env_code(client: AsyncRuntimeClient, env_id: str) -> tuple[str, str]:
+    """(code, "") from the runtime's operator-only GetEnvCode, or ("", why not)."""
+    if not hasattr(client.stub, "GetEnvCode"):
+        return "", "this runtime does not serve environment code (no GetEnvCode)"
+    try:
+        answer = await client.stub.GetEnvCode(
+            rt.GetEnvCodeRequest(env_id=env_id),  # type: ignore[attr-defined,unused-ignore]
+            timeout=client.timeout_s,
+        )
+    except grpc.RpcError as exc:
+        return "", f"{exc.code().name}: {exc.details()}"
+    return str(answer.code), ""

@@ -1,0 +1,56 @@
+"""Run the console with uvicorn on a socket bound here (port 0 picks one), and print
+`codegym console listening on HOST:PORT` once it serves (the process helpers wait for it).
+TLS (a certificate and its key, PEM) as the OpenEnv gateway serves it; SIGTERM and Ctrl-C stop it
+(it holds nothing a restart would lose but transcripts and logins)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+
+import uvicorn
+
+from services.console.app import Console
+from services.console.config import ConsoleConfig
+from services.openenv.server import QuietServer, bind
+
+
+async def serve(
+    config: ConsoleConfig, host: str = "127.0.0.1", port: int = 8080, tls: tuple[str, str] | None = None
+) -> None:
+    console = Console(config)
+    cert, key = tls or (None, None)
+    server = QuietServer(
+        uvicorn.Config(
+            console.app,
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+            ssl_certfile=cert,
+            ssl_keyfile=key,
+        )
+    )
+    sock = bind(host, port)
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        server.should_exit = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        bound = sock.getsockname()
+        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+        scheme = "https" if tls else "http"
+        print(
+            f"codegym console listening on {shown}:{bound[1]} ({scheme}://{shown}:{bound[1]}/; "
+            f"runtime {config.runtime})",
+            flush=True,
+        )
+    await task
