@@ -504,3 +504,27 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self, request: rt.RestoreSessionRequest, context: grpc.aio.ServicerContext
     ) -> rt.RestoreSessionResponse:
         return await self.copies.restore(request)
+
+    @guarded
+    async def SearchEnvs(
+        self, request: rt.SearchEnvsRequest, context: grpc.aio.ServicerContext
+    ) -> rt.SearchEnvsResponse:
+        raise Refusal(Reason.INVALID_REQUEST, "SearchEnvs is not served yet")
+
+    @guarded
+    async def ListEpisodes(
+        self, request: rt.ListEpisodesRequest, context: grpc.aio.ServicerContext
+    ) -> rt.ListEpisodesResponse:
+        raise Refusal(Reason.INVALID_REQUEST, "ListEpisodes is not served yet")
+
+    @guarded
+    async def GetEpisode(
+        self, request: rt.GetEpisodeRequest, context: grpc.aio.ServicerContext
+    ) -> rt.GetEpisodeResponse:
+        raise Refusal(Reason.INVALID_REQUEST, "GetEpisode is not served yet")
+
+    @guarded
+    async def GetEnvCode(
+        self, request: rt.GetEnvCodeRequest, context: grpc.aio.ServicerContext
+    ) -> rt.GetEnvCodeResponse:
+        raise Refusal(Reason.INVALID_REQUEST, "GetEnvCode is not served yet")

@@ -1567,3 +1567,485 @@ class RestoreSessionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RestoreSessionResponse: _TypeAlias = RestoreSessionResponse  # noqa: Y015
+
+@_typing.final
+class SearchEnvsRequest(_message.Message):
+    """Request of SearchEnvs. Filters combine with AND; unset filters match everything."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEXT_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    LEARNABILITY_FIELD_NUMBER: _builtins.int
+    MIN_PASS_RATE_FIELD_NUMBER: _builtins.int
+    MAX_PASS_RATE_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    text: _builtins.str
+    """Words that must each occur (case-insensitive) in the env id, its class name or its description."""
+    source: _builtins.str
+    """Only environments from this source (the library's `source` column, e.g. `sample`). Empty: any."""
+    min_pass_rate: _builtins.float
+    """Only environments whose published pass rate (mean over its tasks of Bo8, else Bo4) is at least this."""
+    max_pass_rate: _builtins.float
+    """... and at most this."""
+    page_size: _builtins.int
+    """Page size: 1..500; 0 = 50."""
+    page_token: _builtins.str
+    """Token from a previous response (same filters)."""
+    @_builtins.property
+    def learnability(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Only environments with at least one task of one of these learnability labels (`learnable`,
+        `easy`, `hard`, `unsolved`, `unknown`). Empty: any.
+        """
+
+    def __init__(
+        self,
+        *,
+        text: _builtins.str = ...,
+        source: _builtins.str = ...,
+        learnability: _abc.Iterable[_builtins.str] | None = ...,
+        min_pass_rate: _builtins.float | None = ...,
+        max_pass_rate: _builtins.float | None = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_pass_rate", b"_max_pass_rate", "_min_pass_rate", b"_min_pass_rate", "max_pass_rate", b"max_pass_rate", "min_pass_rate", b"min_pass_rate"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_pass_rate", b"_max_pass_rate", "_min_pass_rate", b"_min_pass_rate", "learnability", b"learnability", "max_pass_rate", b"max_pass_rate", "min_pass_rate", b"min_pass_rate", "page_size", b"page_size", "page_token", b"page_token", "source", b"source", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__max_pass_rate: _TypeAlias = _typing.Literal["max_pass_rate"]  # noqa: Y015
+    _WhichOneofArgType__max_pass_rate: _TypeAlias = _typing.Literal["_max_pass_rate", b"_max_pass_rate"]  # noqa: Y015
+    _WhichOneofReturnType__min_pass_rate: _TypeAlias = _typing.Literal["min_pass_rate"]  # noqa: Y015
+    _WhichOneofArgType__min_pass_rate: _TypeAlias = _typing.Literal["_min_pass_rate", b"_min_pass_rate"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_pass_rate) -> _WhichOneofReturnType__max_pass_rate | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_pass_rate) -> _WhichOneofReturnType__min_pass_rate | None: ...
+
+Global___SearchEnvsRequest: _TypeAlias = SearchEnvsRequest  # noqa: Y015
+
+@_typing.final
+class EnvSearchHit(_message.Message):
+    """One environment found by SearchEnvs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LearnabilityEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    TASK_COUNT_FIELD_NUMBER: _builtins.int
+    LEARNABILITY_FIELD_NUMBER: _builtins.int
+    BO4_PASS_RATE_FIELD_NUMBER: _builtins.int
+    BO8_PASS_RATE_FIELD_NUMBER: _builtins.int
+    QUARANTINED_FIELD_NUMBER: _builtins.int
+    env_id: _builtins.str
+    """Id `{code_id}__{Env}`."""
+    name: _builtins.str
+    """Class name."""
+    description: _builtins.str
+    """Description (the environment's docstring, as imported)."""
+    source: _builtins.str
+    """Source the environment was imported from."""
+    task_count: _builtins.int
+    """Task configs in the library."""
+    bo4_pass_rate: _builtins.float
+    """Mean published Bo4 pass rate over its tasks that have one; unset when none has."""
+    bo8_pass_rate: _builtins.float
+    """Mean published Bo8 pass rate over its tasks that have one; unset when none has."""
+    quarantined: _builtins.bool
+    """Whether the environment is quarantined now."""
+    @_builtins.property
+    def learnability(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Tasks per learnability label."""
+
+    def __init__(
+        self,
+        *,
+        env_id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        source: _builtins.str = ...,
+        task_count: _builtins.int = ...,
+        learnability: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        bo4_pass_rate: _builtins.float | None = ...,
+        bo8_pass_rate: _builtins.float | None = ...,
+        quarantined: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bo4_pass_rate", b"_bo4_pass_rate", "_bo8_pass_rate", b"_bo8_pass_rate", "bo4_pass_rate", b"bo4_pass_rate", "bo8_pass_rate", b"bo8_pass_rate"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bo4_pass_rate", b"_bo4_pass_rate", "_bo8_pass_rate", b"_bo8_pass_rate", "bo4_pass_rate", b"bo4_pass_rate", "bo8_pass_rate", b"bo8_pass_rate", "description", b"description", "env_id", b"env_id", "learnability", b"learnability", "name", b"name", "quarantined", b"quarantined", "source", b"source", "task_count", b"task_count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__bo4_pass_rate: _TypeAlias = _typing.Literal["bo4_pass_rate"]  # noqa: Y015
+    _WhichOneofArgType__bo4_pass_rate: _TypeAlias = _typing.Literal["_bo4_pass_rate", b"_bo4_pass_rate"]  # noqa: Y015
+    _WhichOneofReturnType__bo8_pass_rate: _TypeAlias = _typing.Literal["bo8_pass_rate"]  # noqa: Y015
+    _WhichOneofArgType__bo8_pass_rate: _TypeAlias = _typing.Literal["_bo8_pass_rate", b"_bo8_pass_rate"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bo4_pass_rate) -> _WhichOneofReturnType__bo4_pass_rate | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bo8_pass_rate) -> _WhichOneofReturnType__bo8_pass_rate | None: ...
+
+Global___EnvSearchHit: _TypeAlias = EnvSearchHit  # noqa: Y015
+
+@_typing.final
+class SearchEnvsResponse(_message.Message):
+    """Response of SearchEnvs."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENVS_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty at the end."""
+    total: _builtins.int
+    """How many environments match the filters (all pages)."""
+    @_builtins.property
+    def envs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EnvSearchHit]:
+        """Environments of this page, by env id."""
+
+    def __init__(
+        self,
+        *,
+        envs: _abc.Iterable[Global___EnvSearchHit] | None = ...,
+        next_page_token: _builtins.str = ...,
+        total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["envs", b"envs", "next_page_token", b"next_page_token", "total", b"total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchEnvsResponse: _TypeAlias = SearchEnvsResponse  # noqa: Y015
+
+@_typing.final
+class ListEpisodesRequest(_message.Message):
+    """Request of ListEpisodes. Filters combine with AND."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    REWARDED_FIELD_NUMBER: _builtins.int
+    FLAGGED_ONLY_FIELD_NUMBER: _builtins.int
+    ERRORS_ONLY_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Only this run's episodes. Empty: any run."""
+    env_id: _builtins.str
+    """Only this environment's. Empty: any."""
+    rewarded: _builtins.bool
+    """Only rewarded (true) or unrewarded (false) episodes. Unset: both."""
+    flagged_only: _builtins.bool
+    """Only episodes the shortcut sentinel flagged."""
+    errors_only: _builtins.bool
+    """Only episodes that ended by an error."""
+    page_size: _builtins.int
+    """Page size: 1..500; 0 = 50."""
+    page_token: _builtins.str
+    """Token from a previous response (same filters)."""
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        env_id: _builtins.str = ...,
+        rewarded: _builtins.bool | None = ...,
+        flagged_only: _builtins.bool = ...,
+        errors_only: _builtins.bool = ...,
+        page_size: _builtins.int = ...,
+        page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_rewarded", b"_rewarded", "rewarded", b"rewarded"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rewarded", b"_rewarded", "env_id", b"env_id", "errors_only", b"errors_only", "flagged_only", b"flagged_only", "page_size", b"page_size", "page_token", b"page_token", "rewarded", b"rewarded", "run_id", b"run_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__rewarded: _TypeAlias = _typing.Literal["rewarded"]  # noqa: Y015
+    _WhichOneofArgType__rewarded: _TypeAlias = _typing.Literal["_rewarded", b"_rewarded"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rewarded) -> _WhichOneofReturnType__rewarded | None: ...
+
+Global___ListEpisodesRequest: _TypeAlias = ListEpisodesRequest  # noqa: Y015
+
+@_typing.final
+class EpisodeSummary(_message.Message):
+    """One captured episode, without its steps."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPISODE_ID_FIELD_NUMBER: _builtins.int
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    TASK_KEY_FIELD_NUMBER: _builtins.int
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    TENANT_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    END_REASON_FIELD_NUMBER: _builtins.int
+    FLAGGED_FIELD_NUMBER: _builtins.int
+    WHOLE_FIELD_NUMBER: _builtins.int
+    STARTED_UNIX_MS_FIELD_NUMBER: _builtins.int
+    episode_id: _builtins.str
+    """The episode's session id."""
+    env_id: _builtins.str
+    """Environment id."""
+    task_key: _builtins.str
+    """Task key (the env string of its config)."""
+    run_id: _builtins.str
+    """Run id (empty: none)."""
+    tenant: _builtins.str
+    """Tenant that played it."""
+    policy_version: _builtins.int
+    """Policy version that played it, when given."""
+    steps: _builtins.int
+    """Steps played."""
+    reward: _builtins.float
+    """Final reward."""
+    done: _builtins.bool
+    """Whether the episode ended."""
+    truncated: _builtins.bool
+    """Ended by the step cap."""
+    end_reason: _builtins.str
+    """How it ended: `solved`, `failed`, `truncated`, `error`, `closed` (closed before it ended)."""
+    flagged: _builtins.bool
+    """Flagged by the shortcut sentinel (rewarded in under a quarter of its oracle's steps)."""
+    whole: _builtins.bool
+    """Every step was kept; false when only the first steps were (the episode was not sampled)."""
+    started_unix_ms: _builtins.int
+    """When the episode started, Unix milliseconds."""
+    def __init__(
+        self,
+        *,
+        episode_id: _builtins.str = ...,
+        env_id: _builtins.str = ...,
+        task_key: _builtins.str = ...,
+        run_id: _builtins.str = ...,
+        tenant: _builtins.str = ...,
+        policy_version: _builtins.int | None = ...,
+        steps: _builtins.int = ...,
+        reward: _builtins.float = ...,
+        done: _builtins.bool = ...,
+        truncated: _builtins.bool = ...,
+        end_reason: _builtins.str = ...,
+        flagged: _builtins.bool = ...,
+        whole: _builtins.bool = ...,
+        started_unix_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_policy_version", b"_policy_version", "policy_version", b"policy_version"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_policy_version", b"_policy_version", "done", b"done", "end_reason", b"end_reason", "env_id", b"env_id", "episode_id", b"episode_id", "flagged", b"flagged", "policy_version", b"policy_version", "reward", b"reward", "run_id", b"run_id", "started_unix_ms", b"started_unix_ms", "steps", b"steps", "task_key", b"task_key", "tenant", b"tenant", "truncated", b"truncated", "whole", b"whole"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__policy_version: _TypeAlias = _typing.Literal["policy_version"]  # noqa: Y015
+    _WhichOneofArgType__policy_version: _TypeAlias = _typing.Literal["_policy_version", b"_policy_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__policy_version) -> _WhichOneofReturnType__policy_version | None: ...
+
+Global___EpisodeSummary: _TypeAlias = EpisodeSummary  # noqa: Y015
+
+@_typing.final
+class ListEpisodesResponse(_message.Message):
+    """Response of ListEpisodes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPISODES_FIELD_NUMBER: _builtins.int
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    next_page_token: _builtins.str
+    """Token for the next page; empty at the end."""
+    @_builtins.property
+    def episodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpisodeSummary]:
+        """Episodes of this page, newest first."""
+
+    def __init__(
+        self,
+        *,
+        episodes: _abc.Iterable[Global___EpisodeSummary] | None = ...,
+        next_page_token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["episodes", b"episodes", "next_page_token", b"next_page_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListEpisodesResponse: _TypeAlias = ListEpisodesResponse  # noqa: Y015
+
+@_typing.final
+class GetEpisodeRequest(_message.Message):
+    """Request of GetEpisode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPISODE_ID_FIELD_NUMBER: _builtins.int
+    episode_id: _builtins.str
+    """The episode (session) id."""
+    def __init__(
+        self,
+        *,
+        episode_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["episode_id", b"episode_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetEpisodeRequest: _TypeAlias = GetEpisodeRequest  # noqa: Y015
+
+@_typing.final
+class EpisodeStep(_message.Message):
+    """One step of a captured episode. The texts are the environment's and the agent's: untrusted."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    OBSERVATION_FIELD_NUMBER: _builtins.int
+    REWARD_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Step index (0 = the first action)."""
+    action: _builtins.str
+    """The action, JSON text."""
+    observation: _builtins.str
+    """The observation the step returned."""
+    reward: _builtins.float
+    """Reward after the step."""
+    done: _builtins.bool
+    """Whether the episode ended at this step."""
+    truncated: _builtins.bool
+    """Ended by the step cap."""
+    error: _builtins.str
+    """The step's typed error (STEP_ERROR_CODE name), empty when none."""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        action: _builtins.str = ...,
+        observation: _builtins.str = ...,
+        reward: _builtins.float = ...,
+        done: _builtins.bool = ...,
+        truncated: _builtins.bool = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "done", b"done", "error", b"error", "index", b"index", "observation", b"observation", "reward", b"reward", "truncated", b"truncated"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EpisodeStep: _TypeAlias = EpisodeStep  # noqa: Y015
+
+@_typing.final
+class GetEpisodeResponse(_message.Message):
+    """Response of GetEpisode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    CONFIG_JSON_FIELD_NUMBER: _builtins.int
+    FIRST_OBSERVATION_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    config_json: _builtins.str
+    """Its task config, JSON."""
+    first_observation: _builtins.str
+    """Its first observation (the environment's reset message)."""
+    @_builtins.property
+    def summary(self) -> Global___EpisodeSummary:
+        """The episode."""
+
+    @_builtins.property
+    def steps(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpisodeStep]:
+        """Steps kept, in order."""
+
+    def __init__(
+        self,
+        *,
+        summary: Global___EpisodeSummary | None = ...,
+        config_json: _builtins.str = ...,
+        first_observation: _builtins.str = ...,
+        steps: _abc.Iterable[Global___EpisodeStep] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_json", b"config_json", "first_observation", b"first_observation", "steps", b"steps", "summary", b"summary"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetEpisodeResponse: _TypeAlias = GetEpisodeResponse  # noqa: Y015
+
+@_typing.final
+class GetEnvCodeRequest(_message.Message):
+    """Request of GetEnvCode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    env_id: _builtins.str
+    """Environment id."""
+    def __init__(
+        self,
+        *,
+        env_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_id", b"env_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetEnvCodeRequest: _TypeAlias = GetEnvCodeRequest  # noqa: Y015
+
+@_typing.final
+class GetEnvCodeResponse(_message.Message):
+    """Response of GetEnvCode."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENV_ID_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    CODE_SHA256_FIELD_NUMBER: _builtins.int
+    env_id: _builtins.str
+    """Environment id."""
+    code: _builtins.str
+    """Its Python source, as imported."""
+    code_sha256: _builtins.str
+    """SHA-256 of the code, hex."""
+    def __init__(
+        self,
+        *,
+        env_id: _builtins.str = ...,
+        code: _builtins.str = ...,
+        code_sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "code_sha256", b"code_sha256", "env_id", b"env_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetEnvCodeResponse: _TypeAlias = GetEnvCodeResponse  # noqa: Y015

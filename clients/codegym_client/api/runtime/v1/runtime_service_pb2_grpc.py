@@ -111,6 +111,26 @@ class RuntimeServiceStub:
                 request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionRequest.SerializeToString,
                 response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionResponse.FromString,
                 _registered_method=True)
+        self.SearchEnvs = channel.unary_unary(
+                '/codegym.runtime.v1.RuntimeService/SearchEnvs',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SearchEnvsRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SearchEnvsResponse.FromString,
+                _registered_method=True)
+        self.ListEpisodes = channel.unary_unary(
+                '/codegym.runtime.v1.RuntimeService/ListEpisodes',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEpisodesRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEpisodesResponse.FromString,
+                _registered_method=True)
+        self.GetEpisode = channel.unary_unary(
+                '/codegym.runtime.v1.RuntimeService/GetEpisode',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEpisodeRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEpisodeResponse.FromString,
+                _registered_method=True)
+        self.GetEnvCode = channel.unary_unary(
+                '/codegym.runtime.v1.RuntimeService/GetEnvCode',
+                request_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvCodeRequest.SerializeToString,
+                response_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvCodeResponse.FromString,
+                _registered_method=True)
 
 
 class RuntimeServiceServicer:
@@ -229,6 +249,35 @@ class RuntimeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SearchEnvs(self, request, context):
+        """Environments of the library found by text and filters, a page at a time (served by indexed
+        queries: a page costs the same in a library of any size).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListEpisodes(self, request, context):
+        """Captured episodes, newest first, a page at a time: a trainer sees its tenant's, an operator all.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetEpisode(self, request, context):
+        """One captured episode with its steps (the caller's tenant's, or any for an operator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetEnvCode(self, request, context):
+        """An environment's source code. Operators only: the runtime never serves code to trainers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RuntimeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -306,6 +355,26 @@ def add_RuntimeServiceServicer_to_server(servicer, server):
                     servicer.RestoreSession,
                     request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionRequest.FromString,
                     response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionResponse.SerializeToString,
+            ),
+            'SearchEnvs': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchEnvs,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SearchEnvsRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SearchEnvsResponse.SerializeToString,
+            ),
+            'ListEpisodes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEpisodes,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEpisodesRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEpisodesResponse.SerializeToString,
+            ),
+            'GetEpisode': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEpisode,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEpisodeRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEpisodeResponse.SerializeToString,
+            ),
+            'GetEnvCode': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEnvCode,
+                    request_deserializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvCodeRequest.FromString,
+                    response_serializer=codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvCodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -715,6 +784,114 @@ class RuntimeService:
             '/codegym.runtime.v1.RuntimeService/RestoreSession',
             codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionRequest.SerializeToString,
             codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.RestoreSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchEnvs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/SearchEnvs',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SearchEnvsRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.SearchEnvsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEpisodes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/ListEpisodes',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEpisodesRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.ListEpisodesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEpisode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/GetEpisode',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEpisodeRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEpisodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEnvCode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/codegym.runtime.v1.RuntimeService/GetEnvCode',
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvCodeRequest.SerializeToString,
+            codegym__client_dot_api_dot_runtime_dot_v1_dot_runtime__service__pb2.GetEnvCodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -76,6 +76,16 @@ class RuntimeServiceStub:
     """
     RestoreSession: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.RestoreSessionRequest, _runtime_service_pb2.RestoreSessionResponse]
     """A new session from a checkpoint blob, on any replica holding the key."""
+    SearchEnvs: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.SearchEnvsRequest, _runtime_service_pb2.SearchEnvsResponse]
+    """Environments of the library found by text and filters, a page at a time (served by indexed
+    queries: a page costs the same in a library of any size).
+    """
+    ListEpisodes: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.ListEpisodesRequest, _runtime_service_pb2.ListEpisodesResponse]
+    """Captured episodes, newest first, a page at a time: a trainer sees its tenant's, an operator all."""
+    GetEpisode: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GetEpisodeRequest, _runtime_service_pb2.GetEpisodeResponse]
+    """One captured episode with its steps (the caller's tenant's, or any for an operator)."""
+    GetEnvCode: _grpc.UnaryUnaryMultiCallable[_runtime_service_pb2.GetEnvCodeRequest, _runtime_service_pb2.GetEnvCodeResponse]
+    """An environment's source code. Operators only: the runtime never serves code to trainers."""
 
 @_typing.type_check_only
 class RuntimeServiceAsyncStub(RuntimeServiceStub):
@@ -125,6 +135,16 @@ class RuntimeServiceAsyncStub(RuntimeServiceStub):
     """
     RestoreSession: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.RestoreSessionRequest, _runtime_service_pb2.RestoreSessionResponse]  # type: ignore[assignment]
     """A new session from a checkpoint blob, on any replica holding the key."""
+    SearchEnvs: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.SearchEnvsRequest, _runtime_service_pb2.SearchEnvsResponse]  # type: ignore[assignment]
+    """Environments of the library found by text and filters, a page at a time (served by indexed
+    queries: a page costs the same in a library of any size).
+    """
+    ListEpisodes: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.ListEpisodesRequest, _runtime_service_pb2.ListEpisodesResponse]  # type: ignore[assignment]
+    """Captured episodes, newest first, a page at a time: a trainer sees its tenant's, an operator all."""
+    GetEpisode: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GetEpisodeRequest, _runtime_service_pb2.GetEpisodeResponse]  # type: ignore[assignment]
+    """One captured episode with its steps (the caller's tenant's, or any for an operator)."""
+    GetEnvCode: _aio.UnaryUnaryMultiCallable[_runtime_service_pb2.GetEnvCodeRequest, _runtime_service_pb2.GetEnvCodeResponse]  # type: ignore[assignment]
+    """An environment's source code. Operators only: the runtime never serves code to trainers."""
 
 class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
     """Environment sessions for RL trainers. A session holds an environment state that only sandbox
@@ -261,5 +281,39 @@ class RuntimeServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_runtime_service_pb2.RestoreSessionResponse, _abc.Awaitable[_runtime_service_pb2.RestoreSessionResponse]]:
         """A new session from a checkpoint blob, on any replica holding the key."""
+
+    @_abc_1.abstractmethod
+    def SearchEnvs(
+        self,
+        request: _runtime_service_pb2.SearchEnvsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.SearchEnvsResponse, _abc.Awaitable[_runtime_service_pb2.SearchEnvsResponse]]:
+        """Environments of the library found by text and filters, a page at a time (served by indexed
+        queries: a page costs the same in a library of any size).
+        """
+
+    @_abc_1.abstractmethod
+    def ListEpisodes(
+        self,
+        request: _runtime_service_pb2.ListEpisodesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.ListEpisodesResponse, _abc.Awaitable[_runtime_service_pb2.ListEpisodesResponse]]:
+        """Captured episodes, newest first, a page at a time: a trainer sees its tenant's, an operator all."""
+
+    @_abc_1.abstractmethod
+    def GetEpisode(
+        self,
+        request: _runtime_service_pb2.GetEpisodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.GetEpisodeResponse, _abc.Awaitable[_runtime_service_pb2.GetEpisodeResponse]]:
+        """One captured episode with its steps (the caller's tenant's, or any for an operator)."""
+
+    @_abc_1.abstractmethod
+    def GetEnvCode(
+        self,
+        request: _runtime_service_pb2.GetEnvCodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_runtime_service_pb2.GetEnvCodeResponse, _abc.Awaitable[_runtime_service_pb2.GetEnvCodeResponse]]:
+        """An environment's source code. Operators only: the runtime never serves code to trainers."""
 
 def add_RuntimeServiceServicer_to_server(servicer: RuntimeServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
