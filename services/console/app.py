@@ -105,7 +105,9 @@ class Console:
 
     # rendering -------------------------------------------------------------------------------
 
-    def render(self, request: Request, name: str, login: Login | None, status: int = 200, **context: Any) -> HTMLResponse:
+    def render(
+        self, request: Request, name: str, login: Login | None, status: int = 200, **context: Any
+    ) -> HTMLResponse:
         template = self.templates.get_template(name)
         body = template.render(
             login=login,
@@ -136,7 +138,7 @@ class Console:
         CSRF check on POST, and the runtime's answers turned into pages that say what went wrong."""
 
         async def route(request: Request) -> Response:
-            login_id, login = self.cookie_login(request)
+            _, login = self.cookie_login(request)
             fresh = ""
             if login is None:
                 if self.logins.required:
@@ -147,16 +149,22 @@ class Console:
             if request.method == "POST":
                 form = await request.form()
                 if not csrf_ok(login, str(form.get("csrf", ""))):
-                    return self.error(request, login, 403, "this form's CSRF token is missing or stale: reload the page")
+                    return self.error(
+                        request, login, 403, "this form's CSRF token is missing or stale: reload the page"
+                    )
             try:
                 with playing_for(login.tenant):
                     response = await handler(self, request, login)
             except NotAllowed as exc:
                 response = self.error(request, login, 403, str(exc))
             except CodeGymError as exc:
-                response = self.error(request, login, runtime_status(exc), f"the runtime says: {exc.details()}")
+                response = self.error(
+                    request, login, runtime_status(exc), f"the runtime says: {exc.details()}"
+                )
             except grpc.RpcError as exc:  # a raw stub call
-                response = self.error(request, login, 502, f"the runtime says: {exc.code().name}: {exc.details()}")
+                response = self.error(
+                    request, login, 502, f"the runtime says: {exc.code().name}: {exc.details()}"
+                )
             if fresh:
                 self.set_cookie(response, fresh)
             return response
@@ -171,7 +179,7 @@ class Console:
             return self.render(request, "login.html", None, next=nxt, refused="")
         form = await request.form()
         try:
-            login_id, login = self.logins.sign_in(str(form.get("token", "")))
+            login_id, _ = self.logins.sign_in(str(form.get("token", "")))
         except LoginRefused as exc:
             return self.render(request, "login.html", None, status=401, next=nxt, refused=str(exc))
         response = RedirectResponse(safe_next(str(form.get("next", nxt))), status_code=303)

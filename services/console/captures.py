@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlencode
+
+import grpc
 
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
-
-
-class NoCaptures(Exception):
-    """The runtime serves no captured episodes (it predates ListEpisodes)."""
 
 
 @dataclass(frozen=True)
@@ -48,15 +45,13 @@ class Query:
 
 @dataclass
 class Listed:
-    episodes: list[Any]
+    episodes: list[rt.EpisodeSummary]
     next_page_token: str
     available: bool
 
 
 async def list_episodes(client: AsyncRuntimeClient, query: Query) -> Listed:
-    if not hasattr(client.stub, "ListEpisodes"):
-        return Listed([], "", False)
-    request = rt.ListEpisodesRequest(  # type: ignore[attr-defined,unused-ignore]
+    request = rt.ListEpisodesRequest(
         run_id=query.run_id,
         env_id=query.env_id,
         flagged_only=query.flagged,
@@ -66,14 +61,17 @@ async def list_episodes(client: AsyncRuntimeClient, query: Query) -> Listed:
     )
     if query.rewarded:
         request.rewarded = query.rewarded == "yes"
-    page = await client.stub.ListEpisodes(request, timeout=client.timeout_s)
+    try:
+        page = await client.stub.ListEpisodes(request, timeout=client.timeout_s)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        return Listed([], "", False)
     return Listed(list(page.episodes), page.next_page_token, True)
 
 
-async def get_episode(client: AsyncRuntimeClient, episode_id: str) -> Any:
-    if not hasattr(client.stub, "GetEpisode"):
-        raise NoCaptures("this runtime serves no captured episodes")
-    return await client.stub.GetEpisode(
-        rt.GetEpisodeRequest(episode_id=episode_id),  # type: ignore[attr-defined,unused-ignore]
-        timeout=client.timeout_s,
+async def get_episode(client: AsyncRuntimeClient, episode_id: str) -> rt.GetEpisodeResponse:
+    answer: rt.GetEpisodeResponse = await client.stub.GetEpisode(
+        rt.GetEpisodeRequest(episode_id=episode_id), timeout=client.timeout_s
     )
+    return answer

@@ -85,7 +85,9 @@ async def curriculum_view(client: AsyncRuntimeClient, run_id: str) -> Curriculum
         played=len(played),
         episodes=sum(task.episodes for task in played),
         zero_variance=zero / multi if multi else 0.0,
-        pool_chart=plots.bar_chart("tasks per pool", [(p, float(pools[p])) for p in POOLS], css=[f"pool-{p}" for p in POOLS]),
+        pool_chart=plots.bar_chart(
+            "tasks per pool", [(p, float(pools[p])) for p in POOLS], css=[f"pool-{p}" for p in POOLS]
+        ),
         pass_rates=plots.histogram("played tasks by pass rate", [task.pass_rate for task in played]),
         by_version=by_version,
         version_chart=plots.bar_chart(

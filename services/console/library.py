@@ -2,7 +2,7 @@
 its tasks' published scores, its record and its health, all from the runtime's API.
 
 Search is the runtime's `SearchEnvs` (text, source, learnability, published pass-rate range,
-paged on the server); a runtime without it is searched by id prefix (`ListEnvs`)."""
+paged on the server); a runtime that predates it is searched by id prefix (`ListEnvs`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from services.console.plays import clip
 
-LEARNABILITY = ("learnable", "mastered", "unsolved", "unseen")
+# The library's learnability labels of a task (from its published Bo4/Bo8 scores).
+LEARNABILITY = ("learnable", "easy", "hard", "unsolved", "unknown")
 
 
 def fraction(text: str) -> float | None:
@@ -68,7 +69,7 @@ class Query:
 @dataclass
 class Row:
     env_id: str
-    tools: list[str]
+    about: str  # the description (SearchEnvs) or the tool names (ListEnvs)
     task_count: int
     source: str = ""
     learnability: dict[str, int] = field(default_factory=dict)
@@ -85,46 +86,46 @@ class Found:
     searched: bool  # by the runtime's SearchEnvs (else: an id prefix)
 
 
-def searchable(client: AsyncRuntimeClient) -> bool:
-    return hasattr(client.stub, "SearchEnvs")
-
-
 async def search(client: AsyncRuntimeClient, query: Query) -> Found:
-    if searchable(client):
-        request = rt.SearchEnvsRequest(  # type: ignore[attr-defined,unused-ignore]
-            text=query.text,
-            source=query.source,
-            learnability=list(query.learnability),
-            page_size=query.page_size,
-            page_token=query.page_token,
-        )
-        if query.min_pass_rate is not None:
-            request.min_pass_rate = query.min_pass_rate
-        if query.max_pass_rate is not None:
-            request.max_pass_rate = query.max_pass_rate
+    """A page of the runtime's SearchEnvs; a runtime that predates it (UNIMPLEMENTED) is searched
+    by env id prefix with ListEnvs."""
+    request = rt.SearchEnvsRequest(
+        text=query.text,
+        source=query.source,
+        learnability=list(query.learnability),
+        page_size=query.page_size,
+        page_token=query.page_token,
+    )
+    if query.min_pass_rate is not None:
+        request.min_pass_rate = query.min_pass_rate
+    if query.max_pass_rate is not None:
+        request.max_pass_rate = query.max_pass_rate
+    try:
         page = await client.stub.SearchEnvs(request, timeout=client.timeout_s)
-        return Found([row_of(env) for env in page.envs], page.next_page_token, page.total, True)
-    page = await client.stub.ListEnvs(
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+    else:
+        return Found([row_of(hit) for hit in page.envs], page.next_page_token, page.total, True)
+    listed = await client.stub.ListEnvs(
         rt.ListEnvsRequest(prefix=query.text, page_size=query.page_size, page_token=query.page_token),
         timeout=client.timeout_s,
     )
-    return Found([row_of(env) for env in page.envs], page.next_page_token, None, False)
+    rows = [Row(env.env_id, ", ".join(env.tool_names), env.task_count) for env in listed.envs]
+    return Found(rows, listed.next_page_token, None, False)
 
 
-def row_of(env: rt.EnvSummary) -> Row:
-    """A table row from an EnvSummary, with the fields SearchEnvs adds when the runtime sends them."""
-    row = Row(env.env_id, list(env.tool_names), env.task_count)
-    fields = {f.name for f in env.DESCRIPTOR.fields}
-    if "source" in fields:
-        row.source = getattr(env, "source")
-    if "learnability" in fields:
-        row.learnability = dict(getattr(env, "learnability"))
-    for name, attr in (("bo4_pass_rate", "bo4"), ("bo8_pass_rate", "bo8")):
-        if name in fields and env.HasField(name):
-            setattr(row, attr, getattr(env, name))
-    if "quarantined" in fields:
-        row.quarantined = bool(getattr(env, "quarantined"))
-    return row
+def row_of(hit: rt.EnvSearchHit) -> Row:
+    return Row(
+        hit.env_id,
+        hit.description,
+        hit.task_count,
+        source=hit.source,
+        learnability=dict(hit.learnability),
+        bo4=hit.bo4_pass_rate if hit.HasField("bo4_pass_rate") else None,
+        bo8=hit.bo8_pass_rate if hit.HasField("bo8_pass_rate") else None,
+        quarantined=hit.quarantined,
+    )
 
 
 @dataclass
@@ -175,19 +176,16 @@ async def env_view(client: AsyncRuntimeClient, env_id: str) -> EnvView:
                 record.pass_rate if record is not None else 0.0,
             )
         )
-    error_rate = sum(health.step_errors.values()) / health.steps if health is not None and health.steps else 0.0
+    error_rate = (
+        sum(health.step_errors.values()) / health.steps if health is not None and health.steps else 0.0
+    )
     return EnvView(env, tasks, health, error_rate)
 
 
 async def env_code(client: AsyncRuntimeClient, env_id: str) -> tuple[str, str]:
     """(code, "") from the runtime's operator-only GetEnvCode, or ("", why not)."""
-    if not hasattr(client.stub, "GetEnvCode"):
-        return "", "this runtime does not serve environment code (no GetEnvCode)"
     try:
-        answer = await client.stub.GetEnvCode(
-            rt.GetEnvCodeRequest(env_id=env_id),  # type: ignore[attr-defined,unused-ignore]
-            timeout=client.timeout_s,
-        )
+        answer = await client.stub.GetEnvCode(rt.GetEnvCodeRequest(env_id=env_id), timeout=client.timeout_s)
     except grpc.RpcError as exc:
         return "", f"{exc.code().name}: {exc.details()}"
     return str(answer.code), ""

@@ -63,7 +63,9 @@ async def play_start(console: Console, request: Request, login: Login) -> Respon
     """GET: the form (an env id and a task number). POST: a new session on that task, run id
     `console`, with its history kept (so steps can be taken back), then its page."""
     if request.method == "GET":
-        return console.render(request, "play_start.html", login, env_id=request.query_params.get("env_id", ""))
+        return console.render(
+            request, "play_start.html", login, env_id=request.query_params.get("env_id", "")
+        )
     form = await request.form()
     env_id = str(form.get("env_id", "")).strip()
     config_json = str(form.get("config_json", "")).strip()
@@ -74,14 +76,14 @@ async def play_start(console: Console, request: Request, login: Login) -> Respon
         except ValueError:
             number = -1
         if not 0 <= number < len(env.tasks):
-            return console.error(request, login, 400, f"{env_id} has tasks 0 to {len(env.tasks) - 1}; not {form.get('task')!r}")
+            return console.error(
+                request, login, 400, f"{env_id} has tasks 0 to {len(env.tasks) - 1}; not {form.get('task')!r}"
+            )
         config_json = env.tasks[number].config_json
     created = await console.client.create_session(
         env_id=env_id, config=config_json, run_id=CONSOLE_RUN, keep_history=True
     )
-    tools = [
-        {"name": tool.name, "json_schema": tool.json_schema} for tool in created.tools
-    ]
+    tools = [{"name": tool.name, "json_schema": tool.json_schema} for tool in created.tools]
     console.plays.add(
         Play(
             created.session_id,
@@ -101,10 +103,14 @@ def find_play(console: Console, login: Login, session_id: str) -> Play | None:
     return console.plays.find(session_id, login.identity.tenant, login.operator)
 
 
-async def play_page(console: Console, request: Request, login: Login, problem: str = "", status: int = 200) -> Response:
+async def play_page(
+    console: Console, request: Request, login: Login, problem: str = "", status: int = 200
+) -> Response:
     play = find_play(console, login, request.path_params["session_id"])
     if play is None:
-        return console.error(request, login, 404, "no such console session (or not yours); start one from the library")
+        return console.error(
+            request, login, 404, "no such console session (or not yours); start one from the library"
+        )
     forms = [tool_form(str(tool["name"]), str(tool["json_schema"])) for tool in play.tools]
     return console.render(request, "play.html", login, play=play, forms=forms, problem=problem, status=status)
 
@@ -126,10 +132,17 @@ async def play_step(console: Console, request: Request, login: Login) -> Respons
         if tool is None:
             return await play_page(console, request, login, f"no tool named {name!r}", 400)
         try:
-            action = {"name": name, "parameters": parameters(tool_form(name, str(tool["json_schema"])), {k: str(v) for k, v in form.items()})}
+            action = {
+                "name": name,
+                "parameters": parameters(
+                    tool_form(name, str(tool["json_schema"])), {k: str(v) for k, v in form.items()}
+                ),
+            }
         except BadForm as exc:
             return await play_page(console, request, login, str(exc), 400)
-    answer = await console.client.step(play.session_id, json.dumps(action) if not isinstance(action, str) else action)
+    answer = await console.client.step(
+        play.session_id, json.dumps(action) if not isinstance(action, str) else action
+    )
     error = answer.error.message if answer.HasField("error") and answer.error.code else ""
     play.turns.append(
         Turn(
@@ -199,13 +212,23 @@ async def curriculum(console: Console, request: Request, login: Login) -> Respon
 
 
 async def health(console: Console, request: Request, login: Login) -> Response:
-    envs = [entry.env async for entry in iter_stats(console, rt.StatsRequest(envs_only=True, played_only=True))]
+    envs = [
+        entry.env async for entry in iter_stats(console, rt.StatsRequest(envs_only=True, played_only=True))
+    ]
     quarantined = [env for env in envs if env.quarantined]
+
     def error_rate(env: rt.EnvStats) -> float:
         return sum(env.step_errors.values()) / env.steps if env.steps else 0.0
-    by_errors = sorted((env for env in envs if sum(env.step_errors.values())), key=error_rate, reverse=True)[:50]
+
+    by_errors = sorted((env for env in envs if sum(env.step_errors.values())), key=error_rate, reverse=True)[
+        :50
+    ]
     rates = {env.env_id: error_rate(env) for env in by_errors}
-    chart = plots.bar_chart("error rate of the 10 worst", [(env.env_id[-18:], rates[env.env_id]) for env in by_errors[:10]], percent=True)
+    chart = plots.bar_chart(
+        "error rate of the 10 worst",
+        [(env.env_id[-18:], rates[env.env_id]) for env in by_errors[:10]],
+        percent=True,
+    )
     return console.render(
         request, "health.html", login, quarantined=quarantined, by_errors=by_errors, rates=rates, chart=chart
     )

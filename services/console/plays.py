@@ -21,7 +21,9 @@ CONSOLE_RUN = "console"
 
 
 def clip(text: str) -> str:
-    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f"\n… ({len(text) - MAX_TEXT} more characters)"
+    return (
+        text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f"\n… ({len(text) - MAX_TEXT} more characters)"
+    )
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Play:
     task_text: str
     config_json: str
     first_observation: str
-    tools: list[dict[str, object]]
+    tools: list[dict[str, str]]
     max_steps: int
     turns: list[Turn] = field(default_factory=list)
     forked_from: str = ""

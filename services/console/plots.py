@@ -29,7 +29,9 @@ class BarChart:
     base: int = BASE
 
 
-def bar_chart(title: str, items: Sequence[tuple[str, float]], css: Sequence[str] = (), percent: bool = False) -> BarChart:
+def bar_chart(
+    title: str, items: Sequence[tuple[str, float]], css: Sequence[str] = (), percent: bool = False
+) -> BarChart:
     """Bars of `items` (label, value) scaled to the tallest; `css` names each bar's class."""
     top = max((value for _, value in items), default=0.0) or 1.0
     slot = WIDTH / max(1, len(items))
@@ -38,7 +40,15 @@ def bar_chart(title: str, items: Sequence[tuple[str, float]], css: Sequence[str]
         height = (BASE - 20) * value / top
         shown = f"{value:.0%}" if percent else f"{value:g}"
         bars.append(
-            Bar(i * slot + slot * 0.15, BASE - height, slot * 0.7, height, label, shown, css[i] if i < len(css) else "bar")
+            Bar(
+                i * slot + slot * 0.15,
+                BASE - height,
+                slot * 0.7,
+                height,
+                label,
+                shown,
+                css[i] if i < len(css) else "bar",
+            )
         )
     return BarChart(title, bars)
 

@@ -56,7 +56,9 @@ def tool_form(name: str, json_schema: str) -> ToolForm:
             )
         )
     pretty = json.dumps(schema, indent=2, ensure_ascii=False) if schema else json_schema
-    return ToolForm(name, str(function.get("description", "")) if isinstance(function, dict) else "", fields, pretty)
+    return ToolForm(
+        name, str(function.get("description", "")) if isinstance(function, dict) else "", fields, pretty
+    )
 
 
 class BadForm(ValueError):
