@@ -60,6 +60,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="bind an address other than loopback without access tokens (refused otherwise)",
     )
     console.add_argument("--grafana-url", default="", help="the Grafana dashboard's URL, linked from Health")
-    console.add_argument("--page-size", type=int, default=50, help="rows on a page of the library and episodes")
+    console.add_argument(
+        "--page-size", type=int, default=50, help="rows on a page of the library and episodes"
+    )
     console.add_argument("--log-level", default="WARNING", help="logging level")
     console.set_defaults(func=_console)
