@@ -143,6 +143,13 @@ class Reason(enum.Enum):
         "the checkpoint's environment code (env id and sha256) is no longer in the library",
     )
 
+    EPISODE_NOT_FOUND = row(
+        "EPISODE_NOT_FOUND",
+        "never",
+        "no captured episode by that id is held for the caller's tenant (never captured, evicted past "
+        "`--capture-bytes`, or unknown)",
+    )
+
     @property
     def code(self) -> grpc.StatusCode:
         return self.value.code

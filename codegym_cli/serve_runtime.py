@@ -15,6 +15,7 @@ from codegym_cli.serve_setup import (
 )
 
 if TYPE_CHECKING:
+    from services.runtime.captures import CaptureStore
     from services.runtime.checkpoints import Keyring
     from services.runtime.config import RuntimeConfig
     from services.runtime.episode_record import RecordStore
@@ -44,6 +45,24 @@ def record_store(args: argparse.Namespace) -> RecordStore | None:
         ) from None
 
 
+def capture_store(args: argparse.Namespace) -> CaptureStore | None:
+    """Where captured episodes are kept: where the record is (its SQLite file or Redis); in memory
+    when the record is off; None with `--no-capture`."""
+    from services.runtime.capture_store import SqliteCaptureStore
+    from services.runtime.record_store import record_path_for
+    from services.runtime.redis_captures import RedisCaptureStore
+
+    if args.no_capture:
+        return None
+    place = "off" if args.no_record else args.record
+    if place == "auto":
+        place = args.sessions if args.sessions.startswith(("redis://", "rediss://", "unix://")) else ""
+        place = place or str(record_path_for(args.library))
+    if place.startswith(("redis://", "rediss://", "unix://")):
+        return RedisCaptureStore(place, args.capture_bytes)
+    return SqliteCaptureStore(":memory:" if place == "off" else place, args.capture_bytes)
+
+
 def checkpoint_keys(args: argparse.Namespace) -> Keyring | None:
     """The keys `--checkpoint-key` names (None without one: checkpoints are then refused)."""
     from services.runtime.checkpoints import Keyring
@@ -71,6 +90,8 @@ def _serve_runtime(args: argparse.Namespace) -> int:
         max_forks=args.max_forks,
         history_steps=args.history_steps,
         history_entries=args.history_entries,
+        capture_rate=-1.0 if args.no_capture else args.capture,
+        capture_bytes=args.capture_bytes,
     )
     keyring = checkpoint_keys(args)
 
@@ -96,6 +117,7 @@ def _serve_runtime(args: argparse.Namespace) -> int:
             env_cache_mb=args.env_cache_mb,
             record=record_store(args),
             checkpoint_keys=keyring,
+            captures=capture_store(args),
         )
         await serve(server)
 
@@ -168,8 +190,40 @@ def add_parser(servers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--no-record", action="store_true", help="keep no record of served episodes (--record off)"
     )
     add_fork_options(runtime, defaults)
+    add_capture_options(runtime, defaults)
     runtime.set_defaults(func=_serve_runtime)
     return runtime
+
+
+def add_capture_options(parser: argparse.ArgumentParser, defaults: RuntimeConfig) -> None:
+    """Captured episodes (ListEpisodes, GetEpisode; docs/limits.md)."""
+
+    def rate(text: str) -> float:
+        value = float(text)
+        if not 0.0 <= value <= 1.0:
+            raise argparse.ArgumentTypeError(f"{text} is not a fraction within 0..1")
+        return value
+
+    parser.add_argument(
+        "--capture",
+        type=rate,
+        default=defaults.capture_rate,
+        metavar="RATE",
+        help="fraction of episodes captured whole, drawn per episode at create; every episode also "
+        "logs its first ceil(solve_fc_round/4) steps, so each one the shortcut sentinel flags is "
+        "captured whole. Captures are kept where the record is (its file or Redis; memory with "
+        "--no-record)",
+    )
+    parser.add_argument(
+        "--no-capture", action="store_true", help="capture nothing, not even flagged episodes"
+    )
+    parser.add_argument(
+        "--capture-bytes",
+        type=int,
+        default=defaults.capture_bytes,
+        help="bytes of captured episodes kept (with Redis: across every replica); past it the oldest "
+        "captures go",
+    )
 
 
 def add_fork_options(parser: argparse.ArgumentParser, defaults: RuntimeConfig) -> None:

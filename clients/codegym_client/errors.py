@@ -23,6 +23,7 @@ server, or a failure on the way):
 | `CHECKPOINTS_OFF`   | FAILED_PRECONDITION | `CheckpointsOff`    | never                     | no             |
 | `NO_HISTORY`        | FAILED_PRECONDITION | `NoHistory`         | never                     | no             |
 | `CODE_GONE`         | FAILED_PRECONDITION | `CodeGone`          | never                     | no             |
+| `EPISODE_NOT_FOUND` | NOT_FOUND           | `EpisodeNotFound`   | never                     | no             |
 
 A status that came without a reason is the row its exception stands for (NOT_FOUND is
 `EnvNotFound` from CreateSession and GetEnv, `SessionNotFound` elsewhere; FAILED_PRECONDITION is
@@ -290,6 +291,13 @@ class CodeGone(CodeGymError):
     default_reason = "CODE_GONE"
 
 
+class EpisodeNotFound(CodeGymError):
+    """NOT_FOUND (`EPISODE_NOT_FOUND`) from GetEpisode: no captured episode by that id is held for
+    the caller's tenant (never captured, evicted past the runtime's byte bound, or another's)."""
+
+    default_reason = "EPISODE_NOT_FOUND"
+
+
 # -- The failure table -----------------------------------------------------------------------------
 
 # What a client does about a failed call once its reply was lost (see the module docstring).
@@ -339,6 +347,8 @@ FAILURES: dict[str, Failure] = {
     "CHECKPOINTS_OFF": Failure(_S.FAILED_PRECONDITION, CheckpointsOff),
     "NO_HISTORY": Failure(_S.FAILED_PRECONDITION, NoHistory),
     "CODE_GONE": Failure(_S.FAILED_PRECONDITION, CodeGone),
+    # Captured episodes (GetEpisode).
+    "EPISODE_NOT_FOUND": Failure(_S.NOT_FOUND, EpisodeNotFound),
 }
 # reason "": a status outside the table (UNKNOWN, a proxy's answer): not the environment's either.
 OUTSIDE = Failure(_S.UNKNOWN, CodeGymError, infrastructure=True)

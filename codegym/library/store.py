@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sqlite3
 from collections.abc import Iterable, Iterator
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from codegym.library import search as search_index
 from codegym.library.importing import ImportProgress, import_paths
 from codegym.library.records import EnvRecord, ImportReport, TaskRecord, Tool, canonical_config
 from codegym.library.writes import add_task, put_environment
@@ -107,6 +109,9 @@ class Library:
         self.path = Path(path)
         self._task_select: str | None = None
         self._table_names: set[str] | None = None
+        # Where the search index is read: the file's own, or (a read-only library written before
+        # the index existed) one built into memory at the first search.
+        self._search_schema: str | None = None
         if read_only:
             # Reading only (the runtime): nothing is created or changed. On a read-only volume (a
             # runtime pod) SQLite cannot even make its lock files: open the file as immutable then.
@@ -129,6 +134,9 @@ class Library:
                     if name not in columns:
                         self.db.execute(f"ALTER TABLE tasks ADD COLUMN {name} {definition}")
         self.db.executescript(SCHEMA)
+        if not search_index.has_index(self.db):  # new, or written before the index existed
+            with self.db:
+                search_index.refresh(self.db)
 
     def close(self) -> None:
         self.db.close()
@@ -150,17 +158,23 @@ class Library:
         """Import everything CodeGym publishes under `paths` (library_published.py lists the forms):
         a batch per transaction, an environment key with other code refused unless `on_conflict`
         is "keep" or "replace"; `jobs` processes check sources (default: one per core)."""
-        return import_paths(self.db, paths, on_conflict=on_conflict, progress=progress, jobs=jobs)
+        report = import_paths(self.db, paths, on_conflict=on_conflict, progress=progress, jobs=jobs)
+        with self.db:
+            search_index.refresh(self.db)
+        return report
 
     def add_tasks(self, tasks: Iterable[TaskRecord], origin: str = "") -> ImportReport:
         report = ImportReport()
         counts = report.source(origin, "tasks")
+        touched: set[str] = set()
         with self.db:
             for task in tasks:
+                touched.add(task.env_id)
                 if add_task(self.db, task, origin):
                     counts.tasks_added += 1
                 else:
                     counts.tasks_present += 1
+            search_index.refresh(self.db, touched)
         return report
 
     def put_environment(
@@ -178,9 +192,11 @@ class Library:
         run is the authority on which configs passed its filters.
         """
         with self.db:
-            return put_environment(
+            report = put_environment(
                 self.db, env_id, source, task_text=task_text, metadata=metadata, tasks=tasks
             )
+            search_index.refresh(self.db, [env_id])
+            return report
 
     # ---- reading: one environment or task at a time, or streamed; never the whole library ----
 
@@ -338,6 +354,7 @@ class Library:
     def set_scores(self, scores: Iterable[tuple[str, str, str, float]]) -> int:
         """Record (env_id, config_json, score name, value) for task configs in the library; returns how many matched."""
         matched = 0
+        touched: set[str] = set()
         with self.db:
             for env_id, config_json, name, value in scores:
                 row = self.db.execute(
@@ -348,19 +365,42 @@ class Library:
                 merged = {**json.loads(row[1]), name: value}
                 self.db.execute("UPDATE tasks SET scores = ? WHERE id = ?", (json.dumps(merged), row[0]))
                 matched += 1
+                touched.add(env_id)
+            search_index.refresh(self.db, touched)
         return matched
 
     def set_learnability(self, labels: Iterable[tuple[str, str, str]]) -> int:
         """Record (env_id, config_json, label) for task configs in the library (the config in its
         canonical spelling, `canonical_config`); returns how many matched."""
         matched = 0
+        touched: set[str] = set()
         with self.db:
             for env_id, config_json, label in labels:
-                matched += self.db.execute(
+                changed = self.db.execute(
                     "UPDATE tasks SET learnability = ? WHERE env_id = ? AND config_json = ?",
                     (label, env_id, config_json),
                 ).rowcount
+                matched += changed
+                if changed:
+                    touched.add(env_id)
+            search_index.refresh(self.db, touched)
         return matched
+
+    def search(self, query: search_index.Query) -> tuple[list[search_index.Hit], str, int]:
+        """A page of environments matching `query` (search.py), the next page's token and the
+        number matching."""
+        if self._search_schema is None:
+            if search_index.has_index(self.db):
+                self._search_schema = "main"
+            else:
+                self.db.execute("ATTACH DATABASE ':memory:' AS search")
+                with self.db:
+                    count = search_index.refresh(self.db, schema="search")
+                logging.getLogger(__name__).info(
+                    "library %s has no search index: %d environments indexed in memory", self.path, count
+                )
+                self._search_schema = "search"
+        return search_index.search(self.db, query, self._search_schema)
 
     @staticmethod
     def _record(row: tuple[Any, ...], tasks: list[TaskRecord]) -> EnvRecord:

@@ -108,6 +108,7 @@ RECORD_EVENTS = Counter(
     "codegym_record_events_total",
     "Episode record events: passed / failed episodes, failed_step, shortcut (rewarded in under a "
     "quarter of the oracle's steps), branch (a fork's end, counted apart), dropped (deltas the store "
+    "did not take), captured (an episode kept by the capture store), capture_lost (one the store "
     "did not take)",
     ["event"],
 )

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from codegym.bounded_cache import BoundedCache
 from codegym.contract import EnvStringError, parse_ability, parse_config, parse_env_str
 from codegym.errors import Reason, Refusal
+from codegym.library import search
 from codegym.library.store import EnvRecord, Library, canonical_config
 from codegym_client.api.common.v1 import common_pb2
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
@@ -204,6 +205,55 @@ class Catalog:
         return rt.ListEnvsResponse(
             envs=[rt.EnvSummary(env_id=i, tool_names=tools, task_count=n) for i, tools, n in page],
             next_page_token=page[-1][0] if len(rows) > size else "",
+        )
+
+    def search(self, request: rt.SearchEnvsRequest) -> rt.SearchEnvsResponse:
+        """A page of SearchEnvs (the library's search index, search.py); `quarantined` unset."""
+        if request.page_size > search.MAX_PAGE:
+            raise Refusal(Reason.INVALID_REQUEST, f"page_size {request.page_size} exceeds {search.MAX_PAGE}")
+        labels = list(request.learnability)
+        unknown = [label for label in labels if label not in search.LABELS]
+        if unknown:
+            raise Refusal(
+                Reason.INVALID_REQUEST,
+                f"learnability {shown(unknown[0])} is not one of {', '.join(search.LABELS)}",
+            )
+        low = request.min_pass_rate if request.HasField("min_pass_rate") else None
+        high = request.max_pass_rate if request.HasField("max_pass_rate") else None
+        for name, value in (("min_pass_rate", low), ("max_pass_rate", high)):
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise Refusal(Reason.INVALID_REQUEST, f"{name} {value} is not within 0..1")
+        if len(request.text) > search.MAX_TEXT:
+            raise Refusal(Reason.INVALID_REQUEST, f"text is longer than {search.MAX_TEXT} characters")
+        try:
+            query = search.Query(
+                text=request.text,
+                source=request.source,
+                labels=labels,
+                min_rate=low,
+                max_rate=high,
+                size=request.page_size or search.DEFAULT_PAGE,
+                after=search.read_token(request.page_token),
+            )
+            hits, token, total = self.library.search(query)
+        except search.BadQuery as exc:
+            raise Refusal(Reason.INVALID_REQUEST, str(exc)) from None
+        return rt.SearchEnvsResponse(
+            envs=[
+                rt.EnvSearchHit(
+                    env_id=hit.env_id,
+                    name=hit.name,
+                    description=hit.description,
+                    source=hit.source,
+                    task_count=hit.task_count,
+                    learnability=hit.labels,
+                    bo4_pass_rate=hit.bo4,
+                    bo8_pass_rate=hit.bo8,
+                )
+                for hit in hits
+            ],
+            next_page_token=token,
+            total=total,
         )
 
     def get_env(self, env_id: str) -> rt.GetEnvResponse:

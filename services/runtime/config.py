@@ -41,6 +41,11 @@ class RuntimeConfig:
     max_request_id: int = 128
     # Largest checkpoint blob RestoreSession reads (a state the sandbox made, sealed).
     max_checkpoint_bytes: int = 2 * 1024 * 1024
+    # Captured episodes (captures.py): the fraction of episodes logged whole (`--capture RATE`; below
+    # 0, `--no-capture`: nothing is logged, not even what a flagged episode needs), and the bytes
+    # the capture store keeps (`--capture-bytes`; past it the oldest captures go).
+    capture_rate: float = 0.05
+    capture_bytes: int = 64 * 1024 * 1024
 
 
 def session_seed(session_id: str) -> int:

@@ -93,6 +93,16 @@ def task_scope(run_id: str) -> str:
 
 
 ENV_SCOPE = "env"
+# Sessions played by hand in the console: recorded for their own run only, never in the all-runs
+# record that sampling reads.
+CONSOLE_RUN = "console"
+
+
+def run_scopes(run_id: str) -> set[str]:
+    """The task scopes an outcome of `run_id` is recorded in: its run's and all runs'."""
+    if run_id == CONSOLE_RUN:
+        return {task_scope(run_id)}
+    return {task_scope(run_id), task_scope("")}
 
 
 def merge(body: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
@@ -169,7 +179,7 @@ class Recorder:
             env[failure] = 1
             env["recent_errors"] = [message[:300]]
             key = task_key(env_id, config_json)
-            for scope in {task_scope(run_id), task_scope("")}:
+            for scope in run_scopes(run_id):
                 self._delta(scope, key, {failure: 1})
             RECORD_EVENTS.labels("failed_step").inc()
         self._delta(ENV_SCOPE, env_id, env)
@@ -185,7 +195,7 @@ class Recorder:
         }
         if outcome.policy_version is not None:
             delta["version"] = outcome.policy_version
-        for scope in {task_scope(outcome.run_id), task_scope("")}:
+        for scope in run_scopes(outcome.run_id):
             self._delta(scope, outcome.task_key, dict(delta))
         env: dict[str, Any] = {"episodes": 1, "passes": int(outcome.passed)}
         oracle = self.oracle_steps(outcome.env_id, outcome.config_json) if outcome.passed else 0
@@ -202,7 +212,7 @@ class Recorder:
         `branch_passes`), never in the pass rates, the recent window or the shortcut sentinel,
         which a prefix shared by several branches would otherwise weigh several times."""
         delta = {"branches": 1, "branch_passes": int(outcome.passed)}
-        for scope in {task_scope(outcome.run_id), task_scope("")}:
+        for scope in run_scopes(outcome.run_id):
             self._delta(scope, outcome.task_key, dict(delta))
         self._delta(ENV_SCOPE, outcome.env_id, dict(delta))
         self.runs[outcome.run_id or ALL_RUNS] = time.time()

@@ -6,6 +6,11 @@ step, the canonical action that led there and the sha256 of the observation it a
 states make a rewind a copy, like a fork (no replay through a jail, so no step's CPU); the actions
 and digests are the episode's log, which a replay, or a reader of captured episodes, follows.
 
+It is also the one log of captured episodes (captures.py): a session whose episode is captured
+appends entries whether or not it keeps a history, carrying the observation text (and a step that
+did not apply, as an entry with its error and no state); without `keep_history` they carry no
+state, so they cost the text alone and a fork never reads them.
+
 Entries are appended in the same atomic commit as their step (`HistoryWrite`, carried by
 `SessionStore.commit`; in Redis inside the commit script, so a step whose lease was lost appends
 nothing), cleared by a reset, and bounded twice: per session (`keep`) and across the runtime
@@ -42,8 +47,11 @@ def entry(
     reward: float = 0.0,
     done: bool = False,
     truncated: bool = False,
+    captured: bool = False,
+    error: str = "",
 ) -> bytes:
-    """One serialized entry: the state after `step_index` committed steps."""
+    """One serialized entry: the state after `step_index` committed steps (`state` empty for a
+    session that logs only for its capture), with the observation text when `captured`."""
     return cp.HistoryEntry(
         step_index=step_index,
         action=action,
@@ -54,6 +62,8 @@ def entry(
         reward=reward,
         done=done,
         truncated=truncated,
+        observation=observation if captured else "",
+        error=error,
     ).SerializeToString()
 
 
@@ -74,6 +84,8 @@ def up_to(entries: Sequence[bytes], items: Sequence[cp.HistoryEntry], step_index
     kept: list[bytes] = []
     last = -1
     for raw, item in zip(entries, items, strict=True):
+        if item.error:
+            continue  # a step that did not apply (a captured episode's): no state to fork from
         if item.step_index <= last:
             kept = []  # a restart of the log (not expected inside one read; never mixed)
         last = item.step_index
@@ -85,13 +97,14 @@ def up_to(entries: Sequence[bytes], items: Sequence[cp.HistoryEntry], step_index
 def find(items: Sequence[cp.HistoryEntry], step_index: int) -> cp.HistoryEntry | None:
     """The entry of `step_index`, when the history still holds it."""
     for item in reversed(items):
-        if item.step_index == step_index:
+        if item.step_index == step_index and not item.error:
             return item
     return None
 
 
 def held(items: Sequence[cp.HistoryEntry]) -> str:
     """The steps a history holds, for a refusal's message."""
-    if not items:
+    steps = [item for item in items if not item.error]
+    if not steps:
         return "no steps"
-    return f"steps {items[0].step_index}..{items[-1].step_index}"
+    return f"steps {steps[0].step_index}..{steps[-1].step_index}"

@@ -114,6 +114,16 @@ class RecordDesk:
         except ValueError as exc:
             raise Refusal(Reason.INVALID_REQUEST, str(exc)) from None
 
+    async def search(self, request: rt.SearchEnvsRequest) -> rt.SearchEnvsResponse:
+        """SearchEnvs: the catalog's page, each environment marked quarantined from the record
+        (one read per environment of the page)."""
+        page = self.catalog.search(request)
+        if self.recorder is not None and page.envs:
+            store = (await self.flushed()).store
+            for env in page.envs:
+                env.quarantined = bool(quarantine_reason(await store.read_one(ENV_SCOPE, env.env_id)))
+        return page
+
     async def lift_quarantine(self, request: rt.LiftQuarantineRequest) -> rt.LiftQuarantineResponse:
         store = (await self.flushed()).store
         env = await store.read_one(ENV_SCOPE, request.env_id)  # the env's record, not the run's tasks

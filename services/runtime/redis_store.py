@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 FIELDS = (
     "env_id", "config_json", "state", "max_steps", "step_timeout_ms", "seed", "step_index", "reward", "done",
     "truncated", "last_reply", "last_action", "sha256", "run_id", "policy_version",
-    "tenant", "keep_history", "branch",
+    "tenant", "keep_history", "branch", "capture_steps", "started_ms",
 )  # fmt: skip
 # Append ARGV[i] (a history entry of session ARGV[i+1], list KEYS[h]) and trim: the list to its
 # last ARGV[keep] entries, every list to ARGV[total] entries together (oldest first, by the order
@@ -190,6 +190,8 @@ def _mapping(session: Session) -> dict[Any, Any]:
         "tenant": session.tenant,
         "keep_history": int(session.keep_history),
         "branch": int(session.branch),
+        "capture_steps": session.capture_steps,
+        "started_ms": session.started_ms,
     }
 
 
@@ -277,6 +279,8 @@ class RedisSessionStore:
             tenant=bytes(f.get("tenant", b"")).decode(),
             keep_history=f.get("keep_history") == b"1",
             branch=f.get("branch") == b"1",
+            capture_steps=int(f.get("capture_steps") or 0),
+            started_ms=int(f.get("started_ms") or 0),
         )
         session.touch()  # Redis holds only live sessions (its expiry is the idle TTL)
         return session

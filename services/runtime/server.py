@@ -12,6 +12,7 @@ from codegym.server.auth import configured
 from codegym.server.grpcutil import ManagedServer
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.dispatcher import SandboxDispatcher
+from services.runtime.captures import CaptureStore
 from services.runtime.catalog import Catalog
 from services.runtime.checkpoints import Keyring
 from services.runtime.episode_record import Recorder, RecordStore
@@ -38,9 +39,12 @@ class RuntimeServer:
         env_cache_mb: int = 32,
         record: RecordStore | None = None,
         checkpoint_keys: Keyring | None = None,
+        captures: CaptureStore | None = None,
     ) -> None:
         """`record`: where the episode record is kept (None: no record, `--no-record`);
-        `checkpoint_keys`: the deployment's checkpoint keys (None: checkpoints are refused)."""
+        `checkpoint_keys`: the deployment's checkpoint keys (None: checkpoints are refused);
+        `captures`: where captured episodes are kept (None: in memory, unless the config's
+        capture rate is below 0, `--no-capture`)."""
         config = config or RuntimeConfig()
         self.catalog = Catalog(library, cache_bytes=env_cache_mb * 1024 * 1024)
         self.dispatcher = SandboxDispatcher(sandbox)
@@ -53,6 +57,7 @@ class RuntimeServer:
             self.recorder,
             Quotas(configured().limits),
             checkpoint_keys,
+            captures if captures is not None or config.capture_rate < 0 else memory_captures(config),
         )
         self._background: list[asyncio.Task[None]] = []
         self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
@@ -89,8 +94,17 @@ class RuntimeServer:
                 await task
         if self.recorder is not None:
             await self.recorder.store.close()
+        if self.servicer.captures.store is not None:
+            await self.servicer.captures.store.close()
         await self.dispatcher.close()
         close = getattr(self.servicer.store, "close", None)
         if close is not None:
             await close()
         self.catalog.close()
+
+
+def memory_captures(config: RuntimeConfig) -> CaptureStore:
+    """Captures kept in this process (a runtime with no record file or Redis to keep them in)."""
+    from services.runtime.capture_store import SqliteCaptureStore
+
+    return SqliteCaptureStore(":memory:", config.capture_bytes)

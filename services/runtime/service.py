@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
 import time
@@ -40,7 +41,9 @@ from codegym.server.metrics import (
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from services.dispatcher import SandboxDispatcher
-from services.runtime import history
+from services.runtime import captures, history
+from services.runtime.capture_desk import CaptureDesk
+from services.runtime.captures import CapturePolicy, CaptureStore
 from services.runtime.catalog import Catalog, Served
 from services.runtime.checkpoints import Keyring
 from services.runtime.config import RuntimeConfig, session_seed
@@ -52,7 +55,7 @@ from services.runtime.requests import action_text, config_json, create_limits, s
 from services.runtime.sandbox_calls import execute
 from services.runtime.sessions import Session, SessionStore, StoreUnavailable
 from services.runtime.streaming import batch_step, step_stream
-from services.runtime.tenancy import Quotas
+from services.runtime.tenancy import Quotas, require_operator
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +79,10 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         recorder: Recorder | None = None,
         quotas: Quotas | None = None,
         keyring: Keyring | None = None,
+        captured: CaptureStore | None = None,
     ) -> None:
-        """`keyring`: the deployment's checkpoint keys (None: checkpoints are refused)."""
+        """`keyring`: the deployment's checkpoint keys (None: checkpoints are refused);
+        `captured`: where captured episodes are kept (None: nothing is captured)."""
         self.catalog = catalog
         self.config = config or RuntimeConfig()
         # The record of served episodes (its recorder None: the runtime runs without one, `--no-record`).
@@ -86,6 +91,13 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self.quotas = quotas or Quotas({})
         self.store = store
         self.dispatcher = dispatcher
+        # Captured episodes (captures.py): what a create logs, what an episode's end keeps.
+        self.captures = CaptureDesk(
+            catalog,
+            store,
+            captured,
+            CapturePolicy(self.config.capture_rate, self.config.capture_rate >= 0),
+        )
         self.releases: set[asyncio.Task[None]] = set()
         # One token per step admitted and not yet answered.
         self.steps_in_flight: set[object] = set()
@@ -135,6 +147,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         session = await self.store.get(session_id)
         if session is None or not self._owns(session):
             return False
+        await self.captures.ended(session, closed=True)
         existed = await self.store.delete(session_id)
         if existed:
             self._release(session_id)
@@ -201,10 +214,12 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             policy_version=request.policy_version if request.HasField("policy_version") else None,
             tenant=tenant,
             keep_history=options.keep_history,
+            capture_steps=self.captures.steps_for(record.env_id, config_json, max_steps, request.run_id),
+            started_ms=captures.now_ms(),
         )
         session.touch()
-        if session.keep_history:
-            await self.store.put_new([(session, [start_entry(session)])])
+        if session.keep_history or session.capture_steps:
+            await self.store.put_new([(session, [self._start_entry(session, result.observation)])])
         else:
             await self.store.put(session)
         return rt.CreateSessionResponse(
@@ -216,6 +231,20 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             env_id=record.env_id,
             max_steps=max_steps,
             step_timeout_ms=timeout_ms,
+        )
+
+    @staticmethod
+    def _start_entry(session: Session, observation: str) -> bytes:
+        """The entry a session's log starts from (a create's or a reset's): its state when it keeps
+        a history, the first observation when its episode is captured."""
+        if not session.capture_steps:
+            return start_entry(session)
+        return history.entry(
+            session.step_index,
+            session.state if session.keep_history else b"",
+            observation=observation,
+            reward=session.reward,
+            captured=True,
         )
 
     @staticmethod
@@ -282,7 +311,19 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     )
             session.touch()
             if error is not None:
-                await self.store.touch(session, session.step_index)
+                if captures.logs(session):  # the captured episode's log shows the step that failed
+                    failed = history.entry(
+                        session.step_index,
+                        b"",
+                        action=action or request.action_json[:4096],
+                        observation=error.message,
+                        reward=session.reward,
+                        captured=True,
+                        error=rt.StepErrorCode.Name(error.code),
+                    )
+                    await self.store.commit(session, session.step_index, history_write(self.config, failed))
+                else:
+                    await self.store.touch(session, session.step_index)
                 return rt.StepResponse(
                     observation=error.message,
                     reward=session.reward,
@@ -306,17 +347,19 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             session.last_reply = reply.SerializeToString()
             session.last_action = action_digest(action)
             logged = None
-            if session.keep_history:
+            captured = started_at < session.capture_steps
+            if session.keep_history or captured:
                 logged = history_write(
                     self.config,
                     history.entry(
                         session.step_index,
-                        session.state,
+                        session.state if session.keep_history else b"",
                         action=action,
                         observation=result.observation,
                         reward=session.reward,
                         done=session.done,
                         truncated=session.truncated,
+                        captured=captured,
                     ),
                 )
             try:
@@ -337,6 +380,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 )
             if session.done:
                 self.desk.ended(session)
+                await self.captures.ended(session)
             if session.truncated:
                 # The environment does not know the episode ended: free its process now (the
                 # worker ends it by itself when the environment says done).
@@ -373,8 +417,8 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             # back to step 0 under a client that moved on through another replica.
             # A reset starts the episode, and its history, over.
             logged = (
-                history_write(self.config, start_entry(session), restart=True)
-                if session.keep_history
+                history_write(self.config, self._start_entry(session, result.observation), restart=True)
+                if session.keep_history or session.capture_steps
                 else None
             )
             if not await self.store.commit(session, started_at, logged):
@@ -485,6 +529,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def LiftQuarantine(
         self, request: rt.LiftQuarantineRequest, context: grpc.aio.ServicerContext
     ) -> rt.LiftQuarantineResponse:
+        require_operator("LiftQuarantine")
         return await self.desk.lift_quarantine(request)
 
     @guarded
@@ -509,22 +554,28 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def SearchEnvs(
         self, request: rt.SearchEnvsRequest, context: grpc.aio.ServicerContext
     ) -> rt.SearchEnvsResponse:
-        raise Refusal(Reason.INVALID_REQUEST, "SearchEnvs is not served yet")
+        return await self.desk.search(request)
 
     @guarded
     async def ListEpisodes(
         self, request: rt.ListEpisodesRequest, context: grpc.aio.ServicerContext
     ) -> rt.ListEpisodesResponse:
-        raise Refusal(Reason.INVALID_REQUEST, "ListEpisodes is not served yet")
+        return await self.captures.list(request)
 
     @guarded
     async def GetEpisode(
         self, request: rt.GetEpisodeRequest, context: grpc.aio.ServicerContext
     ) -> rt.GetEpisodeResponse:
-        raise Refusal(Reason.INVALID_REQUEST, "GetEpisode is not served yet")
+        return await self.captures.get(request)
 
     @guarded
     async def GetEnvCode(
         self, request: rt.GetEnvCodeRequest, context: grpc.aio.ServicerContext
     ) -> rt.GetEnvCodeResponse:
-        raise Refusal(Reason.INVALID_REQUEST, "GetEnvCode is not served yet")
+        require_operator("GetEnvCode")  # the runtime never serves code to trainers
+        code = self.catalog.env(request.env_id).source
+        return rt.GetEnvCodeResponse(
+            env_id=request.env_id,
+            code=code,
+            code_sha256=hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest(),
+        )

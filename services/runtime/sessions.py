@@ -75,6 +75,11 @@ class Session:
     # A fork (or a restore of one): its outcome is recorded as a branch, apart from episodes, so a
     # prefix shared by several branches is counted once, by the episode it was forked from.
     branch: bool = False
+    # Steps of the episode its log keeps for a capture (captures.py): 0 none; `max_steps` or more,
+    # every step (a sampled episode); else the first ones, enough to hold a shortcut whole.
+    capture_steps: int = 0
+    # When the episode started (Unix milliseconds; 0 from a store written before this field).
+    started_ms: int = 0
 
     def touch(self, now: float | None = None) -> None:
         self.last_used = time.monotonic() if now is None else now

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from codegym.errors import Reason, Refusal
-from codegym.server.auth import TenantLimits
+from codegym.server.auth import CALLER, OPERATOR, TenantLimits
 from codegym.server.metrics import TENANT_REFUSALS
 
 # The longest retry-after a refused call is told (a flood of thousands is spread over at most this).
@@ -110,3 +110,14 @@ class Quotas:
                 retry_after_ms,
             )
         self._rate(tenant, "creates", limit.creates_per_s, "creates", count)
+
+
+def require_operator(what: str) -> None:
+    """Refuse the call unless its token is an operator's (PERMISSION_DENIED): what changes the
+    deployment or reads environment code. Without access tokens every caller may."""
+    caller = CALLER.get()
+    if caller is not None and caller.role != OPERATOR:
+        raise Refusal(
+            Reason.PERMISSION_DENIED,
+            f"{what} takes an operator's token; this token is a {caller.role}'s (tenant {caller.tenant})",
+        )

@@ -166,6 +166,8 @@ class HistoryEntry(_message.Message):
     REWARD_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
     TRUNCATED_FIELD_NUMBER: _builtins.int
+    OBSERVATION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     step_index: _builtins.int
     """Committed steps after this entry (0: the episode's start)."""
     action: _builtins.str
@@ -180,6 +182,14 @@ class HistoryEntry(_message.Message):
     """Episode ended with this step."""
     truncated: _builtins.bool
     """Ended by the step cap."""
+    observation: _builtins.str
+    """The observation text, kept when the session's episode is captured (the step's, or for the
+    start entry the reset message); empty otherwise.
+    """
+    error: _builtins.str
+    """The step's error (a StepErrorCode name) for a step that did not apply, logged only for a
+    captured episode; such an entry holds no state and is never forked from.
+    """
     def __init__(
         self,
         *,
@@ -190,10 +200,12 @@ class HistoryEntry(_message.Message):
         reward: _builtins.float = ...,
         done: _builtins.bool = ...,
         truncated: _builtins.bool = ...,
+        observation: _builtins.str = ...,
+        error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "done", b"done", "observation_sha256", b"observation_sha256", "reward", b"reward", "state", b"state", "step_index", b"step_index", "truncated", b"truncated"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "done", b"done", "error", b"error", "observation", b"observation", "observation_sha256", b"observation_sha256", "reward", b"reward", "state", b"state", "step_index", b"step_index", "truncated", b"truncated"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
