@@ -12,6 +12,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+from codegym.library import search as search_index
 from codegym.library.store import Library
 from codegym.samples import ENVS, TASKS
 
@@ -47,6 +48,7 @@ def build(path: Path, envs: int, tasks_per_env: int = 4, names: dict[int, str] |
                         for k in range(tasks_per_env)
                     ],
                 )
+            search_index.refresh(db)  # the rows written here, in SearchEnvs' index
     finally:
         db.close()
     return path

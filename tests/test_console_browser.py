@@ -33,7 +33,6 @@ from codegym.server.auth import OPERATOR, SERVICE, TRAINER, Identity, write_toke
 from codegym_client import RuntimeClient
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
 from codegym_testkit import big_library, browser
-from codegym_testkit.waiting import wait_until
 from tests.helpers.servers import CodegymServer, sandbox_workers
 
 pytestmark = pytest.mark.jail  # the stack has a sandbox worker
@@ -127,8 +126,8 @@ def sign_in(driver: Any, base: str, token: str) -> None:
     driver.delete_all_cookies()
     driver.get(f"{base}/login")
     driver.find_element(By.ID, "token").send_keys(token)
-    driver.find_element(By.ID, "signin").click()
-    wait_until(lambda: "/login" not in driver.current_url, 10, "the page")
+    click(driver, driver.find_element(By.ID, "signin"))
+    assert "/login" not in driver.current_url, text_of(driver, "main")
 
 
 def text_of(driver: Any, css: str) -> str:
@@ -175,7 +174,7 @@ def test_refused_without_a_token(driver: Any, stack: dict[str, str]) -> None:
     for token, why in (("nope", "does not know that token"), ("service-token", "a service's token")):
         driver.get(f"{base}/login")
         driver.find_element(By.ID, "token").send_keys(token)
-        driver.find_element(By.ID, "signin").click()
+        click(driver, driver.find_element(By.ID, "signin"))
         assert why in text_of(driver, "#problem")
         assert driver.get_cookies() == []
 
@@ -221,8 +220,21 @@ def call_through_form(driver: Any, action: dict[str, Any]) -> None:
             field.send_keys(json.dumps(value))
         else:
             field.send_keys(str(value))
-    form.find_element(By.CSS_SELECTOR, "button.call").click()
-    reloaded(driver, form)
+    click(driver, form.find_element(By.CSS_SELECTOR, "button.call"))
+
+
+def click(driver: Any, element: Any) -> None:
+    """Click `element` and wait for the page it leads to."""
+    from selenium.common.exceptions import WebDriverException
+
+    try:
+        element.click()
+    except WebDriverException as exc:
+        # chromedriver may answer a click whose navigation replaced the page before the click
+        # command returned with this: the click happened (the wait below sees the new page).
+        if "does not belong to the document" not in str(exc):
+            raise
+    reloaded(driver, element)
 
 
 def reloaded(driver: Any, element: Any) -> None:
@@ -231,6 +243,7 @@ def reloaded(driver: Any, element: Any) -> None:
     from selenium.webdriver.support.wait import WebDriverWait
 
     WebDriverWait(driver, 30).until(expected_conditions.staleness_of(element))
+    WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
 def start_play(driver: Any, base: str, env_id: str, config: dict[str, Any]) -> str:
@@ -240,8 +253,8 @@ def start_play(driver: Any, base: str, env_id: str, config: dict[str, Any]) -> s
     driver.get(f"{base}/play")
     driver.find_element(By.ID, "env_id").send_keys(env_id)
     driver.find_element(By.NAME, "config_json").send_keys(json.dumps(config))
-    driver.find_element(By.ID, "start-button").click()
-    wait_until(lambda: "/play/" in driver.current_url, 30, "the page")
+    click(driver, driver.find_element(By.ID, "start-button"))
+    assert "/play/" in driver.current_url, text_of(driver, "main")
     return text_of(driver, "#session-id")
 
 
@@ -264,9 +277,7 @@ def test_a_trainer_plays_a_sample_task_to_reward_1_through_the_forms_and_steps_b
     assert "Episode over" in text_of(driver, "#outcome")
     assert driver.find_elements(By.CSS_SELECTOR, "form.tool-form") == []  # nothing left to call
     # Step back before the last step: a fork at the step before it, its transcript cut there.
-    step_back = driver.find_elements(By.CSS_SELECTOR, "button.step-back")[-1]
-    step_back.click()
-    reloaded(driver, step_back)
+    click(driver, driver.find_elements(By.CSS_SELECTOR, "button.step-back")[-1])
     assert session_id not in driver.current_url
     assert text_of(driver, "#final-reward") == "0"
     assert len(driver.find_elements(By.CSS_SELECTOR, "#timeline li.turn")) == len(run["steps"])
@@ -290,9 +301,7 @@ def test_a_hostile_observation_shows_as_text(driver: Any, stack: dict[str, str])
     driver.find_element(By.ID, "raw").send_keys(
         json.dumps({"name": "<img src=x id=evil2>", "parameters": {}})
     )
-    send = driver.find_element(By.ID, "raw-send")
-    send.click()
-    reloaded(driver, send)
+    click(driver, driver.find_element(By.ID, "raw-send"))
     assert "<img src=x id=evil2>" in text_of(driver, "#timeline")
     assert driver.find_elements(By.ID, "evil2") == []
 
@@ -311,12 +320,11 @@ def test_search_finds_an_environment_in_a_library_of_thousands(driver: Any, stac
     box = driver.find_element(By.ID, "q")
     box.send_keys("lighthouse")
     box.submit()
-    wait_until(lambda: "q=" in driver.current_url, 10, "the page")
+    reloaded(driver, box)
     found = [a.text for a in driver.find_elements(By.CSS_SELECTOR, "#envs a.env-link")]
     assert found == [NEEDLE], found
     assert text_of(driver, "#total").startswith("1 ")
-    driver.find_element(By.CSS_SELECTOR, "#envs a.env-link").click()
-    wait_until(lambda: "/env/" in driver.current_url, 10, "the page")
+    click(driver, driver.find_element(By.CSS_SELECTOR, "#envs a.env-link"))
     assert text_of(driver, "#env-id") == found[0]
     schema = driver.find_element(By.CSS_SELECTOR, "details.tool pre.schema").get_attribute("textContent")
     assert json.loads(schema)["type"] == "function"  # the schema a trainer's model is given
@@ -339,8 +347,7 @@ def test_only_operators_read_code_and_lift_quarantines(driver: Any, stack: dict[
     assert status == 403 and "only an operator" in body
     sign_in(driver, base, "operator")
     driver.get(f"{base}/env/{GCD}")
-    driver.find_element(By.ID, "show-code").click()
-    wait_until(lambda: driver.find_elements(By.ID, "code"), 10, "the page")
+    click(driver, driver.find_element(By.ID, "show-code"))
     code = text_of(driver, "#code")
     assert "class ArrayGcdEnv" in code
     assert driver.find_elements(By.CSS_SELECTOR, "#code span.k")  # highlighted

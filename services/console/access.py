@@ -2,9 +2,12 @@
 
 With access tokens configured (the gRPC servers' tokens file), a person signs in by pasting a token
 on `/login`; the console checks it against the same table the runtime uses and keeps, under a
-random login id, the token's identity (never the token itself, which goes nowhere after the check)
-and a CSRF token. The login id travels in a cookie that scripts cannot read (HttpOnly), that no
-other site's page sends (SameSite=Strict) and, under TLS, that plain HTTP never carries (Secure).
+random login id, the token's identity and a CSRF token. A trainer's token goes nowhere after the
+check (the console calls the runtime on its own service token, naming the trainer's tenant); an
+operator's is kept with the login, in this process only, because the runtime takes operator-only
+calls (lifting a quarantine, reading code, every tenant's captures) from an operator's token
+alone. The login id travels in a cookie that scripts cannot read (HttpOnly), that no other site's
+page sends (SameSite=Strict) and, under TLS, that plain HTTP never carries (Secure).
 Every POST must also carry the login's CSRF token in its form (`csrf`): a page of this console
 shows it; a page elsewhere cannot read it.
 
@@ -45,6 +48,8 @@ class Login:
     identity: Identity
     csrf: str
     expires: float
+    # An operator's own token, which its runtime calls carry ("" for a trainer, or without tokens).
+    token: str = ""
 
     @property
     def operator(self) -> bool:
@@ -53,7 +58,7 @@ class Login:
     @property
     def tenant(self) -> str:
         """The tenant the console names on this login's runtime calls ("" for an operator, whose
-        calls run as the console's own service identity and see every tenant)."""
+        calls carry its own token)."""
         return "" if self.operator else self.identity.tenant
 
 
@@ -83,7 +88,8 @@ class Logins:
         else:
             identity = ANONYMOUS
         login_id = secrets.token_urlsafe(32)
-        login = Login(identity, secrets.token_urlsafe(32), time.monotonic() + LOGIN_TTL_S)
+        own = token.strip() if self.required and identity.role == OPERATOR else ""
+        login = Login(identity, secrets.token_urlsafe(32), time.monotonic() + LOGIN_TTL_S, own)
         self._held[login_id] = login
         while len(self._held) > self.max_logins:
             self._held.popitem(last=False)

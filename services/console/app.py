@@ -25,7 +25,6 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.errors import (
     CodeGymError,
     EnvNotFound,
@@ -38,7 +37,7 @@ from services.console import pages
 from services.console.access import COOKIE, Login, LoginRefused, Logins, csrf_ok
 from services.console.config import ConsoleConfig
 from services.console.plays import Plays
-from services.console.runtime import connect, playing_for
+from services.console.runtime import Clients, playing_for
 
 log = logging.getLogger("codegym.console")
 TEMPLATES = Path(__file__).parent / "templates"
@@ -57,7 +56,7 @@ class Console:
         self.config = config
         self.logins = Logins(config.tokens)
         self.plays = Plays()
-        self._client: AsyncRuntimeClient | None = None
+        self._clients: Clients | None = None  # made at startup, in the event loop
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(TEMPLATES),
             autoescape=True,  # every template: what is shown is untrusted text
@@ -92,16 +91,16 @@ class Console:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        self._client = connect(self.config.runtime, self.config.runtime_timeout_s)
+        self._clients = Clients(self.config.runtime, self.config.runtime_timeout_s)
         try:
             yield
         finally:
-            await self._client.close()
+            await self._clients.close()
 
     @property
-    def client(self) -> AsyncRuntimeClient:
-        assert self._client is not None, "the console's client is made at startup"
-        return self._client
+    def clients(self) -> Clients:
+        assert self._clients is not None, "the console's clients are made at startup"
+        return self._clients
 
     # rendering -------------------------------------------------------------------------------
 
@@ -153,6 +152,7 @@ class Console:
                         request, login, 403, "this form's CSRF token is missing or stale: reload the page"
                     )
             try:
+                request.state.runtime = await self.clients.client(login.token)
                 with playing_for(login.tenant):
                     response = await handler(self, request, login)
             except NotAllowed as exc:
@@ -203,7 +203,7 @@ class Console:
     async def ready(self, request: Request) -> Response:
         """Ready when the runtime answers (a console without one shows only errors)."""
         try:
-            await self.client.wait_ready(timeout_s=2.0)
+            await self.clients.own.wait_ready(timeout_s=2.0)
         except RuntimeUnavailable as exc:
             return PlainTextResponse(f"runtime unavailable: {exc.details()}", status_code=503)
         return PlainTextResponse("ok")

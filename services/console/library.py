@@ -11,13 +11,14 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from codegym.library.search import LABELS
 from codegym_client.api.common.v1 import common_pb2 as common
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from services.console.plays import clip
 
-# The library's learnability labels of a task (from its published Bo4/Bo8 scores).
-LEARNABILITY = ("learnable", "easy", "hard", "unsolved", "unknown")
+# The library's learnability labels of a task (`codegym library label`), as SearchEnvs filters them.
+LEARNABILITY = LABELS
 
 
 def fraction(text: str) -> float | None:
@@ -147,6 +148,20 @@ class EnvView:
     tasks: list[TaskRow]
     health: rt.EnvStats | None
     error_rate: float
+    summary: Row | None  # its SearchEnvs row: mean published Bo4/Bo8, labels, source
+
+
+async def summary_of(client: AsyncRuntimeClient, env_id: str) -> Row | None:
+    """The environment's own SearchEnvs row (a search by its id), None from a runtime without it."""
+    try:
+        page = await client.stub.SearchEnvs(
+            rt.SearchEnvsRequest(text=env_id, page_size=20), timeout=client.timeout_s
+        )
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        return None
+    return next((row_of(hit) for hit in page.envs if hit.env_id == env_id), None)
 
 
 async def env_view(client: AsyncRuntimeClient, env_id: str) -> EnvView:
@@ -179,7 +194,7 @@ async def env_view(client: AsyncRuntimeClient, env_id: str) -> EnvView:
     error_rate = (
         sum(health.step_errors.values()) / health.steps if health is not None and health.steps else 0.0
     )
-    return EnvView(env, tasks, health, error_rate)
+    return EnvView(env, tasks, health, error_rate, await summary_of(client, env_id))
 
 
 async def env_code(client: AsyncRuntimeClient, env_id: str) -> tuple[str, str]:

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.async_client import AsyncRuntimeClient
 from services.console import library as lib
 from services.console import plots
 from services.console.curriculum import curriculum_view
@@ -20,6 +21,12 @@ from services.console.schemas import BadForm, parameters, tool_form
 if TYPE_CHECKING:
     from services.console.access import Login
     from services.console.app import Console
+
+
+def runtime(request: Request) -> AsyncRuntimeClient:
+    """The runtime client of this request's login (`Console.guard` picks it)."""
+    client: AsyncRuntimeClient = request.state.runtime
+    return client
 
 
 def require_operator(login: Login, what: str) -> None:
@@ -38,17 +45,19 @@ async def home(console: Console, request: Request, login: Login) -> Response:
 
 async def library(console: Console, request: Request, login: Login) -> Response:
     query = lib.Query.from_params(request.query_params, console.config.page_size)
-    found = await lib.search(console.client, query)
-    return console.render(request, "library.html", login, query=query, found=found)
+    found = await lib.search(runtime(request), query)
+    return console.render(
+        request, "library.html", login, query=query, found=found, learnability=lib.LEARNABILITY
+    )
 
 
 async def env_page(console: Console, request: Request, login: Login) -> Response:
     env_id = request.path_params["env_id"]
-    view = await lib.env_view(console.client, env_id)
+    view = await lib.env_view(runtime(request), env_id)
     code: list[Any] = []
     code_error = ""
     if login.operator and request.query_params.get("code"):
-        text, code_error = await lib.env_code(console.client, env_id)
+        text, code_error = await lib.env_code(runtime(request), env_id)
         code = highlight(text) if text else []
     forms = [tool_form(tool.name, tool.json_schema) for tool in view.env.tools]
     return console.render(
@@ -70,7 +79,7 @@ async def play_start(console: Console, request: Request, login: Login) -> Respon
     env_id = str(form.get("env_id", "")).strip()
     config_json = str(form.get("config_json", "")).strip()
     if not config_json:
-        env = await console.client.get_env(env_id)
+        env = await runtime(request).get_env(env_id)
         try:
             number = int(str(form.get("task", "0")) or 0)
         except ValueError:
@@ -80,7 +89,7 @@ async def play_start(console: Console, request: Request, login: Login) -> Respon
                 request, login, 400, f"{env_id} has tasks 0 to {len(env.tasks) - 1}; not {form.get('task')!r}"
             )
         config_json = env.tasks[number].config_json
-    created = await console.client.create_session(
+    created = await runtime(request).create_session(
         env_id=env_id, config=config_json, run_id=CONSOLE_RUN, keep_history=True
     )
     tools = [{"name": tool.name, "json_schema": tool.json_schema} for tool in created.tools]
@@ -140,7 +149,7 @@ async def play_step(console: Console, request: Request, login: Login) -> Respons
             }
         except BadForm as exc:
             return await play_page(console, request, login, str(exc), 400)
-    answer = await console.client.step(
+    answer = await runtime(request).step(
         play.session_id, json.dumps(action) if not isinstance(action, str) else action
     )
     error = answer.error.message if answer.HasField("error") and answer.error.code else ""
@@ -168,7 +177,7 @@ async def play_fork(console: Console, request: Request, login: Login) -> Respons
         at_step = int(str(form.get("at_step", "")))
     except ValueError:
         return await play_page(console, request, login, "step back to which step? (a number)", 400)
-    forks = await console.client.fork_session(play.session_id, 1, at_step=at_step)
+    forks = await runtime(request).fork_session(play.session_id, 1, at_step=at_step)
     fork = console.plays.rewound(play, forks[0].session_id, at_step)
     return RedirectResponse(f"/play/{fork.session_id}", status_code=303)
 
@@ -176,7 +185,7 @@ async def play_fork(console: Console, request: Request, login: Login) -> Respons
 async def play_close(console: Console, request: Request, login: Login) -> Response:
     play = find_play(console, login, request.path_params["session_id"])
     if play is not None:
-        await console.client.close_session(play.session_id)
+        await runtime(request).close_session(play.session_id)
         console.plays.forget(play.session_id)
     return RedirectResponse("/library", status_code=303)
 
@@ -188,14 +197,14 @@ async def episodes(console: Console, request: Request, login: Login) -> Response
     from services.console import captures
 
     query = captures.Query.from_params(request.query_params, console.config.page_size)
-    found = await captures.list_episodes(console.client, query)
+    found = await captures.list_episodes(runtime(request), query)
     return console.render(request, "episodes.html", login, query=query, found=found)
 
 
 async def episode_page(console: Console, request: Request, login: Login) -> Response:
     from services.console import captures
 
-    episode = await captures.get_episode(console.client, request.path_params["episode_id"])
+    episode = await captures.get_episode(runtime(request), request.path_params["episode_id"])
     return console.render(request, "episode.html", login, episode=episode)
 
 
@@ -204,7 +213,7 @@ async def episode_page(console: Console, request: Request, login: Login) -> Resp
 
 async def curriculum(console: Console, request: Request, login: Login) -> Response:
     run_id = request.query_params.get("run", "").strip()
-    view = await curriculum_view(console.client, run_id) if run_id else None
+    view = await curriculum_view(runtime(request), run_id) if run_id else None
     return console.render(request, "curriculum.html", login, run_id=run_id, view=view)
 
 
@@ -213,7 +222,8 @@ async def curriculum(console: Console, request: Request, login: Login) -> Respon
 
 async def health(console: Console, request: Request, login: Login) -> Response:
     envs = [
-        entry.env async for entry in iter_stats(console, rt.StatsRequest(envs_only=True, played_only=True))
+        entry.env
+        async for entry in iter_stats(runtime(request), rt.StatsRequest(envs_only=True, played_only=True))
     ]
     quarantined = [env for env in envs if env.quarantined]
 
@@ -234,8 +244,8 @@ async def health(console: Console, request: Request, login: Login) -> Response:
     )
 
 
-async def iter_stats(console: Console, request: rt.StatsRequest) -> Any:
-    async for entry in console.client.stub.Stats(request, timeout=max(console.client.timeout_s, 60.0)):
+async def iter_stats(client: AsyncRuntimeClient, request: rt.StatsRequest) -> Any:
+    async for entry in client.stub.Stats(request, timeout=max(client.timeout_s, 60.0)):
         yield entry
 
 
@@ -243,5 +253,5 @@ async def lift(console: Console, request: Request, login: Login) -> Response:
     require_operator(login, "lift a quarantine")
     form = await request.form()
     env_id = str(form.get("env_id", ""))
-    await console.client.lift_quarantine(env_id)
+    await runtime(request).lift_quarantine(env_id)
     return RedirectResponse("/health", status_code=303)

@@ -1,10 +1,11 @@
 """The console's calls to the runtime, made for the person signed in.
 
-The console calls on one token, its own (`CODEGYM_TOKEN`: the service token under `codegym up
---auth` and in k8s), as the OpenEnv gateway does, and names a trainer's tenant on each call
-(`codegym-tenant` metadata, which the runtime honours from service and operator tokens only), so the
-runtime's quotas, session ownership and capture visibility are the trainer's. An operator's calls
-name no tenant: they run as the console's own identity, which sees every tenant.
+A trainer's calls go on the console's own token (`CODEGYM_TOKEN`: the service token under `codegym
+up --auth` and in k8s), as the OpenEnv gateway's do, and name the trainer's tenant (`codegym-tenant`
+metadata, which the runtime honours from service and operator tokens only), so the runtime's
+quotas, session ownership and capture visibility are the trainer's. An operator's calls go on the
+operator's own token (`Clients`), since the runtime takes what only operators may do from an
+operator's token alone.
 
 The tenant travels in the gateway's context variable (`services.openenv.forwarding.playing_for`);
 the gateway's interceptor covers unary calls, and `ForwardTenantStream` here the one streamed call
@@ -13,6 +14,7 @@ the console makes (`Stats`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,7 +24,7 @@ from codegym.server.auth import TENANT_METADATA
 from codegym_client.async_client import AsyncRuntimeClient
 from services.openenv.forwarding import PLAYING_FOR, ForwardTenant, playing_for
 
-__all__ = ["ForwardTenantStream", "connect", "playing_for"]
+__all__ = ["Clients", "ForwardTenantStream", "connect", "playing_for"]
 
 
 class ForwardTenantStream(grpc.aio.UnaryStreamClientInterceptor):
@@ -42,8 +44,40 @@ class ForwardTenantStream(grpc.aio.UnaryStreamClientInterceptor):
         return await continuation(client_call_details, request)
 
 
-def connect(target: str, timeout_s: float = 30.0) -> AsyncRuntimeClient:
-    """A runtime client whose calls name the tenant of `playing_for`; make it in the event loop."""
+def connect(target: str, timeout_s: float = 30.0, token: str | None = None) -> AsyncRuntimeClient:
+    """A runtime client whose calls name the tenant of `playing_for`; make it in the event loop.
+    `token`: the calls' token (None: the console's own, `CODEGYM_TOKEN`)."""
     return AsyncRuntimeClient(
-        target, timeout_s=timeout_s, interceptors=[ForwardTenant(), ForwardTenantStream()]
+        target, timeout_s=timeout_s, token=token, interceptors=[ForwardTenant(), ForwardTenantStream()]
     )
+
+
+# Operators signed in at once whose channels are kept open; the least recently used is closed first.
+MAX_OPERATOR_CLIENTS = 16
+
+
+class Clients:
+    """The console's runtime clients: its own (made at startup) and one per operator token in use,
+    bounded (`MAX_OPERATOR_CLIENTS`); all made and closed in the event loop."""
+
+    def __init__(self, target: str, timeout_s: float) -> None:
+        self.target = target
+        self.timeout_s = timeout_s
+        self.own = connect(target, timeout_s)
+        self._operators: OrderedDict[str, AsyncRuntimeClient] = OrderedDict()
+
+    async def client(self, token: str) -> AsyncRuntimeClient:
+        """The client for calls on `token` ("" = the console's own)."""
+        if not token:
+            return self.own
+        found = self._operators.pop(token, None) or connect(self.target, self.timeout_s, token)
+        self._operators[token] = found
+        while len(self._operators) > MAX_OPERATOR_CLIENTS:
+            _, oldest = self._operators.popitem(last=False)
+            await oldest.close()
+        return found
+
+    async def close(self) -> None:
+        for client in [self.own, *self._operators.values()]:
+            await client.close()
+        self._operators.clear()
