@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -27,7 +28,7 @@ from typing import Any
 import pytest
 
 from codegym.library.records import TaskRecord
-from codegym.library.store import Library
+from codegym.library.store import Library, canonical_config
 from codegym.samples import ENVS, TRAJECTORIES
 from codegym.server.auth import OPERATOR, SERVICE, TRAINER, Identity, write_tokens
 from codegym_client import RuntimeClient
@@ -47,6 +48,7 @@ GCD = "Sample_0006_I__ArrayGcdEnv"
 HOSTILE = "Hostile_0001_I__ArrayGcdEnv"
 # What the hostile environment's `Evil` tool answers: markup that must show as text.
 HOSTILE_TEXT = "<script>window.pwned = 1; document.title = 'pwned'</script><b id=\"injected\">bold</b>"
+FLAGGED_TASK = {"nums": [7, 13]}  # answered at once: rewarded in 1 step of an oracle's 40
 MANY = 3000  # copies of a sample environment: "a library of a few thousand"
 NEEDLE = "Lighthouse_0001_I__ArrayGcdEnv"  # one copy's id, for search to find
 
@@ -77,6 +79,12 @@ def many_library(path: Path) -> Path:
     gcd = (ENVS / f"{GCD}.py").read_text()
     evil = gcd.replace("return str(len(self.nums))", f"return {HOSTILE_TEXT!r}", 1)
     assert evil != gcd
+    with sqlite3.connect(path) as db:  # the flagged task's oracle takes 40 steps: 1 is a shortcut
+        db.execute(
+            "UPDATE tasks SET solve_fc_round = 40 WHERE env_id = ? AND config_json = ?",
+            (GCD, canonical_config(FLAGGED_TASK)),
+        )
+        assert db.execute("SELECT changes()").fetchone()[0] == 1
     with Library(path) as library:
         report = library.put_environment(
             HOSTILE,
@@ -101,16 +109,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     with sandbox_workers(1, env=env) as workers:
         runtime = console = None
         try:
-            args = [
-                "serve",
-                "runtime",
-                "--port",
-                "0",
-                "--library",
-                str(library),
-                "--sandbox",
-                workers[0].address,
-            ]
+            args = ["serve", "runtime", "--port", "0", "--library", str(library)]
+            args += ["--sandbox", workers[0].address, "--capture", "1"]  # every episode captured whole
             runtime = CodegymServer(args, env=env)
             console = CodegymServer(["console", "--target", runtime.address, "--port", "0"], env=env)
             yield {"runtime": runtime.address, "console": f"http://{console.address}"}
@@ -230,19 +230,34 @@ def click(driver: Any, element: Any) -> None:
     try:
         element.click()
     except WebDriverException as exc:
-        # chromedriver may answer a click whose navigation replaced the page before the click
-        # command returned with this: the click happened (the wait below sees the new page).
-        if "does not belong to the document" not in str(exc):
+        if not gone(exc):
             raise
     reloaded(driver, element)
 
 
+def gone(exc: Exception) -> bool:
+    """Whether a command failed because its element's page was replaced: chromedriver says so as a
+    stale element or, when the replacement is under way, as a node outside the document."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    return isinstance(exc, StaleElementReferenceException) or "does not belong to the document" in str(exc)
+
+
 def reloaded(driver: Any, element: Any) -> None:
-    """Wait for the next page: `element`, of the page a click left, is gone."""
-    from selenium.webdriver.support import expected_conditions
+    """Wait for the next page: `element`, of the page a click left, is gone, and the new one loaded."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.support.wait import WebDriverWait
 
-    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(element))
+    def stale(_: Any) -> bool:
+        try:
+            element.is_enabled()
+        except WebDriverException as exc:
+            if gone(exc):
+                return True
+            raise
+        return False
+
+    WebDriverWait(driver, 30).until(stale)
     WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
@@ -392,3 +407,66 @@ def test_a_runs_curriculum_plot_changes_after_episodes_are_played(driver: Any, s
     assert after != before
     assert after["mastered"] == "1" and after["unsolved"] == "1", after
     assert int(after["unseen"]) == int(before["unseen"]) - 2
+
+
+# Episodes --------------------------------------------------------------------------------------
+
+
+def play(runtime: str, token: str, run_id: str, config: dict[str, Any], actions: list[str]) -> str:
+    with RuntimeClient(runtime, token=token) as client:
+        created = client.create_session(env_id=GCD, config=config, run_id=run_id)
+        for action in actions:
+            client.step(created.session_id, action)
+        client.close_session(created.session_id)
+    return str(created.session_id)
+
+
+def listed(driver: Any) -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    return [
+        a.get_attribute("href").rsplit("/", 1)[-1]
+        for a in driver.find_elements(By.CSS_SELECTOR, "#episodes a.episode-link")
+    ]
+
+
+def test_captured_episodes_open_as_timelines_and_stay_with_their_tenant(
+    driver: Any, stack: dict[str, str]
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    base, runtime = stack["console"], stack["runtime"]
+    run = oracle_run(GCD)
+    oracle = [action for action, _ in run["steps"]]
+    answer = json.dumps({"name": "Done", "parameters": {"answer": 1}})
+    whole = play(runtime, "trainer-a", "run-a", run["config"], oracle)
+    flagged = play(runtime, "trainer-a", "run-a", FLAGGED_TASK, [answer])
+    theirs = play(runtime, "trainer-b", "run-b", run["config"], oracle)
+
+    sign_in(driver, base, "trainer-a")
+    driver.get(f"{base}/episodes?run=run-a")
+    assert listed(driver) == [flagged, whole]  # newest first
+    driver.find_element(By.ID, "flagged").click()  # the checkbox, then the filter
+    click(driver, driver.find_element(By.CSS_SELECTOR, "#filters button"))
+    assert listed(driver) == [flagged]
+    click(driver, driver.find_element(By.CSS_SELECTOR, "#episodes a.episode-link"))
+    assert text_of(driver, "#episode-id") == flagged
+    assert "flagged" in text_of(driver, "main") and text_of(driver, "#episode-reward") == "1"
+    steps = driver.find_elements(By.CSS_SELECTOR, "#timeline li.turn pre.act")
+    assert [json.loads(s.text) for s in steps] == [json.loads(answer)]
+
+    driver.get(f"{base}/episodes/{whole}")
+    observations = [o.text for o in driver.find_elements(By.CSS_SELECTOR, "#timeline li.turn pre.obs")]
+    assert observations == [run["first"], *(obs for _, obs in run["steps"])]
+    assert text_of(driver, "#episode-reward") == "1"
+
+    # Another tenant's capture: not listed, and opening it by id finds nothing.
+    driver.get(f"{base}/episodes?run=run-b")
+    assert listed(driver) == []
+    driver.get(f"{base}/episodes/{theirs}")
+    assert theirs not in text_of(driver, "main") or "not" in text_of(driver, "#problem")
+    assert driver.find_elements(By.ID, "timeline") == []
+    # An operator sees every tenant's, with the tenant named.
+    sign_in(driver, base, "operator")
+    driver.get(f"{base}/episodes?run=run-b")
+    assert listed(driver) == [theirs] and "team-b" in text_of(driver, "#episodes")
