@@ -1,4 +1,5 @@
-"""`codegym library stats|sample|quarantine|label`: the runtime's record of served episodes.
+"""`codegym library stats|sample|quarantine|label`: the runtime's record of served episodes
+(`episodes`, its captured episodes, is library_episodes.py).
 
 The runtime records every finished episode against its task configuration and its trainer's run
 (`create_session(run_id=...)`); these commands read that record through its RPCs, so they work
@@ -32,6 +33,7 @@ from codegym.contract import parse_ability
 from codegym.contract.errors import EnvStringError
 from codegym.library.records import LEARNABILITY
 from codegym.library.store import Library, canonical_config, default_library_path
+from codegym_cli import library_episodes
 from codegym_client import CodeGymError, RuntimeClient
 from codegym_client.abilities import ABILITY_FORMAT
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
@@ -356,6 +358,7 @@ def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
     runtime(quarantine)
     quarantine.add_argument("--lift", default="", metavar="ENV_ID", help="lift this environment's quarantine")
     quarantine.set_defaults(func=with_runtime("quarantine", _quarantine))
+    library_episodes.add_parser(lib_sub, runtime)
 
     label = lib_sub.add_parser(
         "label",

@@ -21,6 +21,7 @@ import pytest
 
 from codegym.library import search
 from codegym.library.store import Library, canonical_config
+from codegym_cli.cli import main
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
@@ -70,6 +71,7 @@ class Caller:
     """Raw RuntimeService calls as one token (None: no token)."""
 
     def __init__(self, address: str, token: str | None = None) -> None:
+        self.address = address
         self.channel = grpc.insecure_channel(address)
         self.stub = rt_grpc.RuntimeServiceStub(self.channel)
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
@@ -545,3 +547,23 @@ def test_library_writes_keep_the_index_current(tmp_path: Path) -> None:
         assert lib.set_scores([(MAXSUB, task.config_json, "m_Bo8_score", 0.5)]) == 1
         hits, _, total = lib.search(search.Query(labels=["mastered"]))
         assert total == 1 and hits[0].env_id == MAXSUB and hits[0].bo8 == pytest.approx(0.5)
+
+
+def test_library_episodes_prints_captures_as_json_lines(
+    capturing: Caller, capsys: pytest.CaptureFixture[str]
+) -> None:
+    played = capturing.play(LONG_TASK, [OBSERVE, WRONG], run_id="cli")
+    flagged = capturing.play(SHORT_TASK, [OBSERVE, ANSWER_1], run_id="cli")
+    target = capturing.address
+    assert main(["library", "episodes", "--target", target, "--run", "cli"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["episode_id"] for line in lines] == [flagged, played]
+    assert main(["library", "episodes", "--target", target, "--run", "cli", "--unrewarded"]) == 0
+    assert [json.loads(x)["episode_id"] for x in capsys.readouterr().out.splitlines()] == [played]
+    assert main(["library", "episodes", "--target", target, "--run", "cli", "--flagged"]) == 0
+    assert [json.loads(x)["episode_id"] for x in capsys.readouterr().out.splitlines()] == [flagged]
+    assert main(["library", "episodes", "--target", target, "--id", played]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert [step["action"] for step in whole["steps"]] == [OBSERVE, WRONG] and whole["run_id"] == "cli"
+    assert main(["library", "episodes", "--target", target, "--id", "no-such"]) == 1
+    assert "NOT_FOUND" in capsys.readouterr().err

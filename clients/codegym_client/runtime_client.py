@@ -257,6 +257,45 @@ class RuntimeClient:
         response = self.stub.LiftQuarantine(rt.LiftQuarantineRequest(env_id=env_id), timeout=self.timeout_s)
         return bool(response.lifted)
 
+    @raises_typed("SearchEnvs")
+    def search_envs(self, page_token: str = "", **filters: Any) -> rt.SearchEnvsResponse:
+        """A page of the library's environments matching `filters` (SearchEnvsRequest's fields:
+        text, source, learnability, min_pass_rate, max_pass_rate, page_size)."""
+        response: rt.SearchEnvsResponse = self.stub.SearchEnvs(
+            rt.SearchEnvsRequest(page_token=page_token, **filters), timeout=self.timeout_s
+        )
+        return response
+
+    @raises_typed("ListEpisodes")
+    def list_episodes(self, **filters: Any) -> Iterator[rt.EpisodeSummary]:
+        """Every captured episode matching `filters` (ListEpisodesRequest's fields: run_id, env_id,
+        rewarded, flagged_only, errors_only, page_size), newest first, a page at a time."""
+        token = ""
+        while True:
+            page = self.stub.ListEpisodes(
+                rt.ListEpisodesRequest(page_token=token, **filters), timeout=self.timeout_s
+            )
+            yield from page.episodes
+            token = page.next_page_token
+            if not token:
+                return
+
+    @raises_typed("GetEpisode")
+    def get_episode(self, episode_id: str) -> rt.GetEpisodeResponse:
+        """One captured episode, with its steps (`EpisodeNotFound` when none is held)."""
+        response: rt.GetEpisodeResponse = self.stub.GetEpisode(
+            rt.GetEpisodeRequest(episode_id=episode_id), timeout=self.timeout_s
+        )
+        return response
+
+    @raises_typed("GetEnvCode")
+    def get_env_code(self, env_id: str) -> rt.GetEnvCodeResponse:
+        """An environment's source (an operator's token only)."""
+        response: rt.GetEnvCodeResponse = self.stub.GetEnvCode(
+            rt.GetEnvCodeRequest(env_id=env_id), timeout=self.timeout_s
+        )
+        return response
+
     @raises_typed("ForkSession")
     def fork_session(
         self, session_id: str, count: int = 1, at_step: int | None = None, reseed: bool = False
