@@ -1,7 +1,8 @@
-"""The Curriculum page's figures for one run, from the runtime's record (`Stats` for the run,
-`SampleTasks`' pool sizes, and the run's bounded history `RunHistory` where the runtime has it):
+"""The Curriculum page's figures for one run, from the runtime's record (`Stats` of the run's
+played tasks, the library's size from `SampleTasks`, and the run's bounded history `RunHistory` where the runtime has it):
 
-- the size of each pool (unseen, learnable, mastered, unsolved), now and per policy version;
+- the size of each pool (unseen, learnable, mastered, unsolved), now (the played tasks' pools, the
+  rest unseen) and per policy version;
 - the distribution of the played tasks' pass rates;
 - the share of zero-variance groups: a task's episodes under one policy version whose rewards are
   all equal teach a group-relative method nothing (from the record: a task whose played episodes
@@ -12,12 +13,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from services.console import plots
+from services.console.plays import CONSOLE_RUN
 
 POOLS = ("unseen", "learnable", "mastered", "unsolved")
 LOW, HIGH = 0.0, 1.0  # the sampler's default learnable band
@@ -55,11 +59,33 @@ class CurriculumView:
     history: list[Any]
 
 
+class LibrarySize:
+    """How many tasks the sampler can draw from, read with one SampleTasks (its pools' sum) and kept
+    for `TTL_S`: a library's size changes with an import, not with each page; a run's own pools are
+    counted from its played tasks on every page (what is not played is unseen)."""
+
+    TTL_S = 300.0
+
+    def __init__(self) -> None:
+        self._held: tuple[float, int] | None = None
+
+    async def tasks(self, client: AsyncRuntimeClient) -> int:
+        now = time.monotonic()
+        if self._held is None or now - self._held[0] > self.TTL_S:
+            sampled = await client.sample_tasks(f"{CONSOLE_RUN}-size", 1, seed=1)
+            self._held = (now, sum(int(n) for n in sampled.pools.values()))
+        return self._held[1]
+
+
+LIBRARY_SIZE = LibrarySize()
+
+
 async def curriculum_view(client: AsyncRuntimeClient, run_id: str) -> CurriculumView:
-    sampled = await client.sample_tasks(run_id, 1, seed=1)
-    pools = {pool: int(sampled.pools.get(pool, 0)) for pool in POOLS}
-    tasks = [entry.task for entry in await client.stats(run_id, played_only=True) if entry.HasField("task")]
+    total, stats = await asyncio.gather(LIBRARY_SIZE.tasks(client), client.stats(run_id, played_only=True))
+    tasks = [entry.task for entry in stats if entry.HasField("task")]
     played = [task for task in tasks if task.episodes]
+    pools = {pool: sum(1 for task in played if task.pool == pool) for pool in POOLS}
+    pools["unseen"] = max(0, total - sum(n for pool, n in pools.items() if pool != "unseen"))
     zero = sum(1 for task in played if task.episodes >= 2 and task.passes in (0, task.episodes))
     multi = sum(1 for task in played if task.episodes >= 2)
     versions: dict[int, list[float]] = {}
