@@ -36,6 +36,7 @@ from codegym_client.errors import (
 from services.console import pages
 from services.console.access import COOKIE, Login, LoginRefused, Logins, csrf_ok
 from services.console.config import ConsoleConfig
+from services.console.pages import NotAllowed
 from services.console.plays import Plays
 from services.console.runtime import Clients, playing_for
 
@@ -43,10 +44,6 @@ log = logging.getLogger("codegym.console")
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
 Handler = Callable[["Console", Request, Login], Awaitable[Response]]
-
-
-class NotAllowed(Exception):
-    """A page or action the signed-in person may not use (an operator's, for a trainer)."""
 
 
 class Console:

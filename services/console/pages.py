@@ -1,13 +1,13 @@
 """The handlers of the console's pages; each gets the console, the request and the login, and
-reads the runtime for that login (`Console.guard` names the tenant on every call)."""
+reads the runtime for that login (`app.Console.guard` names the tenant on every call)."""
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
@@ -20,7 +20,25 @@ from services.console.schemas import BadForm, parameters, tool_form
 
 if TYPE_CHECKING:
     from services.console.access import Login
-    from services.console.app import Console
+    from services.console.config import ConsoleConfig
+    from services.console.plays import Plays
+
+
+class NotAllowed(Exception):
+    """A page or action the signed-in person may not use (an operator's, for a trainer)."""
+
+
+class Console(Protocol):
+    """What a page uses of the console (`app.Console`): its settings, transcripts and rendering."""
+
+    config: ConsoleConfig
+    plays: Plays
+
+    def render(
+        self, request: Request, name: str, login: Login | None, status: int = 200, **context: Any
+    ) -> HTMLResponse: ...
+
+    def error(self, request: Request, login: Login | None, status: int, message: str) -> HTMLResponse: ...
 
 
 def runtime(request: Request) -> AsyncRuntimeClient:
@@ -30,8 +48,6 @@ def runtime(request: Request) -> AsyncRuntimeClient:
 
 
 def require_operator(login: Login, what: str) -> None:
-    from services.console.app import NotAllowed
-
     if not login.operator:
         raise NotAllowed(f"only an operator may {what}")
 

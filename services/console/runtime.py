@@ -7,41 +7,17 @@ quotas, session ownership and capture visibility are the trainer's. An operator'
 operator's own token (`Clients`), since the runtime takes what only operators may do from an
 operator's token alone.
 
-The tenant travels in the gateway's context variable (`services.openenv.forwarding.playing_for`);
-the gateway's interceptor covers unary calls, and `ForwardTenantStream` here the one streamed call
-the console makes (`Stats`).
+The tenant travels as the gateway's does (`services.fronting.playing_for`).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
-import grpc
-
-from codegym.server.auth import TENANT_METADATA
 from codegym_client.async_client import AsyncRuntimeClient
-from services.openenv.forwarding import PLAYING_FOR, ForwardTenant, playing_for
+from services.fronting import ForwardTenant, ForwardTenantStream, playing_for
 
 __all__ = ["Clients", "ForwardTenantStream", "connect", "playing_for"]
-
-
-class ForwardTenantStream(grpc.aio.UnaryStreamClientInterceptor):
-    """`codegym-tenant: <tenant>` on every server-streamed call made inside `playing_for(tenant)`."""
-
-    async def intercept_unary_stream(
-        self,
-        continuation: Callable[[grpc.aio.ClientCallDetails, Any], Awaitable[Any]],
-        client_call_details: grpc.aio.ClientCallDetails,
-        request: Any,
-    ) -> AsyncIterator[Any] | Any:
-        tenant = PLAYING_FOR.get()
-        if tenant:
-            metadata = grpc.aio.Metadata(*tuple(client_call_details.metadata or ()))
-            metadata.add(TENANT_METADATA, tenant)
-            client_call_details = client_call_details._replace(metadata=metadata)
-        return await continuation(client_call_details, request)
 
 
 def connect(target: str, timeout_s: float = 30.0, token: str | None = None) -> AsyncRuntimeClient:

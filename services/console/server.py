@@ -13,7 +13,7 @@ import uvicorn
 
 from services.console.app import Console
 from services.console.config import ConsoleConfig
-from services.openenv.server import QuietServer, bind
+from services.fronting import QuietServer, bind
 
 
 async def serve(
