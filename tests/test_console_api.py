@@ -530,7 +530,7 @@ def test_a_read_only_library_without_the_index_is_searched_from_memory(
     old = tmp_path / "old.db"
     old.write_bytes(search_library.read_bytes())
     with sqlite3.connect(old) as db:
-        db.executescript("DROP TABLE env_search_text; DROP TABLE env_search; DROP TABLE env_labels;")
+        db.executescript("DROP TABLE env_search_text; DROP TABLE env_search;")
     with Library(old, read_only=True) as lib:
         hits, _, total = lib.search(search.Query(text="zebra"))
         assert [h.env_id for h in hits] == [generated(1234)[0]] and total == 1
@@ -567,3 +567,21 @@ def test_library_episodes_prints_captures_as_json_lines(
     assert [step["action"] for step in whole["steps"]] == [OBSERVE, WRONG] and whole["run_id"] == "cli"
     assert main(["library", "episodes", "--target", target, "--id", "no-such"]) == 1
     assert "NOT_FOUND" in capsys.readouterr().err
+
+
+def test_a_search_total_is_counted_up_to_its_cap(search_library: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.runtime.catalog import Catalog
+
+    monkeypatch.setattr(search, "COUNT_CAP", 100)
+    catalog = Catalog(search_library)
+    try:
+        capped = catalog.search(rt.SearchEnvsRequest(page_size=10))
+        assert (capped.total, capped.total_capped, len(capped.envs)) == (100, True, 10)
+        exact = catalog.search(rt.SearchEnvsRequest(source="Gen4", min_pass_rate=0.9, page_size=10))
+        rows = [generated(i) for i in range(GENERATED)]
+        matching = sum(r[1] == "Gen4" and r[3] is not None and r[3] >= 0.9 for r in rows)
+        assert 10 < matching < 100 and (exact.total, exact.total_capped) == (matching, False)
+        few = catalog.search(rt.SearchEnvsRequest(text="zebra"))
+        assert (few.total, few.total_capped) == (1, False)
+    finally:
+        catalog.close()

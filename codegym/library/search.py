@@ -4,9 +4,14 @@ page costs an indexed read of its page, never a pass over 80,000 task rows.
 `env_search` holds per environment its class name, a description (its task statement), where it
 was imported from (the `code_id` of `{code_id}__{Env}`), its task count, the mean published Bo4 and
 Bo8 pass rates over its tasks that publish one (`*_Bo4_score`, `*_Bo8_score`) and its pass rate
-(Bo8's when published, else Bo4's); `env_labels` lists which learnability labels its tasks carry
-(`codegym library label`'s, `unlabelled` for none); `env_search_text` is an FTS5 trigram index of
-id, name and description, so a substring of three characters or more is found through the index.
+(Bo8's when published, else Bo4's), its tasks per learnability label (`codegym library label`'s,
+`unlabelled` for none) and those labels as bits; `env_search_text` is an FTS5 trigram index of id,
+name and description, so a substring of three characters or more is found through the index.
+
+A page is read in index-row order (env id order as the index was built; an environment rewritten
+since comes last), continuing after the last row of the page before: a search with text walks the
+FTS index's matches in that order, one without walks the table, each filter a check of the row, so
+a page stops as soon as it is full. The total is counted up to `COUNT_CAP` matches.
 
 The library's writes keep it current (`refresh` of the environments a write touched, all of them
 after an import). A library written before the index existed gains it when opened for writing; a
@@ -32,6 +37,8 @@ LABELS = ("unsolved", "learnable", "mastered", UNLABELLED)
 DEFAULT_PAGE = 50
 MAX_PAGE = 500
 MAX_TEXT = 256
+# Matches counted for a search's total; past it the answer says the total is capped.
+COUNT_CAP = 10_000
 # Description kept per environment (the start of its task statement): what text search reads.
 DESCRIPTION_CHARS = 600
 
@@ -46,15 +53,10 @@ CREATE TABLE IF NOT EXISTS {db}env_search (
     bo4          REAL,
     bo8          REAL,
     pass_rate    REAL,
-    labels       TEXT NOT NULL
+    labels       TEXT NOT NULL,
+    label_bits   INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS {db}env_search_source ON env_search(source, env_id);
-CREATE INDEX IF NOT EXISTS {db}env_search_rate ON env_search(pass_rate, env_id);
-CREATE TABLE IF NOT EXISTS {db}env_labels (
-    label   TEXT NOT NULL,
-    env_id  TEXT NOT NULL,
-    PRIMARY KEY (label, env_id)
-) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS {db}env_search_source ON env_search(source, id);
 CREATE VIRTUAL TABLE IF NOT EXISTS {db}env_search_text USING fts5(
     env_id, name, description, content='env_search', content_rowid='id', tokenize='trigram'
 );
@@ -76,10 +78,9 @@ FROM envs e
 
 
 def has_index(db: sqlite3.Connection, schema: str = "main") -> bool:
-    row = db.execute(
-        f"SELECT 1 FROM {schema}.sqlite_master WHERE type = 'table' AND name = 'env_search'"
-    ).fetchone()
-    return row is not None
+    """Whether the library holds the index in this release's form."""
+    columns = {row[1] for row in db.execute(f"PRAGMA {schema}.table_info(env_search)")}
+    return "label_bits" in columns
 
 
 def create(db: sqlite3.Connection, schema: str = "main") -> None:
@@ -92,10 +93,10 @@ def refresh(db: sqlite3.Connection, env_ids: Iterable[str] | None = None, schema
     The caller holds the transaction."""
     create(db, schema)
     row_sql = ROW.format(chars=DESCRIPTION_CHARS, unlabelled=UNLABELLED)
-    if env_ids is None:
-        db.execute(f"DELETE FROM {schema}.env_search")
-        db.execute(f"DELETE FROM {schema}.env_labels")
-        db.execute(f"INSERT INTO {schema}.env_search_text(env_search_text) VALUES ('delete-all')")
+    if env_ids is None:  # afresh, in env id order (the order pages are read in)
+        for table in ("env_search_text", "env_search", "env_labels"):
+            db.execute(f"DROP TABLE IF EXISTS {schema}.{table}")
+        create(db, schema)
         rows: Iterable[tuple[object, ...]] = db.execute(row_sql + " ORDER BY e.env_id")
         written = _write(db, schema, rows)
         return written
@@ -118,7 +119,6 @@ def _drop(db: sqlite3.Connection, schema: str, env_id: str) -> None:
         old,
     )
     db.execute(f"DELETE FROM {schema}.env_search WHERE id = ?", (old[0],))
-    db.execute(f"DELETE FROM {schema}.env_labels WHERE env_id = ?", (env_id,))
 
 
 def _write(db: sqlite3.Connection, schema: str, rows: Iterable[tuple[object, ...]]) -> int:
@@ -128,24 +128,36 @@ def _write(db: sqlite3.Connection, schema: str, rows: Iterable[tuple[object, ...
         rate = bo8 if bo8 is not None else bo4
         cursor = db.execute(
             f"INSERT INTO {schema}.env_search (env_id, name, description, source, task_count, bo4, bo8,"
-            " pass_rate, labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (env_id, name, description, source, count, bo4, bo8, rate, labels or "{}"),
+            " pass_rate, labels, label_bits) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                env_id,
+                name,
+                description,
+                source,
+                count,
+                bo4,
+                bo8,
+                rate,
+                labels,
+                label_bits(json.loads(labels)),
+            ),
         )
         db.execute(
             f"INSERT INTO {schema}.env_search_text(rowid, env_id, name, description) VALUES (?, ?, ?, ?)",
             (cursor.lastrowid, env_id, name, description),
         )
-        for label in json.loads(labels or "{}"):
-            db.execute(
-                f"INSERT OR IGNORE INTO {schema}.env_labels (label, env_id) VALUES (?, ?)", (label, env_id)
-            )
         written += 1
     return written
 
 
+def label_bits(labels: Iterable[str]) -> int:
+    """The labels as bits of LABELS' order (a label outside it has none)."""
+    return sum(1 << LABELS.index(label) for label in set(labels) if label in LABELS)
+
+
 @dataclass(frozen=True)
 class Query:
-    """A search: filters (AND; empty ones match all) and a page after `after` (an env id)."""
+    """A search: filters (AND; empty ones match all) and a page after index row `after`."""
 
     text: str = ""
     source: str = ""
@@ -153,7 +165,7 @@ class Query:
     min_rate: float | None = None
     max_rate: float | None = None
     size: int = 50
-    after: str = ""
+    after: int = 0
 
 
 @dataclass
@@ -172,38 +184,58 @@ class BadQuery(ValueError):
     """A search that cannot be run as asked (its message says why)."""
 
 
-def page_token(after: str) -> str:
-    return base64.urlsafe_b64encode(b"e1:" + after.encode()).decode()
+def page_token(after: int) -> str:
+    return base64.urlsafe_b64encode(f"e2:{after}".encode()).decode()
 
 
-def read_token(token: str) -> str:
-    """The env id a page token continues after ('' for none)."""
+def read_token(token: str) -> int:
+    """The index row a page token continues after (0 for none)."""
     if not token:
-        return ""
+        return 0
     try:
-        raw = base64.urlsafe_b64decode(token.encode("ascii"))
-        if not raw.startswith(b"e1:"):
+        text = base64.urlsafe_b64decode(token.encode("ascii")).decode("ascii")
+        if not text.startswith("e2:"):
             raise ValueError
-        return raw[3:].decode("utf-8")
+        after = int(text[3:])
+        if after < 0:
+            raise ValueError
+        return after
     except (ValueError, UnicodeError, binascii.Error):
         raise BadQuery(f"page_token {token[:40]!r} is not one this search gave") from None
 
 
 def search(db: sqlite3.Connection, query: Query, schema: str = "main") -> tuple[list[Hit], str, int]:
-    """A page of hits (by env id), the next page's token ('' at the end) and how many match."""
-    where, args = _filters(query, schema)
-    total = db.execute(f"SELECT COUNT(*) FROM {schema}.env_search s WHERE {where}", args).fetchone()[0]
+    """A page of hits, the next page's token ('' at the end) and how many match (at most
+    COUNT_CAP + 1: counting stops past the cap)."""
+    words = query.text.split()
+    indexed = [w for w in words if len(w) >= 3]
+    where, args = _filters(query, [w for w in words if len(w) < 3])
+    columns = "s.id, s.env_id, s.name, s.description, s.source, s.task_count, s.bo4, s.bo8, s.labels"
+    if indexed:
+        match = " ".join('"' + w.replace('"', '""') + '"' for w in indexed)
+        source = (
+            f"{schema}.env_search_text f JOIN {schema}.env_search s ON s.id = f.rowid"
+            f" WHERE f.env_search_text MATCH ? AND {where}"
+        )
+        args = [match, *args]
+        row = "f.rowid"
+    else:
+        source = f"{schema}.env_search s WHERE {where}"
+        row = "s.id"
+    total = db.execute(
+        f"SELECT COUNT(*) FROM (SELECT 1 FROM {source} LIMIT {COUNT_CAP + 1})", args
+    ).fetchone()[0]
     rows = db.execute(
-        f"SELECT s.env_id, s.name, s.description, s.source, s.task_count, s.bo4, s.bo8, s.labels"
-        f" FROM {schema}.env_search s WHERE {where} AND s.env_id > ? ORDER BY s.env_id LIMIT ?",
+        f"SELECT {columns} FROM {source} AND {row} > ? ORDER BY {row} LIMIT ?",
         (*args, query.after, query.size + 1),
     ).fetchall()
-    hits = [Hit(r[0], r[1], r[2], r[3], int(r[4]), r[5], r[6], json.loads(r[7])) for r in rows[: query.size]]
+    hits = [Hit(r[1], r[2], r[3], r[4], int(r[5]), r[6], r[7], json.loads(r[8])) for r in rows[: query.size]]
     more = len(rows) > query.size
-    return hits, page_token(hits[-1].env_id) if more and hits else "", int(total)
+    return hits, page_token(rows[query.size - 1][0]) if more else "", int(total)
 
 
-def _filters(query: Query, schema: str) -> tuple[str, list[object]]:
+def _filters(query: Query, short_words: Sequence[str]) -> tuple[str, list[object]]:
+    """The filters as checks of one row (no subquery): a page stops reading when it is full."""
     clauses: list[str] = ["1"]
     args: list[object] = []
     if query.source:
@@ -216,16 +248,9 @@ def _filters(query: Query, schema: str) -> tuple[str, list[object]]:
         clauses.append("s.pass_rate <= ?")
         args.append(query.max_rate)
     if query.labels:
-        marks = ", ".join("?" for _ in query.labels)
-        clauses.append(f"s.env_id IN (SELECT env_id FROM {schema}.env_labels WHERE label IN ({marks}))")
-        args.extend(query.labels)
-    for word in query.text.split():
-        if len(word) >= 3:  # the trigram index finds it
-            clauses.append(
-                f"s.id IN (SELECT rowid FROM {schema}.env_search_text WHERE env_search_text MATCH ?)"
-            )
-            args.append('"' + word.replace('"', '""') + '"')
-        else:  # shorter than a trigram: read the (bounded) columns of the rows the rest selects
-            clauses.append("(instr(lower(s.env_id || ' ' || s.name || ' ' || s.description), ?) > 0)")
-            args.append(word.lower())
+        clauses.append("(s.label_bits & ?) != 0")
+        args.append(label_bits(query.labels))
+    for word in short_words:  # shorter than a trigram: read the (bounded) columns of the row
+        clauses.append("(instr(lower(s.env_id || ' ' || s.name || ' ' || s.description), ?) > 0)")
+        args.append(word.lower())
     return " AND ".join(clauses), args

@@ -253,7 +253,8 @@ class Catalog:
                 for hit in hits
             ],
             next_page_token=token,
-            total=total,
+            total=min(total, search.COUNT_CAP),
+            total_capped=total > search.COUNT_CAP,
         )
 
     def get_env(self, env_id: str) -> rt.GetEnvResponse:

@@ -1717,13 +1717,18 @@ class SearchEnvsResponse(_message.Message):
     ENVS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     TOTAL_FIELD_NUMBER: _builtins.int
+    TOTAL_CAPPED_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
     """Token for the next page; empty at the end."""
     total: _builtins.int
-    """How many environments match the filters (all pages)."""
+    """How many environments match the filters (all pages), counted up to 10,000 (a page costs its
+    page, never the library).
+    """
+    total_capped: _builtins.bool
+    """More match than `total` says (the count stopped at its cap)."""
     @_builtins.property
     def envs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EnvSearchHit]:
-        """Environments of this page, by env id."""
+        """Environments of this page, in the library's index order (env id order as the index was built)."""
 
     def __init__(
         self,
@@ -1731,10 +1736,11 @@ class SearchEnvsResponse(_message.Message):
         envs: _abc.Iterable[Global___EnvSearchHit] | None = ...,
         next_page_token: _builtins.str = ...,
         total: _builtins.int = ...,
+        total_capped: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["envs", b"envs", "next_page_token", b"next_page_token", "total", b"total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["envs", b"envs", "next_page_token", b"next_page_token", "total", b"total", "total_capped", b"total_capped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
