@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                     driver.get(base + path)
                     times.append(browser.load_ms(driver))
                 height = driver.execute_script("return document.documentElement.scrollHeight")
-                driver.set_window_size(1280, min(max(int(height) + 40, 600), 2400))
+                driver.set_window_size(1280, min(max(int(height) + 40, 600), 1400))
                 driver.save_screenshot(str(out / f"{name}.png"))
                 driver.set_window_size(1280, 1000)
                 print(f"{name:<16} {statistics.median(times):>10.0f} {max(times):>9.0f}", flush=True)
