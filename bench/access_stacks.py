@@ -14,16 +14,13 @@ from pathlib import Path
 
 from bench.common import start_process
 from bench.stacks import Stack, StackSpec, make_sure_gone, tree_pids
+from codegym.library.location import tokens_path
 from codegym.procs import ServerProcess
-from codegym.server.auth import SERVICE, TOKENS_FILE_ENV, TRAINER, local_tokens
+from codegym.server.auth import SERVICE, TRAINER, local_tokens
+from codegym.server.settings import TOKENS_FILE_ENV
 from codegym_cli.up import build_default_library
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
 from sandbox_worker.residency import default_budget_mb
-
-
-def tokens_path(library: Path) -> Path:
-    """Where `codegym up --auth` keeps the tokens of a library (and reads them when there)."""
-    return library.with_name(f"{library.stem}.tokens.json")
 
 
 @contextlib.contextmanager

@@ -58,7 +58,8 @@ from codegym_jobs.evaluation.results import summarize  # noqa: E402
 from codegym_jobs.oracle import read_trajectories  # noqa: E402
 from codegym_testkit.agents import oracle_agent  # noqa: E402
 from codegym_testkit.fake_llm import Reply, ScriptedLLM  # noqa: E402
-from services.synthesis.llm import LLMGateway, LLMSettings, StageParams  # noqa: E402
+from services.synthesis.llm import LLMGateway, StageParams  # noqa: E402
+from services.synthesis.settings import LLMSettings  # noqa: E402
 
 SAMPLES = ROOT / "codegym" / "samples"
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import median, start_process  # noqa: E402
 from bench.runtime_bench import replay  # noqa: E402
-from codegym_cli.up import PrivateRedis  # noqa: E402
+from codegym.procs import RedisServer as PrivateRedis  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
 from codegym_jobs.oracle import read_trajectories  # noqa: E402
 

@@ -91,9 +91,13 @@ async def time_rpc(library: Path, runs: int) -> dict[str, dict[str, float]]:
     from codegym_client.api.runtime.v1 import runtime_service_pb2_grpc as rt_grpc
     from services.runtime.config import RuntimeConfig
     from services.runtime.server import RuntimeServer
+    from services.runtime.settings import RuntimeSettings
 
     # No episode is played: the sandbox address is never dialled by a search.
-    server = RuntimeServer(library, "127.0.0.1:9", config=RuntimeConfig(capture_rate=-1))
+    settings = RuntimeSettings(
+        library=str(library), sandbox="127.0.0.1:9", port=0, config=RuntimeConfig(no_capture=True)
+    )
+    server = RuntimeServer(settings)
     await server.start()
     out = {}
     try:

@@ -22,6 +22,7 @@ from pathlib import Path
 from bench.common import tree_memory_kb
 from bench.stacks import ROOT, Stack, StackSpec, up
 from codegym import proctree
+from codegym.library.location import tokens_path
 from codegym.procs import RedisServer
 from codegym.server.auth import TRAINER, read_tokens
 from codegym_client.channels import TOKEN_ENV
@@ -61,7 +62,7 @@ def soak_stack(workdir: Path, redis: str = "up", auth: bool = False) -> Iterator
                     raise RuntimeError(f"codegym up named only {sorted(stack.servers())}")
                 time.sleep(0.1)
             if auth:
-                tokens = read_tokens(spec.library.with_name(f"{spec.library.stem}.tokens.json"))
+                tokens = read_tokens(tokens_path(spec.library))
                 os.environ[TOKEN_ENV] = next(t for t, who in tokens.items() if who.role == TRAINER)
             yield stack
     finally:

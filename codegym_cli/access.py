@@ -1,30 +1,34 @@
 """`--token` and `--tls-ca` for every command that calls a server, in one place.
 
-Every command with a target option (`--target`, `--sandbox`, `--runtime`, ...) takes them; they
-stand for `CODEGYM_TOKEN` and `CODEGYM_TLS_CA`, which the one channel factory
-(`codegym_client.channels`) reads, so a flag reaches every channel the command opens, the servers'
-own channels to the workers included.
+Every command with a target option (`--target`, `--sandbox`, `--runtime`, ...) takes them (a server
+declares them on its settings, `codegym.server.settings.Calls`); they stand for `CODEGYM_TOKEN` and
+`CODEGYM_TLS_CA`. A command reads them into one `codegym_client.channels.Access` (`client_access`),
+which it hands to every channel it opens: nothing is written to the process's environment.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+from typing import TYPE_CHECKING
 
-import grpc
+from codegym.server.settings import Calls, add_arguments, from_args
 
-from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
-from codegym_client.errors import access_refused
+if TYPE_CHECKING:
+    from codegym_client.channels import Access
 
 TARGET_OPTIONS = ("--target", "--sandbox", "--runtime", "--synthesis", "--verification")
 
 
 def refused(exc: BaseException) -> bool:
     """Whether `exc` is a server's refusal of the access token (typed by the client or raw)."""
+    from codegym_client.errors import access_refused
+
     return access_refused(exc)
 
 
 def refusal_line(exc: BaseException) -> str:
+    import grpc
+
     assert isinstance(exc, grpc.RpcError)
     return f"{exc.code().name}: {exc.details()}"
 
@@ -34,30 +38,15 @@ def takes_target(parser: argparse.ArgumentParser) -> bool:
 
 
 def add_client_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--token` and `--tls-ca`, unless the command already defines them."""
-    taken = {o for a in parser._actions for o in a.option_strings}
-    if "--token" not in taken:
-        parser.add_argument(
-            "--token",
-            default=None,
-            help=f"access token sent to the servers (${TOKEN_ENV} when not given); a server takes it too",
-        )
-    if "--tls-ca" not in taken:
-        parser.add_argument(
-            "--tls-ca",
-            default=None,
-            help=f"CA certificate (PEM) the servers' TLS certificates are checked against; turns TLS on "
-            f"(${TLS_CA_ENV} when not given; a grpcs:// target uses the system's CAs)",
-        )
+    """`--token` and `--tls-ca` (`Calls`'s), unless the command already defines them."""
+    add_arguments(Calls, parser)
 
 
-def apply(args: argparse.Namespace) -> None:
-    """Make the flags the process's settings (and its children's)."""
-    token = getattr(args, "token", None)
-    if token:
-        os.environ[TOKEN_ENV] = token
-    tls_ca = getattr(args, "tls_ca", None)
-    if tls_ca:
-        if not os.path.isfile(tls_ca):
-            raise SystemExit(f"codegym: --tls-ca {tls_ca}: no such file")
-        os.environ[TLS_CA_ENV] = tls_ca
+def client_access(args: argparse.Namespace) -> Access:
+    """The access every channel of this command uses: its flags, else the environment's."""
+    calls = from_args(Calls, args)
+    try:
+        access: Access = calls.access()
+    except ValueError as exc:
+        raise SystemExit(f"codegym: {exc}") from None
+    return access

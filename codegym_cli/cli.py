@@ -11,21 +11,19 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 import argparse
 import sys
 
-import grpc
-
 from codegym_cli import (
     access,
-    console,
-    demo,
-    env,
-    eval,
-    export,
-    library,
-    pipeline,
-    sandbox,
+    console_options,
+    demo_options,
+    env_options,
+    eval_options,
+    export_options,
+    library_options,
+    pipeline_options,
+    sandbox_options,
     serve,
     synthesize,
-    up,
+    up_options,
 )
 
 # One example per command, shown at the end of its --help.
@@ -100,17 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="CodeGym service: interactive, verified tool-use environments for RL training of agents.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    env.register(sub)
-    library.register(sub)
-    sandbox.register(sub)
+    env_options.register(sub)
+    library_options.register(sub)
+    sandbox_options.register(sub)
     serve.register(sub)
-    up.register(sub)
-    console.register(sub)
-    demo.register(sub)
+    up_options.register(sub)
+    console_options.register(sub)
+    demo_options.register(sub)
     synthesize.register(sub)
-    pipeline.register(sub)
-    export.register(sub)
-    eval.register(sub)
+    pipeline_options.register(sub)
+    export_options.register(sub)
+    eval_options.register(sub)
     for below in subparsers(parser):
         below.formatter_class = HelpFormatter
     for words, command, summary in commands(parser):
@@ -130,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     from sandbox_worker.jail import JailDied
 
     answer_stacks_signal()  # `kill -USR1 PID`: every thread's stack on stderr (a hang, named)
+    import grpc
+
     args = build_parser().parse_args(argv)
-    access.apply(args)
     try:
         result: int = args.func(args)
         sys.stdout.flush()  # inside the try: a reader gone early shows up here, not at exit

@@ -23,9 +23,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from codegym.samples import TRAJECTORIES
+from codegym_cli.access import client_access
 from codegym_cli.progress import stderr_progress
-from codegym_client import DEFAULT_TARGET, AsyncRuntimeClient, CodeGymError
+from codegym_client import AsyncRuntimeClient, CodeGymError
 from codegym_jobs.oracle import read_trajectories
 
 
@@ -123,7 +123,7 @@ async def play_random(
 async def run_demo(args: argparse.Namespace) -> tuple[dict[str, EnvRow], float]:
     rows: dict[str, EnvRow] = defaultdict(EnvRow)
     limit = asyncio.Semaphore(args.concurrency)
-    async with AsyncRuntimeClient(args.target) as client:
+    async with AsyncRuntimeClient(args.target, access=client_access(args)) as client:
         await client.wait_ready(args.connect_timeout)
         envs = {e.env_id: await client.get_env(e.env_id) for e in await client.list_envs()}
         trajectories = []
@@ -243,22 +243,3 @@ def cmd_demo(args: argparse.Namespace) -> int:
         errors.print(f"[red]{line}[/red] (start one with: codegym up)", soft_wrap=True)
         return 2
     return report(rows, wall, console)
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    demo = sub.add_parser(
-        "demo",
-        help="play every sample task through a running runtime (oracle replays + random agent)",
-    )
-    demo.add_argument("--target", default=DEFAULT_TARGET, help="runtime address")
-    demo.add_argument(
-        "--trajectories",
-        default=str(TRAJECTORIES),
-        help="oracle trajectories (write them with 'codegym library oracle')",
-    )
-    demo.add_argument("--random-episodes", type=int, default=3, help="random-agent episodes per environment")
-    demo.add_argument("--random-steps", type=int, default=20, help="step cap of a random episode")
-    demo.add_argument("--concurrency", type=int, default=16, help="episodes in flight")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the random agent")
-    demo.add_argument("--connect-timeout", type=float, default=2.0, help="seconds to wait for the runtime")
-    demo.set_defaults(func=cmd_demo)

@@ -1,19 +1,4 @@
-"""`codegym eval`: play a model as an agent on every task through the runtime; figures per environment.
-
-    codegym eval --target 127.0.0.1:50051 --library lib.db --llm-base-url URL --model M --samples 4 --out ev1
-
-Writes OUT/episodes.jsonl (one line per counted episode: messages, actions, observations, reward,
-turns, tokens, end reason), OUT/failures.jsonl (attempts that failed outside the agent: the
-runtime or the LLM endpoint, with their error) and OUT/summary.json (success rate, pass@1, pass@k,
-mean turns, tokens, end reasons; per environment, overall and per task config; how many episodes
-were not counted and why), and prints the table. Run the same command again after an
-interruption or a failure: counted episodes are kept, the rest (failed attempts included) are
-played. With --library, each config's success rate over its counted episodes is stored in the
-library as `{model}_Bo{k}_score`, which `codegym export` writes into extra_info (and
-`--difficulty` filters on); a config with no counted episode gets no score. `--learnability`
-plays only the library's task configs a run's served episodes labelled so (`codegym library
-label`). Exit code 1 when some episode of this run was not counted.
-"""
+"""What `codegym eval` does; its options and description are in eval_options.py."""
 
 from __future__ import annotations
 
@@ -30,8 +15,8 @@ from rich.table import Table
 
 from codegym.contract import parse_ability
 from codegym.library.store import Library, canonical_config
-from codegym_cli.export import learnability_argument
-from codegym_cli.synthesize import add_llm_arguments, missing_api_key, settings_from
+from codegym.server.settings import from_args
+from codegym_cli.access import client_access
 from codegym_client import AsyncRuntimeClient, RuntimeUnavailable
 from codegym_jobs.evaluation.evaluator import (
     EvalTask,
@@ -43,6 +28,7 @@ from codegym_jobs.evaluation.evaluator import (
 )
 from codegym_jobs.evaluation.results import COUNTED_REASONS, FAILURE_REASONS, done_keys, summarize
 from services.synthesis.llm import LLMGateway, StageParams
+from services.synthesis.settings import LLMSettings
 
 
 def load_tasks(args: argparse.Namespace) -> list[EvalTask]:
@@ -156,7 +142,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if not tasks:
         err.print("codegym eval: no task to play")
         return 2
-    problem = missing_api_key(args)
+    llm = from_args(LLMSettings, args)
+    problem = llm.missing_key()
     if problem:
         err.print(f"codegym eval: {problem}")
         return 2
@@ -171,9 +158,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     give_up_after = max(16, 2 * args.concurrency) if args.give_up_after == "auto" else int(args.give_up_after)
 
     async def main() -> RunCounts:
-        gateway = LLMGateway(settings_from(args), cache=None)  # samples must differ: no response cache
+        gateway = LLMGateway(llm, cache=None)  # samples must differ: no response cache
         try:
-            async with AsyncRuntimeClient(args.target, timeout_s=args.step_timeout_s) as runtime:
+            async with AsyncRuntimeClient(
+                args.target, timeout_s=args.step_timeout_s, access=client_access(args)
+            ) as runtime:
                 # A runtime still starting (`codegym up &` just before) is waited for; one that
                 # never answers plays nothing, rather than a failed attempt per episode.
                 await runtime.wait_ready(args.wait_s)
@@ -241,62 +230,3 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     print("\n".join(lines))
     return 1 if counts.failed or counts.skipped else 0
-
-
-def count_or_auto(text: str) -> str:
-    """`--give-up-after`: a count ≥ 0, or "auto" (the default depends on --concurrency)."""
-    if text != "auto" and not (text.isdigit() and int(text) >= 0):
-        raise argparse.ArgumentTypeError(f"a count >= 0 or auto, not {text!r}")
-    return text
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    from codegym.library.store import default_library_path
-
-    ev = sub.add_parser(
-        "eval",
-        help="play an OpenAI-compatible model as an agent on every task through the runtime",
-        description=__doc__,
-    )
-    ev.add_argument("--target", default="127.0.0.1:50051", help="runtime HOST:PORT")
-    source = ev.add_mutually_exclusive_group()
-    source.add_argument(
-        "--library", default=str(default_library_path()), help="play every task config of this library"
-    )
-    source.add_argument("--instances", default="", help="play these training instances (JSONL) instead")
-    ev.add_argument("--out", required=True, help="folder for episodes.jsonl and summary.json")
-    ev.add_argument("--samples", type=int, default=1, help="episodes per task (K of pass@K)")
-    ev.add_argument("--concurrency", type=int, default=8, help="episodes in flight (and LLM requests)")
-    ev.add_argument(
-        "--tool-mode",
-        choices=("text", "json"),
-        default="text",
-        help="function-call text or native tool calls",
-    )
-    ev.add_argument(
-        "--max-turns", type=int, default=0, help="model replies per episode (0 = plugin_call_max_round)"
-    )
-    ev.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
-    ev.add_argument("--max-tokens", type=int, default=1024, help="completion token cap per reply")
-    ev.add_argument("--prefix", default="", help="only env ids starting with this")
-    ev.add_argument("--limit", type=int, default=0, help="only the first N tasks (0 = all)")
-    ev.add_argument(
-        "--learnability",
-        type=learnability_argument,
-        default=None,
-        metavar="LABEL[,LABEL...]",
-        help="only the library's configs labelled so by `codegym library label` (unsolved, learnable, mastered)",
-    )
-    ev.add_argument("--step-timeout-s", type=float, default=60.0, help="deadline of one runtime call")
-    ev.add_argument(
-        "--wait-s", type=float, default=60.0, help="how long to wait for the runtime to answer at start"
-    )
-    ev.add_argument(
-        "--give-up-after",
-        type=count_or_auto,
-        default="auto",
-        help="start no new episode after this many failed attempts in a row (an outage); "
-        "0 = never, auto = max(16, 2 × --concurrency)",
-    )
-    add_llm_arguments(ev, stages=False)
-    ev.set_defaults(func=cmd_eval)

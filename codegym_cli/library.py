@@ -1,4 +1,4 @@
-"""`codegym library import|list|show|oracle`: build and inspect an environment library (SQLite).
+"""What `codegym library import|list|show|oracle` does; its options are in library_options.py.
 
 `replay` lives in library_replay.py; `stats|sample|quarantine|label`, which read the runtime's
 record of served episodes, in library_curriculum.py."""
@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from codegym.library.importing import ON_CONFLICT
-from codegym.library.store import ImportReport, Library, default_library_path
-from codegym_cli import library_curriculum, library_replay
+from codegym.library.store import ImportReport, Library
+from codegym_cli.access import client_access
 
 
 def _import(args: argparse.Namespace) -> int:
@@ -217,7 +216,7 @@ def _oracle(args: argparse.Namespace) -> int:
         return 2
     with Library(args.library) as library:
         records = [r for r in library.load_all().values() if r.env_id.startswith(args.prefix)]
-        trajectories = asyncio.run(record_oracle(records, args.sandbox))
+        trajectories = asyncio.run(record_oracle(records, args.sandbox, access=client_access(args)))
         solved = [t for t in trajectories if t.get("reward") == 1 and "steps" in t]
         library.add_tasks(
             TaskRecord(
@@ -233,71 +232,3 @@ def _oracle(args: argparse.Namespace) -> int:
             )
     print(f"{len(solved)}/{len(trajectories)} tasks solved by their oracle; trajectories in {args.out}")
     return 0 if len(solved) == len(trajectories) else 1
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    library = sub.add_parser("library", help="build and inspect an environment library (SQLite)")
-    lib_sub = library.add_subparsers(dest="library_command", required=True, metavar="ACTION")
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--library", default=str(default_library_path()), help="library file (default: %(default)s)"
-        )
-
-    imp = lib_sub.add_parser(
-        "import",
-        help="import everything CodeGym publishes: its Hugging Face dataset's Parquet, its pipeline's "
-        "outputs, env files, task and training-instance JSONL",
-        description="Reads, by content: environment tables (Parquet with env_code, env_name, source), "
-        "training-instance rows (Parquet or JSON lines with ability), verified environments (JSON with "
-        "gym_env, unit_test_list), {code_id}__{Env}.py env files and task lines (env_id, config), in "
-        "files or folders (a Hugging Face snapshot as downloaded). Every source is compiled and checked "
-        "statically, nothing is run; an environment key whose code differs from the library's is a "
-        "conflict (refused unless --on-conflict says otherwise); a task recorded with other code than "
-        "its environment's keeps its own. Commits a batch at a time: re-running adds what is missing "
-        "and reports the rest present. Prints what each source's rows became; exit 1 when conflicts "
-        "were refused, nothing usable was read, or (--strict) anything was skipped.",
-    )
-    imp.add_argument("paths", nargs="+", help="files or folders")
-    imp.add_argument(
-        "--on-conflict",
-        choices=ON_CONFLICT,
-        default="refuse",
-        help="an environment key met with other code than the library's: refuse it (exit 1), keep the "
-        "library's code, or replace it (tasks recorded with the old code keep it)",
-    )
-    imp.add_argument("--strict", action="store_true", help="exit 1 when anything was skipped")
-    imp.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
-    imp.add_argument("--report", metavar="FILE", help="also write the report as JSON to FILE")
-    imp.add_argument(
-        "--quiet", action="store_true", help="no progress bar (there is none when stderr is not a terminal)"
-    )
-    imp.add_argument("--jobs", type=int, default=0, help="processes checking sources (0: one per core)")
-    common(imp)
-    imp.set_defaults(func=_import)
-
-    ls = lib_sub.add_parser("list", help="environments with their task counts and tools")
-    ls.add_argument("--prefix", default="", help="only env ids starting with this")
-    ls.add_argument("--json", action="store_true", help="one JSON object per line")
-    common(ls)
-    ls.set_defaults(func=_list)
-
-    show = lib_sub.add_parser("show", help="one environment: task text, tools, task configs")
-    show.add_argument("env_id")
-    show.add_argument("--tasks", type=int, default=20, help="task configs to print")
-    show.add_argument("--json", action="store_true", help="print JSON")
-    common(show)
-    show.set_defaults(func=_show)
-
-    oracle = lib_sub.add_parser(
-        "oracle",
-        help="play every task with its env's own solve() in a sandbox; write the trajectories as JSONL",
-        description="Records solve_fc_round (the oracle's step count) in the library too.",
-    )
-    oracle.add_argument("--out", required=True, help="trajectory JSONL to write")
-    oracle.add_argument("--prefix", default="", help="only env ids starting with this")
-    oracle.add_argument("--sandbox", default="", help="HOST:PORT of a sandbox worker; empty starts one")
-    common(oracle)
-    oracle.set_defaults(func=_oracle)
-    library_replay.add_parser(lib_sub)
-    library_curriculum.add_parsers(lib_sub)

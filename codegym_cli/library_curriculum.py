@@ -1,5 +1,4 @@
-"""`codegym library stats|sample|quarantine|label`: the runtime's record of served episodes
-(`episodes`, its captured episodes, is library_episodes.py).
+"""`codegym library stats|sample|quarantine|label`: the runtime's record of served episodes.
 
 The runtime records every finished episode against its task configuration and its trainer's run
 (`create_session(run_id=...)`); these commands read that record through its RPCs, so they work
@@ -32,16 +31,11 @@ from google.protobuf.message import Message
 from codegym.contract import parse_ability
 from codegym.contract.errors import EnvStringError
 from codegym.library.records import LEARNABILITY
-from codegym.library.store import Library, canonical_config, default_library_path
-from codegym_cli import library_episodes
+from codegym.library.store import Library, canonical_config
+from codegym_cli.access import client_access
 from codegym_client import CodeGymError, RuntimeClient
 from codegym_client.abilities import ABILITY_FORMAT
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
-
-DEFAULT_TARGET = "127.0.0.1:50051"
-# The sampler's own default (SampleTasksRequest.min_episodes): a task's pass rate decides nothing
-# before this many episodes.
-MIN_EPISODES = 4
 
 
 def message_dict(message: Message) -> dict[str, Any]:
@@ -85,7 +79,7 @@ def with_runtime(
     reached or refuses is one line on stderr and exit 1, never a traceback."""
 
     def run(args: argparse.Namespace) -> int:
-        with RuntimeClient(args.target, timeout_s=args.timeout) as client:
+        with RuntimeClient(args.target, timeout_s=args.timeout, access=client_access(args)) as client:
             try:
                 client.wait_ready(args.connect_timeout)
                 return body(client, args)
@@ -249,139 +243,16 @@ def _label_command(args: argparse.Namespace) -> int:
     return with_runtime("label", _label)(args)
 
 
+def _stats_command(args: argparse.Namespace) -> int:
+    return with_runtime("stats", _stats)(args)
+
+
+def _quarantine_command(args: argparse.Namespace) -> int:
+    return with_runtime("quarantine", _quarantine)(args)
+
+
 def _sample_command(args: argparse.Namespace) -> int:
     if error := band_error("sample", args):
         print(error, file=sys.stderr)
         return 2
     return with_runtime("sample", _sample)(args)
-
-
-def fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"a fraction in [0, 1], not {text}")
-    return value
-
-
-def count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a count >= 0, not {text}")
-    return value
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"at least 1, not {text}")
-    return value
-
-
-def add_parsers(lib_sub: argparse._SubParsersAction) -> None:
-    def runtime(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default=DEFAULT_TARGET, metavar="HOST:PORT", help="the runtime")
-        p.add_argument(
-            "--connect-timeout", type=float, default=10.0, metavar="S", help="seconds to wait for the runtime"
-        )
-        p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="deadline of one call")
-        p.add_argument("--env-prefix", default="", metavar="P", help="only env ids starting with this")
-
-    def band(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--low", type=fraction, default=0.0, metavar="L", help="pass rate at or below: unsolved"
-        )
-        p.add_argument(
-            "--high", type=fraction, default=1.0, metavar="H", help="pass rate at or above: mastered"
-        )
-        p.add_argument(
-            "--min-episodes",
-            type=count,
-            default=MIN_EPISODES,
-            metavar="M",
-            help="episodes of a task before its pass rate decides",
-        )
-
-    stats = lib_sub.add_parser(
-        "stats",
-        help="the runtime's record of served episodes as JSON lines: each task config, then each env",
-        description="A line per task configuration (episodes, passes, pass rate all time and recent, "
-        "mean steps against the oracle's, endings, failed steps by kind, the sampler's pool), then a "
-        "line per environment (the same totals, quarantine and its evidence, suspected shortcuts), each "
-        'with "kind": "task" or "env". Episodes ended by the infrastructure, and sessions closed before '
-        "an end, are never counted.",
-    )
-    runtime(stats)
-    stats.add_argument(
-        "--run", default="", metavar="RUN", help="one trainer run's record (default: every run)"
-    )
-    stats.add_argument("--envs-only", action="store_true", help="environments only, no task lines")
-    stats.add_argument("--played-only", action="store_true", help="only tasks the run has played")
-    stats.set_defaults(func=with_runtime("stats", _stats))
-
-    sample = lib_sub.add_parser(
-        "sample",
-        help="N task configs chosen for a run to learn from (the runtime's sampler), as JSON lines",
-        description="Most come from the learnable band (the run's pass rate strictly between --low and "
-        "--high), a share (--explore) from tasks the run has not played; mastered and unsolved tasks and "
-        "quarantined environments are left out, and no environment gives more than --per-env-cap. The "
-        "same seed and record give the same choice. The pools' sizes go to stderr.",
-    )
-    runtime(sample)
-    sample.add_argument("--run", required=True, metavar="RUN", help="the trainer run the choice is for")
-    sample.add_argument("-n", type=positive, required=True, metavar="N", help="how many task configs")
-    sample.add_argument(
-        "--seed", type=count, default=0, metavar="S", help="the same seed gives the same choice"
-    )
-    band(sample)
-    sample.add_argument(
-        "--explore",
-        type=fraction,
-        default=None,
-        metavar="X",
-        help="share of unplayed tasks (runtime default: 0.05)",
-    )
-    sample.add_argument(
-        "--per-env-cap",
-        type=count,
-        default=0,
-        metavar="C",
-        help="most tasks of one env (0: the runtime's default)",
-    )
-    sample.set_defaults(func=_sample_command)
-
-    quarantine = lib_sub.add_parser(
-        "quarantine",
-        help="the environments kept out of sampling, with their evidence (JSON lines); --lift lets one back",
-        description="An environment whose steps fail (environment errors, time-outs) above the "
-        "runtime's rate is quarantined: no longer sampled, still served. Nothing is deleted.",
-    )
-    runtime(quarantine)
-    quarantine.add_argument("--lift", default="", metavar="ENV_ID", help="lift this environment's quarantine")
-    quarantine.set_defaults(func=with_runtime("quarantine", _quarantine))
-    library_episodes.add_parser(lib_sub, runtime)
-
-    label = lib_sub.add_parser(
-        "label",
-        help="write each played task's learnability (unsolved, learnable, mastered) into a library",
-        description="From the runtime's record of a run: a task whose recent pass rate (over the last "
-        "episodes the runtime keeps, as the sampler's pools) is at most --low is unsolved, at least "
-        "--high mastered, learnable between; a task with fewer than --min-episodes recent episodes "
-        "keeps its label as it was. Tasks are matched by env id and config. "
-        "`codegym export --learnability` and `codegym eval --learnability` filter by the label; the "
-        "published easy/medium/hard difficulty is another column, untouched.",
-    )
-    label.add_argument(
-        "--from-stats", action="store_true", required=True, help="label from the runtime's record (--target)"
-    )
-    runtime(label)
-    label.add_argument(
-        "--run", default="", metavar="RUN", help="one trainer run's record (default: every run)"
-    )
-    label.add_argument(
-        "--library",
-        default=str(default_library_path()),
-        metavar="FILE",
-        help="library to write the labels into",
-    )
-    band(label)
-    label.set_defaults(func=_label_command)

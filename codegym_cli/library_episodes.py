@@ -6,7 +6,8 @@ newest first, filtered like ListEpisodes; with `--id` the one episode, whole: it
 config, first observation and every step (action, observation, reward, error). Read through the
 runtime's RPCs, so it works against any runtime; a trainer's token sees its own tenant's.
 
-Heavy imports (the client, protobuf) happen inside the command, keeping `codegym --help` quick.
+Its options are in library_curriculum_options.py (`add_episodes`); this module is imported when
+the command runs.
 """
 
 from __future__ import annotations
@@ -50,38 +51,7 @@ def _episodes(client: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def _command(args: argparse.Namespace) -> int:
+def _episodes_command(args: argparse.Namespace) -> int:
     from codegym_cli.library_curriculum import with_runtime
 
-    run: int = with_runtime("episodes", _episodes)(args)
-    return run
-
-
-def add_parser(lib_sub: argparse._SubParsersAction, runtime: Any) -> None:
-    """`runtime(parser)` adds the options every runtime command shares (--target, timeouts)."""
-    episodes = lib_sub.add_parser(
-        "episodes",
-        help="the runtime's captured episodes as JSON lines (newest first); --id prints one whole",
-        description="Captured episodes: a sampled fraction of all (`serve runtime --capture RATE`) "
-        "and every one the shortcut sentinel flags. A trainer's token sees its own tenant's.",
-    )
-    runtime(episodes)
-    episodes.add_argument("--run", default="", metavar="RUN", help="only this run's")
-    episodes.add_argument("--env", default="", metavar="ENV_ID", help="only this environment's")
-    rewarded = episodes.add_mutually_exclusive_group()
-    rewarded.add_argument(
-        "--rewarded",
-        dest="rewarded",
-        action="store_const",
-        const=True,
-        default=None,
-        help="only rewarded ones",
-    )
-    rewarded.add_argument(
-        "--unrewarded", dest="rewarded", action="store_const", const=False, help="only unrewarded ones"
-    )
-    episodes.add_argument("--flagged", action="store_true", help="only those the shortcut sentinel flagged")
-    episodes.add_argument("--errors", action="store_true", help="only those that ended by an error")
-    episodes.add_argument("--limit", type=int, default=0, metavar="N", help="at most N lines (0: all)")
-    episodes.add_argument("--id", default="", metavar="ID", help="one episode, whole, with its steps")
-    episodes.set_defaults(func=_command)
+    return with_runtime("episodes", _episodes)(args)

@@ -1,43 +1,4 @@
-"""`codegym library replay`: CodeGym's published reference trajectories as a fidelity check.
-
-CodeGym's published task rows carry, in `extra_info`, the oracle's actions (`std_traj`) and the
-observations its environment answered (`obs_traj`), as Python-literal strings; `codegym library
-import` keeps them verbatim in the library's `trajectories` table. This command plays each task's
-actions in order through sandbox workers (create, then one step per action, each step from the state
-the last one returned) with the code the task was recorded with (its `source_sha` variant when it
-has one, else its environment's), and compares every observation with the recorded one as the
-other fidelity checks do (`codegym demo`, the soak): exact string equality.
-
-Reading the recordings. Their encoding is known only from what consumes them, so reading is
-liberal where that cannot turn into a false "different", and anything else is *unreadable*
-(reported apart, never as a difference):
-
-- Each field is a Python literal (`ast.literal_eval`), else JSON text, holding a list (or the
-  text of one, once: a field quoted twice on its way).
-- An action is the JSON text of an action, an action object, or a list of exactly one of either;
-  an action object is read by the one action rule the runtime and the clients apply
-  (`codegym_client.actions`: `parameters` or `arguments`), and the environment is sent its
-  canonical `{"name": ..., "parameters": {...}}` text, as the runtime would send it. Action text
-  that is not JSON (a Python-literal dict, say) is unreadable: the environment could never have
-  read it as recorded.
-- An observation is read as the sandbox reads what `env.step()` returned: a pair (a tuple of two,
-  `(True, text)`) stands for its second item, and a value that is not a string for its `str()`.
-- `obs_traj` holds one observation per action, or one more: then its first entry is the
-  observation of the reset (compared with what the create answered, reported as step 0) and the
-  rest follow the actions (steps 1...). Any other length, or no action at all, is unreadable.
-
-Outcomes per task: *identical*; *different* (the first differing step, the action, expected and
-got, cut around the first differing character); *failed*, with its fault kept apart: the
-environment's own (it raised, timed out, ran out of memory: the worker already ran anything that
-may have come from outside once more), the infrastructure's (no worker answered, after the
-dispatcher's retries and this command's own), or the library's (the code the task was recorded with
-is not in it); *unreadable*. An infrastructure fault is never "different".
-
-Resuming: every task with a verdict is appended (one JSON line, flushed) to a state file; a run
-given the same state skips tasks whose line matches the task as it stands now (environment,
-config, code and both recordings, by fingerprint) and reports the combined totals. Tasks that
-failed for the infrastructure get no line, so the next run tries them again.
-"""
+"""What `codegym library replay` does; its options and description are in library_replay_options.py."""
 
 from __future__ import annotations
 
@@ -51,13 +12,13 @@ from typing import Any, TextIO
 
 import grpc
 
-from codegym.library.store import Library, default_library_path
+from codegym.library.store import Library
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
+from codegym_cli.access import client_access
 from codegym_cli.progress import stderr_progress
-from codegym_client.channels import aio_channel, target_for
+from codegym_client.channels import Access, aio_channel, target_for
 from codegym_jobs.replay.playing import (
-    STEP_TIMEOUT_MS,
     Limits,
     Settings,
     StateFile,
@@ -75,7 +36,6 @@ __all__ = [
     "StateFile",
     "Tally",
     "Unreadable",
-    "add_parser",
     "parse_trajectory",
     "replay_library",
     "run",
@@ -121,11 +81,11 @@ def default_state(library: str, out: str | None) -> Path:
     return Path(f"{out}.state") if out else Path(f"{library}.replay-state.jsonl")
 
 
-async def reachable(addresses: list[str], timeout_s: float) -> list[str]:
+async def reachable(addresses: list[str], timeout_s: float, access: Access) -> list[str]:
     """The workers among `addresses` that answer GetWorkerInfo within `timeout_s`."""
 
     async def probe(address: str) -> str | None:
-        async with aio_channel(address, [SANDBOX_SERVICE]) as channel:
+        async with aio_channel(address, [SANDBOX_SERVICE], access=access) as channel:
             try:
                 await sb_grpc.SandboxServiceStub(channel).GetWorkerInfo(
                     sb.GetWorkerInfoRequest(), timeout=timeout_s, wait_for_ready=True
@@ -194,7 +154,7 @@ async def _replay(
     state_path: Path,
     settings: Settings,
 ) -> Tally | None:
-    live = await reachable(addresses, args.connect_timeout)
+    live = await reachable(addresses, args.connect_timeout, client_access(args))
     if not live:
         print(f"codegym library replay: no sandbox worker answered at {args.sandbox}", file=sys.stderr)
         return None
@@ -212,7 +172,7 @@ async def _replay(
         progress.update(bar, advance=1, description=f"replay ({problems or 'all identical'})")
 
     state = StateFile(state_path)
-    dispatcher = SandboxDispatcher(live)
+    dispatcher = SandboxDispatcher(live, access=client_access(args))
     out = open(args.out, "w", encoding="utf-8") if args.out else None  # noqa: SIM115
     try:
         with progress:
@@ -222,52 +182,3 @@ async def _replay(
         if out is not None:
             out.close()
         await dispatcher.close()
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def add_parser(library_subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    replay = library_subparsers.add_parser(
-        "replay",
-        help="play the published reference trajectories (std_traj, obs_traj) through sandbox workers "
-        "and compare every observation",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-    )
-    replay.add_argument("--library", metavar="DB", default=str(default_library_path()), help="library file")
-    replay.add_argument(
-        "--sandbox", metavar="HOST:PORT[,HOST:PORT...]", required=True, help="sandbox workers to replay on"
-    )
-    replay.add_argument(
-        "--sample", metavar="N", type=positive, help="replay N tasks drawn at random, not all"
-    )
-    replay.add_argument(
-        "--seed", metavar="S", type=int, default=0, help="the same seed draws the same sample"
-    )
-    replay.add_argument("--prefix", metavar="P", default="", help="only env ids starting with this")
-    replay.add_argument(
-        "--state",
-        metavar="FILE",
-        help="verdicts of finished tasks, read to resume and appended to; when not given, OUT.state "
-        "beside --out, else LIBRARY.replay-state.jsonl (delete it to replay everything again)",
-    )
-    replay.add_argument(
-        "--out", metavar="FILE.jsonl", help="one JSON line per task (outcome, step, expected, got)"
-    )
-    replay.add_argument("--concurrency", metavar="C", type=positive, default=4, help="tasks in flight")
-    replay.add_argument(
-        "--step-timeout-ms",
-        metavar="MS",
-        type=positive,
-        default=STEP_TIMEOUT_MS,
-        help="wall-clock limit of one step, the runtime's default (a create gets twice this)",
-    )
-    replay.add_argument(
-        "--connect-timeout", metavar="S", type=float, default=10.0, help="seconds to wait for the workers"
-    )
-    replay.set_defaults(func=run)
-    return replay

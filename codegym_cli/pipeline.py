@@ -1,14 +1,4 @@
-"""`codegym pipeline run|status`: problems in, a verified environment library out.
-
-    codegym pipeline run --problems codegym/samples/problems.jsonl --library lib.db --work run1 \\
-        --llm-base-url http://127.0.0.1:8000/v1 --model scripted
-
-Starts what is not given (sandbox workers, the verification service, the synthesis service with
-its response cache in WORK/llm_cache.db) as child processes on loopback, runs every problem
-through the stages, and prints per stage: problems in, passed, rejected by reason, LLM tokens and
-time. Interrupt it at any point and run the same command again: finished stages are not redone
-and LLM answers come from the cache. `codegym pipeline status --work DIR` prints the table.
-"""
+"""What `codegym pipeline` does; its options and description are in pipeline_options.py."""
 
 from __future__ import annotations
 
@@ -21,7 +11,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -30,13 +22,16 @@ from rich.table import Table
 from codegym.library.store import Library
 from codegym.procs import ServerProcess, codegym_command
 from codegym.server.grpcutil import wait_serving
+from codegym.server.settings import from_args
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
-from codegym_cli.synthesize import missing_api_key
+from codegym_cli.access import client_access
 from codegym_client.channels import aio_channel
 from codegym_jobs.pipeline.runner import LLM_STAGES, STAGES, Pipeline, PipelineConfig
+from codegym_jobs.pipeline.settings import PipelineSettings
 from codegym_jobs.pipeline.state import PipelineState, StageOutcome
 from services.synthesis.problems import load_problems
+from services.synthesis.settings import LLMSettings
 
 SYNTHESIS = sy.DESCRIPTOR.services_by_name["SynthesisService"].full_name
 VERIFICATION = vf.DESCRIPTOR.services_by_name["VerificationService"].full_name
@@ -63,12 +58,21 @@ def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, 
     Started ones are stopped on the way out, and die with this process however it ends (they are
     forked from the main thread with `PR_SET_PDEATHSIG`, see `codegym.procs`).
     """
+    from codegym.server.settings import from_args, secrets_env, to_argv
+    from sandbox_worker.settings import SandboxSettings
+    from services.synthesis.settings import LLMSettings, Stages, SynthesisSettings
+    from services.verification.settings import VerificationSettings
+
     with ExitStack() as stack:
         started: list[ServerProcess] = []
 
-        def start(name: str, argv: list[str]) -> str:
-            args = [*argv, "--host", "127.0.0.1", "--port", "0", "--log-level", "WARNING"]
-            child = ServerProcess(codegym_command(args), name=name, stderr=None, keep=200, stacks=True)
+        def start(name: str, command: list[str], settings: Any) -> str:
+            """`codegym serve ...` on any free loopback port, its settings as argv, its secrets (the
+            LLM's API key) in its own environment."""
+            settings = replace(settings, host="127.0.0.1", port=0, log_level="WARNING")
+            argv = codegym_command([*command, *to_argv(settings)])
+            env = {**os.environ, **secrets_env(settings)}
+            child = ServerProcess(argv, name=name, stderr=None, keep=200, stacks=True, env=env)
             started.append(child)
             stack.callback(child.stop)
             return child.address
@@ -77,56 +81,31 @@ def local_services(args: argparse.Namespace, work: Path) -> Iterator[tuple[str, 
         if not verification:
             sandbox = args.sandbox
             if not sandbox:
+                worker = SandboxSettings(jails=args.jails)
                 workers = [
-                    start(f"sandbox worker {i + 1}", ["serve", "sandbox", "--jails", str(args.jails)])
+                    start(f"sandbox worker {i + 1}", ["serve", "sandbox"], worker)
                     for i in range(args.workers)
                 ]
                 sandbox = ",".join(workers)
-            verification = start("verification", ["serve", "verification", "--sandbox", sandbox])
+            verification = start(
+                "verification", ["serve", "verification"], VerificationSettings(sandbox=sandbox)
+            )
         synthesis = args.synthesis
         if not synthesis:
-            argv = [
-                "serve", "synthesis", "--out", str(work / "synthesis"), "--cache", str(work / "llm_cache.db"),
-                "--llm-base-url", args.llm_base_url, "--model", args.model,
-                "--concurrency", str(args.concurrency), "--timeout-s", str(args.timeout_s),
-                "--max-retries", str(args.max_retries), "--backoff-s", str(args.backoff_s),
-            ]  # fmt: skip
-            for item in args.stage:
-                argv += ["--stage", item]
-            synthesis = start("synthesis", argv)
+            settings = SynthesisSettings(
+                out=str(work / "synthesis"),
+                cache=str(work / "llm_cache.db"),
+                llm=from_args(LLMSettings, args),
+                stages=from_args(Stages, args),
+            )
+            synthesis = start("synthesis", ["serve", "synthesis"], settings)
         for child in started:
-            wait_serving(child.address)
+            wait_serving(child.address, access=client_access(args))
         yield synthesis, verification
 
 
 def config_from(args: argparse.Namespace) -> PipelineConfig:
-    return PipelineConfig(
-        hard_tests=args.hard_tests,
-        reject_unsafe=args.reject_unsafe,
-        parallel=args.parallel,
-        model=args.model,
-        unit_tests=vf.UnitTestThresholds(
-            ref_time_ms=args.ref_time_ms,
-            ref_memory_mb=args.ref_memory_mb,
-            max_answer_chars=args.max_answer_chars,
-            min_valid=args.min_valid,
-            min_valid_ratio=args.min_valid_ratio,
-        ),
-        solvability=vf.SolvabilityLimits(
-            case_time_ms=args.case_time_ms,
-            case_memory_mb=args.case_memory_mb,
-            max_steps=args.max_steps,
-            budget_ms=int(args.budget_s * 1000),
-        ),
-        min_solve_fc_round=args.min_solve_fc_round,
-        max_solve_fc_round=args.max_solve_fc_round,
-        min_tools=args.min_tools,
-        drop_shortcuts=not args.keep_shortcuts,
-        shortcut_fraction=args.shortcut_fraction,
-        negative_controls=not args.no_negative_controls,
-        determinism_tests=args.determinism_tests,
-        max_guess_rate=args.max_guess_rate,
-    )
+    return PipelineConfig.of(from_args(PipelineSettings, args), args.model)
 
 
 def summary_table(state: PipelineState, stages: tuple[str, ...], title: str) -> Table:
@@ -204,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not problems:
         err.print("codegym pipeline: no usable problem")
         return 2
-    problem = "" if args.synthesis else missing_api_key(args)
+    problem = "" if args.synthesis else from_args(LLMSettings, args).missing_key()
     if problem:
         err.print(f"codegym pipeline: {problem}")
         return 2
@@ -221,15 +200,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     state.set_meta("stages", list(stages))
     library_path = Path(args.library) if args.library else work / "library.db"
     state.set_meta("library", str(library_path))
-    if args.llm_api_key:
-        os.environ["OPENAI_API_KEY"] = args.llm_api_key
     started = time.monotonic()
     errors: list[str] = []
 
     async def main(synthesis: str, verification: str) -> None:
         async with (
-            aio_channel(synthesis, [SYNTHESIS]) as syn,
-            aio_channel(verification, [VERIFICATION]) as ver,
+            aio_channel(synthesis, [SYNTHESIS], access=client_access(args)) as syn,
+            aio_channel(verification, [VERIFICATION], access=client_access(args)) as ver,
         ):
             with Library(library_path) as library, live_progress(err, len(problems), stages) as progress:
 
@@ -312,98 +289,3 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{report['problem_id']:<24} {report['stage']:<16} {report['status']}{reason}")
     state.close()
     return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    from codegym_cli.synthesize import add_llm_arguments
-
-    pipeline = sub.add_parser(
-        "pipeline",
-        help="problems in, a verified environment library out (synthesis + verification + filters)",
-        description=__doc__,
-    )
-    pipe_sub = pipeline.add_subparsers(dest="pipeline_command", required=True, metavar="ACTION")
-    run = pipe_sub.add_parser(
-        "run",
-        help="run (or resume) a pipeline over a problem file",
-        description=__doc__,
-    )
-    run.add_argument(
-        "--problems",
-        required=True,
-        help="JSONL or Parquet: question_id, question, solution[, entry_point, arg_names]",
-    )
-    run.add_argument("--work", required=True, help="work folder: pipeline.db (stage status), LLM cache, logs")
-    run.add_argument("--library", default="", help="library to write (default WORK/library.db)")
-    run.add_argument("--limit", type=int, default=0, help="only the first N problems (0 = all)")
-    run.add_argument(
-        "--only",
-        default="",
-        help="only the problems FILE names: question or env ids, one a line, or `library stats` JSON lines "
-        "(e.g. the envs a run has mastered, for --hard-tests)",
-    )
-    run.add_argument("--parallel", type=int, default=8, help="problems in flight")
-    run.add_argument("--synthesis", default="", help="synthesis service HOST:PORT (default: start one)")
-    run.add_argument("--verification", default="", help="verification service HOST:PORT (default: start one)")
-    run.add_argument(
-        "--sandbox", default="", help="sandbox workers HOST:PORT,... for a started verification service"
-    )
-    run.add_argument(
-        "--workers", type=int, default=2, help="sandbox workers to start when --sandbox is not given"
-    )
-    run.add_argument("--jails", type=int, default=os.cpu_count() or 2, help="jails per started worker")
-    run.add_argument("--hard-tests", action="store_true", help="also generate hard unit tests")
-    run.add_argument("--reject-unsafe", action="store_true", help="reject (not only flag) risky constructs")
-    run.add_argument("--ref-time-ms", type=int, default=3000, help="time limit of one get_ref_answer()")
-    run.add_argument("--ref-memory-mb", type=int, default=100, help="memory limit of one get_ref_answer()")
-    run.add_argument("--max-answer-chars", type=int, default=100, help="longest accepted answer repr()")
-    run.add_argument("--min-valid", type=int, default=10, help="valid tests an environment needs")
-    run.add_argument(
-        "--min-valid-ratio", type=float, default=0.8, help="fraction of distinct tests that must be valid"
-    )
-    run.add_argument("--case-time-ms", type=int, default=10_000, help="time limit of one solve() run")
-    run.add_argument("--case-memory-mb", type=int, default=256, help="memory limit of one solve() run")
-    run.add_argument("--max-steps", type=int, default=1024, help="step() calls one solve() run may make")
-    run.add_argument("--budget-s", type=float, default=300.0, help="solvability budget per environment")
-    run.add_argument(
-        "--min-solve-fc-round", type=int, default=10, help="fewest oracle steps of a kept config"
-    )
-    run.add_argument("--max-solve-fc-round", type=int, default=256, help="most oracle steps of a kept config")
-    run.add_argument("--min-tools", type=int, default=4, help="fewest distinct tools of a kept environment")
-    run.add_argument(
-        "--keep-shortcuts", action="store_true", help="flag shortcut environments instead of dropping them"
-    )
-    run.add_argument(
-        "--shortcut-fraction",
-        type=float,
-        default=0.5,
-        help="a tool answering on more than this fraction of tests is a shortcut",
-    )
-    run.add_argument(
-        "--no-negative-controls",
-        action="store_true",
-        help="skip the check that Done pays no wrong answer derived from the reference answer",
-    )
-    run.add_argument(
-        "--determinism-tests",
-        type=int,
-        default=5,
-        help="tests the oracle replays twice in separate processes (0 = skip the determinism check)",
-    )
-    run.add_argument(
-        "--max-guess-rate",
-        type=float,
-        default=0.0,
-        help="reject environments a blind Done answers right more often than this (0 = only report)",
-    )
-    add_llm_arguments(run)
-    run.set_defaults(func=cmd_run)
-
-    status = pipe_sub.add_parser(
-        "status",
-        help="print the per-stage table of a work folder (works while a run is going on)",
-        description="Example: codegym pipeline status --work run1 --problems",
-    )
-    status.add_argument("--work", required=True, help="work folder of a pipeline run")
-    status.add_argument("--problems", action="store_true", help="also list where every problem ended")
-    status.set_defaults(func=cmd_status)

@@ -15,9 +15,8 @@ from google.protobuf.message import Message
 
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from codegym_cli.access import client_access
 from codegym_client.channels import aio_channel
-
-OPS = ("create", "solve", "ref_answer", "script", "call_function")
 
 
 def build_operation(
@@ -44,7 +43,7 @@ async def _run(args: argparse.Namespace, operation: pb.Operation) -> pb.Operatio
 
     async with (
         worker_target(args.target, jails=1) as target,
-        aio_channel(target, ["codegym.sandbox.v1.SandboxService"]) as channel,
+        aio_channel(target, ["codegym.sandbox.v1.SandboxService"], access=client_access(args)) as channel,
     ):
         stub = pb_grpc.SandboxServiceStub(channel)
         response = await stub.Execute(pb.ExecuteRequest(operation=operation), timeout=args.timeout)
@@ -82,23 +81,3 @@ def cmd_run(args: argparse.Namespace) -> int:
         out.pop("state", None)
     print(json.dumps(out, indent=2, ensure_ascii=False))
     return 0 if result.status == pb.STATUS_OK else 1
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    sandbox = sub.add_parser("sandbox", help="run untrusted code through a sandbox worker")
-    sandbox_sub = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="COMMAND")
-    run = sandbox_sub.add_parser(
-        "run",
-        help="run one operation on a file and print the result as JSON (exit 0 when status is OK)",
-    )
-    run.add_argument("file", help="environment (or solution) source file")
-    run.add_argument("--op", choices=OPS, default="solve", help="operation")
-    run.add_argument("--config", default="{}", help="task config JSON (create, solve, ref_answer)")
-    run.add_argument("--function", default="", help="function name (call_function)")
-    run.add_argument("--args", default="[]", help="JSON array of arguments (call_function)")
-    run.add_argument("--stdin", default="", help="text fed to stdin (script, call_function)")
-    run.add_argument("--seed", type=int, default=0, help="seed for random")
-    run.add_argument("--target", default="", help="HOST:PORT of a worker; empty starts one in-process")
-    run.add_argument("--timeout", type=float, default=60.0, help="RPC deadline in seconds")
-    run.add_argument("--show-state", action="store_true", help="include the opaque state (base64)")
-    run.set_defaults(func=cmd_run)

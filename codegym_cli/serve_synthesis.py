@@ -1,55 +1,39 @@
-"""`codegym serve synthesis`: environments, unit tests and solve() candidates from an LLM, over gRPC."""
+"""`codegym serve synthesis`: environments, unit tests and solve() candidates from an LLM, over gRPC.
+Its options are `SynthesisSettings`'s (`services/synthesis/settings.py`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from codegym_cli.serve_setup import configure_access, configure_logs, run_server, start_metrics
+from codegym.server.settings import from_args
+from codegym_cli.serve_setup import add_server, run_server, start
+from services.synthesis.settings import SynthesisSettings
 
 
 def _serve_synthesis(args: argparse.Namespace) -> int:
-    configure_access(args)
-    start_metrics(args)
-    from pathlib import Path
-
+    settings = from_args(SynthesisSettings, args)
+    auth = start(settings.access, settings.host, settings.log_level, settings.output)
     from codegym.server.serving import serve
-    from codegym_cli.synthesize import settings_from, stage_defaults
     from services.synthesis.service import SynthesisServer
+    from services.synthesis.stages import StageDefaults
 
-    configure_logs(args.log_level, args.log_format)
-    defaults = stage_defaults(args.stage)
+    try:
+        StageDefaults.overridden(settings.stages.overrides)  # a bad --stage, said before anything starts
+    except ValueError as exc:
+        raise SystemExit(f"codegym serve synthesis: {exc}") from None
 
     async def main() -> None:
-        out = Path(args.out)
-        server = SynthesisServer(
-            settings_from(args),
-            out,
-            cache_path=Path(args.cache) if args.cache else None,
-            defaults=defaults,
-            host=args.host,
-            port=args.port,
-        )
-        await serve(server)
+        await serve(SynthesisServer(settings, auth=auth))
 
     run_server(main)
     return 0
 
 
 def add_parser(servers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """The server's options; the LLM's are `codegym synthesize`'s."""
-    from codegym_cli.synthesize import add_llm_arguments
-
-    synthesis = servers.add_parser(
+    return add_server(
+        servers,
         "synthesis",
+        SynthesisSettings,
+        _serve_synthesis,
         help="synthesis: environments, unit tests and solve() candidates from an LLM",
     )
-    synthesis.add_argument("--host", default="127.0.0.1", help="address to bind")
-    synthesis.add_argument("--port", type=int, default=50071, help="port (0 = any free port)")
-    synthesis.add_argument(
-        "--out", default="synthesis-out", help="folder for SynthesizeStream runs and the cache"
-    )
-    synthesis.add_argument("--cache", default="", help="response cache (default OUT/llm_cache.db)")
-    add_llm_arguments(synthesis)
-    synthesis.add_argument("--log-level", default="INFO", help="logging level")
-    synthesis.set_defaults(func=_serve_synthesis)
-    return synthesis

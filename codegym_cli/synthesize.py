@@ -8,96 +8,47 @@ cached in OUT/llm_cache.db, so rerunning (or resuming after an interruption) is 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
-from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from codegym.server.settings import add_arguments, from_args
+from services.synthesis.settings import LLMSettings, Stages
 
-from services.synthesis.llm import LLMGateway, LLMSettings, StageParams
-from services.synthesis.llm_cache import ResponseCache
-from services.synthesis.pipeline import synthesize_all
-from services.synthesis.problems import load_problems
-from services.synthesis.stages import STAGES, StageDefaults, Synthesizer
+if TYPE_CHECKING:
+    from rich.console import Console
 
-PARAM_TYPES = {f.name: f.type for f in fields(StageParams)}
+    from services.synthesis.stages import StageDefaults
 
 
-def stage_defaults(overrides: list[str]) -> StageDefaults:
-    """Apply `STAGE.KEY=VALUE` overrides (e.g. `solve_functions.samples=10`) to the defaults."""
-    defaults = StageDefaults()
-    for item in overrides:
-        target, sep, value = item.partition("=")
-        stage, dot, key = target.partition(".")
-        if not sep or not dot or stage not in STAGES or key not in PARAM_TYPES:
-            raise SystemExit(
-                f"codegym synthesize: bad --stage {item!r}: expected STAGE.KEY=VALUE with STAGE in "
-                f"{', '.join(STAGES)} and KEY in {', '.join(PARAM_TYPES)}"
-            )
-        kind = {"str": str, "float": float, "int": int}[str(PARAM_TYPES[key])]
-        try:
-            typed: Any = kind(value)
-        except ValueError:
-            raise SystemExit(
-                f"codegym synthesize: --stage {item!r}: {value!r} is not a {kind.__name__}"
-            ) from None
-        setattr(defaults, stage, replace(defaults.for_stage(stage), **{key: typed}))
-    return defaults
+def stage_defaults(args: argparse.Namespace, command: str = "codegym synthesize") -> StageDefaults:
+    """The stages' defaults with `--stage STAGE.KEY=VALUE` overrides; a bad one ends the command."""
+    from services.synthesis.stages import StageDefaults
 
-
-def settings_from(args: argparse.Namespace) -> LLMSettings:
-    api_key = args.llm_api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"
-    return LLMSettings(
-        base_url=args.llm_base_url,
-        api_key=api_key,
-        model=args.model,
-        timeout_s=args.timeout_s,
-        max_concurrency=args.concurrency,
-        max_retries=args.max_retries,
-        backoff_s=args.backoff_s,
-    )
-
-
-def missing_api_key(args: argparse.Namespace) -> str:
-    """Why the run cannot start ("" when it can): a remote endpoint without an API key."""
-    from urllib.parse import urlparse
-
-    host = urlparse(args.llm_base_url).hostname or ""
-    local = host in ("localhost", "::1") or host.startswith("127.")
-    if local or args.llm_api_key or os.environ.get("OPENAI_API_KEY"):
-        return ""
-    return f"{args.llm_base_url} needs an API key: set OPENAI_API_KEY or pass --llm-api-key"
+    try:
+        return StageDefaults.overridden(from_args(Stages, args).overrides)
+    except ValueError as exc:
+        raise SystemExit(f"{command}: {exc}") from None
 
 
 def add_llm_arguments(parser: argparse.ArgumentParser, *, stages: bool = True) -> None:
-    parser.add_argument(
-        "--llm-base-url",
-        default=os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1"),
-        help="OpenAI-compatible endpoint (OpenAI, vLLM, SGLang, Ollama, ...)",
-    )
-    parser.add_argument("--llm-api-key", default="", help="API key (default: $OPENAI_API_KEY)")
-    parser.add_argument("--model", default="gpt-4o-mini", help="model for every stage (see --stage)")
-    parser.add_argument("--timeout-s", type=float, default=300.0, help="deadline of one LLM request")
-    parser.add_argument("--max-retries", type=int, default=6, help="retries on 429, 5xx, timeouts")
-    parser.add_argument("--backoff-s", type=float, default=1.0, help="first retry delay (doubles)")
-    if not stages:
-        return
-    parser.add_argument(
-        "--stage",
-        action="append",
-        default=[],
-        metavar="STAGE.KEY=VALUE",
-        help="per-stage override, e.g. solve_functions.samples=10 or environment.model=gpt-4o "
-        f"(stages: {', '.join(STAGES)}; keys: {', '.join(PARAM_TYPES)})",
-    )
-    parser.add_argument("--concurrency", type=int, default=16, help="LLM requests in flight")
+    """The LLM endpoint's options (`LLMSettings`), and with `stages` the per-stage overrides."""
+    add_arguments(LLMSettings, parser)
+    if stages:
+        add_arguments(Stages, parser)
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from services.synthesis.llm import LLMGateway
+    from services.synthesis.llm_cache import ResponseCache
+    from services.synthesis.pipeline import synthesize_all
+    from services.synthesis.problems import load_problems
+    from services.synthesis.stages import STAGES, Synthesizer
+
     console = Console(stderr=True)
     try:
         problems, errors = load_problems(args.problems)
@@ -109,17 +60,18 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     if not problems:
         console.print("[red]codegym synthesize: no usable problem[/red]")
         return 2
-    problem = missing_api_key(args)
+    settings = from_args(LLMSettings, args)
+    problem = settings.missing_key()
     if problem:
         console.print(f"[red]codegym synthesize: {problem}[/red]")
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    defaults = stage_defaults(args.stage)
+    defaults = stage_defaults(args)
 
     async def main() -> dict[str, Any]:
         cache = ResponseCache(args.cache or out / "llm_cache.db")
-        gateway = LLMGateway(settings_from(args), cache)
+        gateway = LLMGateway(settings, cache)
         try:
             with Progress(
                 TextColumn("{task.description}"),
@@ -143,8 +95,20 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             cache.close()
 
     report = asyncio.run(main())
+    print_report(report, len(problems), console)
+    print(f"results in {out} (summary.json); refused rows: {len(errors)}")
+    return 1 if report["errors"] else 0
+
+
+def print_report(report: dict[str, Any], problems: int, console: Console) -> None:
+    """Per stage: accepted, rejected and why, LLM requests and tokens; then each error once."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from services.synthesis.stages import STAGES
+
     table = Table(
-        title=f"codegym synthesize: {report['environments']}/{len(problems)} problems got an environment"
+        title=f"codegym synthesize: {report['environments']}/{problems} problems got an environment"
     )
     for column in ("stage", "accepted", "rejected", "reasons", "requests", "cached", "tokens in/out"):
         table.add_column(column)
@@ -170,8 +134,6 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     for text, qids in by_error.items():
         who = qids[0] if len(qids) == 1 else f"{len(qids)} problems ({qids[0]}, ...)"
         console.print(f"[red]{who}[/red]: {text}")
-    print(f"results in {out} (summary.json); refused rows: {len(errors)}")
-    return 1 if report["errors"] else 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:

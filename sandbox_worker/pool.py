@@ -39,9 +39,10 @@ from codegym.server.metrics import (
     SANDBOX_RETRIES,
 )
 from sandbox_worker.jail import Jail, JailDied, make_workdir
-from sandbox_worker.limits import JailLimits, detect_cgroups, isolation_summary
+from sandbox_worker.limits import detect_cgroups, isolation_summary
 from sandbox_worker.residency import Residency, default_budget_mb, sample_cost
 from sandbox_worker.scheduling import COLD, OTHER, RESIDENT, JailScheduler
+from sandbox_worker.settings import COST_SAMPLE_S, JailLimits
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,6 @@ def maybe_outside_fault(result: Result) -> bool:
 AFFINITY_SIZE = 100_000
 EVICTION_REASONS: frozenset[str] = frozenset(get_args(EvictionReason))
 COLD_CAUSES: frozenset[str] = frozenset(get_args(Cold))
-# How often the cost of a resident session is measured again.
-COST_SAMPLE_S = 5.0
 
 
 def priority(request: Request, pinned: bool) -> int:

@@ -7,12 +7,12 @@ import logging
 from collections.abc import AsyncIterator
 
 from codegym.errors import add_lenient
-from codegym.inside.settings import JailSettings
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+from codegym.server.auth import ServerAuth
 from codegym.server.grpcutil import ManagedServer
-from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, JailLimits, RequestLimits
-from sandbox_worker.pool import COST_SAMPLE_S, JailPool
+from sandbox_worker.pool import JailPool
 from sandbox_worker.service import SandboxServicer
+from sandbox_worker.settings import MAX_LIMITS, SandboxSettings
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SandboxService"].full_name
@@ -21,42 +21,32 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SandboxService"].full_name
 class SandboxWorker:
     """Owns the pool and the server; `start()` returns once every jail is up and the port is bound."""
 
-    def __init__(
-        self,
-        *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        jails: int = 2,
-        jail_limits: JailLimits | None = None,
-        defaults: RequestLimits = DEFAULT_LIMITS,
-        maximum: RequestLimits = MAX_LIMITS,
-        max_pending: int = 0,
-        resident_memory_mb: int = 0,
-        resident_cap: int = 0,
-        resident_idle_s: float = JailSettings.resident_idle_s,
-        admit_idle_s: float = JailSettings.admit_idle_s,
-        resident_sample_s: float = COST_SAMPLE_S,
-        code_cache_mb: int = JailSettings.code_cache_bytes >> 20,
-        source_cache_mb: int = 64,
-    ) -> None:
+    def __init__(self, settings: SandboxSettings, *, auth: ServerAuth | None = None) -> None:
+        """`auth`: what `settings.access` loads to, when the caller holds it already (in memory)."""
+        self.settings = settings
         self.pool = JailPool(
-            jails,
-            jail_limits,
-            resident_memory_mb=resident_memory_mb,
-            resident_cap=resident_cap,
-            resident_idle_s=resident_idle_s,
-            admit_idle_s=admit_idle_s,
-            cost_sample_s=resident_sample_s,
-            code_cache_mb=code_cache_mb,
+            settings.jails,
+            settings.jail,
+            resident_memory_mb=settings.resident_memory_mb,
+            resident_cap=settings.resident_cap,
+            resident_idle_s=settings.resident_idle_s,
+            admit_idle_s=settings.admit_idle_s,
+            cost_sample_s=settings.resident_sample_s,
+            code_cache_mb=settings.code_cache_mb,
         )
         self.servicer = SandboxServicer(
             self.pool,
-            defaults=defaults,
-            maximum=maximum,
-            max_pending=max_pending,
-            source_cache_bytes=source_cache_mb * 1024 * 1024,
+            defaults=settings.defaults,
+            maximum=MAX_LIMITS,
+            max_pending=settings.max_pending,
+            source_cache_bytes=settings.source_cache_mb * 1024 * 1024,
         )
-        self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
+        self.managed = ManagedServer(
+            [SERVICE_NAME],
+            host=settings.host,
+            port=settings.port,
+            auth=ServerAuth.load(settings.access) if auth is None else auth,
+        )
         add_lenient(self.servicer, self.managed.server, pb.DESCRIPTOR.services_by_name["SandboxService"], pb)
 
     @property
@@ -83,7 +73,8 @@ async def worker_target(target: str, jails: int = 2) -> AsyncIterator[str]:
     if target:
         yield target
         return
-    worker = SandboxWorker(jails=jails)
+    # A private worker on loopback, for this process alone: it takes no tokens.
+    worker = SandboxWorker(SandboxSettings(port=0, jails=jails), auth=ServerAuth())
     await worker.start()
     try:
         yield worker.address

@@ -22,8 +22,8 @@ from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
 from codegym.server.metrics import SANDBOX_REFUSALS
 from codegym_client.api.common.v1 import common_pb2
 from sandbox_worker.cache import SourceCache
-from sandbox_worker.limits import DEFAULT_LIMITS, MAX_LIMITS, RequestLimits
 from sandbox_worker.pool import JailPool
+from sandbox_worker.settings import DEFAULT_LIMITS, MAX_LIMITS, RequestLimits
 
 log = logging.getLogger(__name__)
 

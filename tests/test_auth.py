@@ -43,10 +43,10 @@ from codegym.server.auth import (
     ServerAuth,
     local_tokens,
     read_tokens,
-    serving_with,
     write_tokens,
 )
 from codegym.server.grpcutil import ManagedServer
+from codegym.server.settings import ServerAccess
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym.verification.v1 import verification_service_pb2 as vf
@@ -54,9 +54,10 @@ from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
 from codegym_client import AsyncRuntimeClient, RuntimeClient, is_infrastructure
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV, Access, aio_channel
 from codegym_client.errors import Unauthenticated
-from services.synthesis.llm import LLMSettings
 from services.synthesis.service import SynthesisServer
+from services.synthesis.settings import LLMSettings, SynthesisSettings
 from services.verification.service import VerificationServer
+from services.verification.settings import VerificationSettings
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.servers import CodegymServer, sandbox_workers
 
@@ -198,8 +199,8 @@ def test_the_command_line_stops_with_the_servers_line(runtime: CodegymServer) ->
 
 
 async def test_synthesis_takes_operators_and_refuses_trainers(tmp_path: Path) -> None:
-    with serving_with(ServerAuth(TOKENS)):
-        server = SynthesisServer(LLMSettings(base_url="http://127.0.0.1:9/v1"), tmp_path)
+    settings = SynthesisSettings(port=0, out=str(tmp_path), llm=LLMSettings(base_url="http://127.0.0.1:9/v1"))
+    server = SynthesisServer(settings, auth=ServerAuth(TOKENS))
     await server.start()
     try:
         request = sy.GenerateUnitTestsRequest()
@@ -219,8 +220,7 @@ async def test_synthesis_takes_operators_and_refuses_trainers(tmp_path: Path) ->
 
 
 async def test_verification_takes_services_and_refuses_trainers() -> None:
-    with serving_with(ServerAuth(TOKENS)):
-        server = VerificationServer("127.0.0.1:9")
+    server = VerificationServer(VerificationSettings(sandbox="127.0.0.1:9", port=0), auth=ServerAuth(TOKENS))
     await server.start()
     try:
         for token, code in (
@@ -330,8 +330,8 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
 async def test_tls_round_trip_with_a_token(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
     auth = ServerAuth(TOKENS, tls_cert=cert.read_bytes(), tls_key=key.read_bytes(), health_port=0)
-    with serving_with(auth):
-        server = SynthesisServer(LLMSettings(base_url="http://127.0.0.1:9/v1"), tmp_path)
+    settings = SynthesisSettings(port=0, out=str(tmp_path), llm=LLMSettings(base_url="http://127.0.0.1:9/v1"))
+    server = SynthesisServer(settings, auth=auth)
     await server.start()
     try:
         request = sy.GenerateUnitTestsRequest()
@@ -371,8 +371,8 @@ def test_tokens_file_round_trip_and_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="role 'root'"):
         read_tokens(path)
     with pytest.raises(ValueError, match="cannot read the tokens file"):
-        ServerAuth.from_settings(token="", tokens_file=str(tmp_path / "missing.json"))
-    assert ServerAuth.from_settings(token="solo", tokens_file="").tokens == {
+        ServerAuth.load(ServerAccess(tokens=str(tmp_path / "missing.json")))
+    assert ServerAuth.load(ServerAccess(server_token="solo")).tokens == {
         "solo": Identity("default", OPERATOR)
     }
 

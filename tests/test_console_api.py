@@ -569,7 +569,9 @@ def test_library_episodes_prints_captures_as_json_lines(
     assert "NOT_FOUND" in capsys.readouterr().err
 
 
-def test_a_search_total_is_counted_up_to_its_cap(search_library: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_search_total_is_counted_up_to_its_cap(
+    search_library: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from services.runtime.catalog import Catalog
 
     monkeypatch.setattr(search, "COUNT_CAP", 100)

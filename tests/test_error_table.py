@@ -11,11 +11,13 @@ import pytest
 
 from codegym.errors import REASON_TRAILER, Reason
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
+from codegym.server.auth import ServerAuth
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.verification.v1 import verification_service_pb2 as vf
-from services.synthesis.llm import LLMSettings
 from services.synthesis.service import SynthesisServer
+from services.synthesis.settings import LLMSettings, SynthesisSettings
 from services.verification.service import VerificationServer
+from services.verification.settings import VerificationSettings
 from tests.helpers.raw_errors import RawError
 from tests.helpers.servers import CodegymServer, worker_fixture
 
@@ -51,7 +53,7 @@ async def test_the_sandbox_worker_answers_through_the_table(worker: CodegymServe
 
 @pytest.mark.jail
 async def test_the_verification_service_answers_through_the_table(worker: CodegymServer) -> None:
-    server = VerificationServer(worker.address)
+    server = VerificationServer(VerificationSettings(sandbox=worker.address, port=0), auth=ServerAuth())
     await server.start()
     try:
         path = f"/{vf.DESCRIPTOR.services_by_name['VerificationService'].full_name}/CheckEnvironment"
@@ -65,7 +67,10 @@ async def test_the_verification_service_answers_through_the_table(worker: Codegy
 
 async def test_the_synthesis_service_answers_through_the_table(tmp_path: Path) -> None:
     # Port 9 on loopback: nothing listens; the requests below never reach the LLM anyway.
-    server = SynthesisServer(LLMSettings(base_url="http://127.0.0.1:9/v1"), tmp_path)
+    server = SynthesisServer(
+        SynthesisSettings(port=0, out=str(tmp_path), llm=LLMSettings(base_url="http://127.0.0.1:9/v1")),
+        auth=ServerAuth(),
+    )
     await server.start()
     try:
         name = sy.DESCRIPTOR.services_by_name["SynthesisService"].full_name

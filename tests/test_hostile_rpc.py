@@ -42,7 +42,8 @@ from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.channels import TOKEN_ENV
 from services.dispatcher import SandboxDispatcher
 from services.runtime.catalog import Catalog
-from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeServicer, add_to_server
+from services.runtime.config import RuntimeConfig
+from services.runtime.service import SERVICE_NAME, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore, Session
 from tests import test_runtime as base
 from tests.conftest import ROOT, SAMPLES

@@ -22,7 +22,7 @@ from codegym.contract import sha256_text
 from codegym.library.store import Library, canonical_config
 from codegym.procs import free_port
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
-from codegym_cli import library_replay
+from codegym_cli import library_replay, library_replay_options
 from codegym_cli.library_replay import (
     Settings,
     StateFile,
@@ -110,7 +110,7 @@ def replay(
 ) -> tuple[int, list[dict[str, Any]], str]:
     """Run the command as `codegym library replay` would; the exit code, the --out lines, stdout."""
     parser = argparse.ArgumentParser()
-    library_replay.add_parser(parser.add_subparsers())
+    library_replay_options.add_parser(parser.add_subparsers())
     out = library.parent / "replay.jsonl"
     sandbox = ",".join(w.address for w in workers)
     args = parser.parse_args(
@@ -191,7 +191,7 @@ def test_a_state_file_cut_by_a_kill_keeps_its_whole_lines(tmp_path: Path) -> Non
 
 def test_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser()
-    library_replay.add_parser(parser.add_subparsers())
+    library_replay_options.add_parser(parser.add_subparsers())
     library = build_library(tmp_path / "library.db")
     line = recordings()[0]
     put_trajectory(library, task_id(library, line["env_id"], line["config"]), *published(line))

@@ -30,7 +30,8 @@ from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.async_client import StepStream as ClientStepStream
 from services.dispatcher import SandboxDispatcher
 from services.runtime.catalog import Catalog
-from services.runtime.service import SERVICE_NAME, RuntimeConfig, RuntimeServicer, add_to_server
+from services.runtime.config import RuntimeConfig
+from services.runtime.service import SERVICE_NAME, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore
 from services.runtime.streaming import step_stream
 from tests.conftest import ENV_DIR

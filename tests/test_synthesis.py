@@ -24,10 +24,11 @@ from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from codegym_testkit.fake_llm import GOOD_SOLVE, SAMPLE, ScriptedLLM, good_env, good_tests, stage_of
 from codegym_testkit.fake_llm import Reply as R
-from services.synthesis.llm import LLMGateway, LLMSettings, LLMUnavailable, StageParams
+from services.synthesis.llm import LLMGateway, LLMUnavailable, StageParams
 from services.synthesis.llm_cache import ResponseCache
 from services.synthesis.parsing import parse_env_output, parse_solve_output, parse_test_lines, splice_solve
 from services.synthesis.problems import load_problems
+from services.synthesis.settings import LLMSettings
 from tests.conftest import ROOT, SHARED_DATA
 from tests.helpers.servers import CodegymServer
 

@@ -14,11 +14,13 @@ import grpc
 import pytest
 
 from codegym.contract.source import method_source
+from codegym.server.auth import ServerAuth
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
 from codegym_client.api.common.v1 import common_pb2 as cm
 from codegym_client.channels import aio_channel
 from services.verification.service import SERVICE_NAME, VerificationServer
+from services.verification.settings import VerificationSettings
 from services.verification.solution import find_solution_call
 from tests.conftest import ENV_DIR
 from tests.helpers.pipeline_cases import ANSWER
@@ -37,7 +39,7 @@ worker = worker_fixture(jails=2)
 
 @pytest.fixture
 async def stub(worker: CodegymServer) -> AsyncIterator[vf_grpc.VerificationServiceStub]:
-    server = VerificationServer(worker.address)
+    server = VerificationServer(VerificationSettings(sandbox=worker.address, port=0), auth=ServerAuth())
     await server.start()
     try:
         async with aio_channel(server.address, [SERVICE_NAME]) as channel:
@@ -138,7 +140,7 @@ async def test_solvability_edge_cases(stub: vf_grpc.VerificationServiceStub) -> 
 
 @pytest.mark.slow  # over 10 s
 async def test_unreachable_sandbox_is_unavailable_not_a_verdict() -> None:
-    server = VerificationServer("127.0.0.1:9")
+    server = VerificationServer(VerificationSettings(sandbox="127.0.0.1:9", port=0), auth=ServerAuth())
     await server.start()
     try:
         async with aio_channel(server.address, [SERVICE_NAME]) as channel:

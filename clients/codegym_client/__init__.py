@@ -22,45 +22,86 @@ Nothing here imports the servers: the package needs grpcio and protobuf only.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from codegym_client.actions import (
-    Action,
-    ActionParseError,
-    from_tool_calls,
-    parse_function_call,
-    parse_function_calls,
-    tool_call_action,
-)
-from codegym_client.async_client import AsyncRuntimeClient, StepStream
-from codegym_client.errors import (
-    BadCheckpoint,
-    CapacityExceeded,
-    CheckpointsOff,
-    CodeGone,
-    CodeGymError,
-    EnvFailed,
-    EnvNotFound,
-    EpisodeEnded,
-    EpisodeFailed,
-    EpisodeNotFound,
-    InfrastructureFailure,
-    InvalidRequest,
-    NoHistory,
-    PermissionDenied,
-    RuntimeUnavailable,
-    SessionDone,
-    SessionNotFound,
-    StepConflict,
-    Unauthenticated,
-    is_infrastructure,
-)
-from codegym_client.online import OnlineGymEnv
-from codegym_client.requests import DEFAULT_TARGET, ActionLike, create_request, step_request
-from codegym_client.runtime_client import RuntimeClient
+# Each name is imported on first use (PEP 562): `import codegym_client.defaults` (a command
+# line's --help) does not load gRPC, and `RemoteEnv` needs gymnasium, which only the `gym` extra
+# brings.
+_HOMES = {
+    "Action": "codegym_client.actions",
+    "ActionLike": "codegym_client.requests",
+    "ActionParseError": "codegym_client.actions",
+    "AsyncRuntimeClient": "codegym_client.async_client",
+    "CapacityExceeded": "codegym_client.errors",
+    "CodeGymError": "codegym_client.errors",
+    "NoHistory": "codegym_client.errors",
+    "CodeGone": "codegym_client.errors",
+    "EpisodeNotFound": "codegym_client.errors",
+    "CheckpointsOff": "codegym_client.errors",
+    "BadCheckpoint": "codegym_client.errors",
+    "DEFAULT_TARGET": "codegym_client.requests",
+    "EnvFailed": "codegym_client.errors",
+    "EnvNotFound": "codegym_client.errors",
+    "EpisodeEnded": "codegym_client.errors",
+    "EpisodeFailed": "codegym_client.errors",
+    "InfrastructureFailure": "codegym_client.errors",
+    "InvalidRequest": "codegym_client.errors",
+    "OnlineGymEnv": "codegym_client.online",
+    "PermissionDenied": "codegym_client.errors",
+    "RemoteEnv": "codegym_client.gym_env",
+    "RuntimeClient": "codegym_client.runtime_client",
+    "RuntimeUnavailable": "codegym_client.errors",
+    "SessionDone": "codegym_client.errors",
+    "SessionNotFound": "codegym_client.errors",
+    "StepConflict": "codegym_client.errors",
+    "StepStream": "codegym_client.async_client",
+    "Unauthenticated": "codegym_client.errors",
+    "create_request": "codegym_client.requests",
+    "from_tool_calls": "codegym_client.actions",
+    "is_infrastructure": "codegym_client.errors",
+    "parse_function_call": "codegym_client.actions",
+    "parse_function_calls": "codegym_client.actions",
+    "step_request": "codegym_client.requests",
+    "tool_call_action": "codegym_client.actions",
+}
 
 if TYPE_CHECKING:
+    from codegym_client.actions import (
+        Action,
+        ActionParseError,
+        from_tool_calls,
+        parse_function_call,
+        parse_function_calls,
+        tool_call_action,
+    )
+    from codegym_client.async_client import AsyncRuntimeClient, StepStream
+    from codegym_client.errors import (
+        BadCheckpoint,
+        CapacityExceeded,
+        CheckpointsOff,
+        CodeGone,
+        CodeGymError,
+        EnvFailed,
+        EnvNotFound,
+        EpisodeEnded,
+        EpisodeFailed,
+        EpisodeNotFound,
+        InfrastructureFailure,
+        InvalidRequest,
+        NoHistory,
+        PermissionDenied,
+        RuntimeUnavailable,
+        SessionDone,
+        SessionNotFound,
+        StepConflict,
+        Unauthenticated,
+        is_infrastructure,
+    )
     from codegym_client.gym_env import RemoteEnv
+    from codegym_client.online import OnlineGymEnv
+    from codegym_client.requests import DEFAULT_TARGET, ActionLike, create_request, step_request
+    from codegym_client.runtime_client import RuntimeClient
 
 __version__ = "0.1.0"
 
@@ -104,9 +145,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """`RemoteEnv` is imported on first use: it needs gymnasium, which only the `gym` extra brings."""
-    if name == "RemoteEnv":
-        from codegym_client.gym_env import RemoteEnv
-
-        return RemoteEnv
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

@@ -67,10 +67,11 @@ class AsyncRuntimeClient:
         attempts: int = DEFAULT_ATTEMPTS,
         token: str | None = None,
         tls_ca: str | Path | None = None,
+        access: Access | None = None,
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
     ) -> None:
         self.target = target_text(target)
-        access = Access.from_env(token, tls_ca)
+        access = access or Access.from_env(token, tls_ca)
         self.channel = aio_channel(
             target, [SERVICE], no_retry=NOT_RETRIED, access=access, interceptors=interceptors
         )

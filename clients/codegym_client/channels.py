@@ -24,6 +24,8 @@ from typing import Any
 
 import grpc
 
+from codegym_client.defaults import TLS_CA_ENV, TOKEN_ENV
+
 __all__ = [
     "HEALTH_CHECK",
     "HEALTH_REQUEST",
@@ -51,9 +53,6 @@ HEALTH_REQUEST = b""
 HEALTH_CHECK = "/grpc.health.v1.Health/Check"
 PROBE_TIMEOUT_S = 1.0
 
-# Where a client finds its access token and the CA that signed the servers' certificates.
-TOKEN_ENV = "CODEGYM_TOKEN"
-TLS_CA_ENV = "CODEGYM_TLS_CA"
 # A target written `grpcs://HOST:PORT` is reached over TLS (the system's roots without a CA file).
 TLS_SCHEME = "grpcs://"
 
@@ -71,6 +70,11 @@ class Access:
         """The given values, else `CODEGYM_TOKEN` and `CODEGYM_TLS_CA` (a CA turns TLS on)."""
         token = os.environ.get(TOKEN_ENV, "") if token is None else token
         ca_path = os.environ.get(TLS_CA_ENV, "") if tls_ca is None else str(tls_ca)
+        return cls.from_values(token, ca_path)
+
+    @classmethod
+    def from_values(cls, token: str, ca_path: str | Path) -> Access:
+        """A token as given ("" sends none) and a CA file ("" = no TLS unless the target asks)."""
         if not ca_path:
             return cls(token=token.strip())
         try:
@@ -98,7 +102,8 @@ class Access:
 
 
 def is_loopback(target: str) -> bool:
-    """Whether every address of a channel target is this machine's (127.0.0.0/8, ::1, localhost)."""
+    """Whether every address of a channel target, or a host to bind, is this machine's (127.0.0.0/8,
+    ::1, localhost)."""
     body = target
     for prefix in ("ipv4:", "ipv6:", "dns:///", "dns:"):
         if body.startswith(prefix):
@@ -106,8 +111,11 @@ def is_loopback(target: str) -> bool:
             break
     hosts = []
     for item in body.split(","):
-        host = item.rsplit(":", 1)[0] if item.count(":") == 1 or item.startswith("[") else item
-        hosts.append(host.strip("[]"))
+        if item.startswith("["):
+            host = item[1:].split("]", 1)[0]  # [::1]:50051 or [::1]
+        else:
+            host = item.rsplit(":", 1)[0] if item.count(":") == 1 else item
+        hosts.append(host)
     for host in hosts:
         if host == "localhost":
             continue

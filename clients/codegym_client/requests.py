@@ -9,6 +9,7 @@ from typing import Any
 
 from codegym_client.actions import Action
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from codegym_client.defaults import DEFAULT_TARGET
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -24,7 +25,6 @@ __all__ = [
 
 SERVICE = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
 NOT_RETRIED = [(SERVICE, "Step"), (SERVICE, "BatchStep")]
-DEFAULT_TARGET = "127.0.0.1:50051"
 
 ActionLike = str | dict[str, Any] | Action | rt.ToolCall
 

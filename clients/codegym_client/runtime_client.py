@@ -64,7 +64,8 @@ class RuntimeClient:
     many times a step, create or reset is sent at most when its reply is lost (1: never resent).
     See `codegym_client.resend`. `token`: the access token sent with every call (`CODEGYM_TOKEN` when
     None); `tls_ca`: the PEM file of the CA that signed the runtime's certificate, which turns TLS
-    on (`CODEGYM_TLS_CA` when None). A refused token raises `Unauthenticated` or `PermissionDenied`.
+    on (`CODEGYM_TLS_CA` when None); `access`: both at once, as a command line reads them (then
+    `token` and `tls_ca` are not read). A refused token raises `Unauthenticated` or `PermissionDenied`.
     """
 
     def __init__(
@@ -75,9 +76,10 @@ class RuntimeClient:
         attempts: int = DEFAULT_ATTEMPTS,
         token: str | None = None,
         tls_ca: str | Path | None = None,
+        access: Access | None = None,
     ) -> None:
         self.target = target_text(target)
-        access = Access.from_env(token, tls_ca)
+        access = access or Access.from_env(token, tls_ca)
         self.channel = sync_channel(target, [SERVICE], no_retry=NOT_RETRIED, access=access)
         self.stub = rt_grpc.RuntimeServiceStub(self.channel)
         self.timeout_s = timeout_s

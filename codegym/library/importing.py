@@ -31,7 +31,14 @@ from typing import Protocol
 from codegym.contract import EnvStringError, parse_config, sha256_text
 from codegym.library.analysis import PYTHON, Analyzer, unfit
 from codegym.library.published import BadRow, EnvRow, Row, Source, TaskRow, find_sources
-from codegym.library.records import Conflict, ImportReport, SourceReport, TaskRecord, canonical_config
+from codegym.library.records import (
+    ON_CONFLICT,
+    Conflict,
+    ImportReport,
+    SourceReport,
+    TaskRecord,
+    canonical_config,
+)
 from codegym.library.writes import (
     add_task,
     find_task,
@@ -52,8 +59,6 @@ __all__ = [
     "import_paths",
     "put_environment",
 ]
-
-ON_CONFLICT = ("refuse", "keep", "replace")
 
 
 class ImportProgress(Protocol):

@@ -16,8 +16,21 @@ DIFFICULTIES = ("", "easy", "medium", "hard")
 # Learnability labels from the runtime's record of served episodes (`codegym library label`), apart
 # from the published easy/medium/hard `difficulty`; "" = not labelled.
 LEARNABILITY = ("unsolved", "learnable", "mastered")
+# What an import does with an environment key whose code differs from the library's.
+ON_CONFLICT = ("refuse", "keep", "replace")
+# How a training instance shows its tools: CodeGym's prompt, OpenAI tool schemas, or both.
+TOOL_MODES = ("text", "json", "both")
 # Where the task statement starts in a training instance's user message (English, Chinese protocol).
 QUESTION_MARKERS = ("\nQuestion:\n", "\n问题：\n")
+
+
+def learnability_labels(text: str) -> frozenset[str]:
+    """`--learnability unsolved,learnable`: the labels kept (`codegym library label` writes them)."""
+    labels = frozenset(label.strip() for label in text.split(",") if label.strip())
+    unknown = sorted(labels - set(LEARNABILITY))
+    if unknown or not labels:
+        raise ValueError(f"learnability labels are {', '.join(LEARNABILITY)}, not {text!r}")
+    return labels
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,6 @@ __all__ = [
     "TaskRecord",
     "Tool",
     "canonical_config",
-    "default_library_path",
     "load_library",
 ]
 
@@ -428,13 +427,3 @@ def load_library(path: str | Path) -> dict[str, EnvRecord]:
         raise FileNotFoundError(f"library {path} does not exist: build it with 'codegym library import'")
     with closing(Library(path, read_only=True)) as library:
         return library.load_all()
-
-
-def default_library_path() -> Path:
-    """`$CODEGYM_LIBRARY`, else `$XDG_DATA_HOME/codegym/library.db` (~/.local/share by default)."""
-    import os
-
-    if os.environ.get("CODEGYM_LIBRARY"):
-        return Path(os.environ["CODEGYM_LIBRARY"])
-    base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
-    return base / "codegym" / "library.db"

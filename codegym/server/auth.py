@@ -13,11 +13,13 @@ call credentials send, `codegym_client.channels.Access`) before its handler runs
 Health checks and reflection stay open: Kubernetes probes carry no token.
 
 Tokens come from a JSON file, `{"tokens": {"<token>": {"tenant": "team-a", "role": "trainer"}}}`
-(`--tokens FILE`, `CODEGYM_TOKENS_FILE`), and a single `--token`/`CODEGYM_TOKEN`, which is an
-operator's (every role's calls; tenant `default`) unless the file says otherwise: one shared token is
-the simple setup, a file the one with roles. Roles: `trainer` (the runtime), `operator` (everything:
-the pipeline, `sandbox run --target`, `library oracle --sandbox`, a library replay) and `service` (the
-runtime's and verification's identity at the workers).
+(`--tokens FILE`, `CODEGYM_TOKENS_FILE`), and a single `CODEGYM_SERVER_TOKEN`, which is an
+operator's (every role's calls; tenant `default`) unless the file says otherwise: one shared token
+is the simple setup, a file the one with roles. `CODEGYM_TOKEN` is what a process sends; a server
+still takes it too, with a warning, when it has no token of its own (`deprecated_token`). Roles:
+`trainer` (the runtime), `operator` (everything: the pipeline, `sandbox run --target`, `library
+oracle --sandbox`, a library replay) and `service` (the runtime's and verification's identity at the
+workers).
 
 Off by default; a server asked to bind an address other than loopback with no tokens refuses to
 start unless told `--insecure` (`check_bind`).
@@ -28,11 +30,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
-import ipaddress
 import json
+import logging
 import os
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,9 +42,12 @@ from typing import Any
 import grpc
 
 from codegym.errors import REASON_TRAILER, Reason
-from codegym_client.channels import TOKEN_ENV
+from codegym.server import settings
+from codegym.server.settings import SERVER_TOKEN_ENV, TOKENS_FILE_ENV
+from codegym_client.channels import is_loopback
+from codegym_client.defaults import TOKEN_ENV
 
-TOKENS_FILE_ENV = "CODEGYM_TOKENS_FILE"
+log = logging.getLogger(__name__)
 TRAINER, OPERATOR, SERVICE = "trainer", "operator", "service"
 ROLES = (TRAINER, OPERATOR, SERVICE)
 # Who may call which service. A service missing here takes operators only.
@@ -112,32 +117,39 @@ class ServerAuth:
         return bool(self.tokens)
 
     @classmethod
-    def from_settings(
-        cls,
-        *,
-        token: str | None = None,
-        tokens_file: str | None = None,
-        tls_cert: str = "",
-        tls_key: str = "",
-        insecure: bool = False,
-        health_port: int = -1,
-    ) -> ServerAuth:
-        """From a server's flags, each falling back on its environment variable (`CODEGYM_TOKEN`,
-        `CODEGYM_TOKENS_FILE`); a file or a key that cannot be read is a ValueError naming it."""
-        token = (os.environ.get(TOKEN_ENV, "") if token is None else token).strip()
-        tokens_file = os.environ.get(TOKENS_FILE_ENV, "") if tokens_file is None else tokens_file
+    def load(cls, access: settings.ServerAccess) -> ServerAuth:
+        """From a server's access settings: its tokens file and its one token (`CODEGYM_SERVER_TOKEN`,
+        else the deprecated `CODEGYM_TOKEN`), its TLS pair, a gRPC server's probes' port; a file or a
+        key that cannot be read is a ValueError naming it."""
         tokens: dict[str, Identity] = {}
         limits: dict[str, TenantLimits] = {}
-        if token:
+        if access.tokens:
+            tokens.update(read_tokens(Path(access.tokens)))
+            limits = read_limits(Path(access.tokens))
+        token = (access.server_token or deprecated_token(tokens)).strip()
+        if token and token not in tokens:
             tokens[token] = Identity(*SINGLE_TOKEN)
-        if tokens_file:
-            tokens.update(read_tokens(Path(tokens_file)))
-            limits = read_limits(Path(tokens_file))
-        if bool(tls_cert) != bool(tls_key):
+        if bool(access.tls_cert) != bool(access.tls_key):
             raise ValueError("TLS needs both --tls-cert and --tls-key")
-        cert = read_file(tls_cert, "--tls-cert") if tls_cert else None
-        key = read_file(tls_key, "--tls-key") if tls_key else None
-        return cls(tokens, limits, cert, key, insecure, health_port)
+        cert = read_file(access.tls_cert, "--tls-cert") if access.tls_cert else None
+        key = read_file(access.tls_key, "--tls-key") if access.tls_key else None
+        health_port = access.health_port if isinstance(access, settings.GrpcAccess) else -1
+        return cls(tokens, limits, cert, key, access.insecure, health_port)
+
+
+def deprecated_token(known: Mapping[str, Identity]) -> str:
+    """`CODEGYM_TOKEN` as a token this server takes, as before `CODEGYM_SERVER_TOKEN` existed: taken,
+    with a one-line warning, unless the tokens file names it already (then it is only what this
+    server sends, as `CODEGYM_TOKEN` is meant)."""
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token or token in known:
+        return ""
+    log.warning(
+        "%s as a token this server takes is deprecated: it is what a process sends; set %s (or --tokens FILE)",
+        TOKEN_ENV,
+        SERVER_TOKEN_ENV,
+    )
+    return token
 
 
 def read_file(path: str, what: str) -> bytes:
@@ -227,51 +239,17 @@ def local_tokens(path: Path) -> dict[str, str]:
     return made
 
 
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 class InsecureBind(OSError):
     """A server asked to listen beyond this machine with nothing checking its callers."""
 
 
 def check_bind(host: str, auth: ServerAuth) -> None:
-    if auth.enabled or auth.insecure or is_loopback_host(host):
+    if auth.enabled or auth.insecure or is_loopback(host):
         return
     raise InsecureBind(
-        f"refusing to serve on {host} without access tokens: give --tokens FILE or --token "
-        f"(or {TOKEN_ENV}), or --insecure to serve every caller that can reach the port"
+        f"refusing to serve on {host} without access tokens: give --tokens FILE (or {TOKENS_FILE_ENV}) "
+        f"or {SERVER_TOKEN_ENV}, or --insecure to serve every caller that can reach the port"
     )
-
-
-# The settings `codegym serve ...` gives every server it builds in this process (None: auth off).
-_configured: contextvars.ContextVar[ServerAuth | None] = contextvars.ContextVar(
-    "codegym_server_auth", default=None
-)
-
-
-def configured() -> ServerAuth:
-    return _configured.get() or ServerAuth()
-
-
-@contextlib.contextmanager
-def serving_with(auth: ServerAuth) -> Iterator[None]:
-    """Servers built inside the block (`ManagedServer`) and the dispatchers they make check and
-    carry these settings; `configure` does it for the rest of the process."""
-    reset = _configured.set(auth)
-    try:
-        yield
-    finally:
-        _configured.reset(reset)
-
-
-def configure(auth: ServerAuth) -> None:
-    _configured.set(auth)
 
 
 def metadata_value(metadata: Any, key: str) -> str:

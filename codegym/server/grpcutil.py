@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
-from codegym.server.auth import AuthInterceptor, ServerAuth, check_bind, configured
+from codegym.server.auth import AuthInterceptor, ServerAuth, check_bind
 from codegym.server.metrics import MetricsInterceptor
 from codegym_client.channels import MAX_MESSAGE_BYTES, Access, sync_channel
 
@@ -67,8 +67,8 @@ def wait_serving(
 class ManagedServer:
     """A grpc.aio server with health and reflection that drains on SIGTERM/SIGINT.
 
-    `auth` (default: what `codegym serve` configured for this process, `codegym.server.auth.configured`):
-    the access tokens every call but health and reflection must carry, and the TLS certificate the
+    `auth` (the server's settings loaded, `codegym.server.settings.Access.load`; None: no tokens, no
+    TLS): the access tokens every call but health and reflection must carry, and the TLS certificate the
     port serves. With `auth.health_port`, a second, plain-text port serves health alone (probes).
     """
 
@@ -80,7 +80,7 @@ class ManagedServer:
         port: int = 0,
         auth: ServerAuth | None = None,
     ) -> None:
-        auth = auth or configured()
+        auth = auth or ServerAuth()
         check_bind(host, auth)
         interceptors: list[grpc.aio.ServerInterceptor] = [MetricsInterceptor()]
         if auth.enabled:  # after the metrics: a refused call is counted with its code

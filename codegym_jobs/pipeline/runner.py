@@ -30,6 +30,7 @@ from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
 from codegym_client.api.common.v1 import common_pb2 as cm
 from codegym_client.errors import refused_as_sent
+from codegym_jobs.pipeline.settings import PipelineSettings
 from codegym_jobs.pipeline.state import (
     PipelineState,
     StageOutcome,
@@ -62,28 +63,52 @@ DIFFICULTY = {"easy": cm.DIFFICULTY_EASY, "medium": cm.DIFFICULTY_MEDIUM, "hard"
 Progress = Callable[[str, str, StageOutcome], None]
 Step = Callable[[Problem, dict[str, Any]], Awaitable[StageOutcome]]
 
+# Every option at its default: `PipelineConfig`'s defaults are read from it.
+_OPTIONS = PipelineSettings()
+
 
 @dataclass
 class PipelineConfig:
-    """Everything a run can be told; the defaults are DESIGN §7's."""
+    """Everything a run can be told, as the stages read it; the defaults are `PipelineSettings`'s
+    (the options of `codegym pipeline run`, DESIGN §7's), which `of` builds it from."""
 
-    hard_tests: bool = False
-    reject_unsafe: bool = False
-    parallel: int = 8
+    hard_tests: bool = _OPTIONS.hard_tests
+    reject_unsafe: bool = _OPTIONS.reject_unsafe
+    parallel: int = _OPTIONS.parallel
     model: str = ""
-    unit_tests: vf.UnitTestThresholds = field(default_factory=vf.UnitTestThresholds)
-    solvability: vf.SolvabilityLimits = field(default_factory=vf.SolvabilityLimits)
-    min_solve_fc_round: int = 10
-    max_solve_fc_round: int = 256
-    min_tools: int = 4
-    drop_shortcuts: bool = True
-    shortcut_fraction: float = 0.5
+    unit_tests: vf.UnitTestThresholds = field(default_factory=_OPTIONS.unit_tests.message)
+    solvability: vf.SolvabilityLimits = field(default_factory=_OPTIONS.solvability.message)
+    min_solve_fc_round: int = _OPTIONS.min_solve_fc_round
+    max_solve_fc_round: int = _OPTIONS.max_solve_fc_round
+    min_tools: int = _OPTIONS.min_tools
+    drop_shortcuts: bool = not _OPTIONS.keep_shortcuts
+    shortcut_fraction: float = _OPTIONS.shortcut_fraction
     # Wrong answers derived from each reference answer must all get reward 0.
-    negative_controls: bool = True
+    negative_controls: bool = not _OPTIONS.no_negative_controls
     # The oracle replayed twice on this many tests must give the same trajectory (0 = off).
-    determinism_tests: int = 5
+    determinism_tests: int = _OPTIONS.determinism_tests
     # Reject an environment whose blind Done is right more often than this (0 = only report).
-    max_guess_rate: float = 0.0
+    max_guess_rate: float = _OPTIONS.max_guess_rate
+
+    @classmethod
+    def of(cls, settings: PipelineSettings, model: str) -> PipelineConfig:
+        """A run's config from `codegym pipeline run`'s options (`model`: the LLM's, for the record)."""
+        return cls(
+            hard_tests=settings.hard_tests,
+            reject_unsafe=settings.reject_unsafe,
+            parallel=settings.parallel,
+            model=model,
+            unit_tests=settings.unit_tests.message(),
+            solvability=settings.solvability.message(),
+            min_solve_fc_round=settings.min_solve_fc_round,
+            max_solve_fc_round=settings.max_solve_fc_round,
+            min_tools=settings.min_tools,
+            drop_shortcuts=not settings.keep_shortcuts,
+            shortcut_fraction=settings.shortcut_fraction,
+            negative_controls=not settings.no_negative_controls,
+            determinism_tests=settings.determinism_tests,
+            max_guess_rate=settings.max_guess_rate,
+        )
 
     def active_stages(self) -> tuple[str, ...]:
         off = {

@@ -29,11 +29,11 @@ from codegym_jobs.replay.recordings import (
     parse_trajectory,
 )
 from services.dispatcher import QueueFull, SandboxUnavailable
+from services.runtime.config import RuntimeConfig
 
-# The runtime's defaults (services/runtime/service.py RuntimeConfig): a replay holds an environment
-# to the time a trainer's session would give it.
-STEP_TIMEOUT_MS = 5_000
-CREATE_TIMEOUT_MS = 10_000
+# The runtime's defaults: a replay holds an environment to the time a trainer's session would give it.
+STEP_TIMEOUT_MS = RuntimeConfig.step_timeout_ms
+CREATE_TIMEOUT_MS = RuntimeConfig.create_timeout_ms
 # Sends of one operation while the infrastructure fails (each already retried by the dispatcher).
 INFRA_ATTEMPTS = 3
 INFRA_BACKOFF_S = 0.5

@@ -88,7 +88,8 @@ class Console:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        self._clients = Clients(self.config.runtime, self.config.runtime_timeout_s)
+        config = self.config
+        self._clients = Clients(config.runtime, config.runtime_timeout_s, config.access, config.tls_ca)
         try:
             yield
         finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from codegym.server.auth import Identity
 
@@ -22,3 +23,7 @@ class ConsoleConfig:
     runtime_timeout_s: float = 30.0
     # Rows on a page of the library and of the episodes.
     page_size: int = 50
+    # How the console calls the runtime (`codegym_client.channels.Access`: its token and CA; None:
+    # from the environment), and the CA an operator's own calls check the runtime against.
+    access: Any = None
+    tls_ca: str = ""

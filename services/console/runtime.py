@@ -15,16 +15,17 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from codegym_client.async_client import AsyncRuntimeClient
+from codegym_client.channels import Access
 from services.fronting import ForwardTenant, ForwardTenantStream, playing_for
 
 __all__ = ["Clients", "ForwardTenantStream", "connect", "playing_for"]
 
 
-def connect(target: str, timeout_s: float = 30.0, token: str | None = None) -> AsyncRuntimeClient:
+def connect(target: str, timeout_s: float = 30.0, access: Access | None = None) -> AsyncRuntimeClient:
     """A runtime client whose calls name the tenant of `playing_for`; make it in the event loop.
-    `token`: the calls' token (None: the console's own, `CODEGYM_TOKEN`)."""
+    `access`: the calls' token and CA (None: from the environment)."""
     return AsyncRuntimeClient(
-        target, timeout_s=timeout_s, token=token, interceptors=[ForwardTenant(), ForwardTenantStream()]
+        target, timeout_s=timeout_s, access=access, interceptors=[ForwardTenant(), ForwardTenantStream()]
     )
 
 
@@ -36,17 +37,20 @@ class Clients:
     """The console's runtime clients: its own (made at startup) and one per operator token in use,
     bounded (`MAX_OPERATOR_CLIENTS`); all made and closed in the event loop."""
 
-    def __init__(self, target: str, timeout_s: float) -> None:
+    def __init__(self, target: str, timeout_s: float, access: Access | None = None, tls_ca: str = "") -> None:
         self.target = target
         self.timeout_s = timeout_s
-        self.own = connect(target, timeout_s)
+        self.tls_ca = tls_ca
+        self.own = connect(target, timeout_s, access)
         self._operators: OrderedDict[str, AsyncRuntimeClient] = OrderedDict()
 
     async def client(self, token: str) -> AsyncRuntimeClient:
         """The client for calls on `token` ("" = the console's own)."""
         if not token:
             return self.own
-        found = self._operators.pop(token, None) or connect(self.target, self.timeout_s, token)
+        found = self._operators.pop(token, None) or connect(
+            self.target, self.timeout_s, Access.from_values(token, self.tls_ca)
+        )
         self._operators[token] = found
         while len(self._operators) > MAX_OPERATOR_CLIENTS:
             _, oldest = self._operators.popitem(last=False)

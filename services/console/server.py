@@ -8,18 +8,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Mapping
 
 import uvicorn
 
+from codegym.server.auth import Identity, ServerAuth
 from services.console.app import Console
 from services.console.config import ConsoleConfig
+from services.console.settings import ConsoleSettings
 from services.fronting import QuietServer, bind
 
 
-async def serve(
-    config: ConsoleConfig, host: str = "127.0.0.1", port: int = 8080, tls: tuple[str, str] | None = None
-) -> None:
+def console_config(settings: ConsoleSettings, tokens: Mapping[str, Identity]) -> ConsoleConfig:
+    """What the console runs with: its settings, the tokens they loaded to, and how it calls the runtime."""
+    return ConsoleConfig(
+        runtime=settings.target,
+        tokens=tokens,
+        tls=bool(settings.access.tls_cert),
+        grafana_url=settings.grafana_url,
+        page_size=settings.page_size,
+        access=settings.calls.access(),
+        tls_ca=settings.calls.tls_ca,
+    )
+
+
+async def serve(settings: ConsoleSettings, auth: ServerAuth | None = None) -> None:
+    config = console_config(settings, auth.tokens if auth is not None else {})
     console = Console(config)
+    host, port = settings.host, settings.port
+    tls = (settings.access.tls_cert, settings.access.tls_key) if settings.access.tls_cert else None
     cert, key = tls or (None, None)
     server = QuietServer(
         uvicorn.Config(

@@ -75,7 +75,10 @@ class Episodes:
     def start(self) -> None:
         """Open the runtime client: an asyncio gRPC channel is made inside the running loop."""
         self.client = AsyncRuntimeClient(
-            self.config.runtime, timeout_s=self.config.runtime_timeout_s, interceptors=[ForwardTenant()]
+            self.config.runtime,
+            timeout_s=self.config.runtime_timeout_s,
+            access=self.config.access,
+            interceptors=[ForwardTenant()],
         )
 
     async def stop(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from starlette.websockets import WebSocket
 
 from codegym.server.auth import Identity
+from codegym_client.channels import Access
 from codegym_client.errors import (
     CapacityExceeded,
     CodeGymError,
@@ -25,6 +26,7 @@ from codegym_client.errors import (
     SessionDone,
     SessionNotFound,
 )
+from services.openenv.settings import GatewaySettings
 
 # OpenEnv's WSErrorCode values (openenv.core.env_server.types).
 INVALID_JSON = "INVALID_JSON"
@@ -60,6 +62,10 @@ USE_WEBSOCKET = (
 MCP_TOKENS_WITHOUT_CAP = 100_000
 
 
+# The gateway's options at their defaults (`codegym serve openenv`): `GatewayConfig`'s are read from it.
+_OPTIONS = GatewaySettings(runtime="")
+
+
 @dataclass
 class GatewayConfig:
     runtime: str
@@ -68,11 +74,11 @@ class GatewayConfig:
     # replica) and the tenants' quotas, which it answers with CAPACITY and a retry-after, passed on as
     # CAPACITY_REACHED. A copy of that number here would be wrong as soon as the runtime is set
     # otherwise or several gateways share it; a gateway's own cap is a choice (`--max-sessions`).
-    max_sessions: int = 0
-    idle_timeout_s: float = 900.0  # <= 0: no idle reaper
-    ping_interval_s: float | None = 30.0
-    ping_timeout_s: float | None = 120.0
-    max_message_bytes: int = 1 << 20  # larger messages get a VALIDATION_ERROR
+    max_sessions: int = _OPTIONS.max_sessions
+    idle_timeout_s: float = _OPTIONS.idle_timeout_s  # <= 0: no idle reaper
+    ping_interval_s: float | None = _OPTIONS.ping_interval_s
+    ping_timeout_s: float | None = _OPTIONS.ping_timeout_s
+    max_message_bytes: int = _OPTIONS.max_message_bytes  # larger messages get a VALIDATION_ERROR
     transport_max_bytes: int = 16 << 20  # larger frames close the socket (1009)
     runtime_timeout_s: float = 120.0
     name: str = "codegym"
@@ -82,9 +88,11 @@ class GatewayConfig:
     # arguments of its `resets` config, e.g. {"seed": 3}).
     env: str = ""
     # SIGTERM: how long open episodes may go on stepping before their sockets are closed.
-    grace_s: float = 30.0
+    grace_s: float = _OPTIONS.grace_s
     # Access tokens the gateway takes (`codegym.server.auth.ServerAuth.tokens`; empty: every caller served).
     tokens: Mapping[str, Identity] = field(default_factory=dict)
+    # How the gateway calls the runtime (its token and CA; None: the environment's).
+    access: Access | None = None
 
     @property
     def max_mcp_tokens(self) -> int:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Mapping
 
 import uvicorn
 
+from codegym.server.auth import Identity, ServerAuth
 from services.fronting import QuietServer, bind
 from services.openenv.gateway import Gateway, GatewayConfig
+from services.openenv.settings import GatewaySettings
 
 
 def uvicorn_config(
@@ -41,9 +44,29 @@ def uvicorn_config(
     )
 
 
-async def serve(
-    config: GatewayConfig, host: str = "127.0.0.1", port: int = 8000, tls: tuple[str, str] | None = None
-) -> None:
+def gateway_config(settings: GatewaySettings, tokens: Mapping[str, Identity]) -> GatewayConfig:
+    """What the gateway runs with: its settings, the tokens they loaded to, and how it calls the runtime."""
+    return GatewayConfig(
+        runtime=settings.runtime,
+        max_sessions=settings.max_sessions,
+        idle_timeout_s=settings.idle_timeout_s,
+        ping_interval_s=settings.ping_interval_s if settings.ping_interval_s > 0 else None,
+        ping_timeout_s=settings.ping_timeout_s if settings.ping_timeout_s > 0 else None,
+        max_message_bytes=settings.max_message_bytes,
+        env=settings.env,
+        grace_s=settings.grace_s,
+        tokens=tokens,
+        access=settings.calls.access(),
+    )
+
+
+async def serve(settings: GatewaySettings, auth: ServerAuth | None = None) -> None:
+    """Serve until SIGTERM or Ctrl-C; `auth`: what `settings.access` loads to, when the caller holds
+    it already (in memory)."""
+    auth = ServerAuth.load(settings.access) if auth is None else auth
+    config = gateway_config(settings, auth.tokens)
+    host, port = settings.host, settings.port
+    tls = (settings.access.tls_cert, settings.access.tls_key) if settings.access.tls_cert else None
     gateway = Gateway(config)
     server = QuietServer(uvicorn_config(gateway, tls=tls))
     sock = bind(host, port)

@@ -25,6 +25,7 @@ from codegym.library.store import EnvRecord, Library, canonical_config
 from codegym_client.api.common.v1 import common_pb2
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.runtime.requests import MAX_JSON_DEPTH, shown
+from services.runtime.settings import ENV_CACHE_MB
 
 DIFFICULTY = {
     "easy": common_pb2.DIFFICULTY_EASY,
@@ -87,7 +88,7 @@ class Served(NamedTuple):
 class Catalog:
     """The library as the runtime reads it: by key, through a byte-bounded cache of records."""
 
-    def __init__(self, library: str | Path, *, cache_bytes: int = 32 * 1024 * 1024) -> None:
+    def __init__(self, library: str | Path, *, cache_bytes: int = ENV_CACHE_MB << 20) -> None:
         if not Path(library).exists():
             raise FileNotFoundError(
                 f"library {library} does not exist: build it with 'codegym library import'"

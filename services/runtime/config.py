@@ -8,14 +8,18 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from codegym.server.settings import option
+
 
 @dataclass(frozen=True)
 class RuntimeConfig:
-    max_sessions: int = 50_000
-    session_ttl_s: float = 30 * 60
-    default_max_steps: int = 256
+    """The runtime's limits; those an operator sets are options of `codegym serve runtime`."""
+
+    max_sessions: int = option(50_000, "--max-sessions", "open sessions at most")
+    session_ttl_s: float = option(30 * 60, "--session-ttl-s", "idle time before a session expires")
+    default_max_steps: int = option(256, "--max-steps", "default step cap")
     max_max_steps: int = 4096
-    step_timeout_ms: int = 5_000
+    step_timeout_ms: int = option(5_000, "--step-timeout-ms", "default deadline of one step")
     max_step_timeout_ms: int = 60_000
     create_timeout_ms: int = 10_000
     max_action_bytes: int = 64 * 1024
@@ -23,16 +27,30 @@ class RuntimeConfig:
     retry_after_ms: int = 1_000
     # Steps admitted (running or waiting for a worker) at once; past it a step is refused with
     # CAPACITY and `step_retry_after_ms` instead of queueing behind work it would time out on.
-    max_steps_in_flight: int = 8192
+    max_steps_in_flight: int = option(
+        8192,
+        "--max-steps-in-flight",
+        "steps running or waiting for a worker at once; past it a step is refused with CAPACITY and a "
+        "retry-after hint instead of queueing behind work it would time out on",
+    )
     step_retry_after_ms: int = 100
     # Longest run id a create may name (it keys the episode record).
     max_run_id: int = 256
-    # Forks one ForkSession call may make (`--max-forks`): a tree's fan-out, never a flood.
-    max_forks: int = 64
-    # History (`keep_history`): entries kept per session (`--history-steps`) and across the runtime
-    # (`--history-entries`); at either bound the oldest entries go, a step never fails for it.
-    history_steps: int = 256
-    history_entries: int = 1_000_000
+    # Forks one ForkSession call may make: a tree's fan-out, never a flood.
+    max_forks: int = option(64, "--max-forks", "sessions one ForkSession may make (its count: 1 to this)")
+    # History (`keep_history`): at either bound the oldest entries go, a step never fails for it.
+    history_steps: int = option(
+        256,
+        "--history-steps",
+        "history entries kept per session created with keep_history (the oldest go first; a fork "
+        "at_step needs its step's entry)",
+    )
+    history_entries: int = option(
+        1_000_000,
+        "--history-entries",
+        "history entries kept across the runtime (with Redis: across every replica); past it the "
+        "oldest go, whichever session holds them; a step never fails for it",
+    )
     # Idempotency entries of ForkSession, CheckpointSession and RestoreSession: how long a resend
     # finds the first answer, and how many are kept (the oldest go first).
     idempotency_ttl_s: float = 15 * 60
@@ -41,11 +59,23 @@ class RuntimeConfig:
     max_request_id: int = 128
     # Largest checkpoint blob RestoreSession reads (a state the sandbox made, sealed).
     max_checkpoint_bytes: int = 2 * 1024 * 1024
-    # Captured episodes (captures.py): the fraction of episodes logged whole (`--capture RATE`; below
-    # 0, `--no-capture`: nothing is logged, not even what a flagged episode needs), and the bytes
-    # the capture store keeps (`--capture-bytes`; past it the oldest captures go).
-    capture_rate: float = 0.05
-    capture_bytes: int = 64 * 1024 * 1024
+    # Captured episodes (captures.py, docs/limits.md): the fraction logged whole, whether anything is
+    # logged for them at all, and the bytes the capture store keeps.
+    capture_rate: float = option(
+        0.05,
+        "--capture",
+        "fraction of episodes captured whole (0..1), drawn per episode at create; every episode also "
+        "logs its first ceil(solve_fc_round/4) steps, so each one the shortcut sentinel flags is "
+        "captured whole. Captures are kept where the record is (its file or Redis; memory with "
+        "--no-record)",
+        metavar="RATE",
+    )
+    no_capture: bool = option(False, "--no-capture", "capture nothing, not even flagged episodes")
+    capture_bytes: int = option(
+        64 * 1024 * 1024,
+        "--capture-bytes",
+        "bytes of captured episodes kept (with Redis: across every replica); past it the oldest captures go",
+    )
 
 
 def session_seed(session_id: str) -> int:

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
-from pathlib import Path
 
-from codegym.server.auth import configured
+from codegym.server.auth import ServerAuth
 from codegym.server.grpcutil import ManagedServer
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from services.dispatcher import SandboxDispatcher
@@ -16,8 +14,9 @@ from services.runtime.captures import CaptureStore
 from services.runtime.catalog import Catalog
 from services.runtime.checkpoints import Keyring
 from services.runtime.episode_record import Recorder, RecordStore
-from services.runtime.service import RuntimeConfig, RuntimeServicer, add_to_server
+from services.runtime.service import RuntimeServicer, add_to_server
 from services.runtime.sessions import HistoryBounds, InMemorySessionStore, SessionStore
+from services.runtime.settings import RuntimeSettings
 from services.runtime.tenancy import Quotas
 
 log = logging.getLogger(__name__)
@@ -29,38 +28,37 @@ class RuntimeServer:
 
     def __init__(
         self,
-        library: str | Path,
-        sandbox: str | Sequence[str],
+        settings: RuntimeSettings,
         *,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        config: RuntimeConfig | None = None,
+        auth: ServerAuth | None = None,
         store: SessionStore | None = None,
-        env_cache_mb: int = 32,
         record: RecordStore | None = None,
         checkpoint_keys: Keyring | None = None,
         captures: CaptureStore | None = None,
     ) -> None:
-        """`record`: where the episode record is kept (None: no record, `--no-record`);
-        `checkpoint_keys`: the deployment's checkpoint keys (None: checkpoints are refused);
-        `captures`: where captured episodes are kept (None: in memory, unless the config's
-        capture rate is below 0, `--no-capture`)."""
-        config = config or RuntimeConfig()
-        self.catalog = Catalog(library, cache_bytes=env_cache_mb * 1024 * 1024)
-        self.dispatcher = SandboxDispatcher(sandbox)
+        """`auth`: what `settings.access` loads to, when the caller holds it already (in memory);
+        `store`: the session store (default: Redis when `settings.sessions` names it, else this
+        process's memory); `record`: where the episode record is kept (None: no record, `--no-record`);
+        `checkpoint_keys`: the deployment's checkpoint keys (default: the files `settings` names;
+        none: checkpoints are refused); `captures`: where captured episodes are kept (default: this
+        process's memory; none with `--no-capture`)."""
+        auth = ServerAuth.load(settings.access) if auth is None else auth
+        self.settings = settings
+        self.catalog = Catalog(settings.library, cache_bytes=settings.env_cache_mb * 1024 * 1024)
+        self.dispatcher = SandboxDispatcher(settings.sandbox, access=settings.calls.access())
         self.recorder = None if record is None else Recorder(record, self.catalog.oracle_steps)
         self.servicer = RuntimeServicer(
             self.catalog,
-            store or InMemorySessionStore(HistoryBounds(config.history_steps, config.history_entries)),
+            store or session_store(settings),
             self.dispatcher,
-            config,
+            settings.config,
             self.recorder,
-            Quotas(configured().limits),
-            checkpoint_keys,
-            captures if captures is not None or config.capture_rate < 0 else memory_captures(config),
+            Quotas(auth.limits),
+            checkpoint_keys or Keyring.load(settings.checkpoint_key, settings.checkpoint_primary),
+            None if settings.config.no_capture else captures or memory_captures(settings),
         )
         self._background: list[asyncio.Task[None]] = []
-        self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
+        self.managed = ManagedServer([SERVICE_NAME], host=settings.host, port=settings.port, auth=auth)
         add_to_server(self.servicer, self.managed.server)
         self._reaper: asyncio.Task[None] | None = None
 
@@ -103,8 +101,20 @@ class RuntimeServer:
         self.catalog.close()
 
 
-def memory_captures(config: RuntimeConfig) -> CaptureStore:
-    """Captures kept in this process (a runtime with no record file or Redis to keep them in)."""
+def session_store(settings: RuntimeSettings) -> SessionStore:
+    """Sessions in Redis, shared by the replicas, when `--sessions` names it; else in this process."""
+    history = HistoryBounds(settings.config.history_steps, settings.config.history_entries)
+    if not settings.sessions:
+        return InMemorySessionStore(history)
+    from services.runtime.redis_store import RedisSessionStore
+
+    return RedisSessionStore(
+        settings.sessions, settings.config.session_ttl_s, lease_s=settings.step_lease_s, history=history
+    )
+
+
+def memory_captures(settings: RuntimeSettings) -> CaptureStore:
+    """Captured episodes kept in this process (a runtime given no store for them)."""
     from services.runtime.capture_store import SqliteCaptureStore
 
-    return SqliteCaptureStore(":memory:", config.capture_bytes)
+    return SqliteCaptureStore(":memory:", settings.config.capture_bytes)

@@ -96,7 +96,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             catalog,
             store,
             captured,
-            CapturePolicy(self.config.capture_rate, self.config.capture_rate >= 0),
+            CapturePolicy(self.config.capture_rate, not self.config.no_capture),
         )
         self.releases: set[asyncio.Task[None]] = set()
         # One token per step admitted and not yet answered.

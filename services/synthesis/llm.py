@@ -24,6 +24,7 @@ import openai
 
 from codegym.server.metrics import LLM_CACHE_HITS, LLM_REQUESTS, LLM_RETRIES, LLM_TOKENS
 from services.synthesis.llm_cache import CachedCompletion, ResponseCache, cache_key
+from services.synthesis.settings import LLMSettings
 
 log = logging.getLogger(__name__)
 
@@ -40,18 +41,6 @@ class StageParams:
 
     def merged(self, **overrides: Any) -> StageParams:
         return replace(self, **{k: v for k, v in overrides.items() if v})
-
-
-@dataclass(frozen=True)
-class LLMSettings:
-    base_url: str
-    api_key: str = "EMPTY"
-    model: str = "gpt-4o-mini"
-    timeout_s: float = 300.0
-    max_concurrency: int = 16
-    max_retries: int = 6
-    backoff_s: float = 1.0
-    max_backoff_s: float = 60.0
 
 
 @dataclass
@@ -149,7 +138,7 @@ class LLMGateway:
     def __post_init__(self) -> None:
         self.client = openai.AsyncOpenAI(
             base_url=self.settings.base_url,
-            api_key=self.settings.api_key,
+            api_key=self.settings.api_key or "EMPTY",  # a local endpoint takes any
             timeout=self.settings.timeout_s,
             max_retries=0,  # retries are ours: counted, with Retry-After honoured
         )

@@ -17,13 +17,13 @@ from typing import Any, TypeVar
 import grpc
 
 from codegym.errors import Reason, Refusal, add_lenient, guarded, guarded_stream
+from codegym.server.auth import ServerAuth
 from codegym.server.grpcutil import ManagedServer
 from codegym.synthesis.v1 import synthesis_service_pb2 as sy
 from codegym.synthesis.v1 import synthesis_service_pb2_grpc as sy_grpc
 from services.synthesis.llm import (
     LLMGateway,
     LLMRejected,
-    LLMSettings,
     LLMUnavailable,
     StageParams,
     StageUsage,
@@ -31,6 +31,7 @@ from services.synthesis.llm import (
 from services.synthesis.llm_cache import ResponseCache
 from services.synthesis.pipeline import synthesize_all
 from services.synthesis.problems import Problem
+from services.synthesis.settings import SynthesisSettings
 from services.synthesis.stages import StageDefaults, Synthesizer
 
 log = logging.getLogger(__name__)
@@ -229,20 +230,16 @@ class SynthesisServicer(sy_grpc.SynthesisServiceServicer):
 class SynthesisServer:
     """Build inside the running loop."""
 
-    def __init__(
-        self,
-        settings: LLMSettings,
-        out_dir: Path,
-        *,
-        cache_path: Path | None = None,
-        defaults: StageDefaults | None = None,
-        host: str = "127.0.0.1",
-        port: int = 0,
-    ) -> None:
-        self.cache = ResponseCache(cache_path or out_dir / "llm_cache.db")
-        self.gateway = LLMGateway(settings, self.cache)
+    def __init__(self, settings: SynthesisSettings, *, auth: ServerAuth | None = None) -> None:
+        """`auth`: what `settings.access` loads to, when the caller holds it already (in memory).
+        A bad `--stage` override is a ValueError."""
+        auth = ServerAuth.load(settings.access) if auth is None else auth
+        out_dir = Path(settings.out)
+        self.cache = ResponseCache(Path(settings.cache) if settings.cache else out_dir / "llm_cache.db")
+        self.gateway = LLMGateway(settings.llm, self.cache)
+        defaults = StageDefaults.overridden(settings.stages.overrides)
         self.servicer = SynthesisServicer(self.gateway, out_dir, defaults)
-        self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
+        self.managed = ManagedServer([SERVICE_NAME], host=settings.host, port=settings.port, auth=auth)
         add_lenient(
             self.servicer, self.managed.server, sy.DESCRIPTOR.services_by_name["SynthesisService"], sy
         )

@@ -6,7 +6,9 @@ status and reasons, accepted or not, so nothing is dropped without a trace.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from codegym.contract import analyze_source, tools_text
 from services.synthesis import prompts
@@ -42,6 +44,28 @@ class StageDefaults:
     def for_stage(self, stage: str) -> StageParams:
         params: StageParams = getattr(self, stage)
         return params
+
+    @classmethod
+    def overridden(cls, overrides: Iterable[str]) -> StageDefaults:
+        """The defaults with `STAGE.KEY=VALUE` overrides (`--stage solve_functions.samples=10`);
+        ValueError says which one is bad and why."""
+        defaults = cls()
+        types = {f.name: f.type for f in fields(StageParams)}
+        for item in overrides:
+            target, sep, value = item.partition("=")
+            stage, dot, key = target.partition(".")
+            if not sep or not dot or stage not in STAGES or key not in types:
+                raise ValueError(
+                    f"bad --stage {item!r}: expected STAGE.KEY=VALUE with STAGE in {', '.join(STAGES)} "
+                    f"and KEY in {', '.join(types)}"
+                )
+            kind = {"str": str, "float": float, "int": int}[str(types[key])]
+            try:
+                typed: Any = kind(value)
+            except ValueError:
+                raise ValueError(f"--stage {item!r}: {value!r} is not a {kind.__name__}") from None
+            setattr(defaults, stage, replace(defaults.for_stage(stage), **{key: typed}))
+        return defaults
 
 
 class Synthesizer:

@@ -15,11 +15,13 @@ from typing import TypeVar
 import grpc
 
 from codegym.errors import Reason, Refusal, add_lenient, guarded
+from codegym.server.auth import ServerAuth
 from codegym.server.grpcutil import ManagedServer
 from codegym.verification.v1 import verification_service_pb2 as vf
 from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
 from services.dispatcher import SandboxDispatcher, SandboxUnavailable
 from services.verification.checks import Verifier
+from services.verification.settings import VerificationSettings
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = vf.DESCRIPTOR.services_by_name["VerificationService"].full_name
@@ -120,10 +122,12 @@ class VerificationServicer(vf_grpc.VerificationServiceServicer):
 class VerificationServer:
     """Build inside the running loop."""
 
-    def __init__(self, sandbox: str, *, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.dispatcher = SandboxDispatcher(sandbox)
+    def __init__(self, settings: VerificationSettings, *, auth: ServerAuth | None = None) -> None:
+        """`auth`: what `settings.access` loads to, when the caller holds it already (in memory)."""
+        auth = ServerAuth.load(settings.access) if auth is None else auth
+        self.dispatcher = SandboxDispatcher(settings.sandbox, access=settings.calls.access())
         self.servicer = VerificationServicer(Verifier(self.dispatcher))
-        self.managed = ManagedServer([SERVICE_NAME], host=host, port=port)
+        self.managed = ManagedServer([SERVICE_NAME], host=settings.host, port=settings.port, auth=auth)
         add_lenient(
             self.servicer, self.managed.server, vf.DESCRIPTOR.services_by_name["VerificationService"], vf
         )
