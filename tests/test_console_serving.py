@@ -1,11 +1,13 @@
 """`codegym console` as a process, without a runtime behind it (sign-in needs none): under TLS the
 login cookie is Secure, HttpOnly and Strict and plain HTTP is not served; without tokens it refuses
 to bind beyond loopback unless `--insecure`; the probes answer without a login, `/ready` says 503
-while the runtime does not answer; pages send headers that forbid framing and foreign scripts."""
+while the runtime does not answer; pages send headers that forbid framing and foreign scripts; and
+`codegym up --console-port` starts it behind up's tokens."""
 
 from __future__ import annotations
 
 import os
+import re
 import ssl
 import subprocess
 import urllib.error
@@ -19,6 +21,7 @@ import pytest
 from codegym.procs import codegym_command, free_port
 from codegym.server.auth import OPERATOR, TRAINER, Identity, write_tokens
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
+from codegym_testkit.waiting import wait_until
 from tests.helpers.servers import CodegymServer
 from tests.test_auth import self_signed
 
@@ -108,3 +111,30 @@ def test_without_tokens_it_binds_beyond_loopback_only_when_insecure(tmp_path: Pa
             assert live.status == 200
     finally:
         assert console.stop() == 0
+
+
+@pytest.mark.jail  # codegym up starts a sandbox worker
+def test_codegym_up_console_port_serves_the_pages_behind_the_printed_trainer_token(tmp_path: Path) -> None:
+    """`up --auth --console-port 0` prints the console's URL; it sends a visitor without a login to
+    sign in, takes the printed trainer token, and serves the library from up's runtime."""
+    args = ["up", "--auth", "--library", str(tmp_path / "lib.db"), "--port", "0", "--workers", "1"]
+    up = CodegymServer([*args, "--jails", "1", "--no-record", "--console-port", "0"], env=ENV, timeout=120)
+    try:
+        wait_until(lambda: "Ctrl-C stops everything" in up.text, 60, "codegym up's addresses")
+        trainer = re.search(rf"export {TOKEN_ENV}=(\S+)", up.text)
+        url = re.search(r"  console: (http://\S+)/", up.text)
+        assert trainer is not None and url is not None, up.text
+        opener = urllib.request.build_opener(NoRedirect)
+        with pytest.raises(urllib.error.HTTPError) as first:
+            opener.open(f"{url.group(1)}/library", timeout=10)
+        assert first.value.code == 303 and first.value.headers["Location"].startswith("/login")
+        body = urllib.parse.urlencode({"token": trainer.group(1)}).encode()
+        with pytest.raises(urllib.error.HTTPError) as signed:
+            opener.open(urllib.request.Request(f"{url.group(1)}/login", data=body), timeout=10)
+        cookie = signed.value.headers["Set-Cookie"].split(";", 1)[0]
+        page = urllib.request.Request(f"{url.group(1)}/library", headers={"Cookie": cookie})
+        with urllib.request.urlopen(page, timeout=30) as answer:
+            html = answer.read().decode()
+        assert "Sample_0006_I__ArrayGcdEnv" in html and "trainer" in html
+    finally:
+        assert up.stop() == 0, up.text[-3000:]
