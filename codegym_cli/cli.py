@@ -39,6 +39,7 @@ EXAMPLES = {
     "library stats": "codegym library stats --target 127.0.0.1:50051 --run grpo-1 --played-only",
     "library sample": "codegym library sample --target 127.0.0.1:50051 --run grpo-1 -n 64 --seed 1",
     "library quarantine": "codegym library quarantine --target 127.0.0.1:50051 --lift Sample_0006_I__ArrayGcdEnv",
+    "library episodes": "codegym library episodes --target 127.0.0.1:50051 --run run-1 --flagged",
     "library label": "codegym library label --from-stats --target 127.0.0.1:50051 --run grpo-1 --library lib.db",
     "sandbox run": "codegym sandbox run codegym/samples/envs/Sample_0006_I__ArrayGcdEnv.py --op solve "
     "--config '{\"nums\": [12, 18]}'",
