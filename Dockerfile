@@ -3,7 +3,7 @@
 # (the project in a venv); only the user and the entrypoint differ, so pushing all five costs
 # one upload. Build one role with
 #   docker build --target runtime -t codegym-runtime:0.1.0 .
-# (targets: sandbox, runtime, synthesis, verification, pipeline; runtime is the default).
+# (targets: sandbox, runtime, synthesis, verification, pipeline, openenv, console; runtime is the default).
 # k8s/README.md builds all of them and deploys them.
 
 ARG PYTHON_IMAGE=python:3.12.12-slim-bookworm
@@ -84,6 +84,12 @@ FROM app AS openenv
 USER 10001:10001
 EXPOSE 8000
 ENTRYPOINT ["codegym", "serve", "openenv", "--host", "0.0.0.0"]
+
+# ---- console: the web console for people (docs/console.md) --------------------------------------
+FROM app AS console
+USER 10001:10001
+EXPOSE 8080
+ENTRYPOINT ["codegym", "console", "--host", "0.0.0.0"]
 
 # ---- runtime: sessions for RL trainers (the default target) -------------------------------------
 FROM app AS runtime

@@ -4,11 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PY312 := $(shell command -v python3.12 2>/dev/null || ls -d $$HOME/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | tail -n 1)
 PROTOS := $(shell find protos -name '*.proto' | sort)
-DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server
+DEB_PACKAGES := libnl-route-3-200 libnl-3-200 redis-server chromium chromium-driver
 LINT_PATHS := codegym codegym_jobs codegym_cli sandbox_worker services clients codegym_testkit tests bench
 
 
-.PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test test-fast test-trainers bench up demo clean k8s-validate docker-lint
+.PHONY: install deb-packages venv jail-paths proto check-proto buf-lint lint test test-fast test-trainers bench up demo clean k8s-validate docker-lint console-shots
 
 # npm is not needed here: buf (protobuf lint) is installed by `make lint` the first time it runs.
 install: deb-packages venv jail-paths
@@ -173,6 +173,12 @@ demo:
 	  kill -0 $$pid 2>/dev/null || { cat $$log; exit 1; }; sleep 0.1; done; \
 	addr=$$(sed -n 's/^runtime listening on //p' $$log); test -n "$$addr" || { cat $$log; exit 1; }; \
 	grep -v " INFO " $$log; $(VENV)/bin/codegym demo --target $$addr
+
+# The console's pages as PNGs in docs/console/ (docs/console.md shows them), each page's load time
+# measured in headless Chromium on an idle stack over a library of 80,000 tasks (make install
+# installs chromium and chromium-driver).
+console-shots:
+	$(PY) -m codegym_testkit.console_shots --out docs/console
 
 # Kubernetes manifests: every kustomization under k8s/ (components aside) rendered with the kubectl
 # that `make install` puts in the venv (pinned; kustomize is built in), then checked against the

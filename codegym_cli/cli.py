@@ -13,6 +13,7 @@ import sys
 
 from codegym_cli import (
     access,
+    console_options,
     demo_options,
     env_options,
     eval_options,
@@ -49,6 +50,7 @@ EXAMPLES = {
     "serve verification": "codegym serve verification --sandbox 127.0.0.1:50061,127.0.0.1:50062",
     "serve openenv": "codegym serve openenv --runtime 127.0.0.1:50051 --port 8000",
     "up": "codegym up --port 0 --workers 2",
+    "console": "codegym console --target 127.0.0.1:50051 --port 8080",
     "demo": "codegym demo --target 127.0.0.1:50051",
     "synthesize": "codegym synthesize --problems codegym/samples/problems.jsonl --out synth-out "
     "--llm-base-url http://127.0.0.1:8000/v1 --model scripted",
@@ -103,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_options.register(sub)
     serve.register(sub)
     up_options.register(sub)
+    console_options.register(sub)
     demo_options.register(sub)
     synthesize.register(sub)
     pipeline_options.register(sub)

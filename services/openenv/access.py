@@ -16,7 +16,7 @@ The probes (`/health`, `/live`) stay open: Kubernetes sends no token. With no to
 nothing is checked (`codegym.server.auth.check_bind` refuses that beyond loopback unless `--insecure`).
 The gateway's own calls to the runtime carry its token through the one channel factory
 (`codegym_client.channels`: `CODEGYM_TOKEN`, the service token under `codegym up --auth` and in k8s),
-and name the caller's tenant (`forwarding.py`), so the runtime's quotas and session ownership hold
+and name the caller's tenant (`services/fronting.py`), so the runtime's quotas and session ownership hold
 per trainer behind the gateway.
 """
 

@@ -29,8 +29,8 @@ from codegym_client.abilities import ABILITY_FORMAT
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from codegym_client.errors import CodeGymError, SessionNotFound
+from services.fronting import ForwardTenant, playing_for
 from services.openenv import metrics
-from services.openenv.forwarding import ForwardTenant, playing_for
 from services.openenv.protocol import (
     CAPACITY_REACHED,
     SESSION_ERROR,

@@ -11,33 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import uvicorn
 
 from codegym.server.auth import Identity, ServerAuth
+from services.fronting import QuietServer, bind
 from services.openenv.gateway import Gateway, GatewayConfig
 from services.openenv.settings import GatewaySettings
-
-
-class QuietServer(uvicorn.Server):
-    """uvicorn's server without its signal handling (which re-raises SIGTERM after a graceful stop):
-    `serve` stops it on SIGTERM and SIGINT through the loop, and the process exits 0."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
 
 
 def uvicorn_config(

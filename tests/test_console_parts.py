@@ -1,0 +1,179 @@
+"""The console's parts that need no server (issue #40): forms from tool schemas and the actions they
+post, logins (unknown and service tokens refused, bounded, lapsing), CSRF checks, play transcripts
+(owner-only, bounded, cut at a step back), redirect targets, plots, highlighting, and templates that
+escape what they show. The pages themselves are driven in a browser (test_console_browser.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from codegym.server.auth import OPERATOR, SERVICE, TRAINER, Identity
+from services.console import access, plots
+from services.console.access import LoginRefused, Logins, csrf_ok
+from services.console.app import Console, safe_next
+from services.console.config import ConsoleConfig
+from services.console.highlight import highlight
+from services.console.plays import Play, Plays, Turn
+from services.console.schemas import BadForm, parameters, tool_form
+
+SCHEMA = json.dumps(
+    {
+        "type": "function",
+        "function": {
+            "name": "Pick",
+            "description": "Pick things.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "index": {"type": "integer", "description": "where"},
+                    "weight": {"type": "number"},
+                    "label": {"type": "string"},
+                    "strict": {"type": "boolean"},
+                    "items": {"type": "array", "items": {"type": "integer"}},
+                },
+                "required": ["index", "items"],
+            },
+        },
+    }
+)
+TOKENS = {"t": Identity("team-a", TRAINER), "o": Identity("ops", OPERATOR), "s": Identity("svc", SERVICE)}
+
+
+def test_a_form_has_a_field_of_each_parameters_type_and_posts_typed_parameters() -> None:
+    form = tool_form("Pick", SCHEMA)
+    assert [(f.name, f.kind, f.required) for f in form.fields] == [
+        ("index", "integer", True),
+        ("weight", "number", False),
+        ("label", "string", False),
+        ("strict", "boolean", False),
+        ("items", "json", True),
+    ]
+    posted = {"p.index": "3", "p.weight": "", "p.label": "a b", "p.strict": "on", "p.items": "[1, 2]"}
+    assert parameters(form, posted) == {"index": 3, "label": "a b", "strict": True, "items": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("p.index", "three"), ("p.items", "[1,"), ("p.weight", "heavy")]
+)
+def test_a_field_that_does_not_parse_is_named(field: str, value: str) -> None:
+    posted = {"p.index": "1", "p.items": "[]", field: value}
+    with pytest.raises(BadForm, match=field.removeprefix("p.")):
+        parameters(tool_form("Pick", SCHEMA), posted)
+
+
+def test_an_unreadable_schema_gives_a_form_without_fields() -> None:
+    form = tool_form("Odd", "{not json")
+    assert form.fields == [] and form.schema_text == "{not json"
+
+
+def test_logins_refuse_unknown_and_service_tokens_and_keep_only_an_operators_token() -> None:
+    logins = Logins(TOKENS)
+    with pytest.raises(LoginRefused, match="does not know"):
+        logins.sign_in("nope")
+    with pytest.raises(LoginRefused, match="service"):
+        logins.sign_in("s")
+    trainer_id, trainer = logins.sign_in("t")
+    operator_id, operator = logins.sign_in(" o ")
+    assert (trainer.tenant, trainer.token, trainer.operator) == ("team-a", "", False)
+    assert (operator.tenant, operator.token, operator.operator) == ("", "o", True)
+    assert logins.find(trainer_id) is trainer and logins.find("forged") is None
+    logins.sign_out(trainer_id)
+    assert logins.find(trainer_id) is None and logins.find(operator_id) is operator
+
+
+def test_logins_are_bounded_and_lapse(monkeypatch: pytest.MonkeyPatch) -> None:
+    logins = Logins(TOKENS, max_logins=2)
+    first, _ = logins.sign_in("t")
+    second, _ = logins.sign_in("t")
+    third, _ = logins.sign_in("t")
+    assert logins.find(first) is None and logins.find(second) and logins.find(third)
+    monkeypatch.setattr(access, "LOGIN_TTL_S", -1.0)
+    lapsed, _ = logins.sign_in("t")
+    assert logins.find(lapsed) is None
+
+
+def test_without_tokens_everyone_is_an_anonymous_operator_with_a_csrf_token() -> None:
+    logins = Logins({})
+    assert not logins.required
+    _, login = logins.sign_in("")
+    assert login.operator and login.token == "" and login.tenant == ""
+    assert csrf_ok(login, login.csrf) and not csrf_ok(login, "") and not csrf_ok(login, login.csrf[:-1])
+
+
+def play(owner: str, turns: list[Turn]) -> Play:
+    return Play("s1", owner, "E", "task", "{}", "reset", [], 10, turns)
+
+
+def test_transcripts_are_their_owners_and_bounded() -> None:
+    plays = Plays(max_plays=1)
+    plays.add(play("team-a", []))
+    assert plays.find("s1", "team-a", operator=False) is not None
+    assert plays.find("s1", "team-b", operator=False) is None
+    assert plays.find("s1", "", operator=True) is not None
+    plays.add(Play("s2", "team-a", "E", "", "{}", "", [], 10))
+    assert plays.find("s1", "team-a", operator=False) is None  # the oldest went
+
+
+def test_a_step_back_keeps_the_turns_before_the_committed_step() -> None:
+    turns = [
+        Turn(0, "a", "1", 0.0, False, False),
+        Turn(1, "b", "", 0.0, False, False, error="bad"),  # failed: not committed
+        Turn(2, "c", "2", 0.0, False, False),
+        Turn(3, "d", "done", 1.0, True, False),
+    ]
+    plays = Plays()
+    source = play("team-a", turns)
+    fork = plays.rewound(source, "s9", at_step=2)
+    assert [t.action for t in fork.turns] == ["a", "b", "c"] and fork.committed == 2
+    assert fork.forked_from == "s1" and not fork.over and source.over
+
+
+@pytest.mark.parametrize(
+    ("target", "kept"),
+    [
+        ("/episodes?run=a", True),
+        ("//evil.example/x", False),
+        ("https://evil.example", False),
+        ("/\\evil", False),
+    ],
+)
+def test_a_redirect_after_sign_in_stays_inside_the_console(target: str, kept: bool) -> None:
+    assert safe_next(target) == (target if kept else "/library")
+
+
+def test_bars_scale_to_the_tallest_and_a_histogram_counts_one_in_the_last_bin() -> None:
+    chart = plots.bar_chart("t", [("a", 1.0), ("b", 4.0)])
+    assert [round(bar.height) for bar in chart.bars] == [round((plots.BASE - 20) / 4), plots.BASE - 20]
+    counts = [bar.value for bar in plots.histogram("h", [0.0, 0.05, 0.5, 1.0], bins=10).bars]
+    assert counts == ["2", "0", "0", "0", "0", "1", "0", "0", "0", "1"]
+
+
+def test_highlighting_keeps_the_code_as_text() -> None:
+    code = "def f():\n    return '<script>'  # x\n"
+    pieces = highlight(code)
+    assert "".join(p.text for p in pieces) == code
+    assert {"k", "s", "c"} <= {p.css for p in pieces}
+
+
+def test_templates_escape_what_they_show() -> None:
+    console = Console(ConsoleConfig(runtime="127.0.0.1:1"))
+    template = console.templates.get_template("episode.html")
+    evil = "<script>alert(1)</script>"
+
+    class Summary:
+        episode_id, env_id, run_id, tenant, policy_version = evil, evil, evil, evil, 1
+        steps, reward, end_reason, done, flagged, whole = 1, 1.0, evil, True, True, True
+
+    class Step:
+        index, action, observation, reward, done, truncated, error = 0, evil, evil, 1.0, True, False, evil
+
+    class Episode:
+        summary, config_json, first_observation, steps = Summary(), evil, evil, [Step()]
+
+    _, login = Logins({}).sign_in("")
+    html = template.render(
+        episode=Episode(), login=login, page="episode", signin=False, grafana_url="", path="/"
+    )
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
