@@ -132,6 +132,98 @@ def report(summary: dict[str, Any], counts: RunCounts, out: Path, give_up_after:
     return lines
 
 
+class EpisodeBar:
+    """The progress line of a run: episodes done (those of an earlier run included), how many the
+    agent solved, how many were not counted, and the model's turns per second."""
+
+    def __init__(self, bar: Progress, total: int, already: int) -> None:
+        self.bar = bar
+        self.job = bar.add_task("episodes", total=total, completed=already)
+        self.started = time.monotonic()
+        self.solved = self.failed = self.turns = 0
+
+    def __call__(self, result: dict[str, Any]) -> None:
+        self.solved += result["end_reason"] == "solved"
+        self.failed += not result["counted"]
+        self.turns += result["turns"]
+        rate = self.turns / max(1e-9, time.monotonic() - self.started)
+        self.bar.update(
+            self.job,
+            advance=1,
+            description=f"episodes ({self.solved} solved, {self.failed} not counted, {rate:.0f} turns/s)",
+        )
+
+
+async def play(
+    args: argparse.Namespace,
+    tasks: list[EvalTask],
+    llm: LLMSettings,
+    out: Path,
+    err: Console,
+    give_up_after: int,
+) -> RunCounts:
+    """Every task's samples not yet in OUT played through the runtime, with a progress bar."""
+    params = StageParams(
+        model=args.model, temperature=args.temperature, top_p=1.0, max_tokens=args.max_tokens, samples=1
+    )
+    gateway = LLMGateway(llm, cache=None)  # samples must differ: no response cache
+    try:
+        async with AsyncRuntimeClient(
+            args.target, timeout_s=args.step_timeout_s, access=client_access(args)
+        ) as runtime:
+            # A runtime still starting (`codegym up &` just before) is waited for; one that never
+            # answers plays nothing, rather than a failed attempt per episode.
+            await runtime.wait_ready(args.wait_s)
+            evaluator = Evaluator(
+                runtime, gateway, params, tool_mode=args.tool_mode, max_turns=args.max_turns
+            )
+            columns = (
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+            )
+            with Progress(*columns, console=err, transient=False) as bar:
+                wanted = {f"{t.ability}#{s}" for t in tasks for s in range(args.samples)}
+                already = len(done_keys(out / "episodes.jsonl") & wanted)
+                progress = EpisodeBar(bar, len(tasks) * args.samples, already)
+                return await run_episodes(
+                    evaluator,
+                    tasks,
+                    args.samples,
+                    out,
+                    args.concurrency,
+                    progress,
+                    give_up_after=give_up_after,
+                )
+    finally:
+        await gateway.close()
+
+
+def write_results(
+    args: argparse.Namespace,
+    tasks: list[EvalTask],
+    counts: RunCounts,
+    out: Path,
+    wall_s: float,
+    give_up_after: int,
+) -> None:
+    """OUT/summary.json, the table, what was not counted, and the scores written into the library."""
+    summary = summarize(out / "episodes.jsonl", args.samples, args.model)
+    summary["wall_s_last_run"] = round(wall_s, 1)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    Console(width=None if Console().is_terminal else 180).print(summary_table(summary))
+    lines = report(summary, counts, out, give_up_after)
+    if args.library and not args.instances:
+        stored = store_scores(args.library, summary)
+        unscored = len({t.ability for t in tasks} - set(summary["configs"]))
+        lines.append(
+            f"{stored} configs scored in {args.library} as {summary['score_name']}"
+            + (f"; {unscored} configs without a counted episode not scored" if unscored else "")
+        )
+    print("\n".join(lines))
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     try:
@@ -149,84 +241,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    params = StageParams(
-        model=args.model, temperature=args.temperature, top_p=1.0, max_tokens=args.max_tokens, samples=1
-    )
-    total = len(tasks) * args.samples
     started = time.monotonic()
     # An outage fails every attempt, each after its own retries: stop starting new ones soon.
     give_up_after = max(16, 2 * args.concurrency) if args.give_up_after == "auto" else int(args.give_up_after)
-
-    async def main() -> RunCounts:
-        gateway = LLMGateway(llm, cache=None)  # samples must differ: no response cache
-        try:
-            async with AsyncRuntimeClient(
-                args.target, timeout_s=args.step_timeout_s, access=client_access(args)
-            ) as runtime:
-                # A runtime still starting (`codegym up &` just before) is waited for; one that
-                # never answers plays nothing, rather than a failed attempt per episode.
-                await runtime.wait_ready(args.wait_s)
-                evaluator = Evaluator(
-                    runtime, gateway, params, tool_mode=args.tool_mode, max_turns=args.max_turns
-                )
-                with Progress(
-                    TextColumn("{task.description}"),
-                    BarColumn(),
-                    MofNCompleteColumn(),
-                    TimeElapsedColumn(),
-                    console=err,
-                    transient=False,
-                ) as bar:
-                    already = len(
-                        done_keys(out / "episodes.jsonl")
-                        & {f"{t.ability}#{s}" for t in tasks for s in range(args.samples)}
-                    )
-                    job = bar.add_task("episodes", total=total, completed=already)
-                    seen = {"solved": 0, "failed": 0, "turns": 0}
-
-                    def progress(result: dict[str, Any]) -> None:
-                        seen["solved"] += result["end_reason"] == "solved"
-                        seen["failed"] += not result["counted"]
-                        seen["turns"] += result["turns"]
-                        rate = seen["turns"] / max(1e-9, time.monotonic() - started)
-                        bar.update(
-                            job,
-                            advance=1,
-                            description=f"episodes ({seen['solved']} solved, {seen['failed']} not counted, "
-                            f"{rate:.0f} turns/s)",
-                        )
-
-                    return await run_episodes(
-                        evaluator,
-                        tasks,
-                        args.samples,
-                        out,
-                        args.concurrency,
-                        progress,
-                        give_up_after=give_up_after,
-                    )
-        finally:
-            await gateway.close()
-
     try:
-        counts = asyncio.run(main())
+        counts = asyncio.run(play(args, tasks, llm, out, err, give_up_after))
     except RuntimeUnavailable as exc:
         err.print(f"codegym eval: {exc}; nothing played")
         return 1
     except KeyboardInterrupt:
         err.print("codegym eval: interrupted; run the same command again to continue")
         return 130
-    summary = summarize(out / "episodes.jsonl", args.samples, args.model)
-    summary["wall_s_last_run"] = round(time.monotonic() - started, 1)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    Console(width=None if Console().is_terminal else 180).print(summary_table(summary))
-    lines = report(summary, counts, out, give_up_after)
-    if args.library and not args.instances:
-        stored = store_scores(args.library, summary)
-        unscored = len({t.ability for t in tasks} - set(summary["configs"]))
-        lines.append(
-            f"{stored} configs scored in {args.library} as {summary['score_name']}"
-            + (f"; {unscored} configs without a counted episode not scored" if unscored else "")
-        )
-    print("\n".join(lines))
+    write_results(args, tasks, counts, out, time.monotonic() - started, give_up_after)
     return 1 if counts.failed or counts.skipped else 0
