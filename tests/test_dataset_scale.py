@@ -29,7 +29,7 @@ from codegym.library.store import Library
 from codegym_client import RuntimeClient
 from codegym_client.errors import EnvNotFound
 from codegym_client.trl import CodeGymSpec
-from codegym_jobs.export import build_instances
+from codegym_jobs.export.instances import build_instances
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.servers import CodegymServer
 
@@ -150,8 +150,9 @@ def parquet_rows(path: Path) -> list[dict[str, Any]]:
 MEASURED_EXPORT = """
 import io, json, sys, tracemalloc
 import pyarrow as pa, pyarrow.parquet as pq
-import codegym.library.store, codegym_jobs.export, codegym_cli.export
-from codegym_cli.cli import main
+import codegym.library.store, codegym_jobs.export.writers, codegym_cli.export
+from codegym_cli.cli import build_parser, main
+build_parser()  # the command line's option modules, imported on first use
 pq.write_table(pa.Table.from_pylist([{"a": [{"b": "c"}]}]), io.BytesIO())
 tracemalloc.start()
 code = main(sys.argv[1:])

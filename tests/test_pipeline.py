@@ -24,7 +24,7 @@ import pytest
 
 from codegym.library.store import Library
 from codegym_client.runtime_client import RuntimeClient
-from codegym_jobs.export import PROTOCOL, user_message
+from codegym_jobs.export.instances import PROTOCOL, user_message
 from codegym_jobs.oracle import record_oracle
 from codegym_jobs.pipeline.runner import STAGES, Pipeline, PipelineConfig
 from codegym_jobs.pipeline.state import PipelineState
@@ -338,7 +338,7 @@ async def test_exported_instances_serve_and_the_oracle_reaches_reward_1(
 
 
 def test_export_matches_codegym_instances_field_by_field(tmp_path: Path) -> None:
-    from codegym_jobs.export import build_instances
+    from codegym_jobs.export.instances import build_instances
     from tests.conftest import FIXTURE_ENVS, training_instances
 
     path = tmp_path / "lib.db"

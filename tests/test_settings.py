@@ -208,13 +208,18 @@ def test_help_loads_neither_grpc_nor_the_llm_client() -> None:
         "codegym_jobs.pipeline.runner",
         "services.synthesis.llm",
     )
+    # Through `main`, as the command runs: what it sets up for every command counts too.
     probe = (
-        "import sys, json; from codegym_cli.cli import build_parser; build_parser(); "
+        "import sys, json, contextlib, io\n"
+        "from codegym_cli.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    main(sys.argv[1:])\n"
         "print(json.dumps(sorted(sys.modules)))"
     )
-    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    loaded = [m for m in json.loads(run.stdout) if any(m == h or m.startswith(h + ".") for h in heavy)]
-    assert loaded == []
+    for argv in (["--help"], ["library", "sample", "--help"]):
+        run = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, check=True)
+        loaded = [m for m in json.loads(run.stdout) if any(m == h or m.startswith(h + ".") for h in heavy)]
+        assert loaded == [], argv
 
 
 def test_a_server_takes_its_own_token_and_the_old_variable_with_a_warning(

@@ -50,7 +50,7 @@ from codegym_jobs.evaluation.results import (
     done_keys,
     failures_path,
 )
-from codegym_jobs.export import build_instances
+from codegym_jobs.export.instances import build_instances
 from services.synthesis.llm import (
     ContextLengthExceeded,
     LLMGateway,
