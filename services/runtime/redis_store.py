@@ -44,11 +44,6 @@ from services.runtime.sessions import PENDING, Answer, HistoryBounds, Session, S
 
 log = logging.getLogger(__name__)
 
-FIELDS = (
-    "env_id", "config_json", "state", "max_steps", "step_timeout_ms", "seed", "step_index", "reward", "done",
-    "truncated", "last_reply", "last_action", "sha256", "run_id", "policy_version",
-    "tenant", "keep_history", "branch", "capture_steps", "started_ms",
-)  # fmt: skip
 # Append ARGV[i] (a history entry of session ARGV[i+1], list KEYS[h]) and trim: the list to its
 # last ARGV[keep] entries, every list to ARGV[total] entries together (oldest first, by the order
 # list KEYS[o], whose members name the session; ARGV[prefix] .. session is its list).

@@ -60,7 +60,7 @@ from services.runtime.tenancy import Quotas, require_operator
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
-__all__ = ["SERVICE_NAME", "RuntimeConfig", "RuntimeServicer", "add_to_server", "session_seed"]
+__all__ = ["SERVICE_NAME", "RuntimeServicer", "add_to_server"]
 
 
 def add_to_server(servicer: RuntimeServicer, server: grpc.aio.Server) -> None:
