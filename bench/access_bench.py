@@ -8,13 +8,12 @@ by pid when done. Two parts:
 
   auth     the steady shape (256 rollouts thinking 1 s, 20 s windows) on three stacks:
            "off"  `codegym up`, no tokens;
-           "auth" `codegym up --auth`, the clients sending the trainer token it keeps in
-                  LIBRARY.tokens.json (the runtime sends the service token to the workers);
-           "tls"  tokens and TLS between every process: `up` has no TLS flags, so this process
-                  starts the same servers itself (`codegym serve sandbox` x 2, `codegym serve
-                  runtime`, each with --tls-cert/--tls-key of a self-signed certificate made by
-                  the `openssl` CLI for 127.0.0.1, the tokens file and the CA in their
-                  environment, as `up` passes them), unsupervised.
+           "auth" `codegym up --auth`, the clients sending the trainer token it prints (the
+                  runtime sends the service token to the workers);
+           "tls"  `codegym up --auth --tls-cert C --tls-key K`: tokens and TLS between every
+                  process, with a self-signed certificate for 127.0.0.1 (codegym_testkit.access).
+           Each stack's clients send the trainer token (and trust the CA) `up` printed for a
+           trainer to export.
            Rounds alternate the order (off, auth, tls; then tls, auth, off; ...) for --repeats
            rounds: step p50/p99 per run. Target, for p50 and p99: |median auth - median off| below
            the run-to-run spread (the larger max - min of the two); tls - off is printed beside it.
@@ -62,7 +61,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.access_stacks import client_env, self_signed, tls_stack, tokens_path  # noqa: E402
 from bench.common import Figures, Line, median, progress, rusage_cpu_s  # noqa: E402
 from bench.episodes import GrpcEpisode  # noqa: E402
 from bench.load import CLIENT_TIMEOUT_S, Load, Plan, measure, stop_rollouts  # noqa: E402
@@ -70,10 +68,12 @@ from bench.rollout_bench import points  # noqa: E402
 from bench.stacks import Stack, StackSpec, git, up  # noqa: E402
 from bench.tables import Col, print_table, report_busy  # noqa: E402
 from bench.targets import print_targets, spread_verdicts, verdict  # noqa: E402
-from codegym.server.auth import OPERATOR, SERVICE, TRAINER, read_tokens  # noqa: E402
+from codegym.library.location import tokens_path  # noqa: E402
+from codegym.server.auth import OPERATOR, SERVICE, TRAINER  # noqa: E402
 from codegym_client.async_client import AsyncRuntimeClient  # noqa: E402
-from codegym_client.channels import TOKEN_ENV  # noqa: E402
+from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV  # noqa: E402
 from codegym_jobs.oracle import read_trajectories  # noqa: E402
+from codegym_testkit.access import printed_access, self_signed  # noqa: E402
 
 PARTS = ("auth", "tenants")
 TRAJECTORIES = ROOT / "codegym" / "samples" / "trajectories.jsonl"
@@ -105,14 +105,30 @@ def steady_plan(args: argparse.Namespace, n: int, think: float, round_: int) -> 
     return Plan(n, think, args.window_s, args.max_seconds, 50_000, args.seed + round_)
 
 
-def steady_run(spec: StackSpec, lines: list[Line], plan: Plan, cert: Path, key: Path) -> Figures:
-    """`plan` on a stack by its name: "off", "auth" or "tls"."""
-    if spec.name == "tls":
-        with tls_stack(spec, cert, key) as (stack, token), client_env(token, str(cert)):
-            return asyncio.run(measure(stack, lines, plan))
+@contextlib.contextmanager
+def client_env(token: str, tls_ca: str = "") -> Iterator[None]:
+    """`CODEGYM_TOKEN` (and `CODEGYM_TLS_CA`) for the clients made inside the block, as a trainer
+    exports them; set only once a stack has started (`up` would take them as its own)."""
+    saved = {key: os.environ.get(key) for key in (TOKEN_ENV, TLS_CA_ENV)}
+    os.environ[TOKEN_ENV] = token
+    if tls_ca:
+        os.environ[TLS_CA_ENV] = tls_ca
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def steady_run(spec: StackSpec, lines: list[Line], plan: Plan) -> Figures:
+    """`plan` on the stack `spec.up_args` make: "off", "auth" or "tls"."""
     with up(spec) as stack:
-        found = read_tokens(tokens_path(spec.library)) if spec.name == "auth" else {}
-        with client_env(next((t for t, who in found.items() if who.role == TRAINER), "")):
+        flags = spec.up_args
+        printed = printed_access(stack.server.text, auth="--auth" in flags, tls="--tls-cert" in flags)
+        with client_env(printed.token, printed.tls_ca):
             return asyncio.run(measure(stack, lines, plan))
 
 
@@ -120,17 +136,17 @@ def run_auth(
     args: argparse.Namespace, lines: list[Line], workdir: Path, logs: Path, revision: str
 ) -> list[Figures]:
     cert, key = self_signed(workdir)
+    tls = ("--tls-cert", str(cert), "--tls-key", str(key))
+    flags: dict[str, tuple[str, ...]] = {"off": (), "auth": ("--auth",), "tls": ("--auth", *tls)}
     n, think = args.steady
     rows = []
     for round_ in range(1, args.repeats + 1):
         for name in ("off", "auth", "tls") if round_ % 2 else ("tls", "auth", "off"):
             progress(f"auth {name}, round {round_}: {n} rollouts thinking {think:g} s")
             library = workdir / f"{name}-{round_}.db"
-            spec = StackSpec(
-                name, ROOT, revision, library, logs / f"{name}.log", ("--auth",) if name == "auth" else ()
-            )
+            spec = StackSpec(name, ROOT, revision, library, logs / f"{name}.log", flags[name])
             plan = steady_plan(args, n, think, round_)
-            figures = attempt(f"auth {name}", partial(steady_run, spec, lines, plan, cert, key))
+            figures = attempt(f"auth {name}", partial(steady_run, spec, lines, plan))
             progress(
                 f"auth {name}: p50 {figures.get('p50_ms') or 0:.1f} ms, p99 {figures.get('p99_ms') or 0:.1f} ms"
             )

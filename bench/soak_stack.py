@@ -22,10 +22,9 @@ from pathlib import Path
 from bench.common import tree_memory_kb
 from bench.stacks import ROOT, Stack, StackSpec, up
 from codegym import proctree
-from codegym.library.location import tokens_path
 from codegym.procs import RedisServer
-from codegym.server.auth import TRAINER, read_tokens
 from codegym_client.channels import TOKEN_ENV
+from codegym_testkit.access import printed_access
 from sandbox_worker.limits import JAIL_ZYGOTE
 
 FAULTS = ("rolling", "kill", "drain", "freeze", "gateway", "redis")
@@ -39,7 +38,7 @@ def soak_stack(workdir: Path, redis: str = "up", auth: bool = False) -> Iterator
     """The soak's `codegym up` over its own Redis (`redis="up"`, append-only in workdir/redis) or
     ours (`"given"`, `stack.redis`), once `up` has named every server; all stopped at the end.
     `auth`: `up --auth`, and every path of this process and its trainer processes plays on the
-    trainer token `up` made (`CODEGYM_TOKEN`), as a trainer would."""
+    trainer token `up` printed (`CODEGYM_TOKEN`), as a trainer would."""
     folder = workdir / "redis"
     given: RedisServer | None = None
     up_args: tuple[str, ...] = ("--runtimes", "2", "--redis-dir", str(folder))
@@ -62,8 +61,7 @@ def soak_stack(workdir: Path, redis: str = "up", auth: bool = False) -> Iterator
                     raise RuntimeError(f"codegym up named only {sorted(stack.servers())}")
                 time.sleep(0.1)
             if auth:
-                tokens = read_tokens(tokens_path(spec.library))
-                os.environ[TOKEN_ENV] = next(t for t, who in tokens.items() if who.role == TRAINER)
+                os.environ[TOKEN_ENV] = printed_access(stack.server.text, auth=True).token
             yield stack
     finally:
         current = stack.redis if stack is not None else given  # the redis fault replaces it

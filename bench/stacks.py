@@ -60,18 +60,16 @@ class Stack:
     start and after each restart. `redis` is a Redis of the bench's own that `up` was given
     (`--sessions`), started and stopped by the bench."""
 
-    def __init__(self, server: ServerProcess, openenv_url: str = "", root_pid: int | None = None) -> None:
+    def __init__(self, server: ServerProcess, openenv_url: str = "") -> None:
         self.server = server
         self.address = server.address
         self.openenv_url = openenv_url
         self.redis: RedisServer | None = None
-        self._root_pid = root_pid
 
     @property
     def pid(self) -> int:
-        """The process whose tree holds the stack's servers (`cpu_by_role` reads it): `codegym up`'s,
-        or this process's when it started the servers itself (`root_pid`)."""
-        return self._root_pid or self.server.pid
+        """`codegym up`'s pid: its tree holds the stack's servers (`cpu_by_role` reads it)."""
+        return self.server.pid
 
     @property
     def runtimes(self) -> list[str]:
