@@ -9,8 +9,6 @@ certificate made here; a non-loopback bind without tokens refuses to start; heal
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import os
 import re
@@ -23,10 +21,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from codegym.errors import REASON_TRAILER
@@ -54,6 +48,7 @@ from codegym.verification.v1 import verification_service_pb2_grpc as vf_grpc
 from codegym_client import AsyncRuntimeClient, RuntimeClient, is_infrastructure
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV, Access, aio_channel
 from codegym_client.errors import Unauthenticated
+from codegym_testkit.access import self_signed
 from services.synthesis.service import SynthesisServer
 from services.synthesis.settings import LLMSettings, SynthesisSettings
 from services.verification.service import VerificationServer
@@ -294,37 +289,6 @@ def test_a_non_loopback_bind_without_tokens_refuses_to_start(library: Path) -> N
 def test_a_token_is_never_sent_in_plain_text_beyond_loopback() -> None:
     with pytest.raises(ValueError, match="only over TLS or to a loopback"):
         aio_channel("10.1.2.3:50051", [], access=Access(token="t"))
-
-
-def self_signed(folder: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "codegym-test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    return cert_path, key_path
 
 
 async def test_tls_round_trip_with_a_token(tmp_path: Path) -> None:

@@ -21,9 +21,9 @@ import pytest
 from codegym.procs import codegym_command, free_port
 from codegym.server.auth import OPERATOR, TRAINER, Identity, write_tokens
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
+from codegym_testkit.access import self_signed
 from codegym_testkit.waiting import wait_until
 from tests.helpers.servers import CodegymServer
-from tests.test_auth import self_signed
 
 ENV = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, TLS_CA_ENV, "CODEGYM_TOKENS_FILE")}
 NOWHERE = f"127.0.0.1:{free_port()}"  # no runtime listens there

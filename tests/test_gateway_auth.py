@@ -36,9 +36,9 @@ from codegym.samples import ENVS, TASKS
 from codegym.server.auth import OPERATOR, SERVICE, TRAINER, Identity, write_tokens
 from codegym_client import AsyncRuntimeClient, RuntimeClient, Unauthenticated, errors
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
+from codegym_testkit.access import self_signed
 from services.openenv.access import GATEWAY_ROLES
 from tests.helpers.servers import CodegymServer
-from tests.test_auth import self_signed
 
 pytestmark = pytest.mark.jail  # the stack has a sandbox worker
 
