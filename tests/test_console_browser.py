@@ -409,6 +409,71 @@ def test_a_runs_curriculum_plot_changes_after_episodes_are_played(driver: Any, s
     assert int(after["unseen"]) == int(before["unseen"]) - 2
 
 
+def history_rows(driver: Any) -> dict[str, list[str]]:
+    """The pools-over-versions table: policy version -> its cells (unseen, learnable, mastered,
+    unsolved, change)."""
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_elements(By.CSS_SELECTOR, "#history tbody tr[data-version]")
+    return {
+        row.get_attribute("data-version"): [
+            cell.text for cell in row.find_elements(By.CSS_SELECTOR, "td")[1:]
+        ]
+        for row in rows
+    }
+
+
+def version_bars(driver: Any) -> dict[str, str]:
+    from selenium.webdriver.common.by import By
+
+    return {
+        rect.get_attribute("data-label"): rect.get_attribute("data-value")
+        for rect in driver.find_elements(By.CSS_SELECTOR, "#version-chart rect")
+    }
+
+
+def test_pools_by_policy_version_follow_episodes_played_at_two_versions(
+    driver: Any, stack: dict[str, str]
+) -> None:
+    """The table and plot come from the record's RunHistory: a version's row stays as it stood,
+    the next version's row adds what its episodes did."""
+    base, run_id = stack["console"], "grpo-versions"
+    sign_in(driver, base, "trainer-a")
+    driver.get(f"{base}/curriculum?run={run_id}")
+    assert history_rows(driver) == {} and version_bars(driver) == {}
+    assert "not shown" in text_of(driver, "#zero-variance-note")
+    run = oracle_run(GCD)
+    solved = (run["config"], [a for a, _ in run["steps"]])
+    failed = ({"nums": [11, 13]}, [{"name": "Done", "parameters": {"answer": 2}}])  # gcd is 1
+
+    def play_at(version: int, config: dict[str, Any], actions: list[Any]) -> None:
+        with RuntimeClient(stack["runtime"], token="trainer-a") as client:
+            for _ in range(4):  # 4 episodes: past "still measured", so the pool is decided
+                created = client.create_session(
+                    env_id=GCD, config=config, run_id=run_id, policy_version=version
+                )
+                for action in actions:
+                    client.step(created.session_id, action)
+                client.close_session(created.session_id)
+
+    play_at(3, *solved)
+    driver.get(f"{base}/curriculum?run={run_id}")
+    first = history_rows(driver)
+    assert list(first) == ["3"], first
+    assert first["3"][1:4] == ["0", "1", "0"] and first["3"][4] == "+0 / +1 / +0", first
+    assert version_bars(driver)["3:mastered"] == "1"
+
+    play_at(5, *failed)
+    driver.get(f"{base}/curriculum?run={run_id}")
+    second = history_rows(driver)
+    assert list(second) == ["3", "5"], second
+    assert second["3"] == first["3"]  # the earlier version's row is as it stood
+    assert second["5"][1:4] == ["0", "1", "1"] and second["5"][4] == "+0 / +0 / +1", second
+    assert int(second["5"][0]) == int(first["3"][0]) - 1  # one more task left the unseen
+    drawn = version_bars(driver)
+    assert drawn["5:unsolved"] == "1" and drawn["5:mastered"] == "1" and drawn["3:unsolved"] == "0", drawn
+
+
 # Episodes --------------------------------------------------------------------------------------
 
 

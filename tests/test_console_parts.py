@@ -10,7 +10,8 @@ import json
 import pytest
 
 from codegym.server.auth import OPERATOR, SERVICE, TRAINER, Identity
-from services.console import access, plots
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+from services.console import access, curriculum, plots
 from services.console.access import LoginRefused, Logins, csrf_ok
 from services.console.app import Console, safe_next
 from services.console.config import ConsoleConfig
@@ -148,6 +149,31 @@ def test_bars_scale_to_the_tallest_and_a_histogram_counts_one_in_the_last_bin() 
     assert [round(bar.height) for bar in chart.bars] == [round((plots.BASE - 20) / 4), plots.BASE - 20]
     counts = [bar.value for bar in plots.histogram("h", [0.0, 0.05, 0.5, 1.0], bins=10).bars]
     assert counts == ["2", "0", "0", "0", "0", "1", "0", "0", "0", "1"]
+
+
+def test_stacked_columns_stand_on_the_base_and_scale_to_the_tallest_column() -> None:
+    chart = plots.stacked_chart(
+        "s", [("1", [("learnable", 1.0), ("mastered", 1.0)]), ("2", [("learnable", 4.0)])]
+    )
+    first, second = chart.columns
+    assert [bar.label for bar in first.segments] == ["1:learnable", "1:mastered"]
+    assert first.segments[0].y + first.segments[0].height == plots.BASE  # bottom first
+    assert first.segments[1].y + first.segments[1].height == pytest.approx(first.segments[0].y)
+    assert second.segments[0].height == plots.BASE - 20
+    assert sum(bar.height for bar in first.segments) == pytest.approx((plots.BASE - 20) / 2)
+
+
+def test_history_rows_count_the_unseen_from_the_library_and_each_pools_change() -> None:
+    points = [
+        rt.RunHistoryPoint(policy_version=2, at=1.0, played=3, learnable=3),
+        rt.RunHistoryPoint(policy_version=7, at=2.0, played=4, learnable=1, mastered=2, unsolved=1),
+    ]
+    rows = curriculum.version_rows(points, total=100)
+    assert [row.version for row in rows] == [2, 7]
+    assert rows[0].pools == {"unseen": 97, "learnable": 3, "mastered": 0, "unsolved": 0}
+    assert rows[0].change == {"learnable": 3, "mastered": 0, "unsolved": 0}
+    assert rows[1].pools["unseen"] == 96
+    assert rows[1].change == {"learnable": -2, "mastered": 2, "unsolved": 1}
 
 
 def test_highlighting_keeps_the_code_as_text() -> None:

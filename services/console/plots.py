@@ -60,3 +60,39 @@ def histogram(title: str, values: Sequence[float], bins: int = 10) -> BarChart:
         counts[min(bins - 1, max(0, int(value * bins)))] += 1
     labels = [f"{i / bins:.1f}" for i in range(bins)]
     return bar_chart(title, list(zip(labels, [float(c) for c in counts], strict=True)))
+
+
+@dataclass(frozen=True)
+class Column:
+    """One stacked bar: its `segments` (bottom first) share x and width."""
+
+    label: str
+    x: float
+    width: float
+    segments: list[Bar]
+
+
+@dataclass(frozen=True)
+class StackedChart:
+    title: str
+    columns: list[Column]
+    width: int = WIDTH
+    height: int = HEIGHT
+    base: int = BASE
+
+
+def stacked_chart(title: str, columns: Sequence[tuple[str, Sequence[tuple[str, float]]]]) -> StackedChart:
+    """Columns of (label, [(part, value), ...]) stacked bottom first and scaled to the tallest
+    column; each segment's css class is `pool-{part}` and its label `{column}:{part}`."""
+    top = max((sum(v for _, v in parts) for _, parts in columns), default=0.0) or 1.0
+    slot = WIDTH / max(1, len(columns))
+    drawn = []
+    for i, (label, parts) in enumerate(columns):
+        x, width, y = i * slot + slot * 0.15, slot * 0.7, float(BASE)
+        segments = []
+        for part, value in parts:
+            height = (BASE - 20) * value / top
+            y -= height
+            segments.append(Bar(x, y, width, height, f"{label}:{part}", f"{value:g}", f"pool-{part}"))
+        drawn.append(Column(label, x, width, segments))
+    return StackedChart(title, drawn)
