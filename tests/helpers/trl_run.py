@@ -105,7 +105,9 @@ def main(runtime: str, out: Path, curriculum: bool = False) -> None:
         model=model,
         reward_funcs=spec.reward_funcs,
         args=args,
-        train_dataset=spec.curriculum(seed=5) if curriculum else spec.train_dataset,
+        # One task per environment: the draw holds tasks the script finishes (an episode of the
+        # unfinished environment alone is closed before its end, and an unended episode is not recorded).
+        train_dataset=spec.curriculum(seed=5, per_env_cap=1) if curriculum else spec.train_dataset,
         processing_class=tokenizer,
         environment_factory=spec.environment_factory,
         callbacks=[spec.callback()],
