@@ -104,7 +104,9 @@ def check_imports(spec: StackSpec) -> None:
     The editable installs of the venv point at the working tree: a base that silently imported them
     would measure the new code twice.
     """
-    modules = ("codegym", "codegym_jobs", "codegym_cli", "codegym_client", "sandbox_worker", "services")
+    # The packages the tree has (a base from before a package existed has none of it to import).
+    packages = ("codegym", "codegym_jobs", "codegym_cli", "codegym_client", "sandbox_worker", "services")
+    modules = [m for m in packages if (spec.tree / m).is_dir() or (spec.tree / "clients" / m).is_dir()]
     code = f"import {', '.join(modules)}; " + "; ".join(f"print({m}.__file__)" for m in modules)
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=spec.tree, env=spec.env, capture_output=True, text=True, check=True

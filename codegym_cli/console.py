@@ -12,7 +12,9 @@ from services.console.settings import ConsoleSettings
 
 def cmd_console(args: argparse.Namespace) -> int:
     settings = from_args(ConsoleSettings, args)
-    auth = start(settings.access, settings.host, settings.log_level, settings.output)  # refuses a bad bind
+    auth = start(
+        settings.access, settings.host, settings.log_level, settings.output, settings.calls
+    )  # refuses a bad bind
     from services.console.server import serve
 
     run_server(lambda: serve(settings, auth))

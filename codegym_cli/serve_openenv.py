@@ -13,7 +13,7 @@ from services.openenv.settings import GatewaySettings
 
 def _serve_openenv(args: argparse.Namespace) -> int:
     settings = from_args(GatewaySettings, args)
-    auth = start(settings.access, settings.host, settings.log_level, settings.output)
+    auth = start(settings.access, settings.host, settings.log_level, settings.output, settings.calls)
     from services.openenv.server import serve
 
     run_server(lambda: serve(settings, auth))

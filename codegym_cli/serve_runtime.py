@@ -83,7 +83,7 @@ def checkpoint_keys(settings: RuntimeSettings) -> Keyring | None:
 
 def _serve_runtime(args: argparse.Namespace) -> int:
     settings = from_args(RuntimeSettings, args)
-    auth = start(settings.access, settings.host, settings.log_level, settings.output)
+    auth = start(settings.access, settings.host, settings.log_level, settings.output, settings.calls)
     keys = checkpoint_keys(settings)
     from codegym.server.serving import serve
     from services.runtime.server import RuntimeServer

@@ -13,7 +13,7 @@ from codegym.server.settings import add_arguments
 
 if TYPE_CHECKING:
     from codegym.server.auth import ServerAuth
-    from codegym.server.settings import Output, ServerAccess
+    from codegym.server.settings import Calls, Output, ServerAccess
 
 
 def add_server(
@@ -56,14 +56,19 @@ def run_server(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     uvloop.run(then_exit())
 
 
-def start(access: ServerAccess, host: str, level: str, output: Output) -> ServerAuth:
-    """Before a server is built: its access loaded (a file that cannot be read, or a non-loopback
-    bind without tokens, refused here in one line), its logs set up, its metrics served."""
+def start(
+    access: ServerAccess, host: str, level: str, output: Output, calls: Calls | None = None
+) -> ServerAuth:
+    """Before a server is built: its access loaded, and what it sends to the servers it calls
+    (`calls`) read (a file that cannot be read, or a non-loopback bind without tokens, refused here
+    in one line), its logs set up, its metrics served."""
     from codegym.server.auth import ServerAuth, check_bind
     from codegym.server.logs import configure
 
     try:
         auth = ServerAuth.load(access)
+        if calls is not None:
+            calls.access()  # the CA file read now, not as a traceback from the server's constructor
     except ValueError as exc:
         raise SystemExit(f"codegym serve: {exc}") from None
     check_bind(host, auth)

@@ -12,7 +12,7 @@ from services.verification.settings import VerificationSettings
 
 def _serve_verification(args: argparse.Namespace) -> int:
     settings = from_args(VerificationSettings, args)
-    auth = start(settings.access, settings.host, settings.log_level, settings.output)
+    auth = start(settings.access, settings.host, settings.log_level, settings.output, settings.calls)
     from codegym.server.serving import serve
     from services.verification.service import VerificationServer
 

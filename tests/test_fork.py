@@ -621,13 +621,17 @@ def test_the_history_bound_across_the_runtime_drops_the_oldest_entries(
 # ---- branches are recorded apart from episodes ----------------------------------------------------
 
 
-def test_branches_are_recorded_apart_from_episodes(library: Path, workers: str, tmp_path: Path) -> None:
-    """Three forks of a passing episode, each passing too: one episode and three branches, so the
-    task's pass rate and pools see the episode once."""
+def test_branches_are_recorded_apart_from_episodes(
+    library: Path, workers: str, tmp_path: Path, key_file: Path
+) -> None:
+    """Three forks of a passing episode, and a restore of a checkpoint that left it open, each
+    passing too: one episode and four branches, so the task's pass rate and pools see the episode
+    once."""
     record = tmp_path / "record.sqlite"
     trajectory = fidelity_cases(1)[0]
     actions = [a for a, _ in trajectory["steps"]]
-    a = CodegymServer(runtime_args(library, workers, "--record", str(record)), env=ENV)
+    args = runtime_args(library, workers, "--record", str(record), "--checkpoint-key", str(key_file))
+    a = CodegymServer(args, env=ENV)
     try:
         with RuntimeClient(a.address, attempts=1) as there:
             created = there.create_session(
@@ -635,12 +639,14 @@ def test_branches_are_recorded_apart_from_episodes(library: Path, workers: str, 
             )
             play(there, created.session_id, actions[:-1])
             forks = there.fork_session(created.session_id, count=3)
-            for session_id in [created.session_id, *(f.session_id for f in forks)]:
+            restored = there.restore_session(there.checkpoint_session(created.session_id))
+            others = [*(f.session_id for f in forks), restored.session_id]
+            for session_id in [created.session_id, *others]:
                 assert there.step(session_id, actions[-1]).reward == 1.0
             (task,) = [e.task for e in there.stats("r", played_only=True) if e.WhichOneof("entry") == "task"]
-            assert (task.episodes, task.passes, task.branches, task.branch_passes) == (1, 1, 3, 3)
+            assert (task.episodes, task.passes, task.branches, task.branch_passes) == (1, 1, 4, 4)
             (env,) = [e.env for e in there.stats("r", env_prefix=trajectory["env_id"], envs_only=True)]
-            assert (env.episodes, env.branches) == (1, 3)
+            assert (env.episodes, env.branches) == (1, 4)
     finally:
         a.stop()
 

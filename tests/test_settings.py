@@ -255,6 +255,8 @@ def test_a_bad_setting_is_one_line_before_anything_starts(tmp_path: Path) -> Non
     for argv, said in (
         (["--tokens", str(tmp_path / "missing.json")], "cannot read the tokens file"),
         (["--tls-cert", str(tmp_path / "c.pem")], "TLS needs both --tls-cert and --tls-key"),
+        # What a server sends to those it calls, read before it is built.
+        (["--tls-ca", str(tmp_path / "missing-ca.pem")], "cannot read the TLS CA"),
     ):
         run = subprocess.run(
             [

@@ -194,7 +194,10 @@ class Copies:
             key, rt.CheckpointSessionResponse, lambda: self._checkpoint(request, key), request.request_id
         )
 
-    def _sealed(self, session: Session) -> rt.CheckpointSessionResponse:
+    def _sealed(self, session: Session, *, suspended: bool) -> rt.CheckpointSessionResponse:
+        """The session sealed. A checkpoint that leaves its session open (`suspended` false) seals a
+        branch: the source goes on as the episode, so whatever is restored from it shares its prefix
+        and is recorded apart, as a fork is."""
         body = cp.CheckpointBody(
             env_id=session.env_id,
             sha256=session.sha256,
@@ -209,7 +212,7 @@ class Copies:
             step_timeout_ms=session.step_timeout_ms,
             run_id=session.run_id,
             tenant=session.tenant,
-            branch=session.branch,
+            branch=session.branch or not suspended,
             keep_history=session.keep_history,
             sealed_at=time.time(),
         )
@@ -225,7 +228,7 @@ class Copies:
         self, request: rt.CheckpointSessionRequest, key: str
     ) -> rt.CheckpointSessionResponse:
         if not request.close:
-            reply = self._sealed(await self._session(request.session_id))
+            reply = self._sealed(await self._session(request.session_id), suspended=False)
             answer = self.idempotency.answer(key, reply)
             if answer is not None:
                 await self.store.remember(answer)
@@ -234,7 +237,7 @@ class Copies:
         # Suspending waits for a step in flight: it would otherwise be lost with the session.
         async with self.store.lock(request.session_id):
             session = await self._session(request.session_id)
-            reply = self._sealed(session)
+            reply = self._sealed(session, suspended=True)
             if not await self.store.suspend(session, self.idempotency.answer(key, reply)):
                 raise Refusal(
                     Reason.SESSION_NOT_FOUND,
