@@ -66,6 +66,13 @@ def test_under_tls_the_login_cookie_is_secure_http_only_and_strict(
     with pytest.raises(urllib.error.HTTPError) as refused:
         opener.open(urllib.request.Request(f"https://{address}/login", data=wrong), timeout=10)
     assert refused.value.code == 401 and "Set-Cookie" not in refused.value.headers
+    # A sign-in posted from another site's page (login CSRF) is refused, and sets no cookie.
+    foreign = urllib.request.Request(
+        f"https://{address}/login", data=body, headers={"Origin": "https://elsewhere.example"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as cross:
+        opener.open(foreign, timeout=10)
+    assert cross.value.code == 403 and "Set-Cookie" not in cross.value.headers
     with pytest.raises(OSError):  # no plain HTTP on the TLS port (a refusal or a dropped connection)
         urllib.request.urlopen(f"http://{address}/live", timeout=5).read()
 

@@ -16,6 +16,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import grpc
 import jinja2
@@ -175,6 +176,15 @@ class Console:
             return RedirectResponse(nxt, status_code=303)
         if request.method == "GET":
             return self.render(request, "login.html", None, next=nxt, refused="")
+        if not same_origin(request):
+            return self.render(
+                request,
+                "login.html",
+                None,
+                status=403,
+                next=nxt,
+                refused="a sign-in from another site's page",
+            )
         form = await request.form()
         try:
             login_id, _ = self.logins.sign_in(str(form.get("token", "")))
@@ -233,3 +243,15 @@ def safe_next(path: str) -> str:
     if not path.startswith("/") or path.startswith("//") or "\\" in path:
         return "/library"
     return path
+
+
+def same_origin(request: Request) -> bool:
+    """Whether a POST comes from this console's own pages, as far as the browser says (`Origin`).
+    The login form carries no CSRF token (there is no login yet to hold one), so a page of another
+    site could sign a visitor's browser into that site's own token (login CSRF); a browser names
+    the posting page's origin, and one naming another host is refused. A request naming none (a
+    script, an old browser) is not a cross-site form post of a modern browser and passes."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    return urlsplit(origin).netloc == request.headers.get("host", "")
