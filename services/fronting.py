@@ -14,6 +14,7 @@ request that opened the episode: each call names the tenant of the connection it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import socket
@@ -90,3 +91,16 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.setblocking(False)
     return sock
+
+
+async def serve_announced(server: QuietServer, sock: socket.socket, line: Callable[[str], str]) -> None:
+    """Serve `server` on `sock` until it exits; once it is up, print `line("HOST:PORT")` with the
+    address it is bound to: the announcement `codegym up`, the tests and the benches wait for."""
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not task.done():
+        await asyncio.sleep(0.01)
+    if server.started:
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(line(f"{shown}:{port}"), flush=True)
+    await task

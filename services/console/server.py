@@ -16,7 +16,7 @@ from codegym.server.auth import Identity, ServerAuth
 from services.console.app import Console
 from services.console.config import ConsoleConfig
 from services.console.settings import ConsoleSettings
-from services.fronting import QuietServer, bind
+from services.fronting import QuietServer, bind, serve_announced
 
 
 def console_config(settings: ConsoleSettings, tokens: Mapping[str, Identity]) -> ConsoleConfig:
@@ -58,16 +58,9 @@ async def serve(settings: ConsoleSettings, auth: ServerAuth | None = None) -> No
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)
-    if server.started:
-        bound = sock.getsockname()
-        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        scheme = "https" if tls else "http"
-        print(
-            f"codegym console listening on {shown}:{bound[1]} ({scheme}://{shown}:{bound[1]}/; "
-            f"runtime {config.runtime})",
-            flush=True,
-        )
-    await task
+    scheme = "https" if tls else "http"
+    await serve_announced(
+        server,
+        sock,
+        lambda at: f"codegym console listening on {at} ({scheme}://{at}/; runtime {config.runtime})",
+    )

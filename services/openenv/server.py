@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import uvicorn
 
 from codegym.server.auth import Identity, ServerAuth
-from services.fronting import QuietServer, bind
+from services.fronting import QuietServer, bind, serve_announced
 from services.openenv.gateway import Gateway, GatewayConfig
 from services.openenv.settings import GatewaySettings
 
@@ -88,15 +88,7 @@ async def serve(settings: GatewaySettings, auth: ServerAuth | None = None) -> No
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, on_signal, sig)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started and not task.done():
-        await asyncio.sleep(0.01)
-    if server.started:
-        bound = sock.getsockname()
-        shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        scheme = "https" if tls else "http"
-        print(
-            f"openenv gateway listening on {shown}:{bound[1]} ({scheme}; runtime {config.runtime})",
-            flush=True,
-        )
-    await task
+    scheme = "https" if tls else "http"
+    await serve_announced(
+        server, sock, lambda at: f"openenv gateway listening on {at} ({scheme}; runtime {config.runtime})"
+    )
