@@ -17,7 +17,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -250,6 +250,9 @@ class Plan:
     read_memory: bool = False
     read_roles: RoleReader | None = None  # also read idle and halfway through the window
     min_warmup_s: float = 2.0  # for T = 0: the first steps of a fresh stack are cold
+    # Run beside the window (given the stack and the window's length), its figures added to the
+    # window's: a profiler attached to the stack's processes (bench/profile_bench.py).
+    during: Callable[[Stack, float], Awaitable[Figures]] | None = None
 
 
 async def warm_up(tally: Tally, plan: Plan, started: float) -> float:
@@ -283,7 +286,10 @@ async def measure(stack: Stack, lines: Sequence[Line], plan: Plan) -> Figures:
         try:
             warmup = await warm_up(load.tally, plan, started)
             window_s = max(1.0, min(plan.window_s, plan.max_seconds - warmup))
+            beside = asyncio.create_task(plan.during(stack, window_s)) if plan.during else None
             figures = await observe(stack, load.tally, window_s, plan.read_memory, plan.read_roles)
+            if beside is not None:
+                figures.update(await beside)
         finally:
             await stop_rollouts(tasks)
     tally = load.tally
