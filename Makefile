@@ -122,6 +122,12 @@ bench:
 bench-rollouts:
 	$(PY) bench/rollout_bench.py $(ROLLOUT_ARGS)
 
+# Where a step's CPU goes: py-spy on every process of a loaded stack, by stage (a run of its own:
+# the profiler perturbs the machine); e.g. `make bench-profile PROFILE_ARGS="--point 4096:16"`.
+.PHONY: bench-profile
+bench-profile:
+	$(PY) bench/profile_bench.py $(PROFILE_ARGS)
+
 # CodeGym at its published size: a 13,200-env library in the Hugging Face dataset's Parquet layout,
 # generated from the samples, imported (time, peak RSS), served by a base commit and the working
 # tree (start, PSS, steady rollouts and a GRPO burst across the whole library, targets PASS/FAIL):
