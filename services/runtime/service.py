@@ -278,9 +278,10 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def _step_admitted(self, request: rt.StepRequest) -> rt.StepResponse:
         session_id = request.session_id
         SESSION_ID.set(session_id[:64])
-        await self._session(session_id)
+        # One read of the session per step, under the lock (the step before this one may have
+        # changed or ended it); the commit, fenced on the step index, finds a session closed while
+        # the step ran (`_not_committed`), so nothing is read again after the worker answers.
         async with self._lock(session_id):
-            # Re-read under the lock: the step before this one may have changed or ended the session.
             session = await self._session(session_id)
             if session.done and not (
                 request.HasField("step_index") and request.step_index < session.step_index
@@ -304,11 +305,6 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 result = await self._execute(op, record, session_id)
                 error = step_error(result)
                 self.desk.served(session, error)
-                if await self.store.get(session_id) is None:
-                    # Closed (or expired) while the step ran: do not bring it back.
-                    raise Refusal(
-                        Reason.SESSION_NOT_FOUND, f"session {shown(session_id)} was closed during the step"
-                    )
             session.touch()
             if error is not None:
                 if captures.logs(session):  # the captured episode's log shows the step that failed
@@ -321,9 +317,13 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                         captured=True,
                         error=rt.StepErrorCode.Name(error.code),
                     )
-                    await self.store.commit(session, session.step_index, history_write(self.config, failed))
+                    kept = await self.store.commit(
+                        session, session.step_index, history_write(self.config, failed)
+                    )
                 else:
-                    await self.store.touch(session, session.step_index)
+                    kept = await self.store.touch(session, session.step_index)
+                if not kept:
+                    await self._not_committed(session_id, "step")
                 return rt.StepResponse(
                     observation=error.message,
                     reward=session.reward,
@@ -373,11 +373,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     self.config.retry_after_ms,
                 ) from None
             if not committed:
-                # Another replica applied a step to this session meanwhile (our lease ran out).
-                raise Refusal(
-                    Reason.STEP_CONFLICT,
-                    f"session {shown(session_id)} moved on while this step ran; the step was not applied",
-                )
+                await self._not_committed(session_id, "step")
             if session.done:
                 self.desk.ended(session)
                 await self.captures.ended(session)
@@ -387,8 +383,20 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 self._release(session_id)
             return reply
 
+    async def _not_committed(self, session_id: str, what: str) -> None:
+        """Why a step's or reset's fenced commit was refused, as the caller's answer: the session
+        was closed (or expired) while it ran, and is not brought back; or another replica applied
+        a step to it meanwhile (this one's lease ran out), and this one was not applied."""
+        if await self.store.get(session_id) is None:
+            raise Refusal(
+                Reason.SESSION_NOT_FOUND, f"session {shown(session_id)} was closed during the {what}"
+            )
+        raise Refusal(
+            Reason.STEP_CONFLICT,
+            f"session {shown(session_id)} moved on while the {what} ran; the {what} was not applied",
+        )
+
     async def _reset(self, request: rt.ResetRequest) -> rt.ResetResponse:
-        await self._session(request.session_id)
         async with self._lock(request.session_id):
             session = await self._session(request.session_id)
             record = self.catalog.code(session.env_id, session.sha256)
@@ -401,11 +409,6 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             result = await self._execute(op, record, request.session_id)
             if result.status != sb.STATUS_OK:
                 raise env_failed(result, f"resetting {session.env_id}")
-            if await self.store.get(request.session_id) is None:
-                raise Refusal(
-                    Reason.SESSION_NOT_FOUND,
-                    f"session {shown(request.session_id)} was closed during the reset",
-                )
             started_at = session.step_index
             session.state = result.state
             session.step_index = 0
@@ -422,10 +425,7 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 else None
             )
             if not await self.store.commit(session, started_at, logged):
-                raise Refusal(
-                    Reason.STEP_CONFLICT,
-                    f"session {shown(request.session_id)} moved on while the reset ran; it was not applied",
-                )
+                await self._not_committed(request.session_id, "reset")
             return rt.ResetResponse(observation=result.observation)
 
     async def _expire(self) -> None:
