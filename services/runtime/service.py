@@ -322,7 +322,9 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     )
                 else:
                     kept = await self.store.touch(session, session.step_index)
-                if not kept:
+                if not kept and await self.store.get(session_id) is None:
+                    # Closed (or expired) while the step ran. A session another replica moved on
+                    # meanwhile still gets the step's own failure, which changed nothing.
                     await self._not_committed(session_id, "step")
                 return rt.StepResponse(
                     observation=error.message,
