@@ -163,12 +163,14 @@ def cpu_by_role(up_pid: int) -> dict[str, float]:
     from codegym import proctree
 
     links = proctree.children_by_parent()
-    roles = {"runtime": 0, "worker": 0, "jail": 0}
+    roles = {"runtime": 0, "worker": 0, "jail": 0, "redis": 0}
     for pid in links.get(up_pid, []):
         cmd = proctree.cmdline(pid)
         if cmd is None:
             continue
-        if "runtime" in cmd:
+        if "redis-server" in cmd:  # the sessions' store of `--runtimes N` (N > 1)
+            roles["redis"] += proctree.cpu_ticks(pid, reaped=False)
+        elif "runtime" in cmd:
             roles["runtime"] += proctree.cpu_ticks(pid, reaped=False)
         elif "sandbox" in cmd:
             roles["worker"] += proctree.cpu_ticks(pid, reaped=False)

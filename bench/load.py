@@ -357,6 +357,8 @@ async def observe(
         "p99_ms": ms(tally.latencies, 0.99),
         "cpu_ms_per_step": stack_cpu * 1000 / steps if steps else None,
         "cpu_s_by_role": {role: round(s, 2) for role, s in cpu.items()},
+        # Each process's share of a step: runtime_ms_per_step, worker_..., jail_..., redis_...
+        **{f"{role}_ms_per_step": s * 1000 / steps if steps else None for role, s in cpu.items()},
         "stack_cpu_pct": 100 * stack_cpu / window_s,
         "gen_cpu_pct": 100 * (gen_after - gen_before - read_cpu) / window_s,
         "other_cpu_pct": other,

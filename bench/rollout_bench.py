@@ -202,6 +202,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-episodes", type=int, default=50_000, help="episode cap of each measurement")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
+        "--runtimes",
+        type=int,
+        default=1,
+        help="runtime replicas of both stacks (past 1 their sessions are shared in a Redis `up` starts)",
+    )
+    parser.add_argument(
         "--trajectories", type=Path, default=ROOT / "codegym" / "samples" / "trajectories.jsonl"
     )
     parser.add_argument("--json", type=Path, help="also write every figure to this file")

@@ -147,8 +147,13 @@ def stack_specs(args: argparse.Namespace, cleanup: contextlib.ExitStack, workdir
         tree = cleanup.enter_context(base_worktree(args.base))
         base_rev = git("rev-parse", "--short", args.base)
         specs.append(StackSpec("base", tree, base_rev, workdir / "base.db", workdir / "base.log"))
-    up_args = tuple(args.up_args.split())
-    revision = f"{head}{dirty}" + (f" {args.up_args}" if up_args else "")
+    # Options both stacks run with (the shape's, not the change's): `--runtimes N` replicas share
+    # their sessions in a Redis `codegym up` starts, so the store's reads and writes show.
+    both = ("--runtimes", str(args.runtimes)) if getattr(args, "runtimes", 1) > 1 else ()
+    if specs:
+        specs[0].up_args = both
+    up_args = (*both, *args.up_args.split())
+    revision = f"{head}{dirty}" + (f" {args.up_args}" if args.up_args else "")
     specs.append(StackSpec("new", ROOT, revision, workdir / "new.db", workdir / "new.log", up_args))
     for spec in specs:
         check_imports(spec)

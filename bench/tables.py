@@ -38,6 +38,11 @@ STEADY_COLS = [
     Col("p50 ms", "p50_ms", ".1f", ratio=True),
     Col("p99 ms", "p99_ms", ".1f", ratio=True),
     Col("CPU ms/step", "cpu_ms_per_step", ".2f", ratio=True),
+    # ... of which each process (the jails: every process below the workers; redis with --runtimes)
+    Col("runtime", "runtime_ms_per_step", ".2f", ratio=True),
+    Col("worker", "worker_ms_per_step", ".2f", ratio=True),
+    Col("jail", "jail_ms_per_step", ".2f", ratio=True),
+    Col("redis", "redis_ms_per_step", ".2f"),
     Col("stack CPU %", "stack_cpu_pct"),
     Col("PSS MiB", "pss_mib", ratio=True),
     Col("KiB/episode", "kib_per_episode", ".0f", ratio=True),
