@@ -57,13 +57,25 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gRPC", ("grpc", "cygrpc", "absl")),
     ("event loop", ("uvloop", "asyncio/", "selectors.py", "selector_events", "epoll")),
 )
-STAGES: tuple[str, ...] = (*(stage for stage, _ in RULES), "interpreter")
+STAGES: tuple[str, ...] = (*(stage for stage, _ in RULES), "gRPC poller thread", "interpreter")
 # One line of py-spy's raw format: frames from the root, ';'-separated, then the sample count.
 LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")
 
 
+# Leaf frames that are not Python work of ours: gRPC's completion-queue poller is a Python thread
+# running a C function (its stack ends at `Thread.run`); uvloop runs gRPC's Cython callbacks and the
+# loop's own work in C under `Runner.run`. Without --native py-spy sees no deeper.
+LEAVES: tuple[tuple[str, str], ...] = (
+    ("Thread.run (threading.py", "gRPC poller thread"),
+    ("Runner.run (asyncio/runners.py", "event loop"),
+)
+
+
 def stage_of(frames: list[str]) -> str:
     """The stage of a stack (frames from root to leaf)."""
+    for prefix, stage in LEAVES:
+        if frames and frames[-1].startswith(prefix):
+            return stage
     for frame in reversed(frames):
         for stage, patterns in RULES:
             if any(p in frame for p in patterns):
