@@ -250,13 +250,20 @@ async def health(console: Console, request: Request, login: Login) -> Response:
         :50
     ]
     rates = {env.env_id: error_rate(env) for env in by_errors}
-    chart = plots.bar_chart(
+    # Not `chart`: the template imports a macro of that name, which a context variable must not shadow.
+    error_chart = plots.bar_chart(
         "error rate of the 10 worst",
         [(env.env_id[-18:], rates[env.env_id]) for env in by_errors[:10]],
         percent=True,
     )
     return console.render(
-        request, "health.html", login, quarantined=quarantined, by_errors=by_errors, rates=rates, chart=chart
+        request,
+        "health.html",
+        login,
+        quarantined=quarantined,
+        by_errors=by_errors,
+        rates=rates,
+        error_chart=error_chart,
     )
 
 
