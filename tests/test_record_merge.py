@@ -240,3 +240,57 @@ def test_a_record_written_before_the_indexes_is_indexed_when_opened(tmp_path: Pa
             await redis.close()
 
     run(scenario)
+
+
+def test_a_prefix_reads_exactly_the_keys_under_it_in_both_stores(tmp_path: Path, redis_url: str) -> None:
+    """`read_prefix` (an environment's page: its own rows, not the scope's) gives what filtering the
+    whole scope gives, for prefixes with glob and range edge characters: a neighbour whose id only
+    continues the prefix's last character is left out, and a key holding `*` or `[` is matched as
+    text."""
+    envs = [
+        "Env_1",
+        "Env_10",
+        "Env_1x",
+        "Env_2",
+        "Env_*",
+        "Env_[a]",
+        "Env_?",
+        "Env_\\",
+        "Env_\U0010ffff",
+        "Env_\ud7ff",
+    ]
+    keys = [f'{env}@{{"k": {m}}}' for env in envs for m in range(2)]
+    prefixes = [
+        "",
+        "Env_1",
+        "Env_1@",
+        "Env_",
+        "Env_*",
+        "Env_[",
+        "Env_?",
+        "Env_\\",
+        "Env_\U0010ffff",
+        "Env_\ud7ff",
+        "Nope",
+    ]
+
+    async def scenario() -> None:
+        sqlite, redis = SqliteRecordStore(tmp_path / "r.sqlite"), RedisRecordStore(redis_url)
+        try:
+            for store in (sqlite, redis):
+                await store.apply({(task_scope("r"), key): {"episodes": 1} for key in keys}, {"r": 1.0})
+                await store.apply({(ENV_SCOPE, env): {"steps": 2} for env in envs}, {})
+                for scope in (task_scope("r"), ENV_SCOPE):
+                    whole = await store.read(scope)
+                    for prefix in prefixes:
+                        wanted = {k: v for k, v in whole.items() if k.startswith(prefix)}
+                        assert await store.read_prefix(scope, prefix) == wanted, (store, scope, prefix)
+                assert set(await store.read_prefix(task_scope("r"), "Env_1@")) == {
+                    'Env_1@{"k": 0}',
+                    'Env_1@{"k": 1}',
+                }
+        finally:
+            await sqlite.close()
+            await redis.close()
+
+    run(scenario)

@@ -217,6 +217,48 @@ def test_stats_of_played_tasks_equal_the_walk_of_the_library(library: Path, tmp_
     assert played == keep
 
 
+def test_stats_of_a_prefix_or_of_envs_only_equal_the_whole_records_lines_filtered(
+    library: Path, tmp_path: Path, store_kind: str
+) -> None:
+    """An `env_prefix` reads only the record's rows under it, and `envs_only` no task's row; the
+    lines must be those of the whole record's Stats (which reads every row), filtered."""
+    tasks = all_tasks(library)
+    envs = sorted({t.env_id for t in tasks})
+    prefixes = [*sorted({env[:12] for env in envs}), envs[0], envs[-1], envs[0][:-1], "Nothing_"]
+    redis = Redis() if store_kind == "redis" else None
+
+    def entry_env(entry: rt.StatsResponse) -> str:
+        return entry.task.env_id if entry.WhichOneof("entry") == "task" else entry.env.env_id
+
+    async def scenario() -> None:
+        store: RecordStore = (
+            RedisRecordStore(redis.url) if redis is not None else SqliteRecordStore(tmp_path / "r.sqlite")
+        )
+        try:
+            await play_history(store, tasks, 3)
+            desk = RecordDesk(Catalog(library), Recorder(store, lambda env_id, config: 0), max_batch=64)
+            for run in ("a", "", "nobody"):
+                for played_only in (False, True):
+                    whole = [
+                        e async for e in desk.stats(rt.StatsRequest(run_id=run, played_only=played_only))
+                    ]
+                    assert any(e.WhichOneof("entry") == "env" for e in whole)
+                    for prefix in prefixes:
+                        request = rt.StatsRequest(run_id=run, played_only=played_only, env_prefix=prefix)
+                        under = [e async for e in desk.stats(request)]
+                        assert under == [e for e in whole if entry_env(e).startswith(prefix)], request
+                    only = [e async for e in desk.stats(rt.StatsRequest(run_id=run, envs_only=True))]
+                    assert only == [e for e in whole if e.WhichOneof("entry") == "env"]
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        if redis is not None:
+            redis.stop()
+
+
 def test_bad_sample_requests_are_refused_with_what_is_wrong(library: Path, tmp_path: Path) -> None:
     from codegym.errors import Refusal
 

@@ -114,6 +114,17 @@ class RecordDesk:
             quarantined=frozenset(await store.quarantined()),
         )
 
+    async def record_under(self, store: RecordStore, run_id: str, prefix: str, band: Band) -> Record:
+        """`record`, of the tasks under an env id prefix only: the run's and every run's rows under
+        it (the tasks every run fails among them, by the same rule as `failing`)."""
+        run = await store.read_prefix(task_scope(run_id), prefix)
+        everyone = run if not run_id else await store.read_prefix(task_scope(""), prefix)
+        return Record(
+            run={key: TaskTally.of(body) for key, body in run.items()},
+            failing=frozenset(key for key, body in everyone.items() if is_failing(TaskTally.of(body), band)),
+            quarantined=frozenset(await store.quarantined()),
+        )
+
     async def gauges(self, every_s: float = 30.0) -> None:
         """Refresh the record's Prometheus gauges (bands and totals only: no env or task label)
         from the counts the store keeps: a few reads, whatever the record's size. Summarizes the
@@ -135,10 +146,19 @@ class RecordDesk:
 
     async def stats(self, request: rt.StatsRequest) -> AsyncIterator[rt.StatsResponse]:
         """Every task's (and env's) line, built page by page in a thread: a library of tens of
-        thousands must not hold the event loop."""
-        record = await self.record(request.run_id, Band())
+        thousands must not hold the event loop. What is read follows what is asked: no task of the
+        record for `envs_only`, and for an `env_prefix` only the record's keys under it (one
+        environment's page reads its own rows, not the record's tens of thousands)."""
         store = (await self.flushed()).store
-        envs = {env_id: EnvTally.of(body) for env_id, body in (await store.read(ENV_SCOPE)).items()}
+        prefix = request.env_prefix
+        if request.envs_only:
+            record = Record(run={}, failing=frozenset(), quarantined=frozenset())  # no task is shown
+        elif prefix:
+            record = await self.record_under(store, request.run_id, prefix, Band())
+        else:
+            record = await self.record(request.run_id, Band())
+        bodies = await (store.read_prefix(ENV_SCOPE, prefix) if prefix else store.read(ENV_SCOPE))
+        envs = {env_id: EnvTally.of(body) for env_id, body in bodies.items()}
         path = self.catalog.path
         async for page in iterate_in_thread(lambda: stats_pages(path, record, envs, request)):
             for entry in page:

@@ -100,6 +100,15 @@ def versions_of(deltas: dict[tuple[str, str], dict[str, Any]]) -> dict[str, int]
     return out
 
 
+def successor(prefix: str) -> str | None:
+    """The first string after every string starting with `prefix` (its last character's next;
+    SQLite orders text by its UTF-8 bytes, which follow code points), None past the last one."""
+    last = ord(prefix[-1]) + 1
+    if 0xD800 <= last <= 0xDFFF:  # surrogates are no characters: the next one is U+E000
+        last = 0xE000
+    return prefix[:-1] + chr(last) if last <= 0x10FFFF else None
+
+
 def record_path_for(library: str | Path) -> Path:
     """The record's file beside a library: `library.sqlite` → `library.record.sqlite`."""
     path = Path(library)
@@ -262,6 +271,18 @@ class SqliteRecordStore:
         )
         return None if row is None else dict(json.loads(row[0]))
 
+    async def read_prefix(self, scope: str, prefix: str) -> dict[str, dict[str, Any]]:
+        """The keys starting with `prefix`: a range of the primary key, [prefix, its successor)."""
+        if not prefix:
+            return await self.read(scope)
+        sql = "SELECT key, body FROM tallies WHERE scope = ? AND key >= ?"
+        args: tuple[str, ...] = (scope, prefix)
+        end = successor(prefix)
+        if end is not None:
+            sql, args = sql + " AND key < ?", (*args, end)
+        rows = await self._call(lambda: self.db.execute(sql, args).fetchall())
+        return {key: json.loads(body) for key, body in rows if key.startswith(prefix)}
+
     async def scored(self, scope: str, low: float, high: float) -> list[str]:
         """The keys of a task scope whose pool score is in [low, high] (an index range)."""
         rows = await self._call(
@@ -399,6 +420,19 @@ class RedisRecordStore:
     async def read_one(self, scope: str, key: str) -> dict[str, Any] | None:
         raw = await self.redis.hget(self.hash(scope), key)
         return None if raw is None else dict(json.loads(raw))
+
+    async def read_prefix(self, scope: str, prefix: str) -> dict[str, dict[str, Any]]:
+        """The keys starting with `prefix`, matched by Redis (HSCAN MATCH): only they are sent and
+        parsed, though Redis looks at every key of the hash."""
+        if not prefix:
+            return await self.read(scope)
+        pattern = "".join(f"\\{c}" if c in "*?[]\\^" else c for c in prefix) + "*"
+        out: dict[str, dict[str, Any]] = {}
+        async for field, raw in self.redis.hscan_iter(self.hash(scope), match=pattern, count=2000):
+            key = field.decode()
+            if key.startswith(prefix):
+                out[key] = json.loads(raw)
+        return out
 
     async def scored(self, scope: str, low: float, high: float) -> list[str]:
         await self._index_all()
