@@ -33,7 +33,7 @@ Without it, the trl and verl paths run the adapters' contract in this process in
 spec's environment class called from threads as TRL's tool loop calls it, and verl's
 `run_episode` with a thinking scripted model. The report says which ran.
 
-Every episode is captured (`--capture 1`) into a small store (`--capture-bytes`, 1 MiB), so its
+Every episode is captured (`--capture 1`) into a small store (`--capture-bytes`, 256 KiB), so its
 bound is reached within minutes and held through the faults: the store is read every few seconds
 (bench/soak_captures.py) and its bytes, as counted and as recounted from the captures, must stay
 within the bound, and match at the end.
@@ -53,7 +53,7 @@ stack and its faults are bench/soak_stack.py, the paths bench/soak_paths.py.
 
     .venv/bin/python bench/soak.py [--minutes 20] [--rollouts 16] [--think-s 1] [--faults all]
         [--paths all] [--redis up|given] [--auth] [--trainers-python .venv-trainers/bin/python]
-        [--capture 1] [--capture-bytes 1048576]
+        [--capture 1] [--capture-bytes 262144]
 """
 
 from __future__ import annotations
@@ -163,10 +163,13 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line], workdi
                 tasks.append(asyncio.create_task(play))
         faults = FAULTS if args.faults == "all" else tuple(f for f in args.faults.split(",") if f)
         tasks.append(asyncio.create_task(fault_loop(stack, list(faults), until - 30, faults_log)))
-        tasks.append(asyncio.create_task(watch(lambda: redis_url(stack), captured, until)))
+        ended = asyncio.Event()
+        watching = asyncio.create_task(watch(lambda: redis_url(stack), captured, ended))
         try:
             await asyncio.gather(*tasks)
         finally:
+            ended.set()
+            await watching
             pool.shutdown(wait=True)
             spec.client().close()
     await final_reading(lambda: redis_url(stack), captured)
@@ -246,7 +249,7 @@ def main() -> None:
     parser.add_argument(
         "--capture-bytes",
         type=int,
-        default=1024 * 1024,
+        default=256 * 1024,
         help="the runtimes' --capture-bytes: the bound the captures must stay within through the soak "
         "(small, so it is reached within minutes)",
     )

@@ -16,6 +16,7 @@ fault) is counted as unreadable, not failed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,14 +110,16 @@ async def hashes(url: str) -> int:
         await redis.aclose()
 
 
-async def watch(url_of: Callable[[], str], found: CaptureWatch, until: float) -> None:
-    """Read the store every READ_EVERY_S until `until` (the monotonic clock)."""
-    while time.monotonic() < until:
+async def watch(url_of: Callable[[], str], found: CaptureWatch, done: asyncio.Event) -> None:
+    """Read the store every READ_EVERY_S until `done` is set (every path has ended: the episodes
+    still in flight when the soak stops starting them are captured too)."""
+    while not done.is_set():
         try:
             found.readings.append(await read(url_of()))
         except Exception:  # Redis restarting (the redis fault), or not answering for a moment
             found.unreadable += 1
-        await asyncio.sleep(min(READ_EVERY_S, max(0.0, until - time.monotonic())))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), READ_EVERY_S)
 
 
 async def final_reading(url_of: Callable[[], str], found: CaptureWatch, timeout_s: float = 60.0) -> None:
