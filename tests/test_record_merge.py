@@ -10,6 +10,7 @@ recomputed from scratch by the declaration.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -29,6 +30,7 @@ from services.runtime.tallies import (
     TaskTally,
     UnknownField,
     classes,
+    error_score,
     merge,
     pool_score,
     quarantined,
@@ -101,6 +103,7 @@ async def read_everything(store: Any) -> dict[str, Any]:
         "learnable": {scope: sorted(await store.scored(scope, 0.01, 0.99)) for scope in scopes},
         "measuring": {scope: sorted(await store.scored(scope, MEASURING, MEASURING)) for scope in scopes},
         "quarantined": await store.quarantined(),
+        "worst": await store.worst_envs(len(ENVS) + 1),
         "history": {
             run: [
                 (p.version, p.played, p.learnable, p.mastered, p.unsolved) for p in await store.history(run)
@@ -152,6 +155,9 @@ def test_both_stores_merge_random_histories_by_the_declaration_and_index_them_ex
                     assert got["quarantined"] == {env for env, body in envs.items() if quarantined(body)}, (
                         seed
                     )
+                    scores = {env: error_score(body) for env, body in envs.items()}
+                    worst = sorted(((r, env) for env, r in scores.items() if r is not None), reverse=True)
+                    assert got["worst"] == [env for _, env in worst], (seed, scores)
                 assert from_sqlite["learnable"] == from_redis["learnable"], seed
                 assert from_sqlite["history"].keys() == from_redis["history"].keys()
                 for name in from_sqlite["history"]:  # the same points (`at` aside)
@@ -211,6 +217,34 @@ def test_a_runs_history_keeps_its_last_versions_only(tmp_path: Path, redis_url: 
                 assert await store.history("nobody") == []
         finally:
             await sqlite.close()
+            await redis.close()
+
+    run(scenario)
+
+
+def test_a_record_indexed_before_the_errors_index_gets_it_when_opened(tmp_path: Path, redis_url: str) -> None:
+    """A record whose indexes predate the environments' errors index (marked "1") is indexed again
+    when opened: an environment with failed steps is then among the worst."""
+    failing = {"steps": 10, "env_error": 3, "window": ".......xxx"}
+
+    async def scenario() -> None:
+        sqlite = SqliteRecordStore(tmp_path / "old.sqlite")
+        await sqlite.apply({(ENV_SCOPE, "Bad"): failing, (ENV_SCOPE, "Good"): {"steps": 4}}, {})
+        sqlite.db.execute("DELETE FROM env_errors")
+        sqlite.db.execute("UPDATE record_meta SET value = '1' WHERE name = 'indexed'")
+        await sqlite.close()
+        reopened = SqliteRecordStore(tmp_path / "old.sqlite")
+        redis = RedisRecordStore(redis_url)
+        await redis.redis.flushall()
+        await redis.redis.hset(
+            redis.hash(ENV_SCOPE), mapping={"Bad": json.dumps(failing), "Good": '{"steps":4}'}
+        )
+        await redis.redis.set(redis.indexed_key, "1")
+        try:
+            for store in (reopened, redis):
+                assert await store.worst_envs(5) == ["Bad"], store
+        finally:
+            await reopened.close()
             await redis.close()
 
     run(scenario)

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from services.console.plays import Plays
 
 
+# Environments the Health page lists by error rate (beside every quarantined one).
+ERRORS_SHOWN = 50
+
+
 class NotAllowed(Exception):
     """A page or action the signed-in person may not use (an operator's, for a trainer)."""
 
@@ -237,17 +241,17 @@ async def curriculum(console: Console, request: Request, login: Login) -> Respon
 
 
 async def health(console: Console, request: Request, login: Login) -> Response:
-    envs = [
-        entry.env
-        async for entry in iter_stats(runtime(request), rt.StatsRequest(envs_only=True, played_only=True))
-    ]
+    # The quarantined and the worst by error rate, from the record's index (a runtime that predates
+    # `worst_envs` sends every environment, ranked here as before).
+    asked = rt.StatsRequest(envs_only=True, worst_envs=ERRORS_SHOWN)
+    envs = [entry.env async for entry in iter_stats(runtime(request), asked)]
     quarantined = [env for env in envs if env.quarantined]
 
     def error_rate(env: rt.EnvStats) -> float:
         return sum(env.step_errors.values()) / env.steps if env.steps else 0.0
 
     by_errors = sorted((env for env in envs if sum(env.step_errors.values())), key=error_rate, reverse=True)[
-        :50
+        :ERRORS_SHOWN
     ]
     rates = {env.env_id: error_rate(env) for env in by_errors}
     # Not `chart`: the template imports a macro of that name, which a context variable must not shadow.

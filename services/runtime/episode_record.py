@@ -134,6 +134,11 @@ class RecordStore(Protocol):
         """The environments quarantined now."""
         ...
 
+    async def worst_envs(self, n: int) -> list[str]:
+        """The `n` environments with the highest share of failed steps (`tallies.error_score`), the
+        worst first: a range of an index, whatever the record holds."""
+        ...
+
     async def runs(self) -> set[str]:
         """The runs the record holds (ALL_RUNS among them once any episode was recorded)."""
         ...
