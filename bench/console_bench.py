@@ -120,6 +120,9 @@ def record(db: Path, episodes: int, seed: int) -> tuple[Path, list[str]]:
     path = db.with_name(f"record-{episodes}-{seed}.sqlite")
     runs = [f"scale-run-{n}" for n in range(RUNS)]
     if path.exists():
+        # Opened once: a record indexed by an earlier version of the stores is indexed again here,
+        # not by every run's stack at its start.
+        asyncio.run(SqliteRecordStore(path).close())
         progress(f"record {path}: reused")
         return path, runs
     progress(f"writing a record of {episodes:,} episodes in {RUNS} runs over the library")

@@ -203,8 +203,16 @@ def page_calls(subjects: Subjects) -> list[tuple[str, str, Call]]:
             lambda c: c.stub.ListEpisodes(rt.ListEpisodesRequest(page_size=PAGE_SIZE)),
         ),
         ("episode", "GetEpisode", lambda c: c.stub.GetEpisode(rt.GetEpisodeRequest(episode_id=s.episode_id))),
-        ("curriculum", "Stats run played_only", lambda c: c.stats(s.run, played_only=True)),
-        ("curriculum", "RunHistory", lambda c: c.run_history(s.run)),
+        (
+            "curriculum",
+            "RunHistory (pools now, bands)",
+            lambda c: c.stub.RunHistory(rt.RunHistoryRequest(run_id=s.run)),
+        ),
+        (
+            "curriculum",
+            "Stats run played tasks*",
+            lambda c: drain_stats(c, rt.StatsRequest(run_id=s.run, played_only=True, tasks_only=True)),
+        ),
         (
             "curriculum",
             "SampleTasks (size, 5 min cache)",
@@ -212,7 +220,12 @@ def page_calls(subjects: Subjects) -> list[tuple[str, str, Call]]:
         ),
         (
             "health",
-            "Stats envs_only played_only",
+            "Stats worst_envs=50",
+            lambda c: drain_stats(c, rt.StatsRequest(envs_only=True, worst_envs=50)),
+        ),
+        (
+            "(before)",
+            "Stats envs_only (every env)",
             lambda c: drain_stats(c, rt.StatsRequest(envs_only=True, played_only=True)),
         ),
     ]
@@ -249,6 +262,10 @@ def print_calls(rows: list[Figures], count: int) -> None:
             f"{row['page']:<16} {row['call']:<34} {row['median_ms']:>7.1f} {row['p90_ms']:>7.1f}"
             f" {row['max_ms']:>7.1f}"
         )
+    print(
+        "  * read by the page only for a run of at most 1,000 played tasks (services/console/curriculum.py); "
+        "(before): what Health read before worst_envs"
+    )
 
 
 def loads_in_thread(

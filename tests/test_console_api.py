@@ -611,6 +611,9 @@ def test_curriculum_of_a_run_past_the_per_task_bound_reads_the_kept_counts_only(
 
     from codegym_client.async_client import AsyncRuntimeClient
     from services.console import curriculum
+    from services.console.access import Logins
+    from services.console.app import Console
+    from services.console.config import ConsoleConfig
     from services.runtime.episode_record import EpisodeOutcome, Recorder
     from services.runtime.record_store import SqliteRecordStore
 
@@ -624,9 +627,10 @@ def test_curriculum_of_a_run_past_the_per_task_bound_reads_the_kept_counts_only(
         for n, (env_id, config) in enumerate(tasks):  # 4 episodes each: pools decided
             for episode in range(4):
                 passed = float(n % 3 == 0 or (n % 3 == 1 and episode % 2 == 0))
-                recorder.episode(
-                    EpisodeOutcome(f"s{n}-{episode}", env_id, config, "big", 1, passed, 2, "done")
-                )
+                outcome = EpisodeOutcome(f"s{n}-{episode}", env_id, config, "big", n // 4, passed, 2, "done")
+                recorder.episode(outcome)
+            if n % 4 == 3:
+                await recorder.flush()  # a history point per policy version: 3 of them
         await recorder.flush()
         await store.close()
 
@@ -634,7 +638,7 @@ def test_curriculum_of_a_run_past_the_per_task_bound_reads_the_kept_counts_only(
     server = runtime(library, workers, "--record", str(record))
     stats_calls: list[rt.StatsRequest] = []
 
-    async def view(bound: int) -> curriculum.CurriculumView:
+    async def view(bound: int, listed: int = curriculum.VERSIONS_LISTED) -> curriculum.CurriculumView:
         monkeypatch.setattr(curriculum, "PER_TASK_MAX", bound)
         async with AsyncRuntimeClient(server.address) as client:
             asked = client.stub.Stats
@@ -644,7 +648,7 @@ def test_curriculum_of_a_run_past_the_per_task_bound_reads_the_kept_counts_only(
                 return asked(request, **kwargs)
 
             client.stub.Stats = counted  # type: ignore[method-assign]
-            return await curriculum.curriculum_view(client, "big")
+            return await curriculum.curriculum_view(client, "big", listed)
 
     try:
         big = asyncio.run(view(len(tasks) - 1))
@@ -663,5 +667,18 @@ def test_curriculum_of_a_run_past_the_per_task_bound_reads_the_kept_counts_only(
         assert small.per_task is not None and small.per_task.episodes == 4 * len(tasks)
         assert small.pools == big.pools
         assert len(stats_calls) == 1 and stats_calls[0].tasks_only and stats_calls[0].played_only
+        with Library(library, read_only=True) as lib:
+            assert big.pools["unseen"] == lib.counts()[1] - len(tasks)  # the library's size from RunHistory
+        # The pools-by-version table lists the last versions, with a link to every one.
+        assert [row.version for row in big.versions] == [0, 1, 2] and big.listed == big.versions
+        short = asyncio.run(view(len(tasks), listed=2))
+        assert [row.version for row in short.listed] == [1, 2]
+        console = Console(ConsoleConfig(runtime=server.address))
+        _, login = Logins({}).sign_in("")
+        html = console.templates.get_template("curriculum.html").render(
+            view=short, run_id="big", login=login, page="curriculum", signin=False, grafana_url="", path="/"
+        )
+        assert 'data-version="0"' not in html and 'data-version="2"' in html
+        assert "The last 2 of 3 versions" in html and "versions=all" in html
     finally:
         server.stop()

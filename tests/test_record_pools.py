@@ -334,6 +334,7 @@ def test_run_history_says_the_runs_pools_and_recent_pass_rates_now_from_the_kept
                 now = (answer.now.played, answer.now.learnable, answer.now.mastered, answer.now.unsolved)
                 assert now == (sum(pools.values()), pools["learnable"], pools["mastered"], pools["unsolved"])
                 assert now[0] > 0 and dict(answer.recent_pass_rates) == gauge_bands(counted)
+                assert answer.library_tasks == len(tasks)
                 last = answer.points[-1]  # the last flush carried a policy version: its point is now
                 assert (last.played, last.learnable, last.mastered, last.unsolved) == now
         finally:

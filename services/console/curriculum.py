@@ -9,7 +9,8 @@
   rows, not the library's), for a run of at most `PER_TASK_MAX` played tasks only: its episodes,
   the tasks that moved pools (where the published prior put a task, and where the run's own
   episodes have) and the zero-variance share below; a larger run's page says how to list them;
-- the library's size from one `SampleTasks` (its pools' sum), kept for 5 minutes.
+- the library's size, from `RunHistory` too (a runtime that predates it: one `SampleTasks`, its
+  pools' sum, kept for 5 minutes).
 
 A runtime that predates `RunHistory`'s counts now is read as before: the pools and the pass-rate
 histogram from every played task's `Stats` line.
@@ -26,7 +27,6 @@ episodes over the whole run (`Stats`) and its pools per version as counts (`RunH
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 
@@ -40,7 +40,8 @@ from services.console.plays import CONSOLE_RUN
 POOLS = ("unseen", "learnable", "mastered", "unsolved")
 PLAYED_POOLS = POOLS[1:]
 LOW, HIGH = 0.0, 1.0  # the sampler's default learnable band
-VERSIONS_DRAWN = 20  # the pools-by-version chart draws the last this many versions (the table all)
+VERSIONS_DRAWN = 20  # the pools-by-version chart draws the last this many versions
+VERSIONS_LISTED = 100  # and its table lists the last this many (`?versions=all`: every one kept)
 MOVED_SHOWN = 200  # rows of the moved-tasks table
 # Played tasks up to which the page reads each one's Stats line (a page's bounded work): past it,
 # the per-task figures are left to `codegym library stats --run R --played-only`.
@@ -94,6 +95,7 @@ class CurriculumView:
     pool_chart: plots.BarChart
     pass_rates: plots.BarChart
     versions: list[VersionRow]
+    listed: list[VersionRow]  # the table's rows: the last `VERSIONS_LISTED`, or every one
     version_chart: plots.StackedChart
     history_note: str  # why there is no history, from the runtime ("" when there is)
     per_task: PerTask | None  # None: the run has played more than PER_TASK_MAX tasks
@@ -121,9 +123,13 @@ class LibrarySize:
 LIBRARY_SIZE = LibrarySize()
 
 
-async def curriculum_view(client: AsyncRuntimeClient, run_id: str) -> CurriculumView:
-    total, kept = await asyncio.gather(LIBRARY_SIZE.tasks(client), run_history(client, run_id))
-    history, now, bands, history_note = kept
+async def curriculum_view(
+    client: AsyncRuntimeClient, run_id: str, versions_listed: int = VERSIONS_LISTED
+) -> CurriculumView:
+    """The run's page; its pools-by-version table lists the last `versions_listed` versions (0:
+    every one the record keeps)."""
+    history, now, bands, library_tasks, history_note = await run_history(client, run_id)
+    total = library_tasks or await LIBRARY_SIZE.tasks(client)
     played_tasks = None
     if now is None or now.played <= PER_TASK_MAX:  # none played (or unrecorded): nothing to read
         played_tasks = await played_stats(client, run_id) if now is None or now.played else []
@@ -146,6 +152,7 @@ async def curriculum_view(client: AsyncRuntimeClient, run_id: str) -> Curriculum
     pools = {"unseen": max(0, total - played), **counted}
     versions = version_rows(history, total)
     return CurriculumView(
+        listed=versions[-versions_listed:] if versions_listed else versions,
         pools=pools,
         played=played,
         pool_chart=plots.bar_chart(
@@ -184,21 +191,22 @@ async def played_stats(client: AsyncRuntimeClient, run_id: str) -> list[rt.TaskS
     return [entry.task async for entry in entries if entry.HasField("task") and entry.task.episodes]
 
 
-History = tuple[list[rt.RunHistoryPoint], rt.RunHistoryPoint | None, dict[str, int], str]
+History = tuple[list[rt.RunHistoryPoint], rt.RunHistoryPoint | None, dict[str, int], int, str]
 
 
 async def run_history(client: AsyncRuntimeClient, run_id: str) -> History:
-    """The run's history, its pools now (None from a runtime that predates them) and its recent
-    pass-rate bands; or none and the runtime's reason (a run it has not recorded yet, or a runtime
-    started with --no-record: both refused as invalid, and the page shows which)."""
+    """The run's history, its pools now (None from a runtime that predates them), its recent
+    pass-rate bands and the library's tasks (0: not said); or none and the runtime's reason (a
+    run it has not recorded yet, or a runtime started with --no-record: both refused as invalid,
+    and the page shows which)."""
     try:
         answer = await client.stub.RunHistory(rt.RunHistoryRequest(run_id=run_id), timeout=client.timeout_s)
     except grpc.RpcError as exc:
         if exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
             raise
-        return [], rt.RunHistoryPoint(), {}, exc.details() or ""
+        return [], rt.RunHistoryPoint(), {}, 0, exc.details() or ""
     now = answer.now if answer.HasField("now") else None
-    return list(answer.points), now, dict(answer.recent_pass_rates), ""
+    return list(answer.points), now, dict(answer.recent_pass_rates), int(answer.library_tasks), ""
 
 
 def moved_from_prior(task: rt.TaskStats) -> Moved | None:

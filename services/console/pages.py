@@ -13,7 +13,7 @@ from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from services.console import library as lib
 from services.console import plots
-from services.console.curriculum import curriculum_view
+from services.console.curriculum import VERSIONS_LISTED, curriculum_view
 from services.console.highlight import highlight
 from services.console.plays import CONSOLE_RUN, Play, Turn, clip
 from services.console.schemas import BadForm, parameters, tool_form
@@ -233,7 +233,10 @@ async def episode_page(console: Console, request: Request, login: Login) -> Resp
 
 async def curriculum(console: Console, request: Request, login: Login) -> Response:
     run_id = request.query_params.get("run", "").strip()
-    view = await curriculum_view(runtime(request), run_id) if run_id else None
+    every = request.query_params.get("versions", "") == "all"
+    view = (
+        await curriculum_view(runtime(request), run_id, 0 if every else VERSIONS_LISTED) if run_id else None
+    )
     return console.render(request, "curriculum.html", login, run_id=run_id, view=view)
 
 

@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from codegym.errors import Reason, Refusal
+from codegym.library.store import Library
 from codegym.server.metrics import RECORD_QUARANTINED, RECORD_TASKS
 from codegym.threaded import iterate_in_thread
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
@@ -216,6 +217,7 @@ class RecordDesk:
         store = (await self.flushed()).store
         counts = await store.counts(task_scope(request.run_id))
         pools = pool_counts(counts)
+        library_tasks = await asyncio.to_thread(self.library_tasks)
         points = await store.history(request.run_id)
         if not points and (request.run_id or ALL_RUNS) not in await store.runs():
             raise Refusal(
@@ -237,7 +239,13 @@ class RecordDesk:
             ],
             now=rt.RunHistoryPoint(played=sum(pools.values()), **pools),
             recent_pass_rates=gauge_bands(counts),
+            library_tasks=library_tasks,
         )
+
+    def library_tasks(self) -> int:
+        """The library's tasks, from its summary for the sampler (kept until the file changes)."""
+        with Library(self.catalog.path, read_only=True) as library:
+            return len(self.summaries.of(library, "").ids)
 
     async def search(self, request: rt.SearchEnvsRequest) -> rt.SearchEnvsResponse:
         """SearchEnvs: the catalog's page, each environment marked quarantined from the record (its

@@ -1674,6 +1674,9 @@ class RunHistoryResponse(_message.Message):
     POINTS_FIELD_NUMBER: _builtins.int
     NOW_FIELD_NUMBER: _builtins.int
     RECENT_PASS_RATES_FIELD_NUMBER: _builtins.int
+    LIBRARY_TASKS_FIELD_NUMBER: _builtins.int
+    library_tasks: _builtins.int
+    """Tasks the library holds (the run's unseen ones are these less its played ones)."""
     @_builtins.property
     def points(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunHistoryPoint]:
         """Oldest version first; at most the runtime's bound (1,000 versions per run)."""
@@ -1697,10 +1700,11 @@ class RunHistoryResponse(_message.Message):
         points: _abc.Iterable[Global___RunHistoryPoint] | None = ...,
         now: Global___RunHistoryPoint | None = ...,
         recent_pass_rates: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        library_tasks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["now", b"now"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["now", b"now", "points", b"points", "recent_pass_rates", b"recent_pass_rates"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["library_tasks", b"library_tasks", "now", b"now", "points", b"points", "recent_pass_rates", b"recent_pass_rates"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
