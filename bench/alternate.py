@@ -26,7 +26,7 @@ from pathlib import Path
 from bench.common import Figures, Line, progress
 from bench.load import measure, plan
 from bench.stacks import ROOT, StackSpec, git, up
-from bench.tables import print_rows
+from bench.tables import BUSY_CPU_PCT, print_rows
 
 CPU_TOLERANCE = 0.05  # CPU per step: the arms' means within 5 %
 ARMS = ("A", "B")
@@ -151,6 +151,16 @@ def print_alternate(rows: list[Figures], args: argparse.Namespace) -> dict[str, 
     for row in rows:
         if "failed" in row:
             print(f"  {row['point']} run {row['run']} arm {row['arm']}: n/a, {row['failed']}")
+    busy = [r for r in rows if (r.get("other_cpu_pct") or 0) > BUSY_CPU_PCT]
+    if busy:
+        print(
+            f"!!! other work on the machine took over {BUSY_CPU_PCT:.0f} % CPU (100 = one CPU) during "
+            + ", ".join(
+                f"run {r['run']} {r['arm']} ({r['other_cpu_pct']:.0f} %: {r.get('other_top') or '?'})"
+                for r in busy
+            )
+            + ": those runs' figures include that contention"
+        )
     found = verdicts(rows)
     print("\nper arm: mean over the runs [min .. max] (spread = max - min)")
     for point, f in found.items():

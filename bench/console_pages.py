@@ -214,8 +214,8 @@ def page_calls(subjects: Subjects) -> list[tuple[str, str, Call]]:
             lambda c: drain_stats(c, rt.StatsRequest(run_id=s.run, played_only=True, tasks_only=True)),
         ),
         (
-            "curriculum",
-            "SampleTasks (size, 5 min cache)",
+            "(before)",
+            "SampleTasks (the library's size)",
             lambda c: c.sample_tasks("console-size", 1, seed=1),
         ),
         (
@@ -264,7 +264,7 @@ def print_calls(rows: list[Figures], count: int) -> None:
         )
     print(
         "  * read by the page only for a run of at most 1,000 played tasks (services/console/curriculum.py); "
-        "(before): what Health read before worst_envs"
+        "(before): what Health read before worst_envs, and Curriculum before library_tasks"
     )
 
 
