@@ -24,7 +24,7 @@ from navigation start to the load event, on an idle stack with a library of the 
   pages       in headless Chromium (Selenium driving Debian's chromium and chromium-driver, as the
               browser tests do): library, a library search (--search), an environment, play (a
               console session after one step), episodes, one episode (the run's longest),
-              curriculum (the run), health. One warm-up load of each (its time printed as
+              curriculum (the record's first run), health. One warm-up load of each (its time printed as
               "first"), then --loads rounds of every page in turn. A load's time is Navigation
               Timing's, navigation start to the end of the load event; beside it when the console's
               answer began (its runtime reads and its render) and DOMContentLoaded.
@@ -42,8 +42,12 @@ upper bounds: the bench prints the load average at the start and the other CPU d
 window.
 
     .venv/bin/python bench/console_bench.py [--quick] [--envs 22366] [--data DIR] [--loads 20]
-        [--calls 30] [--search WORDS] [--under-load] [--steady 1024:4] [--window-s 60]
-        [--up-args '...'] [--json FILE]
+        [--calls 30] [--record-episodes 400000] [--search WORDS] [--under-load] [--steady 1024:4]
+        [--window-s 60] [--up-args '...'] [--json FILE]
+
+The measurement of record, on a quiet machine (the first run builds the library and the record,
+about 6 minutes, then reuses them): `make bench-console`, and `make bench-console
+CONSOLE_ARGS="--under-load --json console.json"` for the pages beside the 1,024-rollout load.
 """
 
 from __future__ import annotations
