@@ -180,6 +180,13 @@ demo:
 	addr=$$(sed -n 's/^runtime listening on //p' $$log); test -n "$$addr" || { cat $$log; exit 1; }; \
 	grep -v " INFO " $$log; $(VENV)/bin/codegym demo --target $$addr
 
+# Each console page's load time in headless Chromium over a library of the published size and a
+# large record (docs/console.md, "Load times"): `make bench-console CONSOLE_ARGS=--quick` (a smoke
+# run); every option in `$(PY) bench/console_bench.py --help`.
+.PHONY: bench-console
+bench-console:
+	$(PY) bench/console_bench.py $(CONSOLE_ARGS)
+
 # The console's pages as PNGs in docs/console/ (docs/console.md shows them), each page's load time
 # measured in headless Chromium on an idle stack over a library of 80,000 tasks (make install
 # installs chromium and chromium-driver).

@@ -17,7 +17,7 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,7 +252,7 @@ class Plan:
     min_warmup_s: float = 2.0  # for T = 0: the first steps of a fresh stack are cold
     # Run beside the window (given the stack and the window's length), its figures added to the
     # window's: a profiler attached to the stack's processes (bench/profile_bench.py).
-    during: Callable[[Stack, float], Awaitable[Figures]] | None = None
+    during: Callable[[Stack, float], Coroutine[Any, Any, Figures]] | None = None
 
 
 async def warm_up(tally: Tally, plan: Plan, started: float) -> float:

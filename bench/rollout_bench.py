@@ -26,12 +26,19 @@ with `git worktree add --detach` into a temp dir and run from there, its modules
 PYTHONPATH), one stack after the other on the same load. Figures of a 2-core machine: the load
 generator shares it with the stack (its own CPU is in the tables).
 
+Alternating runs (--alternate=OPTIONS): only the steady shape (1,024:4 unless --steady says
+otherwise), on the working tree alone, arm A with --up-args and arm B with OPTIONS added, in turn
+A B A B ... (--runs pairs), each on a fresh stack: per run CPU per step and step p99, per arm the
+mean and the run-to-run spread, and the verdicts (CPU per step within 5 %, p99 within the spread).
+E.g. captures on against off: `--alternate=--no-capture` (bench/alternate.py).
+
 The parts, each its own module: the stacks (bench/stacks.py), the episodes over either transport
 (bench/episodes.py), the load generator and what it measures (bench/load.py), each episode judged
 against its recording (bench/judge.py), and the tables (bench/tables.py).
 
     .venv/bin/python bench/rollout_bench.py [--quick] [--shapes steady,burst] [--base REV | --no-base]
         [--steady 256:1,1024:4,4096:16] [--window-s 30] [--json FILE]
+    .venv/bin/python bench/rollout_bench.py --alternate=--no-capture [--runs 3] [--quick]
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.alternate import print_alternate, run_alternate  # noqa: E402
 from bench.common import Figures, Line, median, progress  # noqa: E402
 from bench.load import burst, measure, plan  # noqa: E402
 from bench.stacks import StackSpec, stack_specs, up  # noqa: E402
@@ -188,8 +196,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="more `codegym up` options for the working tree's stack, e.g. '--resident-memory-mb 1800'",
     )
     parser.add_argument(
-        "--steady", type=points, default=points("256:1,1024:4,4096:16"), help="N:T,... points"
+        "--steady",
+        type=points,
+        default=None,
+        help="N:T,... points (default 256:1,1024:4,4096:16; with --alternate 1024:4)",
     )
+    parser.add_argument(
+        "--alternate",
+        default=None,
+        metavar="OPTIONS",
+        help="alternating runs of the steady shape on the working tree: arm A with --up-args, arm B with "
+        "these `codegym up` options too (give them with '=': --alternate=--no-capture)",
+    )
+    parser.add_argument("--runs", type=int, default=3, help="pairs of alternating runs (A B) per point")
     parser.add_argument("--window-s", type=float, default=30.0, help="measurement window after the warm-up")
     parser.add_argument("--burst-n", type=int, default=512, help="episodes created at once")
     parser.add_argument("--burst-steps", type=int, default=20, help="steps each burst episode plays")
@@ -217,6 +236,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="smoke test: N/4 and T/4 (same offered steps/s), windows 10 s and 5 s, burst N/4 and T/4",
     )
     args = parser.parse_args(argv)
+    if args.steady is None:
+        args.steady = points("1024:4" if args.alternate is not None else "256:1,1024:4,4096:16")
+    if args.alternate is not None and (not args.alternate.split() or args.runs < 1):
+        parser.error("--alternate needs the options arm B adds, and --runs at least 1")
     args.shapes = [s for s in args.shapes.split(",") if s]
     unknown = set(args.shapes) - set(SHAPES)
     if unknown:
@@ -238,6 +261,9 @@ def main() -> None:
     # SIGTERM ends the bench like Ctrl-C: the blocks below stop the servers and remove the worktree.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     lines = [line for line in read_trajectories(args.trajectories) if line.get("steps")]
+    if args.alternate is not None:
+        alternate(args, lines)
+        return
     results: dict[str, list[Figures]] = {}
     with contextlib.ExitStack() as cleanup:
         workdir = Path(tempfile.mkdtemp(prefix="codegym-rollout-bench-"))
@@ -256,6 +282,33 @@ def main() -> None:
             "median_episode_steps": median([len(line["steps"]) for line in lines]),
         }
         args.json.write_text(json.dumps({"meta": meta, "shapes": results}, indent=2, default=str))
+        progress(f"figures written to {args.json}")
+
+
+def alternate(args: argparse.Namespace, lines: list[Line]) -> None:
+    """--alternate: the working tree's stack without and with the options, in turn (bench/alternate.py)."""
+    with contextlib.ExitStack() as cleanup:
+        workdir = Path(tempfile.mkdtemp(prefix="codegym-rollout-bench-"))
+        workdir.chmod(0o755)  # the jails (other uids) read the library's folder
+        cleanup.callback(shutil.rmtree, workdir, True)
+        rows = run_alternate(lines, args, workdir)
+        found = print_alternate(rows, args)
+    report_problems(
+        {
+            "alternate": [
+                {**row, "stack": row["arm"], "point": f"{row['point']} run {row['run']}"} for row in rows
+            ]
+        }
+    )
+    if args.json:
+        meta = {
+            "args": {k: v for k, v in vars(args).items() if k not in ("json", "trajectories")},
+            "cpus": os.cpu_count(),
+            "loadavg": os.getloadavg(),
+        }
+        args.json.write_text(
+            json.dumps({"meta": meta, "runs": rows, "verdicts": found}, indent=2, default=str)
+        )
         progress(f"figures written to {args.json}")
 
 

@@ -33,6 +33,11 @@ Without it, the trl and verl paths run the adapters' contract in this process in
 spec's environment class called from threads as TRL's tool loop calls it, and verl's
 `run_episode` with a thinking scripted model. The report says which ran.
 
+Every episode is captured (`--capture 1`) into a small store (`--capture-bytes`, 256 KiB), so its
+bound is reached within minutes and held through the faults: the store is read every few seconds
+(bench/soak_captures.py) and its bytes, as counted and as recounted from the captures, must stay
+within the bound, and match at the end.
+
 Per path it reports episodes finished; episodes **shaped** by a fault (an observation that differs
 from the recording: must be 0 — a trainer cannot tell it from a true one); episodes **failed** by
 the infrastructure and marked so the trainer does not learn from them (TRL: `get_reward()` is
@@ -48,6 +53,7 @@ stack and its faults are bench/soak_stack.py, the paths bench/soak_paths.py.
 
     .venv/bin/python bench/soak.py [--minutes 20] [--rollouts 16] [--think-s 1] [--faults all]
         [--paths all] [--redis up|given] [--auth] [--trainers-python .venv-trainers/bin/python]
+        [--capture 1] [--capture-bytes 262144]
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import Line  # noqa: E402
 from bench.episodes import WsEpisode  # noqa: E402
+from bench.soak_captures import CaptureWatch, final_reading, print_watch, watch  # noqa: E402
 from bench.soak_paths import (  # noqa: E402
     Moves,
     MovingEpisode,
@@ -106,6 +113,7 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line], workdi
     trainers = Path(args.trainers_python).exists()
     faults_log: list[str] = []
     memory_start = memory_mib(stack)
+    captured = CaptureWatch(args.capture_bytes)
     target = ",".join(stack.runtimes)
     # Each trainer path has its own client, as separate trainer processes would.
     async with (
@@ -155,11 +163,16 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line], workdi
                 tasks.append(asyncio.create_task(play))
         faults = FAULTS if args.faults == "all" else tuple(f for f in args.faults.split(",") if f)
         tasks.append(asyncio.create_task(fault_loop(stack, list(faults), until - 30, faults_log)))
+        ended = asyncio.Event()
+        watching = asyncio.create_task(watch(lambda: redis_url(stack), captured, ended))
         try:
             await asyncio.gather(*tasks)
         finally:
+            ended.set()
+            await watching
             pool.shutdown(wait=True)
             spec.client().close()
+    await final_reading(lambda: redis_url(stack), captured)
     left = await sessions_left(redis_url(stack))
     return {
         "moves": vars(moves) | {"known": len(moves.known), "wrong": dict(moves.wrong)},
@@ -175,6 +188,7 @@ async def soak(args: argparse.Namespace, stack: Stack, lines: list[Line], workdi
         },
         "sessions_left_open": len(left),
         "memory_mib": {"start": memory_start, "end": memory_mib(stack)},
+        "captures": captured,
     }
 
 
@@ -227,6 +241,19 @@ def main() -> None:
         help="the trainers' venv (TRL, verl); absent: their adapters' contract runs in this process",
     )
     parser.add_argument(
+        "--capture",
+        type=float,
+        default=1.0,
+        help="the runtimes' --capture: the fraction of episodes captured whole (every one by default)",
+    )
+    parser.add_argument(
+        "--capture-bytes",
+        type=int,
+        default=256 * 1024,
+        help="the runtimes' --capture-bytes: the bound the captures must stay within through the soak "
+        "(small, so it is reached within minutes)",
+    )
+    parser.add_argument(
         "--memory-growth-mib",
         type=float,
         default=MEMORY_GROWTH_MIB,
@@ -238,7 +265,8 @@ def main() -> None:
     ]
     workdir = Path(tempfile.mkdtemp(prefix="codegym-soak-"))
     os.chmod(workdir, 0o755)
-    with soak_stack(workdir, args.redis, args.auth) as stack:
+    capture = ("--capture", str(args.capture), "--capture-bytes", str(args.capture_bytes))
+    with soak_stack(workdir, args.redis, args.auth, capture) as stack:
         report = asyncio.run(soak(args, stack, lines, workdir))
     access = "access tokens on (up --auth)" if report["auth"] else "no access tokens"
     print(f"soak of {report['minutes']:g} min, {access}, faults: {len(report['faults'])}")
@@ -270,6 +298,7 @@ def main() -> None:
     start, end = report["memory_mib"]["start"], report["memory_mib"]["end"]
     for name in sorted(set(start) | set(end)):
         print(f"  {name:<18} {start.get(name, 0):8.1f} -> {end.get(name, 0):8.1f}")
+    print_watch(report["captures"])
     broken = verdict(report, args.memory_growth_mib)
     for line in broken:
         print(f"FAILED: {line}")
@@ -281,8 +310,8 @@ def verdict(report: dict[str, Any], growth_mib: float) -> list[str]:
     """What the soak must hold: no observation shaped by a fault on any path; no episode lost to a
     trainer path (the OpenEnv path is reported only: its protocol cannot resume an episode whose
     socket a gateway restart closed past its grace); no session left open; no server growing past
-    `growth_mib`."""
-    broken: list[str] = []
+    `growth_mib`; captures within their byte bound at every reading, their count true at the end."""
+    broken: list[str] = report["captures"].broken()
     for name, tally in report["paths"].items():
         if tally["shaped"]:
             broken.append(f"{name}: {tally['shaped']} episodes shaped by a fault")

@@ -34,11 +34,14 @@ REDIS_URL = re.compile(r"redis at (redis://\S+) \(pid")
 
 
 @contextlib.contextmanager
-def soak_stack(workdir: Path, redis: str = "up", auth: bool = False) -> Iterator[Stack]:
+def soak_stack(
+    workdir: Path, redis: str = "up", auth: bool = False, more: tuple[str, ...] = ()
+) -> Iterator[Stack]:
     """The soak's `codegym up` over its own Redis (`redis="up"`, append-only in workdir/redis) or
     ours (`"given"`, `stack.redis`), once `up` has named every server; all stopped at the end.
     `auth`: `up --auth`, and every path of this process and its trainer processes plays on the
-    trainer token `up` printed (`CODEGYM_TOKEN`), as a trainer would."""
+    trainer token `up` printed (`CODEGYM_TOKEN`), as a trainer would. `more`: more `up` options
+    (the soak's capture options)."""
     folder = workdir / "redis"
     given: RedisServer | None = None
     up_args: tuple[str, ...] = ("--runtimes", "2", "--redis-dir", str(folder))
@@ -48,6 +51,7 @@ def soak_stack(workdir: Path, redis: str = "up", auth: bool = False) -> Iterator
         up_args = ("--runtimes", "2", "--sessions", given.url)
     if auth:
         up_args += ("--auth",)
+    up_args += more
     spec = StackSpec("soak", ROOT, "working tree", workdir / "library.db", workdir / "up.log", up_args)
     stack: Stack | None = None
     try:

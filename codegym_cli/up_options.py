@@ -32,7 +32,19 @@ from services.runtime.settings import RuntimeSettings
 
 # Which server options `up` passes through to its servers, by server (the rest are up's own).
 SANDBOX_OPTIONS = ("jails", "jail_nice", "resident_memory_mb")
-RUNTIME_OPTIONS = ("library", "host", "port", "sessions", "no_record", "checkpoint_key")
+# The capture options too: what the runtimes capture and keep (docs/console.md), so a stack of `up`
+# can run with captures off or bounded small (bench/rollout_bench.py --alternate, bench/soak.py).
+RUNTIME_OPTIONS = (
+    "library",
+    "host",
+    "port",
+    "sessions",
+    "no_record",
+    "checkpoint_key",
+    "capture",
+    "no_capture",
+    "capture_bytes",
+)
 ACCESS_OPTIONS = ("insecure", "tls_cert", "tls_key")
 CALLS_OPTIONS = ("tls_ca",)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -77,11 +78,35 @@ def chromium(width: int = 1280, height: int = 900) -> Iterator[Any]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
+# The current page's Navigation Timing (Level 2) entry, its phases in ms from navigation start:
+# null until its load event has ended (a driver's `get` returns once the document is complete,
+# which comes just before the load event runs).
+NAVIGATION = """
+const e = performance.getEntriesByType('navigation')[0];
+if (!e || !e.loadEventEnd) return null;
+return {response_start: e.responseStart - e.startTime, response_end: e.responseEnd - e.startTime,
+        dom_content_loaded: e.domContentLoadedEventEnd - e.startTime,
+        load: e.loadEventEnd - e.startTime, transfer_bytes: e.transferSize,
+        status: e.responseStatus || 0};
+"""
+
+
+def navigation(driver: Any, timeout_s: float = 10.0) -> dict[str, float]:
+    """The current page's load in the browser, from Navigation Timing: `load` (navigation start to
+    the end of the load event) and its phases (`response_start`: the server's answer began;
+    `response_end`; `dom_content_loaded`), in ms, `transfer_bytes`, and the HTTP `status` (0 where
+    the browser does not tell)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = driver.execute_script(NAVIGATION)
+        if found is not None:
+            return {key: float(value) for key, value in found.items()}
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no load event ended on {driver.current_url} within {timeout_s:g} s")
+        time.sleep(0.005)
+
+
 def load_ms(driver: Any) -> float:
     """The current page's load time in the browser: navigation start to the load event's end
     (Navigation Timing)."""
-    timing = driver.execute_script(
-        "const t = performance.timing; return [t.navigationStart, t.loadEventEnd];"
-    )
-    start, end = timing
-    return float(end - start)
+    return navigation(driver)["load"]

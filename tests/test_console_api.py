@@ -238,6 +238,16 @@ def test_bad_episode_requests_get_typed_refusals(capturing: Caller) -> None:
     assert capturing.ListEpisodes(rt.ListEpisodesRequest(page_size=0)) is not None
 
 
+def test_contradictory_stats_requests_get_a_typed_refusal_over_the_stream(capturing: Caller) -> None:
+    for request in (
+        rt.StatsRequest(envs_only=True, tasks_only=True),
+        rt.StatsRequest(worst_envs=5),
+        rt.StatsRequest(envs_only=True, worst_envs=5000),
+    ):
+        got, reason, message = refusal(lambda request=request: list(capturing.Stats(request)))
+        assert got == grpc.StatusCode.INVALID_ARGUMENT and reason and message, (request, got, message)
+
+
 def test_console_episodes_stay_out_of_the_all_runs_record(capturing: Caller) -> None:
     """A console session is captured whole and recorded for the run `console` only."""
     played = capturing.play(LONG_TASK, [OBSERVE, WRONG], run_id="console")
@@ -587,3 +597,88 @@ def test_a_search_total_is_counted_up_to_its_cap(
         assert (few.total, few.total_capped) == (1, False)
     finally:
         catalog.close()
+
+
+# ---- the Curriculum page's reads over a run of many played tasks -------------------------------------
+
+
+def test_curriculum_of_a_run_past_the_per_task_bound_reads_the_kept_counts_only(
+    library: Path, workers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past `PER_TASK_MAX` played tasks the page reads RunHistory's counts (pools now, recent pass
+    rates) and no task's Stats line; within it, the same pools with the per-task figures."""
+    import asyncio
+
+    from codegym_client.async_client import AsyncRuntimeClient
+    from services.console import curriculum
+    from services.console.access import Logins
+    from services.console.app import Console
+    from services.console.config import ConsoleConfig
+    from services.runtime.episode_record import EpisodeOutcome, Recorder
+    from services.runtime.record_store import SqliteRecordStore
+
+    with Library(library, read_only=True) as lib:
+        tasks = [(task.env_id, task.config_json) for task in lib.iter_tasks()][:12]
+    record = tmp_path / "record.sqlite"
+
+    async def write() -> None:
+        store = SqliteRecordStore(record)
+        recorder = Recorder(store, lambda env_id, config: 0)
+        for n, (env_id, config) in enumerate(tasks):  # 4 episodes each: pools decided
+            for episode in range(4):
+                passed = float(n % 3 == 0 or (n % 3 == 1 and episode % 2 == 0))
+                outcome = EpisodeOutcome(f"s{n}-{episode}", env_id, config, "big", n // 4, passed, 2, "done")
+                recorder.episode(outcome)
+            if n % 4 == 3:
+                await recorder.flush()  # a history point per policy version: 3 of them
+        await recorder.flush()
+        await store.close()
+
+    asyncio.run(write())
+    server = runtime(library, workers, "--record", str(record))
+    stats_calls: list[rt.StatsRequest] = []
+
+    async def view(bound: int, listed: int = curriculum.VERSIONS_LISTED) -> curriculum.CurriculumView:
+        monkeypatch.setattr(curriculum, "PER_TASK_MAX", bound)
+        async with AsyncRuntimeClient(server.address) as client:
+            asked = client.stub.Stats
+
+            def counted(request: rt.StatsRequest, **kwargs: Any) -> Any:
+                stats_calls.append(request)
+                return asked(request, **kwargs)
+
+            client.stub.Stats = counted  # type: ignore[method-assign]
+            return await curriculum.curriculum_view(client, "big", listed)
+
+    try:
+        big = asyncio.run(view(len(tasks) - 1))
+        assert big.per_task is None and stats_calls == []
+        assert big.played == len(tasks)
+        assert (big.pools["learnable"], big.pools["mastered"], big.pools["unsolved"]) == (4, 4, 4)
+        assert {bar.label: bar.value for bar in big.pass_rates.bars} == {
+            "0": "4",
+            "0.00-0.25": "0",
+            "0.25-0.50": "0",
+            "0.50-0.75": "4",
+            "0.75-1.00": "0",
+            "1": "4",
+        }
+        small = asyncio.run(view(len(tasks)))
+        assert small.per_task is not None and small.per_task.episodes == 4 * len(tasks)
+        assert small.pools == big.pools
+        assert len(stats_calls) == 1 and stats_calls[0].tasks_only and stats_calls[0].played_only
+        with Library(library, read_only=True) as lib:
+            assert big.pools["unseen"] == lib.counts()[1] - len(tasks)  # the library's size from RunHistory
+        # The pools-by-version table lists the last versions, with a link to every one.
+        assert [row.version for row in big.versions] == [0, 1, 2] and big.listed == big.versions
+        short = asyncio.run(view(len(tasks), listed=2))
+        assert [row.version for row in short.listed] == [1, 2]
+        console = Console(ConsoleConfig(runtime=server.address))
+        _, login = Logins({}).sign_in("")
+        html = console.templates.get_template("curriculum.html").render(
+            view=short, run_id="big", login=login, page="curriculum", signin=False, grafana_url="", path="/"
+        )
+        assert 'data-version="0"' not in html and 'data-version="2"' in html
+        assert "The last 2 of 3 versions" in html and "versions=all" in html
+    finally:
+        server.stop()

@@ -32,6 +32,7 @@ from codegym.library.store import Library, canonical_config
 from codegym.samples import ENVS, TRAJECTORIES
 from codegym.server.auth import OPERATOR, SERVICE, TRAINER, Identity, write_tokens
 from codegym_client import RuntimeClient
+from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
 from codegym_testkit import big_library, browser
 from tests.helpers.servers import CodegymServer, sandbox_workers
@@ -48,6 +49,7 @@ GCD = "Sample_0006_I__ArrayGcdEnv"
 HOSTILE = "Hostile_0001_I__ArrayGcdEnv"
 # What the hostile environment's `Evil` tool answers: markup that must show as text.
 HOSTILE_TEXT = "<script>window.pwned = 1; document.title = 'pwned'</script><b id=\"injected\">bold</b>"
+BROKEN = "Broken_0001_I__ArrayGcdEnv"  # the GCD sample whose Observe never returns: its step times out
 FLAGGED_TASK = {"nums": [7, 13]}  # answered at once: rewarded in 1 step of an oracle's 40
 MANY = 3000  # copies of a sample environment: "a library of a few thousand"
 NEEDLE = "Lighthouse_0001_I__ArrayGcdEnv"  # one copy's id, for search to find
@@ -92,6 +94,16 @@ def many_library(path: Path) -> Path:
             task_text="A hostile environment.",
             metadata={},
             tasks=[TaskRecord(HOSTILE, '{"nums": [2, 4]}')],
+        )
+    assert report.skipped == [], report.skipped
+    broken = gcd.replace("return str(len(self.nums))", "while True:\n            pass", 1)
+    with Library(path) as library:
+        report = library.put_environment(
+            BROKEN,
+            broken,
+            task_text="An environment whose Observe never returns.",
+            metadata={},
+            tasks=[TaskRecord(BROKEN, '{"nums": [2, 4]}')],
         )
     assert report.skipped == [], report.skipped
     return path
@@ -366,6 +378,29 @@ def test_only_operators_read_code_and_lift_quarantines(driver: Any, stack: dict[
     code = text_of(driver, "#code")
     assert "class ArrayGcdEnv" in code
     assert driver.find_elements(By.CSS_SELECTOR, "#code span.k")  # highlighted
+
+
+def test_health_lists_environments_by_error_rate_with_their_chart(driver: Any, stack: dict[str, str]) -> None:
+    from selenium.webdriver.common.by import By
+
+    with RuntimeClient(stack["runtime"], token="trainer-a") as client:
+        made = client.create_session(
+            env_id=BROKEN, config={"nums": [2, 4]}, run_id="health", step_timeout_ms=200
+        )
+        answer = client.step(made.session_id, {"name": "Observe", "parameters": {}})
+        assert answer.error.code == rt.STEP_ERROR_CODE_STEP_TIMEOUT, answer
+        client.close_session(made.session_id)
+    base = stack["console"]
+    sign_in(driver, base, "operator")
+    driver.get(f"{base}/health")
+    rows = {
+        row.find_element(By.CSS_SELECTOR, "td a").text: row.find_elements(By.CSS_SELECTOR, "td")[1].text
+        for row in driver.find_elements(By.CSS_SELECTOR, "#errors tbody tr")
+        if row.find_elements(By.CSS_SELECTOR, "td a")
+    }
+    assert rows.get(BROKEN) == "100.0%", rows
+    drawn = driver.find_elements(By.CSS_SELECTOR, "#error-chart rect")
+    assert BROKEN[-18:] in [rect.get_attribute("data-label") for rect in drawn]
 
 
 # Curriculum ------------------------------------------------------------------------------------

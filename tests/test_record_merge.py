@@ -10,6 +10,7 @@ recomputed from scratch by the declaration.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -29,6 +30,7 @@ from services.runtime.tallies import (
     TaskTally,
     UnknownField,
     classes,
+    error_score,
     merge,
     pool_score,
     quarantined,
@@ -101,6 +103,7 @@ async def read_everything(store: Any) -> dict[str, Any]:
         "learnable": {scope: sorted(await store.scored(scope, 0.01, 0.99)) for scope in scopes},
         "measuring": {scope: sorted(await store.scored(scope, MEASURING, MEASURING)) for scope in scopes},
         "quarantined": await store.quarantined(),
+        "worst": await store.worst_envs(len(ENVS) + 1),
         "history": {
             run: [
                 (p.version, p.played, p.learnable, p.mastered, p.unsolved) for p in await store.history(run)
@@ -152,6 +155,9 @@ def test_both_stores_merge_random_histories_by_the_declaration_and_index_them_ex
                     assert got["quarantined"] == {env for env, body in envs.items() if quarantined(body)}, (
                         seed
                     )
+                    scores = {env: error_score(body) for env, body in envs.items()}
+                    worst = sorted(((r, env) for env, r in scores.items() if r is not None), reverse=True)
+                    assert got["worst"] == [env for _, env in worst], (seed, scores)
                 assert from_sqlite["learnable"] == from_redis["learnable"], seed
                 assert from_sqlite["history"].keys() == from_redis["history"].keys()
                 for name in from_sqlite["history"]:  # the same points (`at` aside)
@@ -216,6 +222,34 @@ def test_a_runs_history_keeps_its_last_versions_only(tmp_path: Path, redis_url: 
     run(scenario)
 
 
+def test_a_record_indexed_before_the_errors_index_gets_it_when_opened(tmp_path: Path, redis_url: str) -> None:
+    """A record whose indexes predate the environments' errors index (marked "1") is indexed again
+    when opened: an environment with failed steps is then among the worst."""
+    failing = {"steps": 10, "env_error": 3, "window": ".......xxx"}
+
+    async def scenario() -> None:
+        sqlite = SqliteRecordStore(tmp_path / "old.sqlite")
+        await sqlite.apply({(ENV_SCOPE, "Bad"): failing, (ENV_SCOPE, "Good"): {"steps": 4}}, {})
+        sqlite.db.execute("DELETE FROM env_errors")
+        sqlite.db.execute("UPDATE record_meta SET value = '1' WHERE name = 'indexed'")
+        await sqlite.close()
+        reopened = SqliteRecordStore(tmp_path / "old.sqlite")
+        redis = RedisRecordStore(redis_url)
+        await redis.redis.flushall()
+        await redis.redis.hset(
+            redis.hash(ENV_SCOPE), mapping={"Bad": json.dumps(failing), "Good": '{"steps":4}'}
+        )
+        await redis.redis.set(redis.indexed_key, "1")
+        try:
+            for store in (reopened, redis):
+                assert await store.worst_envs(5) == ["Bad"], store
+        finally:
+            await reopened.close()
+            await redis.close()
+
+    run(scenario)
+
+
 def test_a_record_written_before_the_indexes_is_indexed_when_opened(tmp_path: Path, redis_url: str) -> None:
     """A record file or Redis from the release before: bodies only. Opening it builds the indexes."""
     body = {"episodes": 5, "recent": "11111"}
@@ -237,6 +271,60 @@ def test_a_record_written_before_the_indexes_is_indexed_when_opened(tmp_path: Pa
                 assert await store.read(task_scope("")) == {"E@{}": body}
         finally:
             await reopened.close()
+            await redis.close()
+
+    run(scenario)
+
+
+def test_a_prefix_reads_exactly_the_keys_under_it_in_both_stores(tmp_path: Path, redis_url: str) -> None:
+    """`read_prefix` (an environment's page: its own rows, not the scope's) gives what filtering the
+    whole scope gives, for prefixes with glob and range edge characters: a neighbour whose id only
+    continues the prefix's last character is left out, and a key holding `*` or `[` is matched as
+    text."""
+    envs = [
+        "Env_1",
+        "Env_10",
+        "Env_1x",
+        "Env_2",
+        "Env_*",
+        "Env_[a]",
+        "Env_?",
+        "Env_\\",
+        "Env_\U0010ffff",
+        "Env_\ud7ff",
+    ]
+    keys = [f'{env}@{{"k": {m}}}' for env in envs for m in range(2)]
+    prefixes = [
+        "",
+        "Env_1",
+        "Env_1@",
+        "Env_",
+        "Env_*",
+        "Env_[",
+        "Env_?",
+        "Env_\\",
+        "Env_\U0010ffff",
+        "Env_\ud7ff",
+        "Nope",
+    ]
+
+    async def scenario() -> None:
+        sqlite, redis = SqliteRecordStore(tmp_path / "r.sqlite"), RedisRecordStore(redis_url)
+        try:
+            for store in (sqlite, redis):
+                await store.apply({(task_scope("r"), key): {"episodes": 1} for key in keys}, {"r": 1.0})
+                await store.apply({(ENV_SCOPE, env): {"steps": 2} for env in envs}, {})
+                for scope in (task_scope("r"), ENV_SCOPE):
+                    whole = await store.read(scope)
+                    for prefix in prefixes:
+                        wanted = {k: v for k, v in whole.items() if k.startswith(prefix)}
+                        assert await store.read_prefix(scope, prefix) == wanted, (store, scope, prefix)
+                assert set(await store.read_prefix(task_scope("r"), "Env_1@")) == {
+                    'Env_1@{"k": 0}',
+                    'Env_1@{"k": 1}',
+                }
+        finally:
+            await sqlite.close()
             await redis.close()
 
     run(scenario)

@@ -217,6 +217,153 @@ def test_stats_of_played_tasks_equal_the_walk_of_the_library(library: Path, tmp_
     assert played == keep
 
 
+def test_stats_of_a_prefix_or_of_envs_only_equal_the_whole_records_lines_filtered(
+    library: Path, tmp_path: Path, store_kind: str
+) -> None:
+    """An `env_prefix` reads only the record's rows under it, and `envs_only` no task's row; the
+    lines must be those of the whole record's Stats (which reads every row), filtered."""
+    tasks = all_tasks(library)
+    envs = sorted({t.env_id for t in tasks})
+    prefixes = [*sorted({env[:12] for env in envs}), envs[0], envs[-1], envs[0][:-1], "Nothing_"]
+    redis = Redis() if store_kind == "redis" else None
+
+    def entry_env(entry: rt.StatsResponse) -> str:
+        return entry.task.env_id if entry.WhichOneof("entry") == "task" else entry.env.env_id
+
+    async def scenario() -> None:
+        store: RecordStore = (
+            RedisRecordStore(redis.url) if redis is not None else SqliteRecordStore(tmp_path / "r.sqlite")
+        )
+        try:
+            await play_history(store, tasks, 3)
+            desk = RecordDesk(Catalog(library), Recorder(store, lambda env_id, config: 0), max_batch=64)
+            for run in ("a", "", "nobody"):
+                for played_only in (False, True):
+                    whole = [
+                        e async for e in desk.stats(rt.StatsRequest(run_id=run, played_only=played_only))
+                    ]
+                    assert any(e.WhichOneof("entry") == "env" for e in whole)
+                    for prefix in prefixes:
+                        request = rt.StatsRequest(run_id=run, played_only=played_only, env_prefix=prefix)
+                        under = [e async for e in desk.stats(request)]
+                        assert under == [e for e in whole if entry_env(e).startswith(prefix)], request
+                    only = [e async for e in desk.stats(rt.StatsRequest(run_id=run, envs_only=True))]
+                    assert only == [e for e in whole if e.WhichOneof("entry") == "env"]
+                    request = rt.StatsRequest(run_id=run, played_only=played_only, tasks_only=True)
+                    tasks_only = [e async for e in desk.stats(request)]
+                    assert tasks_only == [e for e in whole if e.WhichOneof("entry") == "task"]
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        if redis is not None:
+            redis.stop()
+
+
+def share_failed(env: rt.EnvStats) -> float:
+    failed = sum(env.step_errors.values())
+    return failed / max(env.steps, failed) if failed else 0.0
+
+
+def test_the_worst_envs_are_the_quarantined_and_the_worst_others_the_worst_first(
+    library: Path, tmp_path: Path, store_kind: str
+) -> None:
+    """`worst_envs` reads the errors index, not every environment: its lines must be the whole
+    list's quarantined environments and its `worst_envs` worst by share of failed steps (ties: the
+    greater id, as both stores rank them), ordered the worst first."""
+    tasks = all_tasks(library)
+    redis = Redis() if store_kind == "redis" else None
+
+    async def scenario() -> None:
+        store: RecordStore = (
+            RedisRecordStore(redis.url) if redis is not None else SqliteRecordStore(tmp_path / "r.sqlite")
+        )
+        try:
+            await play_history(store, tasks, 4)
+            recorder = Recorder(store, lambda env_id, config: 0)
+            some = list({t.env_id: t for t in tasks}.values())[:8]
+            for n, task in enumerate(some):  # one failed step in n + 1 served: 8 distinct shares
+                for _ in range(n):
+                    recorder.step(task.env_id, task.config_json, "a", None)
+                recorder.step(task.env_id, task.config_json, "a", "step_timeout", "slow")
+            await recorder.flush()
+            desk = RecordDesk(Catalog(library), Recorder(store, lambda env_id, config: 0), max_batch=64)
+            every = [e.env async for e in desk.stats(rt.StatsRequest(envs_only=True))]
+            ranked = sorted((e for e in every if share_failed(e)), key=lambda e: (share_failed(e), e.env_id))[
+                ::-1
+            ]
+            assert len(ranked) >= 8 and any(e.quarantined for e in every)
+            for k in (1, 3, 8, 1000):
+                chosen = {e.env_id for e in ranked[:k]} | {e.env_id for e in every if e.quarantined}
+                expected = sorted(
+                    (e for e in every if e.env_id in chosen), key=lambda e: (-share_failed(e), e.env_id)
+                )
+                got = [e.env async for e in desk.stats(rt.StatsRequest(envs_only=True, worst_envs=k))]
+                assert got == expected, k
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        if redis is not None:
+            redis.stop()
+
+
+def test_run_history_says_the_runs_pools_and_recent_pass_rates_now_from_the_kept_counts(
+    library: Path, tmp_path: Path
+) -> None:
+    from services.runtime.curriculum import gauge_bands
+    from services.runtime.tallies import classes, pool_counts
+
+    tasks = all_tasks(library)
+
+    async def scenario() -> None:
+        store = SqliteRecordStore(tmp_path / "r.sqlite")
+        try:
+            await play_history(store, tasks, 6)
+            desk = RecordDesk(Catalog(library), Recorder(store, lambda env_id, config: 0), max_batch=64)
+            for run in ("a", "b", ""):
+                answer = await desk.history(rt.RunHistoryRequest(run_id=run))
+                counted = Counter(
+                    name for body in (await store.read(task_scope(run))).values() for name in classes(body)
+                )
+                pools = pool_counts(counted)
+                now = (answer.now.played, answer.now.learnable, answer.now.mastered, answer.now.unsolved)
+                assert now == (sum(pools.values()), pools["learnable"], pools["mastered"], pools["unsolved"])
+                assert now[0] > 0 and dict(answer.recent_pass_rates) == gauge_bands(counted)
+                assert answer.library_tasks == len(tasks)
+                last = answer.points[-1]  # the last flush carried a policy version: its point is now
+                assert (last.played, last.learnable, last.mastered, last.unsolved) == now
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_contradictory_stats_requests_are_refused_with_what_is_wrong(library: Path, tmp_path: Path) -> None:
+    from codegym.errors import Refusal
+
+    async def scenario() -> None:
+        store = SqliteRecordStore(tmp_path / "r.sqlite")
+        desk = RecordDesk(Catalog(library), Recorder(store, lambda env_id, config: 0), max_batch=4)
+        try:
+            for request, said in (
+                (rt.StatsRequest(envs_only=True, tasks_only=True), "leave nothing to list"),
+                (rt.StatsRequest(worst_envs=3), "give envs_only too"),
+                (rt.StatsRequest(envs_only=True, worst_envs=3, env_prefix="Sample"), "give no env_prefix"),
+                (rt.StatsRequest(envs_only=True, worst_envs=1001), "exceeds 1000"),
+            ):
+                with pytest.raises(Refusal, match=said):
+                    _ = [e async for e in desk.stats(request)]
+        finally:
+            await store.close()
+
+    asyncio.run(scenario())
+
+
 def test_bad_sample_requests_are_refused_with_what_is_wrong(library: Path, tmp_path: Path) -> None:
     from codegym.errors import Refusal
 

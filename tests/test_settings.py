@@ -174,6 +174,22 @@ def test_every_up_option_that_configures_a_server_is_declared_by_that_servers_se
     assert passed == {a.dest for a in up_parser._actions} - up_own
 
 
+def test_up_gives_its_runtimes_the_capture_options() -> None:
+    """`up --capture`, `--capture-bytes` and `--no-capture` reach the runtimes' settings (a prefix
+    must not be read as another option: `--capture` is its own, not short for `--capture-bytes`)."""
+    parser = argparse.ArgumentParser()
+    up_options.register(parser.add_subparsers())
+    given = from_args(RuntimeSettings, parser.parse_args(["up", "--capture", "1", "--capture-bytes", "5000"]))
+    assert (given.config.capture_rate, given.config.capture_bytes, given.config.no_capture) == (
+        1.0,
+        5000,
+        False,
+    )
+    assert to_argv(given) == ["--capture", "1.0", "--capture-bytes", "5000"]
+    off = from_args(RuntimeSettings, parser.parse_args(["up", "--no-capture"]))
+    assert off.config.no_capture and off.config.capture_bytes == RuntimeConfig().capture_bytes
+
+
 def test_up_writes_its_servers_argv_from_their_settings() -> None:
     """What `up` starts a worker, a runtime and a gateway with: their settings' argv, and a secret
     (the service token) only in their environment."""

@@ -1,12 +1,19 @@
 """The Curriculum page's figures for one run, from what the runtime's API serves cheaply:
 
 - `RunHistory`: the run's played tasks by pool (learnable, mastered, unsolved) as they stood at
-  each policy version it reached (the record's bounded history, 1,000 versions per run); unseen
-  is the library's size less the played tasks;
-- `Stats` of the run with `played_only` (indexed: it reads the played tasks' rows, not the
-  library's): the pools now, the played tasks' pass-rate distribution and the tasks that moved
-  pools (where the published prior put a task, and where the run's own episodes have);
-- the library's size from one `SampleTasks` (its pools' sum), kept for 5 minutes.
+  each policy version it reached (the record's bounded history, 1,000 versions per run), and as
+  they stand now with their recent pass rates in bands: counts the record keeps as it is written,
+  so the page costs the same for a run of ten played tasks or of eighty thousand; unseen is the
+  library's size less the played tasks;
+- `Stats` of the run with `played_only` and `tasks_only` (indexed: it reads the played tasks'
+  rows, not the library's), for a run of at most `PER_TASK_MAX` played tasks only: its episodes,
+  the tasks that moved pools (where the published prior put a task, and where the run's own
+  episodes have) and the zero-variance share below; a larger run's page says how to list them;
+- the library's size, from `RunHistory` too (a runtime that predates it: one `SampleTasks`, its
+  pools' sum, kept for 5 minutes).
+
+A runtime that predates `RunHistory`'s counts now is read as before: the pools and the pass-rate
+histogram from every played task's `Stats` line.
 
 What the API does not give is said on the page, not approximated: the record counts a task's
 episodes over the whole run (`Stats`) and its pools per version as counts (`RunHistory`), so
@@ -20,21 +27,27 @@ episodes over the whole run (`Stats`) and its pools per version as counts (`RunH
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 
+import grpc
+
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
-from codegym_client.errors import InvalidRequest
 from services.console import plots
 from services.console.plays import CONSOLE_RUN
 
 POOLS = ("unseen", "learnable", "mastered", "unsolved")
 PLAYED_POOLS = POOLS[1:]
 LOW, HIGH = 0.0, 1.0  # the sampler's default learnable band
-VERSIONS_DRAWN = 20  # the pools-by-version chart draws the last this many versions (the table all)
+VERSIONS_DRAWN = 20  # the pools-by-version chart draws the last this many versions
+VERSIONS_LISTED = 100  # and its table lists the last this many (`?versions=all`: every one kept)
 MOVED_SHOWN = 200  # rows of the moved-tasks table
+# Played tasks up to which the page reads each one's Stats line (a page's bounded work): past it,
+# the per-task figures are left to `codegym library stats --run R --played-only`.
+PER_TASK_MAX = 1_000
+# RunHistory's recent pass-rate bands, lowest first (the codegym_record_tasks gauge's).
+RECENT_BANDS = ("0", "0.00-0.25", "0.25-0.50", "0.50-0.75", "0.75-1.00", "1")
 
 
 def pool_of(pass_rate: float) -> str:
@@ -66,18 +79,27 @@ class VersionRow:
 
 
 @dataclass
+class PerTask:
+    """What the run's played tasks' Stats lines give (a run of at most `PER_TASK_MAX` of them)."""
+
+    episodes: int
+    zero_variance_tasks: float  # over the whole run, per task: not per (task, policy version)
+    moved: list[Moved]
+    moved_total: int
+
+
+@dataclass
 class CurriculumView:
     pools: dict[str, int]
     played: int
-    episodes: int
-    zero_variance_tasks: float  # over the whole run, per task: not per (task, policy version)
     pool_chart: plots.BarChart
     pass_rates: plots.BarChart
     versions: list[VersionRow]
+    listed: list[VersionRow]  # the table's rows: the last `VERSIONS_LISTED`, or every one
     version_chart: plots.StackedChart
     history_note: str  # why there is no history, from the runtime ("" when there is)
-    moved: list[Moved]
-    moved_total: int
+    per_task: PerTask | None  # None: the run has played more than PER_TASK_MAX tasks
+    per_task_max: int = PER_TASK_MAX
 
 
 class LibrarySize:
@@ -101,26 +123,42 @@ class LibrarySize:
 LIBRARY_SIZE = LibrarySize()
 
 
-async def curriculum_view(client: AsyncRuntimeClient, run_id: str) -> CurriculumView:
-    total, stats, (history, history_note) = await asyncio.gather(
-        LIBRARY_SIZE.tasks(client), client.stats(run_id, played_only=True), run_history(client, run_id)
-    )
-    played = [entry.task for entry in stats if entry.HasField("task") and entry.task.episodes]
-    pools = {pool: sum(1 for task in played if task.pool == pool) for pool in PLAYED_POOLS}
-    pools = {"unseen": max(0, total - len(played)), **pools}
-    multi = [task for task in played if task.episodes >= 2]
-    zero = sum(1 for task in multi if task.passes in (0, task.episodes))
-    moved = [m for m in (moved_from_prior(task) for task in played) if m is not None]
+async def curriculum_view(
+    client: AsyncRuntimeClient, run_id: str, versions_listed: int = VERSIONS_LISTED
+) -> CurriculumView:
+    """The run's page; its pools-by-version table lists the last `versions_listed` versions (0:
+    every one the record keeps)."""
+    history, now, bands, library_tasks, history_note = await run_history(client, run_id)
+    total = library_tasks or await LIBRARY_SIZE.tasks(client)
+    played_tasks = None
+    if now is None or now.played <= PER_TASK_MAX:  # none played (or unrecorded): nothing to read
+        played_tasks = await played_stats(client, run_id) if now is None or now.played else []
+    if now is not None:
+        counted = {
+            "learnable": int(now.learnable),
+            "mastered": int(now.mastered),
+            "unsolved": int(now.unsolved),
+        }
+        played = int(now.played)
+        pass_rates = plots.bar_chart(
+            "played tasks by the pass rate of their last 32 episodes",
+            [(band, float(bands.get(band, 0))) for band in RECENT_BANDS],
+        )
+    else:  # a runtime that predates the counts now: every played task's line
+        assert played_tasks is not None
+        counted = {pool: sum(1 for task in played_tasks if task.pool == pool) for pool in PLAYED_POOLS}
+        played = len(played_tasks)
+        pass_rates = plots.histogram("played tasks by pass rate", [task.pass_rate for task in played_tasks])
+    pools = {"unseen": max(0, total - played), **counted}
     versions = version_rows(history, total)
     return CurriculumView(
+        listed=versions[-versions_listed:] if versions_listed else versions,
         pools=pools,
-        played=len(played),
-        episodes=sum(task.episodes for task in played),
-        zero_variance_tasks=zero / len(multi) if multi else 0.0,
+        played=played,
         pool_chart=plots.bar_chart(
             "tasks per pool now", [(p, float(pools[p])) for p in POOLS], css=[f"pool-{p}" for p in POOLS]
         ),
-        pass_rates=plots.histogram("played tasks by pass rate", [task.pass_rate for task in played]),
+        pass_rates=pass_rates,
         versions=versions,
         version_chart=plots.stacked_chart(
             "played tasks by pool at each policy version",
@@ -130,18 +168,45 @@ async def curriculum_view(client: AsyncRuntimeClient, run_id: str) -> Curriculum
             ],
         ),
         history_note=history_note,
+        per_task=per_task(played_tasks) if played_tasks is not None else None,
+    )
+
+
+def per_task(played: list[rt.TaskStats]) -> PerTask:
+    multi = [task for task in played if task.episodes >= 2]
+    zero = sum(1 for task in multi if task.passes in (0, task.episodes))
+    moved = [m for m in (moved_from_prior(task) for task in played) if m is not None]
+    return PerTask(
+        episodes=sum(task.episodes for task in played),
+        zero_variance_tasks=zero / len(multi) if multi else 0.0,
         moved=moved[:MOVED_SHOWN],
         moved_total=len(moved),
     )
 
 
-async def run_history(client: AsyncRuntimeClient, run_id: str) -> tuple[list[rt.RunHistoryPoint], str]:
-    """The run's history, or none and the runtime's reason (a run it has not recorded yet, or a
-    runtime started with --no-record: both are `InvalidRequest`, and the page shows which)."""
+async def played_stats(client: AsyncRuntimeClient, run_id: str) -> list[rt.TaskStats]:
+    """The run's played tasks' Stats lines (tasks only: no environment's line is read)."""
+    request = rt.StatsRequest(run_id=run_id, played_only=True, tasks_only=True)
+    entries = client.stub.Stats(request, timeout=max(client.timeout_s, 60.0))
+    return [entry.task async for entry in entries if entry.HasField("task") and entry.task.episodes]
+
+
+History = tuple[list[rt.RunHistoryPoint], rt.RunHistoryPoint | None, dict[str, int], int, str]
+
+
+async def run_history(client: AsyncRuntimeClient, run_id: str) -> History:
+    """The run's history, its pools now (None from a runtime that predates them), its recent
+    pass-rate bands and the library's tasks (0: not said); or none and the runtime's reason (a
+    run it has not recorded yet, or a runtime started with --no-record: both refused as invalid,
+    and the page shows which)."""
     try:
-        return await client.run_history(run_id), ""
-    except InvalidRequest as exc:
-        return [], exc.details() or ""
+        answer = await client.stub.RunHistory(rt.RunHistoryRequest(run_id=run_id), timeout=client.timeout_s)
+    except grpc.RpcError as exc:
+        if exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
+            raise
+        return [], rt.RunHistoryPoint(), {}, 0, exc.details() or ""
+    now = answer.now if answer.HasField("now") else None
+    return list(answer.points), now, dict(answer.recent_pass_rates), int(answer.library_tasks), ""
 
 
 def moved_from_prior(task: rt.TaskStats) -> Moved | None:

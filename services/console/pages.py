@@ -13,7 +13,7 @@ from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.async_client import AsyncRuntimeClient
 from services.console import library as lib
 from services.console import plots
-from services.console.curriculum import curriculum_view
+from services.console.curriculum import VERSIONS_LISTED, curriculum_view
 from services.console.highlight import highlight
 from services.console.plays import CONSOLE_RUN, Play, Turn, clip
 from services.console.schemas import BadForm, parameters, tool_form
@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from services.console.access import Login
     from services.console.config import ConsoleConfig
     from services.console.plays import Plays
+
+
+# Environments the Health page lists by error rate (beside every quarantined one).
+ERRORS_SHOWN = 50
 
 
 class NotAllowed(Exception):
@@ -229,7 +233,10 @@ async def episode_page(console: Console, request: Request, login: Login) -> Resp
 
 async def curriculum(console: Console, request: Request, login: Login) -> Response:
     run_id = request.query_params.get("run", "").strip()
-    view = await curriculum_view(runtime(request), run_id) if run_id else None
+    every = request.query_params.get("versions", "") == "all"
+    view = (
+        await curriculum_view(runtime(request), run_id, 0 if every else VERSIONS_LISTED) if run_id else None
+    )
     return console.render(request, "curriculum.html", login, run_id=run_id, view=view)
 
 
@@ -237,26 +244,33 @@ async def curriculum(console: Console, request: Request, login: Login) -> Respon
 
 
 async def health(console: Console, request: Request, login: Login) -> Response:
-    envs = [
-        entry.env
-        async for entry in iter_stats(runtime(request), rt.StatsRequest(envs_only=True, played_only=True))
-    ]
+    # The quarantined and the worst by error rate, from the record's index (a runtime that predates
+    # `worst_envs` sends every environment, ranked here as before).
+    asked = rt.StatsRequest(envs_only=True, worst_envs=ERRORS_SHOWN)
+    envs = [entry.env async for entry in iter_stats(runtime(request), asked)]
     quarantined = [env for env in envs if env.quarantined]
 
     def error_rate(env: rt.EnvStats) -> float:
         return sum(env.step_errors.values()) / env.steps if env.steps else 0.0
 
     by_errors = sorted((env for env in envs if sum(env.step_errors.values())), key=error_rate, reverse=True)[
-        :50
+        :ERRORS_SHOWN
     ]
     rates = {env.env_id: error_rate(env) for env in by_errors}
-    chart = plots.bar_chart(
+    # Not `chart`: the template imports a macro of that name, which a context variable must not shadow.
+    error_chart = plots.bar_chart(
         "error rate of the 10 worst",
         [(env.env_id[-18:], rates[env.env_id]) for env in by_errors[:10]],
         percent=True,
     )
     return console.render(
-        request, "health.html", login, quarantined=quarantined, by_errors=by_errors, rates=rates, chart=chart
+        request,
+        "health.html",
+        login,
+        quarantined=quarantined,
+        by_errors=by_errors,
+        rates=rates,
+        error_chart=error_chart,
     )
 
 

@@ -326,8 +326,8 @@ def stats_pages(
     page: int = 512,
 ) -> Iterator[list[rt.StatsResponse]]:
     """Stats entries a page at a time: each task of the library (only those the run played with
-    `played_only`: read by key, never by walking the library), then each environment the record
-    knows (of the prefix). Streamed, so 80,000 tasks are never held."""
+    `played_only`: read by key, never by walking the library), then each environment of `envs`
+    (of the prefix), in its order. Streamed, so 80,000 tasks are never held."""
     band = Band()
     entries: list[rt.StatsResponse] = []
     if not request.envs_only:
@@ -342,7 +342,7 @@ def stats_pages(
                 if len(entries) >= page:
                     yield entries
                     entries = []
-    for env_id in sorted(envs):
+    for env_id in envs:  # in the caller's order
         if env_id.startswith(request.env_prefix):
             entries.append(rt.StatsResponse(env=env_stats(env_id, envs[env_id])))
             if len(entries) >= page:

@@ -117,6 +117,11 @@ class RecordStore(Protocol):
 
     async def read_one(self, scope: str, key: str) -> dict[str, Any] | None: ...
 
+    async def read_prefix(self, scope: str, prefix: str) -> dict[str, dict[str, Any]]:
+        """The keys of a scope that start with `prefix` (a task key starts with its env id), with
+        their bodies: what one environment's page reads, never the whole scope."""
+        ...
+
     async def scored(self, scope: str, low: float, high: float) -> list[str]:
         """The keys of a task scope whose pool score (`tallies.pool_score`) is in [low, high]."""
         ...
@@ -127,6 +132,11 @@ class RecordStore(Protocol):
 
     async def quarantined(self) -> set[str]:
         """The environments quarantined now."""
+        ...
+
+    async def worst_envs(self, n: int) -> list[str]:
+        """The `n` environments with the highest share of failed steps (`tallies.error_score`), the
+        worst first: a range of an index, whatever the record holds."""
         ...
 
     async def runs(self) -> set[str]:

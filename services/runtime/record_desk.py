@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 
 from codegym.errors import Reason, Refusal
+from codegym.library.store import Library
 from codegym.server.metrics import RECORD_QUARANTINED, RECORD_TASKS
 from codegym.threaded import iterate_in_thread
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
@@ -29,10 +30,32 @@ from services.runtime.episode_record import (
     task_scope,
 )
 from services.runtime.sessions import Session
-from services.runtime.tallies import BANDS, MEASURING, EnvTally, TaskTally
+from services.runtime.tallies import BANDS, FAILURE_KINDS, MEASURING, EnvTally, TaskTally, pool_counts
 from services.runtime.task_draws import Summaries
 
 log = logging.getLogger(__name__)
+
+# Environments one Stats call may ask for by their share of failed steps (`worst_envs`).
+MAX_WORST_ENVS = 1000
+
+
+def check_stats(request: rt.StatsRequest) -> None:
+    """Refuse a Stats request whose options contradict each other, saying which."""
+    if request.envs_only and request.tasks_only:
+        raise Refusal(Reason.INVALID_REQUEST, "envs_only and tasks_only together leave nothing to list")
+    if request.worst_envs and not request.envs_only:
+        raise Refusal(Reason.INVALID_REQUEST, "worst_envs lists environments only: give envs_only too")
+    if request.worst_envs and request.env_prefix:
+        raise Refusal(Reason.INVALID_REQUEST, "worst_envs ranks every environment: give no env_prefix")
+    if request.worst_envs > MAX_WORST_ENVS:
+        raise Refusal(Reason.INVALID_REQUEST, f"worst_envs {request.worst_envs} exceeds {MAX_WORST_ENVS}")
+
+
+def failed_share(env: EnvTally) -> float:
+    """`tallies.error_score` of a read tally (0 without a failed step)."""
+    failed = sum(getattr(env, kind) for kind in FAILURE_KINDS)
+    return failed / max(env.steps, failed) if failed else 0.0
+
 
 # Step outcomes as counted in codegym_runtime_steps_total: "ok" or the step error's name.
 STEP_OUTCOMES = {
@@ -114,6 +137,31 @@ class RecordDesk:
             quarantined=frozenset(await store.quarantined()),
         )
 
+    async def envs(self, store: RecordStore, request: rt.StatsRequest) -> dict[str, EnvTally]:
+        """The environments a Stats call lists, in its order: by id; with `worst_envs`, the
+        quarantined and the worst others by their share of failed steps, the worst first."""
+        prefix = request.env_prefix
+        if request.worst_envs:
+            chosen = set(await store.worst_envs(request.worst_envs)) | await store.quarantined()
+            tallies = {
+                env_id: EnvTally.of(body)
+                for env_id, body in (await store.read_many(ENV_SCOPE, chosen)).items()
+            }
+            return dict(sorted(tallies.items(), key=lambda item: (-failed_share(item[1]), item[0])))
+        bodies = await (store.read_prefix(ENV_SCOPE, prefix) if prefix else store.read(ENV_SCOPE))
+        return {env_id: EnvTally.of(bodies[env_id]) for env_id in sorted(bodies)}
+
+    async def record_under(self, store: RecordStore, run_id: str, prefix: str, band: Band) -> Record:
+        """`record`, of the tasks under an env id prefix only: the run's and every run's rows under
+        it (the tasks every run fails among them, by the same rule as `failing`)."""
+        run = await store.read_prefix(task_scope(run_id), prefix)
+        everyone = run if not run_id else await store.read_prefix(task_scope(""), prefix)
+        return Record(
+            run={key: TaskTally.of(body) for key, body in run.items()},
+            failing=frozenset(key for key, body in everyone.items() if is_failing(TaskTally.of(body), band)),
+            quarantined=frozenset(await store.quarantined()),
+        )
+
     async def gauges(self, every_s: float = 30.0) -> None:
         """Refresh the record's Prometheus gauges (bands and totals only: no env or task label)
         from the counts the store keeps: a few reads, whatever the record's size. Summarizes the
@@ -135,10 +183,19 @@ class RecordDesk:
 
     async def stats(self, request: rt.StatsRequest) -> AsyncIterator[rt.StatsResponse]:
         """Every task's (and env's) line, built page by page in a thread: a library of tens of
-        thousands must not hold the event loop."""
-        record = await self.record(request.run_id, Band())
+        thousands must not hold the event loop. What is read follows what is asked: no task of the
+        record for `envs_only`, and for an `env_prefix` only the record's keys under it (one
+        environment's page reads its own rows, not the record's tens of thousands)."""
+        check_stats(request)
         store = (await self.flushed()).store
-        envs = {env_id: EnvTally.of(body) for env_id, body in (await store.read(ENV_SCOPE)).items()}
+        prefix = request.env_prefix
+        if request.envs_only:
+            record = Record(run={}, failing=frozenset(), quarantined=frozenset())  # no task is shown
+        elif prefix:
+            record = await self.record_under(store, request.run_id, prefix, Band())
+        else:
+            record = await self.record(request.run_id, Band())
+        envs = {} if request.tasks_only else await self.envs(store, request)
         path = self.catalog.path
         async for page in iterate_in_thread(lambda: stats_pages(path, record, envs, request)):
             for entry in page:
@@ -155,8 +212,12 @@ class RecordDesk:
             raise Refusal(Reason.INVALID_REQUEST, str(exc)) from None
 
     async def history(self, request: rt.RunHistoryRequest) -> rt.RunHistoryResponse:
-        """The run's pools by policy version; a run the record does not hold is refused by name."""
+        """The run's pools by policy version, and now with its played tasks' recent pass rates (the
+        counts the record keeps); a run the record does not hold is refused by name."""
         store = (await self.flushed()).store
+        counts = await store.counts(task_scope(request.run_id))
+        pools = pool_counts(counts)
+        library_tasks = await asyncio.to_thread(self.library_tasks)
         points = await store.history(request.run_id)
         if not points and (request.run_id or ALL_RUNS) not in await store.runs():
             raise Refusal(
@@ -175,8 +236,16 @@ class RecordDesk:
                     unsolved=p.unsolved,
                 )
                 for p in points
-            ]
+            ],
+            now=rt.RunHistoryPoint(played=sum(pools.values()), **pools),
+            recent_pass_rates=gauge_bands(counts),
+            library_tasks=library_tasks,
         )
+
+    def library_tasks(self) -> int:
+        """The library's tasks, from its summary for the sampler (kept until the file changes)."""
+        with Library(self.catalog.path, read_only=True) as library:
+            return len(self.summaries.of(library, "").ids)
 
     async def search(self, request: rt.SearchEnvsRequest) -> rt.SearchEnvsResponse:
         """SearchEnvs: the catalog's page, each environment marked quarantined from the record (its

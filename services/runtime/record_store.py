@@ -7,7 +7,8 @@ stored, kept up to date as each body changes:
   so "the tasks every run fails" or "how many tasks are mastered" is a range, not a walk;
 - per task scope, the count of tasks in each class (`tallies.CLASS_RANGES`): what the gauges and
   the history read;
-- the quarantined environments;
+- the quarantined environments, and the environments with a failed step by their share of them
+  (what Health lists first: the worst few are a range, not a walk);
 - per run, its history: the pools of its played tasks at each policy version it reached (the
   last flush at that version), at most `HISTORY_KEEP` versions (the oldest go first).
 
@@ -39,6 +40,7 @@ from services.runtime.tallies import (
     HistoryPoint,
     classes,
     encode,
+    error_score,
     merge,
     pool_counts,
     pool_score,
@@ -72,6 +74,8 @@ CREATE TABLE IF NOT EXISTS class_counts (
     PRIMARY KEY (scope, class)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS quarantined (env_id TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS env_errors (env_id TEXT PRIMARY KEY, rate REAL NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS env_errors_rate ON env_errors (rate);
 CREATE TABLE IF NOT EXISTS history (
     run       TEXT NOT NULL,
     version   INTEGER NOT NULL,
@@ -86,6 +90,11 @@ CREATE TABLE IF NOT EXISTS record_meta (name TEXT PRIMARY KEY, value TEXT NOT NU
 """
 
 
+# What the indexes beside the bodies hold, by version: a record indexed by an earlier version is
+# indexed again when first opened (2: the environments' errors index).
+INDEXES = "2"
+
+
 def history_point(version: int, counts: dict[str, int]) -> HistoryPoint:
     pools = pool_counts(counts)
     return HistoryPoint(version, time.time(), sum(pools.values()), **pools)
@@ -98,6 +107,15 @@ def versions_of(deltas: dict[tuple[str, str], dict[str, Any]]) -> dict[str, int]
         if "version" in delta and run_of(scope) is not None:
             out[scope] = max(out.get(scope, 0), int(delta["version"]))
     return out
+
+
+def successor(prefix: str) -> str | None:
+    """The first string after every string starting with `prefix` (its last character's next;
+    SQLite orders text by its UTF-8 bytes, which follow code points), None past the last one."""
+    last = ord(prefix[-1]) + 1
+    if 0xD800 <= last <= 0xDFFF:  # surrogates are no characters: the next one is U+E000
+        last = 0xE000
+    return prefix[:-1] + chr(last) if last <= 0x10FFFF else None
 
 
 def record_path_for(library: str | Path) -> Path:
@@ -117,7 +135,8 @@ class SqliteRecordStore:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
         self.lock = asyncio.Lock()
-        if self.db.execute("SELECT 1 FROM record_meta WHERE name = 'indexed'").fetchone() is None:
+        found = self.db.execute("SELECT value FROM record_meta WHERE name = 'indexed'").fetchone()
+        if found is None or found[0] != INDEXES:
             self._index_all()
 
     def _index_all(self) -> None:
@@ -125,11 +144,11 @@ class SqliteRecordStore:
         db = self.db
         db.execute("BEGIN IMMEDIATE")
         try:
-            for table in ("task_index", "class_counts", "quarantined"):
+            for table in ("task_index", "class_counts", "quarantined", "env_errors"):
                 db.execute(f"DELETE FROM {table}")
             rows = db.execute("SELECT scope, key, body FROM tallies").fetchall()
             self._write_indexes(((scope, key, None, json.loads(body)) for scope, key, body in rows))
-            db.execute("INSERT OR REPLACE INTO record_meta (name, value) VALUES ('indexed', '1')")
+            db.execute("INSERT OR REPLACE INTO record_meta (name, value) VALUES ('indexed', ?)", (INDEXES,))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -145,9 +164,13 @@ class SqliteRecordStore:
         gone: list[tuple[str, str]] = []
         sick: list[tuple[str]] = []
         well: list[tuple[str]] = []
+        erring: list[tuple[str, float]] = []
         for scope, key, old, new in changes:
             if scope == ENV_SCOPE:
                 (sick if quarantined(new) else well).append((key,))
+                rate = error_score(new)
+                if rate is not None:
+                    erring.append((key, rate))
                 continue
             pool, recent = pool_score(new), recent_score(new)
             if pool is None and recent is None:
@@ -165,6 +188,9 @@ class SqliteRecordStore:
         db.executemany("DELETE FROM task_index WHERE scope = ? AND key = ?", gone)
         db.executemany("INSERT OR IGNORE INTO quarantined (env_id) VALUES (?)", sick)
         db.executemany("DELETE FROM quarantined WHERE env_id = ?", well)
+        # A body's failed steps only grow (a lift resets the window, not the counters): an
+        # environment once in the errors index stays, its rate kept current.
+        db.executemany("INSERT OR REPLACE INTO env_errors (env_id, rate) VALUES (?, ?)", erring)
         db.executemany(
             "INSERT INTO class_counts (scope, class, n) VALUES (?, ?, ?)"
             " ON CONFLICT (scope, class) DO UPDATE SET n = n + excluded.n",
@@ -262,6 +288,18 @@ class SqliteRecordStore:
         )
         return None if row is None else dict(json.loads(row[0]))
 
+    async def read_prefix(self, scope: str, prefix: str) -> dict[str, dict[str, Any]]:
+        """The keys starting with `prefix`: a range of the primary key, [prefix, its successor)."""
+        if not prefix:
+            return await self.read(scope)
+        sql = "SELECT key, body FROM tallies WHERE scope = ? AND key >= ?"
+        args: tuple[str, ...] = (scope, prefix)
+        end = successor(prefix)
+        if end is not None:
+            sql, args = sql + " AND key < ?", (*args, end)
+        rows = await self._call(lambda: self.db.execute(sql, args).fetchall())
+        return {key: json.loads(body) for key, body in rows if key.startswith(prefix)}
+
     async def scored(self, scope: str, low: float, high: float) -> list[str]:
         """The keys of a task scope whose pool score is in [low, high] (an index range)."""
         rows = await self._call(
@@ -283,6 +321,16 @@ class SqliteRecordStore:
     async def quarantined(self) -> set[str]:
         rows = await self._call(lambda: self.db.execute("SELECT env_id FROM quarantined").fetchall())
         return {env_id for (env_id,) in rows}
+
+    async def worst_envs(self, n: int) -> list[str]:
+        """The `n` environments with the highest share of failed steps, the worst first (ties: the
+        greater id first, as Redis orders them)."""
+        rows = await self._call(
+            lambda: self.db.execute(
+                "SELECT env_id FROM env_errors ORDER BY rate DESC, env_id DESC LIMIT ?", (n,)
+            ).fetchall()
+        )
+        return [env_id for (env_id,) in rows]
 
     async def runs(self) -> set[str]:
         rows = await self._call(lambda: self.db.execute("SELECT run FROM runs").fetchall())
@@ -307,7 +355,8 @@ class SqliteRecordStore:
 class RedisRecordStore:
     """The record in Redis: a hash per scope (`{prefix}record:{scope}`), beside it the scope's pool
     index and recent index (sorted sets `record-pool:`, `record-recent:`), the quarantined
-    environments (a set), the runs by when each was last seen and each run's history (sorted
+    environments (a set), the environments with a failed step by their share of them (a sorted
+    set, `record-env-errors`), the runs by when each was last seen and each run's history (sorted
     sets by time and by version). Counts are ZCOUNTs of the indexes: no walk."""
 
     def __init__(self, url: str, *, prefix: str = "codegym:") -> None:
@@ -316,6 +365,7 @@ class RedisRecordStore:
         self.runs_key = f"{prefix}record-runs"
         self.quarantine_key = f"{prefix}record-quarantined"
         self.indexed_key = f"{prefix}record-indexed"
+        self.errors_key = f"{prefix}record-env-errors"
         self._merge = self.redis.register_script(LUA_MERGE)
         self._indexed = False
 
@@ -333,7 +383,7 @@ class RedisRecordStore:
         Each body is merged with an empty delta, which rewrites it and its indexes unchanged."""
         if self._indexed:
             return
-        if not await self.redis.exists(self.indexed_key):
+        if await self.redis.get(self.indexed_key) != INDEXES.encode():
             async for name in self.redis.scan_iter(match=f"{self.prefix}record:*", count=500):
                 hash_key = name.decode() if isinstance(name, bytes) else str(name)
                 scope = hash_key.removeprefix(f"{self.prefix}record:")
@@ -342,14 +392,17 @@ class RedisRecordStore:
                 ]
                 for start in range(0, len(fields), 500):
                     await self._merge_part([((scope, field), {}) for field in fields[start : start + 500]])
-            await self.redis.set(self.indexed_key, "1")
+            await self.redis.set(self.indexed_key, INDEXES)
         self._indexed = True
 
     async def _merge_part(self, part: list[tuple[tuple[str, str], dict[str, Any]]]) -> None:
         keys: list[str] = []
         args: list[str] = []
         for (scope, key), delta in part:
-            keys += [self.hash(scope), self.index("pool", scope), self.index("recent", scope)]
+            if scope == ENV_SCOPE:  # an environment: its scope's errors index (the third key unused)
+                keys += [self.hash(scope), self.errors_key, self.index("recent", scope)]
+            else:
+                keys += [self.hash(scope), self.index("pool", scope), self.index("recent", scope)]
             args += [schema_of(scope), key, json.dumps(delta, ensure_ascii=False)]
         await self._merge(keys=[*keys, self.quarantine_key], args=args)
 
@@ -400,6 +453,19 @@ class RedisRecordStore:
         raw = await self.redis.hget(self.hash(scope), key)
         return None if raw is None else dict(json.loads(raw))
 
+    async def read_prefix(self, scope: str, prefix: str) -> dict[str, dict[str, Any]]:
+        """The keys starting with `prefix`, matched by Redis (HSCAN MATCH): only they are sent and
+        parsed, though Redis looks at every key of the hash."""
+        if not prefix:
+            return await self.read(scope)
+        pattern = "".join(f"\\{c}" if c in "*?[]\\^" else c for c in prefix) + "*"
+        out: dict[str, dict[str, Any]] = {}
+        async for field, raw in self.redis.hscan_iter(self.hash(scope), match=pattern, count=2000):
+            key = field.decode()
+            if key.startswith(prefix):
+                out[key] = json.loads(raw)
+        return out
+
     async def scored(self, scope: str, low: float, high: float) -> list[str]:
         await self._index_all()
         members = await self.redis.zrangebyscore(self.index("pool", scope), low, high)
@@ -423,6 +489,11 @@ class RedisRecordStore:
             m.decode() if isinstance(m, bytes) else str(m)
             for m in await self.redis.smembers(self.quarantine_key)
         }
+
+    async def worst_envs(self, n: int) -> list[str]:
+        await self._index_all()
+        members = await self.redis.zrevrange(self.errors_key, 0, n - 1) if n > 0 else []
+        return [m.decode() if isinstance(m, bytes) else str(m) for m in members]
 
     async def runs(self) -> set[str]:
         return {

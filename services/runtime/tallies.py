@@ -208,6 +208,15 @@ def quarantined(body: dict[str, Any]) -> bool:
     return bool(EnvTally.of(body).quarantine_reason())
 
 
+def error_score(body: dict[str, Any]) -> float | None:
+    """An environment's place in the errors index: the share of its served steps that failed
+    (`FAILURE_KINDS`, all time, what Health ranks by); None when none failed."""
+    failed = sum(int(body.get(kind) or 0) for kind in FAILURE_KINDS)
+    if not failed:
+        return None
+    return failed / max(int(body.get("steps") or 0), failed)
+
+
 # What a scope's counts are kept by (`classes`): each played task's pool in the default band (a
 # task still being measured is learnable), and each task's recent rate in quarter bands (the
 # `codegym_record_tasks` gauge). Counted as bodies change, never by walking a scope.
@@ -261,10 +270,11 @@ def _lua_table() -> str:
     return "{" + ", ".join(schemas) + "}"
 
 
-# KEYS: per delta its scope's hash, pool index and recent index (sorted sets), then the set of
-# quarantined environments last. ARGV: per delta (schema, field, delta JSON). The merge follows
-# the declaration (`DECLARED`, generated into the script); the indexes follow `pool_score`,
-# `recent_score` and `quarantined`. Returns the number of deltas merged, or raises for a field the
+# KEYS: per delta its scope's hash, pool index and recent index (sorted sets; for the environments'
+# scope, its errors index and an unused key), then the set of quarantined environments last.
+# ARGV: per delta (schema, field, delta JSON). The merge follows the declaration (`DECLARED`,
+# generated into the script); the indexes follow `pool_score`, `recent_score`, `error_score` and
+# `quarantined`. Returns the number of deltas merged, or raises for a field the
 # tally does not declare (nothing of the call is written: the check runs first).
 LUA_MERGE = f"""
 local declared = {_lua_table()}
@@ -326,6 +336,12 @@ for i = 1, n do
       redis.call('ZREM', KEYS[3 * i], field)
     end
   else
+    local failed = {" + ".join(f"(body['{kind}'] or 0)" for kind in FAILURE_KINDS)}
+    if failed > 0 then
+      redis.call('ZADD', KEYS[3 * i - 1], failed / math.max(body['steps'] or 0, failed), field)
+    else
+      redis.call('ZREM', KEYS[3 * i - 1], field)
+    end
     local marks = body['window'] or ''
     local _, failed = string.gsub(marks, 'x', '')
     if #marks >= {QUARANTINE_MIN_STEPS} and failed >= {QUARANTINE_RATE} * #marks then

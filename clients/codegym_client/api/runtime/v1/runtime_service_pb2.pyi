@@ -868,6 +868,8 @@ class StatsRequest(_message.Message):
     ENV_PREFIX_FIELD_NUMBER: _builtins.int
     ENVS_ONLY_FIELD_NUMBER: _builtins.int
     PLAYED_ONLY_FIELD_NUMBER: _builtins.int
+    WORST_ENVS_FIELD_NUMBER: _builtins.int
+    TASKS_ONLY_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The run whose record is read; empty = every run together."""
     env_prefix: _builtins.str
@@ -876,6 +878,13 @@ class StatsRequest(_message.Message):
     """Leave out per-task entries (environments only)."""
     played_only: _builtins.bool
     """Leave out tasks no episode of the run has played."""
+    worst_envs: _builtins.int
+    """With envs_only: only the quarantined environments and the `worst_envs` others with the highest
+    share of failed steps (environment errors, time-outs, sandbox limits), the worst first, read
+    from an index whatever the record holds (0: every environment, by id).
+    """
+    tasks_only: _builtins.bool
+    """Leave out per-environment entries (tasks only)."""
     def __init__(
         self,
         *,
@@ -883,10 +892,12 @@ class StatsRequest(_message.Message):
         env_prefix: _builtins.str = ...,
         envs_only: _builtins.bool = ...,
         played_only: _builtins.bool = ...,
+        worst_envs: _builtins.int = ...,
+        tasks_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_prefix", b"env_prefix", "envs_only", b"envs_only", "played_only", b"played_only", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["env_prefix", b"env_prefix", "envs_only", b"envs_only", "played_only", b"played_only", "run_id", b"run_id", "tasks_only", b"tasks_only", "worst_envs", b"worst_envs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1640,19 +1651,60 @@ class RunHistoryResponse(_message.Message):
 
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class RecentPassRatesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     POINTS_FIELD_NUMBER: _builtins.int
+    NOW_FIELD_NUMBER: _builtins.int
+    RECENT_PASS_RATES_FIELD_NUMBER: _builtins.int
+    LIBRARY_TASKS_FIELD_NUMBER: _builtins.int
+    library_tasks: _builtins.int
+    """Tasks the library holds (the run's unseen ones are these less its played ones)."""
     @_builtins.property
     def points(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunHistoryPoint]:
         """Oldest version first; at most the runtime's bound (1,000 versions per run)."""
+
+    @_builtins.property
+    def now(self) -> Global___RunHistoryPoint:
+        """The run's played tasks by pool now (policy_version and at unset), from the counts the record
+        keeps as it is written: no walk of the run's tasks.
+        """
+
+    @_builtins.property
+    def recent_pass_rates(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """The run's played tasks now by the pass rate of their recent episodes (the last 32), in the
+        bands of the codegym_record_tasks gauge: "0", "0.00-0.25", "0.25-0.50", "0.50-0.75",
+        "0.75-1.00", "1" (bands without a task left out). Kept counts, as `now`.
+        """
 
     def __init__(
         self,
         *,
         points: _abc.Iterable[Global___RunHistoryPoint] | None = ...,
+        now: Global___RunHistoryPoint | None = ...,
+        recent_pass_rates: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        library_tasks: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["now", b"now"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["points", b"points"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["library_tasks", b"library_tasks", "now", b"now", "points", b"points", "recent_pass_rates", b"recent_pass_rates"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
