@@ -2,8 +2,11 @@
 
 Runs as `python -m inside.zygote SETTINGS_JSON` with `/sandbox` on the path (the package is
 mounted there; see `sandbox_worker/limits.py`). It talks to the trusted worker over its
-stdin/stdout with length-prefixed JSON frames (`frames`) carrying the messages of `messages`, and
-answers one request at a time; after each, every process of the jail that is not the zygote, the
+stdin/stdout with frames (`frames`: a JSON head, then raw binary parts) carrying the messages of
+`messages`, and answers one request at a time. It routes by the head alone and relays the rest:
+a session's state goes from the worker to a child and from a child to the worker as it came;
+a resident step's request goes to the session's process as the worker encoded it. After each
+request after each, every process of the jail that is not the zygote, the
 spare or a resident session is killed and /tmp is wiped (`hygiene`), so nothing a request starts
 outlives it.
 """
@@ -11,7 +14,7 @@ outlives it.
 import collections
 import contextlib
 import gc
-import json
+import hashlib
 import os
 import resource
 import signal
@@ -21,7 +24,7 @@ import time
 from . import frames
 from .codecache import CodeCache
 from .hygiene import FULL_SCAN_EVERY, JailFacts, become, kill_leftovers, last_pid, vm_bytes, wipe_tmp
-from .messages import Cold, EvictionReason, Hello, Request, Result, without
+from .messages import REQUEST_PARTS, Blob, Cold, EvictionReason, Hello, Request, Result
 from .residents import Resident, child_main
 from .settings import JailSettings
 from .watchdog import collect
@@ -58,6 +61,13 @@ def single_threaded(pid: int) -> bool:
         return len(os.listdir(f"/proc/{pid}/task")) == 1
     except OSError:
         return False
+
+
+def version_of(state: Blob) -> str:
+    """The version of a session's state a process holds: the sha256 of the state part it answered,
+    hashed of the bytes relayed to the worker (never a child's claim about them), as the worker
+    hashes the committed state it sends with the session's next step."""
+    return hashlib.sha256(state).hexdigest()
 
 
 def fd_ceiling() -> int:
@@ -150,9 +160,10 @@ class Zygote:
         os.close(res_r)
         return True
 
-    def serve(self, req: Request) -> tuple[Result, int | None]:
-        """Run one request; return its result and the one-shot child to reap after answering."""
-        result, pid = self._serve(req)
+    def serve(self, req: Request, head: bytes) -> tuple[Result, int | None]:
+        """Run one request (`head`: its JSON head as the worker encoded it); return its result and
+        the one-shot child to reap after answering."""
+        result, pid = self._serve(req, head)
         result["residents"] = len(self.residents)
         if req.get("session") and req.get("op") in ("step", "create"):
             result["held"] = (
@@ -164,7 +175,7 @@ class Zygote:
         self.code.report(result)
         return result, pid
 
-    def _serve(self, req: Request) -> tuple[Result, int | None]:
+    def _serve(self, req: Request, head: bytes) -> tuple[Result, int | None]:
         op = req.get("op")
         cap = req.get("cap")
         if isinstance(cap, int) and cap >= 0:
@@ -185,7 +196,7 @@ class Zygote:
             cold = "absent"
             if held is not None:
                 if held.version == version and not held.exited():
-                    return self.serve_resident(key, held, req), None
+                    return self.serve_resident(key, held, req, head), None
                 self.evict(key, "stale")
                 cold = "stale"
             req["keep_process"] = True
@@ -206,45 +217,42 @@ class Zygote:
         # spare_uid stays until the next prefork: the resident made from this child keeps it.
         started = time.monotonic()
         with contextlib.suppress(OSError):
-            frames.write_all(req_w, frames.encode(self.code.for_spare(req)))
+            frames.send(req_w, self.code.for_spare(req))
         result = collect(pid, res_r, started, req["limits"], self.settings.max_result_bytes)
         if cold:
             result["cold"] = cold
+        state = result.get("state")
         if (
             key
+            and req.get("keep_process")
             and not result.get("reaped")
             and result.get("status") == "ok"
-            and result.get("state_sha")
+            and state
             and not result.get("done")
             and single_threaded(pid)
         ):
-            self.residents[key] = Resident(pid, req_w, res_r, str(result.pop("state_sha")), self.spare_uid)
+            self.residents[key] = Resident(pid, req_w, res_r, version_of(state), self.spare_uid)
             result["made_resident"] = True
             return result, None
-        result.pop("state_sha", None)
         os.close(req_w)
         os.close(res_r)
         return result, (None if result.pop("reaped", False) else pid)
 
-    def serve_resident(self, key: str, held: Resident, req: Request) -> Result:
-        """A step in the session's own process: no fork, no unpickling."""
+    def serve_resident(self, key: str, held: Resident, req: Request, head: bytes) -> Result:
+        """A step in the session's own process: no fork, no unpickling. The request goes as the
+        worker encoded its head, without the state (the process holds it); the answer's state
+        comes back as the process wrote it, hashed here for the version the process now holds."""
         self.residents.move_to_end(key)
         started = time.monotonic()
-        light = without(req, "state", "source")
-        light["keep_process"] = True
         with contextlib.suppress(OSError):
-            frames.write_all(held.req_w, frames.encode(light))
+            frames.write_all(held.req_w, frames.head_only(head))
         result = collect(
-            held.pid, held.res_r, started, req["limits"], self.settings.max_result_bytes, held.pidfd
+            held.pid, held.res_r, started, req["limits"], self.settings.max_result_bytes, held.watch
         )
         reaped = result.pop("reaped", False)
-        if (
-            not reaped
-            and result.get("status") == "ok"
-            and result.get("state_sha")
-            and single_threaded(held.pid)
-        ):
-            held.version = str(result.pop("state_sha"))
+        state = result.get("state")
+        if not reaped and result.get("status") == "ok" and state and single_threaded(held.pid):
+            held.version = version_of(state)
             held.last_used = time.monotonic()
             result["from_resident"] = True
             if result.get("done"):
@@ -252,7 +260,6 @@ class Zygote:
                 self.finished.append(key)
             return result
         # Failed: the child's copy is not the committed state any more; the next step runs cold.
-        result.pop("state_sha", None)
         self.evict(key, "failed")
         return result
 
@@ -347,6 +354,17 @@ class Zygote:
         self.seen_last_pid = last_pid()
 
 
+def answer_frame(result: Result) -> list[Blob]:
+    """The answer to the worker as its frame's chunks; one JSON could not hold (a child's values
+    decode, so always encode, short of a bug here) is a crash, not the zygote's end."""
+    try:
+        return frames.pack(result)
+    except (TypeError, ValueError, RecursionError) as exc:
+        crashed: Result = {"status": "crashed", "message": f"zygote error: unrelayable answer: {exc}"}
+        crashed["id"] = result.get("id")
+        return frames.pack(crashed)
+
+
 def main() -> None:
     settings = JailSettings.from_json(sys.argv[1] if len(sys.argv) > 1 else "")
     JailFacts.read()
@@ -368,19 +386,20 @@ def main() -> None:
     frames.send(out_fd, hello)
     while True:
         try:
-            body = frames.read_body(in_fd)
+            raw = frames.read_raw(in_fd)
+            if raw is None:
+                return
+            req: Request = frames.parse(*raw, REQUEST_PARTS)  # type: ignore[assignment]
         except ValueError:
-            return
-        if body is None:
-            return
-        req: Request = json.loads(body)
+            return  # the worker sent what it never sends: the jail ends, and the worker replaces it
+        lengths, body = raw
         pid = None
         try:
-            result, pid = zygote.serve(req)
+            result, pid = zygote.serve(req, body[: lengths[0]])
         except Exception as exc:
             result = {"status": "crashed", "message": f"zygote error: {type(exc).__name__}: {exc}"}
         result["id"] = req.get("id")
-        frames.send(out_fd, result)
+        frames.write_all(out_fd, answer_frame(result))
         zygote.cleanup(req, pid)
 
 
