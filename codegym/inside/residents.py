@@ -32,13 +32,15 @@ from .watchdog import Watch
 class Resident:
     """A resident session's process, as the zygote sees it."""
 
-    __slots__ = ("death", "last_used", "pid", "pidfd", "req_w", "res_r", "uid", "version", "watch")
+    __slots__ = ("death", "last_used", "pid", "pidfd", "req_w", "res_r", "task_fd", "uid", "version", "watch")
 
-    def __init__(self, pid: int, req_w: int, res_r: int, version: str, uid: int) -> None:
+    def __init__(self, pid: int, req_w: int, res_r: int, version: str, uid: int, task_fd: int) -> None:
         self.pid = pid
         self.uid = uid
         self.req_w = req_w
         self.res_r = res_r
+        # Its /proc/PID/task: whether it still runs one thread (`hygiene.one_thread`).
+        self.task_fd = task_fd
         self.version = version
         self.last_used = time.monotonic()
         # Kept open for the session's life: readable once the process has exited.

@@ -24,9 +24,11 @@ def child_status(
     oversized: int,
     *,
     kill: bool = False,
+    malformed: str = "",
 ) -> Result:
     """Reap a child that gave no usable result (killing it first) and say why. `oversized`: the
-    result size limit it broke, or 0."""
+    result size limit it broke, or 0; `malformed`: what was wrong with the frame it wrote, if it
+    wrote one whole (its failure, whatever the signal that then ended it)."""
     if timed_out or oversized or kill:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -41,6 +43,8 @@ def child_status(
         result = {"status": "timeout", "message": f"wall-clock limit of {limits['wall_ms']} ms exceeded"}
     elif oversized:
         result = {"status": "output_limit", "message": f"result larger than {oversized} bytes"}
+    elif malformed:
+        result = {"status": "crashed", "message": f"malformed result: {malformed}"[:2000]}
     elif os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         if sig == signal.SIGXCPU or (sig == signal.SIGKILL and usage_out["cpu_ms"] >= limits["cpu_ms"]):
@@ -149,16 +153,20 @@ def collect(
     finally:
         if own_watch:
             os.close(watch.pidfd)
-    if not (timed_out or oversized) and need and len(buf) == need:
+    malformed = ""
+    if not (timed_out or oversized) and need and len(buf) >= need:
         try:
+            if len(buf) > need:
+                raise ValueError(f"{len(buf) - need} bytes past the end of its frame")
             sent = decode(buf, RESULT_PARTS)
-        except ValueError:
-            pass
+            if not shallow(sent):
+                raise ValueError("a value nested past one level")
+        except ValueError as exc:
+            malformed = str(exc) or type(exc).__name__
         else:
-            if shallow(sent):
-                # Keys only the zygote and the worker may set: a child's own say is never taken.
-                return from_child(sent)  # type: ignore[arg-type]  # a child's claim, checked later
+            # Keys only the zygote and the worker may set: a child's own say is never taken.
+            return from_child(sent)  # type: ignore[arg-type]  # a child's claim, checked later
     # No usable result: whatever the child still does is of no use; make sure it is gone.
-    result = child_status(pid, started, limits, timed_out, oversized, kill=True)
+    result = child_status(pid, started, limits, timed_out, oversized, kill=True, malformed=malformed)
     result["reaped"] = True
     return result

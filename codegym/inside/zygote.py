@@ -23,7 +23,16 @@ import time
 
 from . import frames
 from .codecache import CodeCache
-from .hygiene import FULL_SCAN_EVERY, JailFacts, become, kill_leftovers, last_pid, vm_bytes, wipe_tmp
+from .hygiene import (
+    FULL_SCAN_EVERY,
+    JailFacts,
+    become,
+    kill_leftovers,
+    last_pid,
+    one_thread,
+    vm_bytes,
+    wipe_tmp,
+)
 from .messages import REQUEST_PARTS, Blob, Cold, EvictionReason, Hello, Request, Result
 from .residents import Resident, child_main
 from .settings import JailSettings
@@ -51,16 +60,13 @@ PRELOAD = (
 )
 
 
-def single_threaded(pid: int) -> bool:
-    """Whether a session's process runs nothing but its main thread after its step.
-
-    A thread its code left running would go on while other sessions' steps run (filling the jail's
-    /tmp, holding ports): such a process is not kept; the answer stands and the next step runs cold.
-    Read from outside the process, so its own code cannot answer for it."""
+def open_task(pid: int) -> int | None:
+    """The fd of a child's /proc/PID/task, held while the child is a resident session: whether it
+    runs one thread is read off it after each of its steps (`hygiene.one_thread`)."""
     try:
-        return len(os.listdir(f"/proc/{pid}/task")) == 1
+        return os.open(f"/proc/{pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
 
 
 def version_of(state: Blob) -> str:
@@ -133,7 +139,7 @@ class Zygote:
             low, high = sorted((req_r, res_w))
             os.closerange(3, low)
             os.closerange(low + 1, high)
-            # Every fd above: the zygote holds three per resident session, thousands of them in a
+            # Every fd above: the zygote holds four per resident session, thousands of them in a
             # large jail (closerange is one close_range call, whatever the span).
             os.closerange(high + 1, fd_ceiling())
             try:
@@ -229,11 +235,18 @@ class Zygote:
             and result.get("status") == "ok"
             and state
             and not result.get("done")
-            and single_threaded(pid)
         ):
-            self.residents[key] = Resident(pid, req_w, res_r, version_of(state), self.spare_uid)
-            result["made_resident"] = True
-            return result, None
+            # A thread its code left running would go on while other sessions' steps run (filling
+            # the jail's /tmp, holding ports): such a process is not kept; the answer stands and
+            # the next step runs cold. Read from outside the process, so its own code cannot
+            # answer for it.
+            task_fd = open_task(pid)
+            if task_fd is not None and one_thread(task_fd):
+                self.residents[key] = Resident(pid, req_w, res_r, version_of(state), self.spare_uid, task_fd)
+                result["made_resident"] = True
+                return result, None
+            if task_fd is not None:
+                os.close(task_fd)
         os.close(req_w)
         os.close(res_r)
         return result, (None if result.pop("reaped", False) else pid)
@@ -251,7 +264,7 @@ class Zygote:
         )
         reaped = result.pop("reaped", False)
         state = result.get("state")
-        if not reaped and result.get("status") == "ok" and state and single_threaded(held.pid):
+        if not reaped and result.get("status") == "ok" and state and one_thread(held.task_fd):
             held.version = version_of(state)
             held.last_used = time.monotonic()
             result["from_resident"] = True
@@ -289,7 +302,7 @@ class Zygote:
         if held is None:
             return
         self.evictions[reason] += 1
-        for fd in (held.req_w, held.res_r):
+        for fd in (held.req_w, held.res_r, held.task_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.bury(held.pidfd, held.uid)
@@ -340,7 +353,10 @@ class Zygote:
         while len(self.residents) > self.cap:
             self.evict(next(iter(self.residents)), "room")
         self.since_scan += 1
-        if last_pid() != self.seen_last_pid or self.since_scan >= FULL_SCAN_EVERY:
+        # Read once, before the scan: a process a leftover forks during it makes the next cleanup
+        # scan again. Only the spare forked below moves the counter on (read again then).
+        seen = last_pid()
+        if seen != self.seen_last_pid or self.since_scan >= FULL_SCAN_EVERY:
             keep = {held.pid for held in self.residents.values()}
             if self.spare is not None:
                 keep.add(self.spare[0])
@@ -351,7 +367,8 @@ class Zygote:
         self.code.touch(str(req.get("sha", "")))
         if self.spare is None:
             self.prefork()
-        self.seen_last_pid = last_pid()
+            seen = last_pid()
+        self.seen_last_pid = seen
 
 
 def answer_frame(result: Result) -> list[Blob]:
