@@ -81,7 +81,7 @@ class Watch:
     """What `collect` waits on for one child: its result pipe and its pidfd, in one poll object.
 
     A resident session keeps one for its life (`residents.Resident`), so a step registers nothing;
-    a one-shot child gets one for its request (`for_child`), which closes the pidfd it opened."""
+    a one-shot child gets one for its request, made and closed (with its pidfd) by `collect`."""
 
     __slots__ = ("pidfd", "poller", "res_r")
 

@@ -6,7 +6,7 @@ stdin/stdout with frames (`frames`: a JSON head, then raw binary parts) carrying
 `messages`, and answers one request at a time. It routes by the head alone and relays the rest:
 a session's state goes from the worker to a child and from a child to the worker as it came;
 a resident step's request goes to the session's process as the worker encoded it. After each
-request after each, every process of the jail that is not the zygote, the
+request, every process of the jail that is not the zygote, the
 spare or a resident session is killed and /tmp is wiped (`hygiene`), so nothing a request starts
 outlives it.
 """
@@ -242,9 +242,14 @@ class Zygote:
             # answer for it.
             task_fd = open_task(pid)
             if task_fd is not None and one_thread(task_fd):
-                self.residents[key] = Resident(pid, req_w, res_r, version_of(state), self.spare_uid, task_fd)
-                result["made_resident"] = True
-                return result, None
+                try:
+                    held = Resident(pid, req_w, res_r, version_of(state), self.spare_uid, task_fd)
+                except OSError:  # no pidfd to be had (fds exhausted): served one-shot, not kept
+                    pass
+                else:
+                    self.residents[key] = held
+                    result["made_resident"] = True
+                    return result, None
             if task_fd is not None:
                 os.close(task_fd)
         os.close(req_w)
