@@ -8,10 +8,11 @@ the runtime would), one step at a time. Measured over the stepping only: the wor
 zygote and every process below it, reaped ones included), and the step's wall time (p50, p99).
 
 Two state sizes: the sample environment with a 5-number task (a state of a few hundred bytes,
-as most sessions have) and with a 20,000-number one (a state of tens of KiB), where what the pipe
-does per byte shows. Each tree runs in a process of its own (`--tree`, first on PYTHONPATH), base
-first; a 2-core machine shared with other work makes the figures noisy: compare base and new of
-the same run only.
+as most sessions have) and with a 20,000-number one (about 140 KB), where what the pipe does per
+byte shows. Each tree runs in a process of its own (started from the tree, which comes first on
+its PYTHONPATH), base first; a 2-core machine shared with other work makes the figures noisy:
+compare base and new of the same run only. CPU is read in clock ticks (10 ms): thousands of steps
+make it a figure.
 
     .venv/bin/python bench/pipe_bench.py [--base main | --no-base] [--steps 3000] [--sessions 8]
 """
