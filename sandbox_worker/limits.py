@@ -181,8 +181,8 @@ def build_jail_config(
         rlimit_as_type=RLimitType.INF,
         rlimit_cpu_type=RLimitType.INF,
         rlimit_fsize=limits.file_size_mb,
-        # The zygote holds three fds per resident session (two pipes' ends and a pidfd).
-        rlimit_nofile=limits.open_files + 3 * settings.resident_cap,
+        # The zygote holds four fds per resident session (two pipes' ends, a pidfd, its /proc task folder).
+        rlimit_nofile=limits.open_files + 4 * settings.resident_cap,
         rlimit_nproc=limits.pids,
         rlimit_nproc_type=RLimitType.VALUE,
         rlimit_stack=8,

@@ -7,7 +7,6 @@ memory, die) is an `OperationResult` with a status.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import json
 import logging
@@ -66,13 +65,17 @@ def limits_sent(limits: RequestLimits) -> Limits:
 
 
 def to_result(raw: Result, sha: str) -> pb.OperationResult:
-    """Validate a jail's JSON answer field by field; anything malformed becomes CRASHED."""
+    """Validate a jail's answer field by field; anything malformed becomes CRASHED."""
     # `raw` is the jail's claim: every value is checked here, anything malformed becomes CRASHED.
     usage: Any = raw.get("usage")
     if not isinstance(usage, dict):
         usage = {}
     try:
-        state = base64.b64decode(raw.get("state") or "", validate=True)
+        # A binary part of the frame (`frames.parse` never takes it from the JSON head), passed on
+        # as opaque bytes: never unpickled here.
+        state: Any = raw.get("state", b"")
+        if not isinstance(state, bytes | memoryview):
+            raise TypeError(f"state is a {type(state).__name__}, not bytes")
         return pb.OperationResult(
             status=STATUS.get(str(raw.get("status")), pb.STATUS_CRASHED),
             message=str(raw.get("message", ""))[:4096],
@@ -85,7 +88,7 @@ def to_result(raw: Result, sha: str) -> pb.OperationResult:
                 peak_rss_kb=max(0, int(usage.get("peak_rss_kb", 0))),
                 peak_alloc_bytes=max(0, int(usage.get("peak_alloc_bytes", 0))),
             ),
-            state=state,
+            state=bytes(state),
             observation=str(raw.get("observation", "")),
             reward=float(raw.get("reward", 0.0)),
             done=bool(raw.get("done", False)),
@@ -177,7 +180,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             if op.create.session_key:
                 req["session"] = op.create.session_key
         elif kind == "step":
-            req["state"] = base64.b64encode(op.step.state).decode()
+            req["state"] = op.step.state
             req["action"] = op.step.action
             if op.step.session_key:
                 req["session"] = op.step.session_key
@@ -185,7 +188,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
                 # otherwise decode and hash the state itself).
                 req["state_sha"] = hashlib.sha256(op.step.state).hexdigest()
         elif kind == "reset":
-            req["state"] = base64.b64encode(op.reset.state).decode()
+            req["state"] = op.reset.state
             req["config"] = op.reset.config_json
         elif kind == "ref_answer":
             req["config"] = op.ref_answer.config_json

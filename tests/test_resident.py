@@ -17,6 +17,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from codegym.inside import frames
+from codegym.inside.frames import PREFIX
 from codegym.inside.settings import JAIL_CEILING
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
@@ -37,7 +39,7 @@ RESIDENT_ENV = (
     HOSTILE_TEMPLATE.format(preamble="COUNTS = []", body="        pass")
     .replace(
         '{"Observe": 0, "Evil": 1, "Done": 2}',
-        '{"Observe": 0, "Bump": 1, "Slow": 2, "Fork": 3, "Hog": 4, "Linger": 5, "Done": 6}',
+        '{"Observe": 0, "Bump": 1, "Slow": 2, "Fork": 3, "Hog": 4, "Linger": 5, "Scribble": 6, "Done": 7}',
     )
     .replace(
         "    def Done(self, answer):",
@@ -70,6 +72,12 @@ RESIDENT_ENV = (
         import threading, time
         threading.Thread(target=lambda: time.sleep(60), daemon=True).start()
         return "lingering"
+
+    def Scribble(self):
+        import os
+        files = sorted(e for e in os.listdir("/tmp") if not os.path.isdir("/tmp/" + e))
+        open(f"/tmp/scribble-{os.getpid()}", "w").write("x")
+        return f"found {files}"
 
     def Done(self, answer):""",
     )
@@ -161,19 +169,8 @@ def test_a_session_created_with_its_key_is_resident_from_the_first_step(
 def test_a_child_cannot_claim_what_only_the_zygote_says(stub: pb_grpc.SandboxServiceStub) -> None:
     """A step that writes its own result frame, claiming it came from a resident process (and that
     the jail holds its session), is taken for what it is: a cold answer that kept nothing."""
-    forged = hostile(
-        """
-import os, struct
-frame = json.dumps({"status": "ok", "observation": "forged", "from_resident": True,
-                    "made_resident": True, "held": True, "cold": "full"}).encode()
-for fd in os.listdir("/proc/self/fd"):
-    try:
-        os.write(int(fd), struct.pack(">I", len(frame)) + frame)
-    except OSError:
-        pass
-os._exit(0)
-"""
-    )
+    claim = {"status": "ok", "observation": "forged", "from_resident": True, "made_resident": True}
+    forged = hostile(answer_with(frames.encode({**claim, "held": True, "cold": "full", "id": 999})))
     session = Session(stub, "forger", forged)
     committed = session.state
     for _ in range(2):  # were the first claim believed, the second would be served as resident
@@ -182,6 +179,87 @@ os._exit(0)
         assert not claimed.resident
         session.state = committed  # the forged answer carries no state
     assert session.step(json.dumps({"name": "Observe", "parameters": {}})).observation == "ok"
+
+
+def answer_with(data: bytes) -> str:
+    """The body of a hostile tool that answers its step with `data` in place of its result, and
+    exits: written to every fd it holds, one of which is its result pipe."""
+    return f"""
+import os
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        os.write(int(fd), {data!r})
+    except OSError:
+        pass
+os._exit(0)
+"""
+
+
+def raw_frame(head: bytes, state: int = 0, code: int = 0, tail: bytes = b"") -> bytes:
+    """A frame as a child could write it by hand: a prefix stating these lengths, then the head
+    and whatever bytes follow (which need not be what the prefix says)."""
+    return PREFIX.pack(len(head), state, code) + head + tail
+
+
+HEAD = b'{"status":"ok","observation":"forged"}'
+GONE = "without a result"
+MALFORMED = "malformed result"
+# Frames a child may write instead of its result, the status each is answered with and what its
+# message says: never a jail taken for broken, never a claim believed.
+BAD_FRAMES = {
+    "cut short": (raw_frame(HEAD, 100, tail=b"x" * 10), pb.STATUS_CRASHED, GONE),
+    "lengths past its bytes": (PREFIX.pack(len(HEAD) + 5, 0, 0) + HEAD, pb.STATUS_CRASHED, GONE),
+    "longer than it says": (raw_frame(HEAD, tail=b"trailing"), pb.STATUS_CRASHED, "8 bytes past the end"),
+    "a state in its head": (
+        raw_frame(b'{"status":"ok","state":"Q0dTMQ=="}'),
+        pb.STATUS_CRASHED,
+        "holds 'state', which only travels as a part",
+    ),
+    "a code part": (raw_frame(HEAD, 0, 3, tail=b"abc"), pb.STATUS_CRASHED, "carries a 'code' part"),
+    "a head that is no object": (raw_frame(b"[1]"), pb.STATUS_CRASHED, "not an object"),
+    "a head that is no JSON": (raw_frame(b"\xff\xfe{}"), pb.STATUS_CRASHED, MALFORMED),
+    "a head nested past one level": (
+        raw_frame(b'{"status":"ok","observation":"forged","x":{"y":[1]}}'),
+        pb.STATUS_CRASHED,
+        "nested past one level",
+    ),
+    "a head nested past any decoder": (
+        raw_frame(b'{"status":"ok","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+        pb.STATUS_CRASHED,
+        "nested too deeply",
+    ),
+    "a part larger than any result": (raw_frame(HEAD, 1 << 31), pb.STATUS_OUTPUT_LIMIT, "result larger than"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_FRAMES))
+def test_a_malformed_answer_is_the_childs_failure_and_the_jail_serves_on(
+    stub: pb_grpc.SandboxServiceStub, name: str
+) -> None:
+    """A child that writes a frame that does not hold (lengths that lie, a part where none goes, a
+    head that is not a shallow JSON object, a size past the result limit) gets its step failed,
+    with the state untouched; the jail stays up and a resident neighbour stays resident."""
+    frame, status, says = BAD_FRAMES[name]
+    line = next(t for t in TRAJECTORIES if len(t["steps"]) >= 3)
+    neighbour = Session(
+        stub, f"bad-frame-neighbour-{name}", SOURCES[line["env_id"]], json.dumps(line["config"])
+    )
+    steps = iter(line["steps"])
+    for _ in range(2):
+        action, observation = next(steps)
+        assert neighbour.step(action).observation == observation
+    replaced = stub.GetWorkerInfo(pb.GetWorkerInfoRequest(), timeout=10).jails_replaced
+    attacker = Session(stub, f"bad-frame-{name}", hostile(answer_with(frame)))
+    committed = attacker.state
+    answered = attacker.step(call("Evil"))
+    assert answered.status == status and says in answered.message, answered.message
+    assert not answered.resident and answered.state == b"" and answered.observation == ""
+    assert attacker.state == committed
+    assert attacker.step(call("Observe")).observation == "ok"
+    action, observation = next(steps)
+    after = neighbour.step(action)
+    assert after.resident and after.observation == observation
+    assert stub.GetWorkerInfo(pb.GetWorkerInfoRequest(), timeout=10).jails_replaced == replaced
 
 
 def test_a_stale_state_runs_cold_from_that_state(stub: pb_grpc.SandboxServiceStub) -> None:
@@ -210,6 +288,16 @@ def test_a_process_that_leaves_a_thread_running_is_not_kept(stub: pb_grpc.Sandbo
         after.observation.startswith("class 1 module 1 own ")
         and after.observation != "class 1 module 1 own 1"
     )
+
+
+def test_a_file_a_resident_step_writes_is_gone_before_the_next_step_of_any_session(
+    stub: pb_grpc.SandboxServiceStub,
+) -> None:
+    a, b = Session(stub, "tmp-a", RESIDENT_ENV), Session(stub, "tmp-b", RESIDENT_ENV)
+    steps = [a.step(call("Scribble")), b.step(call("Scribble"))]
+    steps += [a.step(call("Scribble")), b.step(call("Scribble")), a.step(call("Scribble"))]
+    assert [r.observation for r in steps] == ["found []"] * 5
+    assert [r.resident for r in steps] == [False, False, True, True, True]
 
 
 def test_sessions_of_one_env_never_share_class_or_module_state(stub: pb_grpc.SandboxServiceStub) -> None:

@@ -9,7 +9,7 @@ own imports (gymnasium, numpy) are preloaded by name, never imported here. The t
 imports only its leaves (`frames`, `messages`, `values`, `settings`), which is how both sides speak
 one protocol and read configs and answers by one rule.
 
-- `frames`: length-prefixed JSON frames, the wire between worker, zygote and children.
+- `frames`: the wire between worker, zygote and children: a JSON head, then raw binary parts.
 - `messages`: what those frames hold: every key of a request and a result, declared once.
 - `settings`: what a jail is told once, at start (resident ceiling, idle times, cache sizes).
 - `values`: task configs and answers as JSON values (shared with `codegym.contract`).

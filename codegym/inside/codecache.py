@@ -8,7 +8,6 @@ fail. Forked children inherit the cache; the spare, forked before a source was c
 that source's code object instead of compiling the text a second time.
 """
 
-import base64
 import collections
 import hashlib
 import marshal
@@ -56,7 +55,7 @@ class CodeCache:
         if sha not in self.compiled_after_spare or sha not in self.codes:
             return req
         sent = without(req, "source")
-        sent["code"] = base64.b64encode(marshal.dumps(self.codes[sha])).decode()
+        sent["code"] = marshal.dumps(self.codes[sha])
         return sent
 
     def check(self, req: Request) -> Result | None:

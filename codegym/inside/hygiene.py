@@ -5,12 +5,21 @@
 - After each request every process but the zygote, the spare and the resident sessions is killed
   (`kill_leftovers`; the zygote is pid 1 of the jail's pid namespace, so leftovers are reparented
   to it and show in its /proc) and /tmp is emptied (`wipe_tmp`).
+- A session's process is kept between its steps only while it runs one thread (`one_thread`).
+
+Most requests are resident steps that start nothing and write nothing, so each check is first
+made the cheapest exact way, one system call on an fd held open: the pid counter read in place
+(`last_pid`), a process's thread count and /tmp's entry count read off an `fstat` of their folders
+(the kernel counts a process's threads in its /proc/PID/task link count, and tmpfs a folder's
+entries in its size). Both counts are checked once at the jail's start (`JailFacts.read`): where
+the kernel does not keep them, every check lists the folder as before.
 """
 
 import contextlib
 import os
 import shutil
 import signal
+import threading
 import time
 
 # A full scan at least this often anyway, so that a step that cycled through the whole pid space
@@ -27,12 +36,87 @@ class JailFacts:
     isolated = False
     # Mount points below /tmp (a venv or checkout under /tmp) and the folders on the way to them.
     tmp_mounts: frozenset[str] = frozenset()
+    # The link count of a one-thread process's /proc/PID/task (0: the kernel does not count
+    # threads there; `one_thread` lists the folder).
+    one_thread_links = 0
+    # /tmp, held open, and its size when it holds nothing (-1: its size does not count entries, or a
+    # mount lies below it; `wipe_tmp` lists it every time).
+    tmp_fd = -1
+    empty_tmp_size = -1
+    # /proc/sys/kernel/ns_last_pid, held open (-1: not readable).
+    last_pid_fd = -1
 
     @classmethod
     def read(cls) -> None:
         cls.id_span = id_span()
         cls.isolated = cls.id_span > 1 and os.getuid() == 0
         cls.tmp_mounts = mounts_under_tmp()
+        cls.one_thread_links = thread_links()
+        with contextlib.suppress(OSError):
+            cls.last_pid_fd = os.open("/proc/sys/kernel/ns_last_pid", os.O_RDONLY | os.O_CLOEXEC)
+        if in_jail() and not cls.tmp_mounts:
+            cls.tmp_fd, cls.empty_tmp_size = tmp_entry_count()
+
+
+def thread_links() -> int:
+    """The link count of /proc/self/task while this process runs one thread, if the kernel adds
+    the process's threads to it (seen here by starting one), else 0."""
+    try:
+        fd = os.open("/proc/self/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        alone = os.fstat(fd).st_nlink
+        if len(os.listdir(fd)) != 1:
+            return 0
+        release = threading.Event()
+        thread = threading.Thread(target=release.wait)
+        thread.start()
+        try:
+            with_one_more = os.fstat(fd).st_nlink
+        finally:
+            release.set()
+            thread.join()
+        return alone if with_one_more == alone + 1 else 0
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+
+
+def tmp_entry_count(folder: str = "/tmp") -> tuple[int, int]:
+    """`folder` held open and its size when empty, if it is empty now and its size counts its
+    entries (tmpfs does: seen here by adding one), else (-1, -1)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return -1, -1
+    probe = os.path.join(folder, ".codegym-probe")
+    try:
+        empty = os.fstat(fd).st_size
+        if os.listdir(fd):
+            raise OSError("/tmp is not empty")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        holding_one = os.fstat(fd).st_size
+        os.unlink(probe)
+        if holding_one != empty and os.fstat(fd).st_size == empty:
+            return fd, empty
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+    os.close(fd)
+    return -1, -1
+
+
+def one_thread(task_fd: int) -> bool:
+    """Whether the process whose /proc/PID/task `task_fd` holds runs one thread and only one (a
+    process that has exited runs none)."""
+    try:
+        if JailFacts.one_thread_links:
+            return os.fstat(task_fd).st_nlink == JailFacts.one_thread_links
+        return len(os.listdir(task_fd)) == 1
+    except OSError:
+        return False
 
 
 def id_span() -> int:
@@ -82,9 +166,19 @@ def in_jail() -> bool:
     return os.getpid() == 1
 
 
+def tmp_empty() -> bool:
+    """Whether the jail's /tmp holds no entry at all, known from its size alone (`JailFacts`)."""
+    if JailFacts.tmp_fd < 0:
+        return False
+    try:
+        return os.fstat(JailFacts.tmp_fd).st_size == JailFacts.empty_tmp_size
+    except OSError:
+        return False
+
+
 def wipe_tmp(folder: str = "/tmp") -> None:
     """Empty the jail's tmpfs so no file outlives the request that wrote it (mounts stay)."""
-    if not in_jail():
+    if not in_jail() or (folder == "/tmp" and tmp_empty()):
         return
     try:
         entries = list(os.scandir(folder))
@@ -139,11 +233,7 @@ def last_pid() -> int:
     nothing to kill and the /proc scan, the costliest part of a resident step, can be skipped.
     """
     try:
-        fd = os.open("/proc/sys/kernel/ns_last_pid", os.O_RDONLY)
-        try:
-            return int(os.read(fd, 32))
-        finally:
-            os.close(fd)
+        return int(os.pread(JailFacts.last_pid_fd, 32, 0))
     except (OSError, ValueError):
         return -1
 

@@ -2,23 +2,25 @@
 
 Both sides import this module: the worker (`sandbox_worker/service.py`, `pool.py`, `jail.py`)
 builds `Request`s and reads the `Hello` and `Result`s; the jail (`zygote`, `residents`,
-`operations`, `watchdog`) reads requests and writes results. On the pipe they are JSON objects in
-length-prefixed frames (`frames`). They are TypedDicts: plain dicts at run time, so the bytes on
-the pipe are what `json.dumps` makes of them and the jail pays nothing for the types, while mypy
-checks every key and value on both sides.
+`operations`, `watchdog`) reads requests and writes results. On the pipe each is a frame
+(`frames`): a JSON head with every key but the binary parts (`PARTS`: a session's `state`, a
+spare's `code`), which follow the head raw. They are TypedDicts: plain dicts at run time, so the
+jail pays nothing for the types, while mypy checks every key and value on both sides.
 
 One request and one result travel three legs:
 - worker -> zygote: a `Request` (its `id` and `cap` set by the worker's pool); the zygote answers a
   `Result`, with the keys only it sets (`ZYGOTE_KEYS`) added.
 - zygote -> child: the same `Request`, plus what only the zygote tells a child (`keep_process`,
-  `code`), without what the child already has (a resident step carries no `state`, no `source`).
-- child -> zygote: a `Result` plus what only a child says (`state_sha`); the zygote drops every key
-  of `ZYGOTE_KEYS` a child wrote (its code is untrusted: it may write any frame it likes).
+  `code`). A resident step goes as the worker wrote its head, without its parts: the resident holds
+  the state (`frames.head_only`; the zygote neither decodes nor encodes it).
+- child -> zygote: a `Result`; the zygote drops every key of `ZYGOTE_KEYS` a child wrote (its code
+  is untrusted: it may write any frame it likes) and relays the state part as it came.
 
 A resident session (a process that keeps one session's live environment between steps, see
 `residents`) is named by three keys, one meaning each:
 - `keep_process` (request, zygote -> child): stay alive as the session's process if this request
-  succeeds, and report the version of the state it then holds (`state_sha`).
+  succeeds. The version of the state it then holds is the sha256 of the state part it answered,
+  which the zygote computes of the bytes it relays (never a child's claim).
 - `from_resident` (result): the answer came from the session's resident process (no fork, no
   unpickling). It is the `resident` flag of the RPC's `OperationResult`.
 - `made_resident` (result): the process that answered stays on as the session's resident; the
@@ -29,6 +31,14 @@ These types say what an honest jail sends.
 """
 
 from typing import Any, Literal, Required, TypedDict
+
+# A binary part of a message: `bytes`, or a view of the frame it arrived in (no copy).
+Blob = bytes | memoryview
+# The binary parts of a frame, in their order on the pipe (`frames`): never keys of its JSON head.
+PARTS: tuple[str, ...] = ("state", "code")
+# The parts each direction may carry: a result never carries code.
+REQUEST_PARTS: tuple[str, ...] = ("state", "code")
+RESULT_PARTS: tuple[str, ...] = ("state",)
 
 Op = Literal["create", "step", "reset", "ref_answer", "solve", "run_script", "call_function", "release"]
 Status = Literal[
@@ -80,10 +90,10 @@ class Request(TypedDict, total=False):
     config: str
     # The session a create or step belongs to (what a resident process is kept for).
     session: str
-    # A session's state, base64: opaque to the worker, which never unpickles it.
-    state: str
-    # The sha256 of the raw `state` a step carries: the version a resident process must hold to
-    # take the step (the zygote need not decode and hash the state itself).
+    # A session's state (a part): opaque to the worker, which never unpickles it.
+    state: Blob
+    # The sha256 of the `state` a step carries: the version a resident process must hold to take
+    # the step (the worker hashes what the runtime committed; the zygote only compares).
     state_sha: str
     action: str
     solve_source: str
@@ -95,8 +105,8 @@ class Request(TypedDict, total=False):
     function: str
     args: list[Any]
     kwargs: dict[str, Any]
-    # Zygote -> child only: the source compiled after the child was forked, marshalled, base64.
-    code: str
+    # Zygote -> child only (a part): the source compiled after the child was forked, marshalled.
+    code: Blob
     # Zygote -> child only: see the module's docstring.
     keep_process: bool
 
@@ -128,8 +138,8 @@ class Result(TypedDict, total=False):
     stderr: str
     output_truncated: bool
     usage: Usage
-    # The session's state after a create, step or reset, base64.
-    state: str
+    # The session's state after a create, step or reset (a part).
+    state: Blob
     observation: str
     reward: float
     done: bool
@@ -141,8 +151,6 @@ class Result(TypedDict, total=False):
     trajectory: list[str]
     # Child -> zygote only: a ref_answer's allocation peak, moved into `usage` before it is sent.
     peak_alloc_bytes: int
-    # Child -> zygote only: sha256 of the raw state a `keep_process` child now holds.
-    state_sha: str
     # From here on, keys only the zygote or the worker set (`ZYGOTE_KEYS`).
     # The request's `id` (None for a request that had none).
     id: int | None

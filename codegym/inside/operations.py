@@ -6,10 +6,8 @@ and reports a result; failures of the environment's code are results with a stat
 exceptions that reach the zygote. A resident session's process runs its later steps here too.
 """
 
-import base64
 import builtins
 import contextlib
-import hashlib
 import io
 import json
 import marshal
@@ -22,14 +20,15 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
-from .messages import Request, Result
+from . import frames
+from .messages import Blob, Request, Result
 from .values import ConfigError, canonical, parse_config
 
 MODULE_NAME = "__codegym_env__"
 STATE_MAGIC = b"CGS1"
-# Bound before any env code runs: a request that monkeypatches json or builtins cannot corrupt
-# the report of its own result.
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
+# Bound before any env code runs: a request that monkeypatches builtins cannot corrupt the report
+# of its own result (`frames` binds its JSON encoder at import, before any env code too).
+_pack = frames.pack
 BUILTINS = dict(builtins.__dict__)
 
 
@@ -95,16 +94,8 @@ class Child:
         out = self.env.step(action)
         observation = out[1] if isinstance(out, tuple) and len(out) == 2 else out
         result["observation"] = str(observation)
-        self.put_state(self.pack_state(self.env, self.config), result)
+        result["state"] = self.pack_state(self.env, self.config)
         self.episode(self.env, result)
-
-    def put_state(self, state: bytes, result: Result) -> None:
-        """The session's state into its result (base64), with the version a process that may be
-        kept as the session's resident now holds (the sha256 of the raw state, as the worker
-        computes it of the state it sends with the session's next step)."""
-        result["state"] = base64.b64encode(state).decode()
-        if self.req.get("keep_process"):
-            result["state_sha"] = hashlib.sha256(state).hexdigest()
 
     def load_module(self, as_main: bool = False) -> types.ModuleType:
         module = types.ModuleType("__main__" if as_main else MODULE_NAME)
@@ -140,7 +131,7 @@ class Child:
         return STATE_MAGIC + bytes.fromhex(self.req["sha"]) + pickle.dumps((config, env), protocol=5)
 
     def unpack_state(self) -> tuple[dict[str, Any], Any]:
-        blob = base64.b64decode(self.req.get("state") or "")
+        blob: Blob = self.req.get("state") or b""
         if blob[:4] != STATE_MAGIC:
             raise BadRequest("state is not an environment state")
         if blob[4:36] != bytes.fromhex(self.req["sha"]):
@@ -168,7 +159,7 @@ class Child:
             self.config = config_of(req)
             self.env, observation = self.make_env(self.config)
             result["observation"] = str(observation)
-            self.put_state(self.pack_state(self.env, self.config), result)
+            result["state"] = self.pack_state(self.env, self.config)
             self.episode(self.env, result)
         elif op == "step":
             self.config, self.env = self.unpack_state()
@@ -178,7 +169,7 @@ class Child:
             if req.get("config"):
                 config = config_of(req)
             result["observation"] = str(env.reset(config))
-            result["state"] = base64.b64encode(self.pack_state(env, config)).decode()
+            result["state"] = self.pack_state(env, config)
             self.episode(env, result)
         elif op == "ref_answer":
             import tracemalloc
@@ -269,14 +260,14 @@ def warm_up() -> None:
     """Run, before the request arrives, the code paths every request runs.
 
     After fork each first write to a page copies it; most of those writes are reference counts of
-    the interpreter's own objects (json, pickle, base64, gymnasium's classes). Taking those copies
-    while the spare child waits keeps them off the request's latency.
+    the interpreter's own objects (json, pickle, the frames' code, gymnasium's classes). Taking
+    those copies while the spare child waits keeps them off the request's latency.
     """
     import gymnasium
 
-    state = base64.b64encode(pickle.dumps(({"k": [1, "a"]}, gymnasium.Env()), protocol=5)).decode()
-    frame = json.dumps({"status": "ok", "state": state, "observation": "x", "usage": {"wall_ms": 0}})
-    config, env = pickle.loads(base64.b64decode(json.loads(frame)["state"]))
+    state = pickle.dumps(({"k": [1, "a"]}, gymnasium.Env()), protocol=5)
+    frame = frames.encode({"status": "ok", "state": state, "observation": "x", "usage": {"wall_ms": 0}})
+    config, env = pickle.loads(frames.decode(frame)["state"])
     CappedWriter(64).write(str(config) + str(env))
     resource.getrusage(resource.RUSAGE_SELF)
 
@@ -298,7 +289,7 @@ def run_request(
             code = codes.get(req["sha"])
             if code is None and req.get("code"):
                 # Compiled by the zygote after this process was forked (zygote.code_for_spare).
-                code = marshal.loads(base64.b64decode(req["code"]))
+                code = marshal.loads(req["code"])
             if code is None:
                 code = compile(req["source"], "<env>", "exec")
             child = Child(req, code)
@@ -355,9 +346,9 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def encode_result(result: Result) -> bytes:
-    """A result as JSON bytes (without the length header)."""
+def result_frame(result: Result) -> list[Blob]:
+    """A result as its frame's chunks (`frames.pack`); one JSON cannot hold is an env_error."""
     try:
-        return _dumps(result).encode()
+        return _pack(result)
     except (TypeError, ValueError) as exc:
-        return _dumps({"status": "env_error", "message": f"result not serializable: {exc}"}).encode()
+        return _pack({"status": "env_error", "message": f"result not serializable: {exc}"})

@@ -8,14 +8,14 @@ request pipe, with no fork and no unpickling. One session per process, never two
 never share an interpreter.
 
 The zygote decides whether a step may go to the resident child: only when the state the worker
-sent (the runtime's committed state) is the one the child holds, compared by sha256. Anything else
+sent (the runtime's committed state) is the one the child holds, compared by sha256 (the worker's
+of the state it sends, the zygote's of the state it relayed from the child). Anything else
 (first step, eviction, a step that failed, another worker) runs cold. A step that fails in a
 resident child ends the child, so a later step restarts from the committed state: trial then
 commit holds because the child's own copy is never trusted after a failure.
 """
 
 import contextlib
-import json
 import os
 import resource
 import select
@@ -24,29 +24,34 @@ import types
 from collections.abc import Mapping
 
 from . import frames
-from .messages import Request, Result
-from .operations import cpu_seconds, encode_result, run_request, warm_up
+from .messages import REQUEST_PARTS, Request, Result
+from .operations import cpu_seconds, result_frame, run_request, warm_up
+from .watchdog import Watch
 
 
 class Resident:
     """A resident session's process, as the zygote sees it."""
 
-    __slots__ = ("last_used", "pid", "pidfd", "req_w", "res_r", "uid", "version")
+    __slots__ = ("death", "last_used", "pid", "pidfd", "req_w", "res_r", "task_fd", "uid", "version", "watch")
 
-    def __init__(self, pid: int, req_w: int, res_r: int, version: str, uid: int) -> None:
+    def __init__(self, pid: int, req_w: int, res_r: int, version: str, uid: int, task_fd: int) -> None:
         self.pid = pid
         self.uid = uid
         self.req_w = req_w
         self.res_r = res_r
+        # Its /proc/PID/task: whether it still runs one thread (`hygiene.one_thread`).
+        self.task_fd = task_fd
         self.version = version
         self.last_used = time.monotonic()
         # Kept open for the session's life: readable once the process has exited.
         self.pidfd = os.pidfd_open(pid)
+        # Made once, used by every step: its result pipe and pidfd (`collect`), its pidfd alone.
+        self.watch = Watch(res_r, self.pidfd)
+        self.death = select.poll()
+        self.death.register(self.pidfd, select.POLLIN)
 
     def exited(self) -> bool:
-        poller = select.poll()
-        poller.register(self.pidfd, select.POLLIN)
-        return bool(poller.poll(0))
+        return bool(self.death.poll(0))
 
 
 def limit_cpu(step_cpu_ms: int) -> None:
@@ -72,11 +77,10 @@ def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType],
     with contextlib.suppress(Exception):
         warm_up()
     try:
-        body = frames.read_body(req_fd)
-        req: Request | None = json.loads(body) if body is not None else None
+        req: Request | None = frames.read(req_fd, REQUEST_PARTS)  # type: ignore[assignment]
     except ValueError:
         req = None
-    if not isinstance(req, dict):
+    if req is None:
         os._exit(0)
     limits = req["limits"]
     if req.get("keep_process"):
@@ -87,7 +91,7 @@ def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType],
     memory = base_vm_bytes + limits["memory_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     result, child = run_request(req, codes, None)
-    frames.write_all(result_fd, frames.frame(encode_result(result)))
+    frames.write_all(result_fd, result_frame(result))
     if not (
         req.get("keep_process")
         and result.get("status") == "ok"
@@ -100,20 +104,19 @@ def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType],
     # own would fail the next step sent to it.
     while True:
         try:
-            body = frames.read_body(req_fd)
+            step_req: Request | None = frames.read(req_fd, REQUEST_PARTS)  # type: ignore[assignment]
         except ValueError:
-            body = None
-        if body is None:
+            step_req = None
+        if step_req is None:
             break
         try:
-            step_req: Request = json.loads(body)
             limit_cpu(step_req["limits"]["cpu_ms"])
         except (ValueError, KeyError, TypeError) as exc:
             bad: Result = {"status": "bad_request", "message": f"bad resident request: {exc}"}
-            frames.write_all(result_fd, frames.frame(encode_result(bad)))
+            frames.write_all(result_fd, result_frame(bad))
             break
         out, _ = run_request(step_req, codes, child)
-        frames.write_all(result_fd, frames.frame(encode_result(out)))
+        frames.write_all(result_fd, result_frame(out))
         if out.get("status") != "ok":
             break
     os._exit(0)

@@ -2,8 +2,11 @@
 
 Runs as `python -m inside.zygote SETTINGS_JSON` with `/sandbox` on the path (the package is
 mounted there; see `sandbox_worker/limits.py`). It talks to the trusted worker over its
-stdin/stdout with length-prefixed JSON frames (`frames`) carrying the messages of `messages`, and
-answers one request at a time; after each, every process of the jail that is not the zygote, the
+stdin/stdout with frames (`frames`: a JSON head, then raw binary parts) carrying the messages of
+`messages`, and answers one request at a time. It routes by the head alone and relays the rest:
+a session's state goes from the worker to a child and from a child to the worker as it came;
+a resident step's request goes to the session's process as the worker encoded it. After each
+request, every process of the jail that is not the zygote, the
 spare or a resident session is killed and /tmp is wiped (`hygiene`), so nothing a request starts
 outlives it.
 """
@@ -11,7 +14,7 @@ outlives it.
 import collections
 import contextlib
 import gc
-import json
+import hashlib
 import os
 import resource
 import signal
@@ -20,8 +23,17 @@ import time
 
 from . import frames
 from .codecache import CodeCache
-from .hygiene import FULL_SCAN_EVERY, JailFacts, become, kill_leftovers, last_pid, vm_bytes, wipe_tmp
-from .messages import Cold, EvictionReason, Hello, Request, Result, without
+from .hygiene import (
+    FULL_SCAN_EVERY,
+    JailFacts,
+    become,
+    kill_leftovers,
+    last_pid,
+    one_thread,
+    vm_bytes,
+    wipe_tmp,
+)
+from .messages import REQUEST_PARTS, Blob, Cold, EvictionReason, Hello, Request, Result
 from .residents import Resident, child_main
 from .settings import JailSettings
 from .watchdog import collect
@@ -48,16 +60,20 @@ PRELOAD = (
 )
 
 
-def single_threaded(pid: int) -> bool:
-    """Whether a session's process runs nothing but its main thread after its step.
-
-    A thread its code left running would go on while other sessions' steps run (filling the jail's
-    /tmp, holding ports): such a process is not kept; the answer stands and the next step runs cold.
-    Read from outside the process, so its own code cannot answer for it."""
+def open_task(pid: int) -> int | None:
+    """The fd of a child's /proc/PID/task, held while the child is a resident session: whether it
+    runs one thread is read off it after each of its steps (`hygiene.one_thread`)."""
     try:
-        return len(os.listdir(f"/proc/{pid}/task")) == 1
+        return os.open(f"/proc/{pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
+
+
+def version_of(state: Blob) -> str:
+    """The version of a session's state a process holds: the sha256 of the state part it answered,
+    hashed of the bytes relayed to the worker (never a child's claim about them), as the worker
+    hashes the committed state it sends with the session's next step."""
+    return hashlib.sha256(state).hexdigest()
 
 
 def fd_ceiling() -> int:
@@ -123,7 +139,7 @@ class Zygote:
             low, high = sorted((req_r, res_w))
             os.closerange(3, low)
             os.closerange(low + 1, high)
-            # Every fd above: the zygote holds three per resident session, thousands of them in a
+            # Every fd above: the zygote holds four per resident session, thousands of them in a
             # large jail (closerange is one close_range call, whatever the span).
             os.closerange(high + 1, fd_ceiling())
             try:
@@ -150,9 +166,10 @@ class Zygote:
         os.close(res_r)
         return True
 
-    def serve(self, req: Request) -> tuple[Result, int | None]:
-        """Run one request; return its result and the one-shot child to reap after answering."""
-        result, pid = self._serve(req)
+    def serve(self, req: Request, head: bytes) -> tuple[Result, int | None]:
+        """Run one request (`head`: its JSON head as the worker encoded it); return its result and
+        the one-shot child to reap after answering."""
+        result, pid = self._serve(req, head)
         result["residents"] = len(self.residents)
         if req.get("session") and req.get("op") in ("step", "create"):
             result["held"] = (
@@ -164,7 +181,7 @@ class Zygote:
         self.code.report(result)
         return result, pid
 
-    def _serve(self, req: Request) -> tuple[Result, int | None]:
+    def _serve(self, req: Request, head: bytes) -> tuple[Result, int | None]:
         op = req.get("op")
         cap = req.get("cap")
         if isinstance(cap, int) and cap >= 0:
@@ -185,7 +202,7 @@ class Zygote:
             cold = "absent"
             if held is not None:
                 if held.version == version and not held.exited():
-                    return self.serve_resident(key, held, req), None
+                    return self.serve_resident(key, held, req, head), None
                 self.evict(key, "stale")
                 cold = "stale"
             req["keep_process"] = True
@@ -206,45 +223,54 @@ class Zygote:
         # spare_uid stays until the next prefork: the resident made from this child keeps it.
         started = time.monotonic()
         with contextlib.suppress(OSError):
-            frames.write_all(req_w, frames.encode(self.code.for_spare(req)))
+            frames.send(req_w, self.code.for_spare(req))
         result = collect(pid, res_r, started, req["limits"], self.settings.max_result_bytes)
         if cold:
             result["cold"] = cold
+        state = result.get("state")
         if (
             key
+            and req.get("keep_process")
             and not result.get("reaped")
             and result.get("status") == "ok"
-            and result.get("state_sha")
+            and state
             and not result.get("done")
-            and single_threaded(pid)
         ):
-            self.residents[key] = Resident(pid, req_w, res_r, str(result.pop("state_sha")), self.spare_uid)
-            result["made_resident"] = True
-            return result, None
-        result.pop("state_sha", None)
+            # A thread its code left running would go on while other sessions' steps run (filling
+            # the jail's /tmp, holding ports): such a process is not kept; the answer stands and
+            # the next step runs cold. Read from outside the process, so its own code cannot
+            # answer for it.
+            task_fd = open_task(pid)
+            if task_fd is not None and one_thread(task_fd):
+                try:
+                    held = Resident(pid, req_w, res_r, version_of(state), self.spare_uid, task_fd)
+                except OSError:  # no pidfd to be had (fds exhausted): served one-shot, not kept
+                    pass
+                else:
+                    self.residents[key] = held
+                    result["made_resident"] = True
+                    return result, None
+            if task_fd is not None:
+                os.close(task_fd)
         os.close(req_w)
         os.close(res_r)
         return result, (None if result.pop("reaped", False) else pid)
 
-    def serve_resident(self, key: str, held: Resident, req: Request) -> Result:
-        """A step in the session's own process: no fork, no unpickling."""
+    def serve_resident(self, key: str, held: Resident, req: Request, head: bytes) -> Result:
+        """A step in the session's own process: no fork, no unpickling. The request goes as the
+        worker encoded its head, without the state (the process holds it); the answer's state
+        comes back as the process wrote it, hashed here for the version the process now holds."""
         self.residents.move_to_end(key)
         started = time.monotonic()
-        light = without(req, "state", "source")
-        light["keep_process"] = True
         with contextlib.suppress(OSError):
-            frames.write_all(held.req_w, frames.encode(light))
+            frames.write_all(held.req_w, frames.head_only(head))
         result = collect(
-            held.pid, held.res_r, started, req["limits"], self.settings.max_result_bytes, held.pidfd
+            held.pid, held.res_r, started, req["limits"], self.settings.max_result_bytes, held.watch
         )
         reaped = result.pop("reaped", False)
-        if (
-            not reaped
-            and result.get("status") == "ok"
-            and result.get("state_sha")
-            and single_threaded(held.pid)
-        ):
-            held.version = str(result.pop("state_sha"))
+        state = result.get("state")
+        if not reaped and result.get("status") == "ok" and state and one_thread(held.task_fd):
+            held.version = version_of(state)
             held.last_used = time.monotonic()
             result["from_resident"] = True
             if result.get("done"):
@@ -252,7 +278,6 @@ class Zygote:
                 self.finished.append(key)
             return result
         # Failed: the child's copy is not the committed state any more; the next step runs cold.
-        result.pop("state_sha", None)
         self.evict(key, "failed")
         return result
 
@@ -282,7 +307,7 @@ class Zygote:
         if held is None:
             return
         self.evictions[reason] += 1
-        for fd in (held.req_w, held.res_r):
+        for fd in (held.req_w, held.res_r, held.task_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.bury(held.pidfd, held.uid)
@@ -333,7 +358,10 @@ class Zygote:
         while len(self.residents) > self.cap:
             self.evict(next(iter(self.residents)), "room")
         self.since_scan += 1
-        if last_pid() != self.seen_last_pid or self.since_scan >= FULL_SCAN_EVERY:
+        # Read once, before the scan: a process a leftover forks during it makes the next cleanup
+        # scan again. Only the spare forked below moves the counter on (read again then).
+        seen = last_pid()
+        if seen != self.seen_last_pid or self.since_scan >= FULL_SCAN_EVERY:
             keep = {held.pid for held in self.residents.values()}
             if self.spare is not None:
                 keep.add(self.spare[0])
@@ -344,7 +372,19 @@ class Zygote:
         self.code.touch(str(req.get("sha", "")))
         if self.spare is None:
             self.prefork()
-        self.seen_last_pid = last_pid()
+            seen = last_pid()
+        self.seen_last_pid = seen
+
+
+def answer_frame(result: Result) -> list[Blob]:
+    """The answer to the worker as its frame's chunks; one JSON could not hold (a child's values
+    decode, so always encode, short of a bug here) is a crash, not the zygote's end."""
+    try:
+        return frames.pack(result)
+    except (TypeError, ValueError, RecursionError) as exc:
+        crashed: Result = {"status": "crashed", "message": f"zygote error: unrelayable answer: {exc}"}
+        crashed["id"] = result.get("id")
+        return frames.pack(crashed)
 
 
 def main() -> None:
@@ -368,19 +408,20 @@ def main() -> None:
     frames.send(out_fd, hello)
     while True:
         try:
-            body = frames.read_body(in_fd)
+            raw = frames.read_raw(in_fd)
+            if raw is None:
+                return
+            req: Request = frames.parse(*raw, REQUEST_PARTS)  # type: ignore[assignment]
         except ValueError:
-            return
-        if body is None:
-            return
-        req: Request = json.loads(body)
+            return  # the worker sent what it never sends: the jail ends, and the worker replaces it
+        lengths, body = raw
         pid = None
         try:
-            result, pid = zygote.serve(req)
+            result, pid = zygote.serve(req, body[: lengths[0]])
         except Exception as exc:
             result = {"status": "crashed", "message": f"zygote error: {type(exc).__name__}: {exc}"}
         result["id"] = req.get("id")
-        frames.send(out_fd, result)
+        frames.write_all(out_fd, answer_frame(result))
         zygote.cleanup(req, pid)
 
 
