@@ -31,6 +31,7 @@ from codegym.server.metrics import (
     RESIDENT_BUDGET_BYTES,
     RESIDENT_CAPACITY,
     RESIDENT_COST_BYTES,
+    RESIDENT_IDLE_SECONDS,
     RESIDENT_STEPS,
     RESIDENTS,
     SANDBOX_OPERATION_SECONDS,
@@ -84,23 +85,26 @@ class JailPool:
         *,
         resident_memory_mb: int = 0,
         resident_cap: int = 0,
-        resident_idle_s: float = JailSettings.resident_idle_s,
+        resident_idle_s: float = 0.0,
         admit_idle_s: float = JailSettings.admit_idle_s,
         cost_sample_s: float = COST_SAMPLE_S,
         code_cache_mb: int = JailSettings.code_cache_bytes >> 20,
     ) -> None:
         """`resident_memory_mb`: memory the worker spends on resident sessions (0: a default from
         the memory it may use); `resident_cap`: most residents per jail whatever the budget (0:
-        what the budget holds at the least a resident costs); `cost_sample_s`: how often what a
-        resident costs is measured again."""
+        what the budget holds at the least a resident costs); `resident_idle_s`: how long a
+        resident may sit idle (0: derived from its measured cost, `Residency.idle_s`);
+        `cost_sample_s`: how often what a resident costs is measured again."""
         self.cost_sample_s = cost_sample_s
         self.size = size
         self.limits = limits or JailLimits()
-        self.residency = Residency.for_budget(resident_memory_mb or default_budget_mb(), size, resident_cap)
+        self.residency = Residency.for_budget(
+            resident_memory_mb or default_budget_mb(), size, resident_cap, resident_idle_s
+        )
         # Told to every jail once, at its start: they hold for every operation.
         self.settings = JailSettings(
             resident_cap=self.residency.ceiling,
-            resident_idle_s=resident_idle_s,
+            resident_idle_s=self.residency.idle_s(),
             admit_idle_s=admit_idle_s,
             resident_memory_mb=self.residency.jail_budget_bytes // (1024 * 1024),
             code_cache_bytes=code_cache_mb * 1024 * 1024,
@@ -143,18 +147,21 @@ class JailPool:
         RESIDENTS.set_function(lambda: sum(self.residents.values()))
         RESIDENT_CAPACITY.set_function(lambda: self.residency.cap() * self.size)
         RESIDENT_COST_BYTES.set_function(lambda: self.residency.cost_bytes)
+        RESIDENT_IDLE_SECONDS.set_function(self.residency.idle_s)
         RESIDENT_BUDGET_BYTES.set(self.residency.budget_bytes)
         CACHE_CAPACITY.labels("jail_code").set(self.settings.code_cache_bytes * self.size)
         CACHE_ENTRIES.labels("jail_code").set_function(lambda: sum(e for e, _ in self.code_caches.values()))
         CACHE_BYTES.labels("jail_code").set_function(lambda: sum(b for _, b in self.code_caches.values()))
         self._sampler = asyncio.get_running_loop().create_task(self._sample_costs())
         log.info(
-            "%d jails ready (%s); resident budget %d MiB: %d sessions per jail at %.1f MiB each until measured",
+            "%d jails ready (%s); resident budget %d MiB: %d sessions per jail at %.1f MiB each until "
+            "measured, each kept while it steps within %.0f s",
             self.size,
             self.isolation,
             self.residency.budget_bytes >> 20,
             self.residency.cap(),
             self.residency.cost_bytes / (1 << 20),
+            self.residency.idle_s(),
         )
 
     async def _sample_costs(self) -> None:
@@ -199,7 +206,12 @@ class JailPool:
         session = str(request.get("session") or "")
         home = self.affinity.get(session) if session else None
         jail = self.jails[await self.scheduler.acquire(home, priority(request, home is not None))]
-        request = {**request, "id": next(self._ids), "cap": self.residency.cap()}
+        request = {
+            **request,
+            "id": next(self._ids),
+            "cap": self.residency.cap(),
+            "resident_idle_ms": int(self.residency.idle_s() * 1000),
+        }
         op = str(request.get("op", ""))
         started = time.perf_counter()
         try:
@@ -251,6 +263,13 @@ class JailPool:
             # Absent from a jail this worker had it in: it was evicted (or the jail restarted).
             cause = "evicted" if cold == "absent" and home is not None else cold
             COLD_STEPS.labels("new" if cause == "absent" else cause).inc()
+
+    def sparse(self, session: str) -> None:
+        """A step of `session` that runs one-shot, its session stepping further apart than a
+        resident may sit idle (`Residency.worth_a_process`): any process a jail held for it has
+        gone idle, or soon will, so its steps no longer go to that jail."""
+        self._pin(session, None)
+        COLD_STEPS.labels("sparse").inc()
 
     def _pin(self, session: str, index: int | None) -> None:
         old = self.affinity.pop(session, None)

@@ -179,7 +179,9 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         elif kind == "step":
             req["state"] = base64.b64encode(op.step.state).decode()
             req["action"] = op.step.action
-            if op.step.session_key:
+            if op.step.session_key and not self.pool.residency.worth_a_process(op.step.idle_ms):
+                self.pool.sparse(op.step.session_key)
+            elif op.step.session_key:
                 req["session"] = op.step.session_key
                 # The version a resident process must hold to take this step (the zygote would
                 # otherwise decode and hash the state itself).
