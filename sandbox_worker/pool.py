@@ -104,7 +104,7 @@ class JailPool:
         # Told to every jail once, at its start: they hold for every operation.
         self.settings = JailSettings(
             resident_cap=self.residency.ceiling,
-            resident_idle_s=self.residency.idle_s(),
+            resident_idle_s=self.residency.hold_s(),
             admit_idle_s=admit_idle_s,
             resident_memory_mb=self.residency.jail_budget_bytes // (1024 * 1024),
             code_cache_bytes=code_cache_mb * 1024 * 1024,
@@ -155,7 +155,7 @@ class JailPool:
         self._sampler = asyncio.get_running_loop().create_task(self._sample_costs())
         log.info(
             "%d jails ready (%s); resident budget %d MiB: %d sessions per jail at %.1f MiB each until "
-            "measured, each kept while it steps within %.0f s",
+            "measured, kept for sessions stepping within %.0f s",
             self.size,
             self.isolation,
             self.residency.budget_bytes >> 20,
@@ -210,7 +210,7 @@ class JailPool:
             **request,
             "id": next(self._ids),
             "cap": self.residency.cap(),
-            "resident_idle_ms": int(self.residency.idle_s() * 1000),
+            "resident_idle_ms": int(self.residency.hold_s() * 1000),
         }
         op = str(request.get("op", ""))
         started = time.perf_counter()

@@ -107,8 +107,9 @@ class SandboxSettings:
     resident_idle_s: float = option(
         0.0,
         "--resident-idle-s",
-        "idle time after which a resident session is evicted; a session whose steps come further apart "
-        "gets none (its steps run one-shot from the committed state). 0 = derived: a resident is kept "
+        "a session whose steps come further apart than this gets no resident (its steps run one-shot, "
+        "cold from the committed state), and a resident idle twice this long goes. 0 = derived: a "
+        "resident is kept "
         "while the CPU it saves its next step (a cold step's 6.5 ms minus a warm one's 1.7 ms, "
         "bench/step_cost_bench.py) is worth more than its memory, one CPU being worth the memory per "
         "CPU this worker may use: 4.8 ms x memory per CPU / a resident's measured memory (25 s at 12 GiB "

@@ -79,8 +79,8 @@ RESIDENT_COST_BYTES = Gauge(
 )
 RESIDENT_IDLE_SECONDS = Gauge(
     "codegym_sandbox_resident_idle_seconds",
-    "How long a resident session may sit idle before it goes (derived from its measured cost unless "
-    "--resident-idle-s)",
+    "The resident idle time: a session stepping further apart gets no resident, and a resident idle "
+    "twice this long goes (derived from a resident's measured cost unless --resident-idle-s)",
 )
 SANDBOX_QUEUE_DEPTH = Gauge("codegym_sandbox_queue_depth", "Operations waiting for a jail")
 SANDBOX_REFUSALS = Counter(
