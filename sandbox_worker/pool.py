@@ -41,7 +41,7 @@ from codegym.server.metrics import (
 )
 from sandbox_worker.jail import Jail, JailDied, make_workdir
 from sandbox_worker.limits import detect_cgroups, isolation_summary
-from sandbox_worker.residency import Residency, default_budget_mb, sample_cost
+from sandbox_worker.residency import Lateness, Residency, default_budget_mb, sample_cost
 from sandbox_worker.scheduling import COLD, OTHER, RESIDENT, JailScheduler
 from sandbox_worker.settings import COST_SAMPLE_S, JailLimits
 
@@ -116,6 +116,10 @@ class JailPool:
         self.scheduler = JailScheduler(lambda idle: min(idle, key=lambda i: self.pinned[i]))
         self.affinity: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.pinned: collections.Counter[int] = collections.Counter()
+        # When each pinned session's jail last answered it (the same sessions as `affinity`), and
+        # how late steps have come lately beyond their sessions' think time.
+        self.answered: dict[str, float] = {}
+        self.lateness = Lateness()
         # Resident sessions each jail said it holds in its last answer.
         self.residents: dict[int, int] = {}
         # (entries, bytes) of each jail's compiled-code cache, as its last answer said.
@@ -180,7 +184,7 @@ class JailPool:
     def alive(self) -> int:
         return sum(1 for j in self.jails if j.alive)
 
-    async def execute(self, request: Request, wall_ms: int) -> Result:
+    async def execute(self, request: Request, wall_ms: int, idle_ms: int = 0) -> Result:
         """Run a request on a jail (the session's, for its steps), once more when it failed in a way
         its own code may not have caused.
 
@@ -189,8 +193,11 @@ class JailPool:
         the state it carries (the resident copy is gone after any failure), on whatever jail is
         free. Only the same failure twice is the environment's own; one that kills itself every
         time still gets its error, once.
+
+        `idle_ms`: how long a step's session sat idle before it, by the runtime's clock (0:
+        unknown), to measure how late steps reach their jail (`Lateness`).
         """
-        result = await self._execute_once(request, wall_ms)
+        result = await self._execute_once(request, wall_ms, idle_ms)
         if request.get("op") != "release" and maybe_outside_fault(result):
             log.info(
                 "retrying %s cold after %s: %s",
@@ -202,15 +209,18 @@ class JailPool:
             result = await self._execute_once(request, wall_ms)
         return result
 
-    async def _execute_once(self, request: Request, wall_ms: int) -> Result:
+    async def _execute_once(self, request: Request, wall_ms: int, idle_ms: int = 0) -> Result:
         session = str(request.get("session") or "")
         home = self.affinity.get(session) if session else None
         jail = self.jails[await self.scheduler.acquire(home, priority(request, home is not None))]
+        answered = self.answered.get(session) if session and idle_ms > 0 else None
+        if answered is not None:
+            self.lateness.saw(time.monotonic() - answered - idle_ms / 1000)
         request = {
             **request,
             "id": next(self._ids),
             "cap": self.residency.cap(),
-            "resident_idle_ms": int(self.residency.hold_s() * 1000),
+            "resident_idle_ms": int(self.residency.hold_s(self.lateness.value()) * 1000),
         }
         op = str(request.get("op", ""))
         started = time.perf_counter()
@@ -275,13 +285,16 @@ class JailPool:
         old = self.affinity.pop(session, None)
         if old is not None:
             self.pinned[old] -= 1
+            del self.answered[session]
         if index is None:
             return
         self.affinity[session] = index
+        self.answered[session] = time.monotonic()
         self.pinned[index] += 1
         if len(self.affinity) > AFFINITY_SIZE:
-            _, dropped = self.affinity.popitem(last=False)
+            forgotten, dropped = self.affinity.popitem(last=False)
             self.pinned[dropped] -= 1
+            del self.answered[forgotten]
 
     def _replace(self, jail: Jail) -> None:
         self.scheduler.down(jail.index)

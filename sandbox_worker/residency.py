@@ -31,13 +31,15 @@ of a minute, a rollout in flight costs its kilobytes, not a process. The budget 
 the jails hold when more sessions step within the idle time than it pays for.
 
 A resident whose session has not stepped for `HOLD_FACTOR` times the idle time goes
-(`Residency.hold_s`). Not at the idle time itself: the jail's clock also counts the time the
-session's next step spends queued on its way, seconds under load, and a resident evicted because
-the stack was slow makes the next step cold, which makes the stack slower (measured: 4,096 rollouts
-at think 16 s fell to 34 % served when residents went at the idle time on a shared machine). A
-session that truly stepped further apart is caught by its step's idle time, free of queueing; one
-that stopped stepping costs at most three times what the best choice in hindsight would have
-(held for twice the break-even, then a cold step), against twice when evicted at the idle time.
+(`Residency.hold_s`), by the session's clock, not the jail's. The jail's clock also counts the time
+the session's next step spends queued on its way, seconds under load; a resident evicted because
+the stack was slow makes the next step cold, which makes the stack slower still (measured: 4,096
+rollouts at think 16 s on a shared machine fell to 34 % served, then 19 %, as residents went after
+their idle time by the jail's clock). So the worker measures how late steps reach their jail
+beyond their sessions' think time (`Lateness`) and adds that to the time a resident is held. Twice
+the break-even, because a model's turns vary in length: one long turn should not cost its session
+its process, and one that stopped stepping costs at most three times what the best choice in
+hindsight would have (held for twice the break-even, then a cold step).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import contextlib
 import logging
 import os
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,9 +173,10 @@ class Residency:
         worth = saved * self.memory_per_cpu / max(1, self.cost_bytes)
         return min(MAX_IDLE_S, max(MIN_IDLE_S, worth))
 
-    def hold_s(self) -> float:
-        """How long a resident may sit idle, by the jail's clock, before it goes."""
-        return HOLD_FACTOR * self.idle_s()
+    def hold_s(self, lateness_s: float = 0.0) -> float:
+        """How long a resident may sit idle, by the jail's clock, before it goes: `HOLD_FACTOR`
+        idle times of its session, plus how late steps reach their jail lately."""
+        return HOLD_FACTOR * self.idle_s() + max(0.0, lateness_s)
 
     def worth_a_process(self, idle_ms: int) -> bool:
         """Whether a session that sat idle `idle_ms` before its step (0: unknown) should get a
@@ -183,6 +187,35 @@ class Residency:
     def measured(self, cost: int | None) -> None:
         if cost:
             self.cost_bytes = max(MIN_COST // 4, cost)
+
+
+class Lateness:
+    """How late the steps of sessions reach their jail beyond their think time, lately: a step's
+    wait since its jail last answered the session, minus the idle time the runtime measured for it
+    (the queues of the runtime and this worker, the trip between them). The most seen over the
+    last one to two `window_s`, so one slow spell raises it at once and it falls back once past."""
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        self.window_s = window_s
+        self.started = time.monotonic()
+        self.current = 0.0
+        self.previous = 0.0
+
+    def _rotate(self, now: float) -> None:
+        if now - self.started >= 2 * self.window_s:
+            self.current = self.previous = 0.0
+            self.started = now
+        elif now - self.started >= self.window_s:
+            self.previous, self.current = self.current, 0.0
+            self.started += self.window_s
+
+    def saw(self, late_s: float) -> None:
+        self._rotate(time.monotonic())
+        self.current = max(self.current, late_s)
+
+    def value(self) -> float:
+        self._rotate(time.monotonic())
+        return max(self.current, self.previous)
 
 
 def process_cost(pid: int) -> int | None:

@@ -493,6 +493,39 @@ def test_a_resident_idle_past_twice_the_idle_time_goes() -> None:
         assert worker.stop() == 0
 
 
+def test_a_resident_is_held_longer_while_steps_reach_their_jail_late() -> None:
+    worker = start_worker("--resident-idle-s", "1")
+    try:
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            line = next(t for t in TRAJECTORIES if len(t["steps"]) >= 3)
+            config = json.dumps(line["config"])
+            a = Session(stub, "late-a", SOURCES[line["env_id"]], config, resident_create=True)
+            b = Session(stub, "late-b", SOURCES[line["env_id"]], config, resident_create=True)
+            answered = time.monotonic()
+            # Both sit idle 3 s by the jail's clock, past the 2 s a resident is held.
+            wait_until(lambda: time.monotonic() - answered > 3, 10, "3 s of idleness")
+            action, observation = line["steps"][0]
+
+            def step(session: Session) -> pb.OperationResult:
+                # Each session thought 0.1 s by the runtime's clock: the rest was queueing.
+                op = pb.Operation(
+                    source=pb.SourceRef(code=session.source),
+                    limits=STEP_LIMITS,
+                    step=pb.StepOp(state=session.state, action=action, session_key=session.key, idle_ms=100),
+                )
+                result = session.execute(op)
+                assert result.status == pb.STATUS_OK and result.observation == observation
+                return result
+
+            # `a`'s step tells the worker how late steps come; the look for idle residents after it
+            # holds them that much longer, so `b`, as late, still finds its process.
+            assert step(a).resident
+            assert step(b).resident
+    finally:
+        assert worker.stop() == 0
+
+
 def test_the_idle_time_is_derived_from_a_residents_cost_and_a_cold_steps_cpu() -> None:
     from sandbox_worker.residency import COLD_STEP_CPU_S, DEFAULT_COST, WARM_STEP_CPU_S, memory_per_cpu
 
