@@ -178,11 +178,15 @@ class Residency:
         idle times of its session, plus how late steps reach their jail lately."""
         return HOLD_FACTOR * self.idle_s() + max(0.0, lateness_s)
 
-    def worth_a_process(self, idle_ms: int) -> bool:
-        """Whether a session that sat idle `idle_ms` before its step (0: unknown) should get a
-        resident process: not when it steps further apart than a resident may sit idle, since the
-        process would be evicted before its next step (and cost a fork more than a one-shot)."""
-        return idle_ms <= 0 or idle_ms <= self.idle_s() * 1000
+    def worth_a_process(self, idle_ms: int, held: bool) -> bool:
+        """Whether a step whose session sat idle `idle_ms` before it (0: unknown) should go to, or
+        make, the session's resident process. A session without one (`held` false) gets none when
+        it steps further apart than the idle time: the process would not pay for itself. One that
+        has one keeps using it while it steps within the hold time, which is as long as the
+        process lasts: it is there already, and every step it serves saves a cold one (one long
+        turn of a model does not cost the session its process)."""
+        limit_s = HOLD_FACTOR * self.idle_s() if held else self.idle_s()
+        return idle_ms <= 0 or idle_ms <= limit_s * 1000
 
     def measured(self, cost: int | None) -> None:
         if cost:

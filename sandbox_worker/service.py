@@ -188,7 +188,8 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         elif kind == "step":
             req["state"] = base64.b64encode(op.step.state).decode()
             req["action"] = op.step.action
-            if op.step.session_key and not self.pool.residency.worth_a_process(op.step.idle_ms):
+            held = op.step.session_key in self.pool.affinity
+            if op.step.session_key and not self.pool.residency.worth_a_process(op.step.idle_ms, held):
                 self.pool.sparse(op.step.session_key)
             elif op.step.session_key:
                 req["session"] = op.step.session_key
