@@ -161,18 +161,19 @@ async def measure(
             await release(stub, key)
     steps = [t for t in latencies if t >= 0]
     creates = len(latencies) - len(steps)
-    figures = {
+    worker_ms = (worker_after - worker_before) * 1000 / len(steps)
+    jail_ms = (jail_after - jail_before) * 1000 / len(steps)
+    return {
         "mode": mode,
         "steps": len(steps),
         "creates_beside": creates,
         "steps_per_s": len(steps) / seconds,
-        "worker_ms": (worker_after - worker_before) * 1000 / len(steps),
-        "jail_ms": (jail_after - jail_before) * 1000 / len(steps),
+        "worker_ms": worker_ms,
+        "jail_ms": jail_ms,
+        "total_ms": worker_ms + jail_ms,
         "p50_ms": pct(steps, 0.5) * 1000,
         "mismatches": mismatches,
     }
-    figures["total_ms"] = figures["worker_ms"] + figures["jail_ms"]
-    return figures
 
 
 async def hold(stub: pb_grpc.SandboxServiceStub, count: int, lines: list[Line]) -> list[str]:
