@@ -31,6 +31,7 @@ from codegym.server.metrics import (
     RESIDENT_BUDGET_BYTES,
     RESIDENT_CAPACITY,
     RESIDENT_COST_BYTES,
+    RESIDENT_IDLE_SECONDS,
     RESIDENT_STEPS,
     RESIDENTS,
     SANDBOX_OPERATION_SECONDS,
@@ -40,7 +41,7 @@ from codegym.server.metrics import (
 )
 from sandbox_worker.jail import Jail, JailDied, make_workdir
 from sandbox_worker.limits import detect_cgroups, isolation_summary
-from sandbox_worker.residency import Residency, default_budget_mb, sample_cost
+from sandbox_worker.residency import Lateness, Residency, default_budget_mb, sample_cost
 from sandbox_worker.scheduling import COLD, OTHER, RESIDENT, JailScheduler
 from sandbox_worker.settings import COST_SAMPLE_S, JailLimits
 
@@ -84,23 +85,26 @@ class JailPool:
         *,
         resident_memory_mb: int = 0,
         resident_cap: int = 0,
-        resident_idle_s: float = JailSettings.resident_idle_s,
+        resident_idle_s: float = 0.0,
         admit_idle_s: float = JailSettings.admit_idle_s,
         cost_sample_s: float = COST_SAMPLE_S,
         code_cache_mb: int = JailSettings.code_cache_bytes >> 20,
     ) -> None:
         """`resident_memory_mb`: memory the worker spends on resident sessions (0: a default from
         the memory it may use); `resident_cap`: most residents per jail whatever the budget (0:
-        what the budget holds at the least a resident costs); `cost_sample_s`: how often what a
-        resident costs is measured again."""
+        what the budget holds at the least a resident costs); `resident_idle_s`: how long a
+        resident may sit idle (0: derived from its measured cost, `Residency.idle_s`);
+        `cost_sample_s`: how often what a resident costs is measured again."""
         self.cost_sample_s = cost_sample_s
         self.size = size
         self.limits = limits or JailLimits()
-        self.residency = Residency.for_budget(resident_memory_mb or default_budget_mb(), size, resident_cap)
+        self.residency = Residency.for_budget(
+            resident_memory_mb or default_budget_mb(), size, resident_cap, resident_idle_s
+        )
         # Told to every jail once, at its start: they hold for every operation.
         self.settings = JailSettings(
             resident_cap=self.residency.ceiling,
-            resident_idle_s=resident_idle_s,
+            resident_idle_s=self.residency.hold_s(),
             admit_idle_s=admit_idle_s,
             resident_memory_mb=self.residency.jail_budget_bytes // (1024 * 1024),
             code_cache_bytes=code_cache_mb * 1024 * 1024,
@@ -112,6 +116,10 @@ class JailPool:
         self.scheduler = JailScheduler(lambda idle: min(idle, key=lambda i: self.pinned[i]))
         self.affinity: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.pinned: collections.Counter[int] = collections.Counter()
+        # When each pinned session's jail last answered it (the same sessions as `affinity`), and
+        # how late steps have come lately beyond their sessions' think time.
+        self.answered: dict[str, float] = {}
+        self.lateness = Lateness()
         # Resident sessions each jail said it holds in its last answer.
         self.residents: dict[int, int] = {}
         # (entries, bytes) of each jail's compiled-code cache, as its last answer said.
@@ -143,18 +151,21 @@ class JailPool:
         RESIDENTS.set_function(lambda: sum(self.residents.values()))
         RESIDENT_CAPACITY.set_function(lambda: self.residency.cap() * self.size)
         RESIDENT_COST_BYTES.set_function(lambda: self.residency.cost_bytes)
+        RESIDENT_IDLE_SECONDS.set_function(self.residency.idle_s)
         RESIDENT_BUDGET_BYTES.set(self.residency.budget_bytes)
         CACHE_CAPACITY.labels("jail_code").set(self.settings.code_cache_bytes * self.size)
         CACHE_ENTRIES.labels("jail_code").set_function(lambda: sum(e for e, _ in self.code_caches.values()))
         CACHE_BYTES.labels("jail_code").set_function(lambda: sum(b for _, b in self.code_caches.values()))
         self._sampler = asyncio.get_running_loop().create_task(self._sample_costs())
         log.info(
-            "%d jails ready (%s); resident budget %d MiB: %d sessions per jail at %.1f MiB each until measured",
+            "%d jails ready (%s); resident budget %d MiB: %d sessions per jail at %.1f MiB each until "
+            "measured, kept for sessions stepping within %.0f s",
             self.size,
             self.isolation,
             self.residency.budget_bytes >> 20,
             self.residency.cap(),
             self.residency.cost_bytes / (1 << 20),
+            self.residency.idle_s(),
         )
 
     async def _sample_costs(self) -> None:
@@ -173,7 +184,7 @@ class JailPool:
     def alive(self) -> int:
         return sum(1 for j in self.jails if j.alive)
 
-    async def execute(self, request: Request, wall_ms: int) -> Result:
+    async def execute(self, request: Request, wall_ms: int, idle_ms: int = 0) -> Result:
         """Run a request on a jail (the session's, for its steps), once more when it failed in a way
         its own code may not have caused.
 
@@ -182,8 +193,11 @@ class JailPool:
         the state it carries (the resident copy is gone after any failure), on whatever jail is
         free. Only the same failure twice is the environment's own; one that kills itself every
         time still gets its error, once.
+
+        `idle_ms`: how long a step's session sat idle before it, by the runtime's clock (0:
+        unknown), to measure how late steps reach their jail (`Lateness`).
         """
-        result = await self._execute_once(request, wall_ms)
+        result = await self._execute_once(request, wall_ms, idle_ms)
         if request.get("op") != "release" and maybe_outside_fault(result):
             log.info(
                 "retrying %s cold after %s: %s",
@@ -195,11 +209,19 @@ class JailPool:
             result = await self._execute_once(request, wall_ms)
         return result
 
-    async def _execute_once(self, request: Request, wall_ms: int) -> Result:
+    async def _execute_once(self, request: Request, wall_ms: int, idle_ms: int = 0) -> Result:
         session = str(request.get("session") or "")
         home = self.affinity.get(session) if session else None
         jail = self.jails[await self.scheduler.acquire(home, priority(request, home is not None))]
-        request = {**request, "id": next(self._ids), "cap": self.residency.cap()}
+        answered = self.answered.get(session) if session and idle_ms > 0 else None
+        if answered is not None:
+            self.lateness.saw(time.monotonic() - answered - idle_ms / 1000)
+        request = {
+            **request,
+            "id": next(self._ids),
+            "cap": self.residency.cap(),
+            "resident_idle_ms": int(self.residency.hold_s(self.lateness.value()) * 1000),
+        }
         op = str(request.get("op", ""))
         started = time.perf_counter()
         try:
@@ -252,17 +274,27 @@ class JailPool:
             cause = "evicted" if cold == "absent" and home is not None else cold
             COLD_STEPS.labels("new" if cause == "absent" else cause).inc()
 
+    def sparse(self, session: str) -> None:
+        """A step of `session` that runs one-shot, its session stepping further apart than a
+        resident may sit idle (`Residency.worth_a_process`): any process a jail held for it has
+        gone idle, or soon will, so its steps no longer go to that jail."""
+        self._pin(session, None)
+        COLD_STEPS.labels("sparse").inc()
+
     def _pin(self, session: str, index: int | None) -> None:
         old = self.affinity.pop(session, None)
         if old is not None:
             self.pinned[old] -= 1
+            del self.answered[session]
         if index is None:
             return
         self.affinity[session] = index
+        self.answered[session] = time.monotonic()
         self.pinned[index] += 1
         if len(self.affinity) > AFFINITY_SIZE:
-            _, dropped = self.affinity.popitem(last=False)
+            forgotten, dropped = self.affinity.popitem(last=False)
             self.pinned[dropped] -= 1
+            del self.answered[forgotten]
 
     def _replace(self, jail: Jail) -> None:
         self.scheduler.down(jail.index)

@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -39,6 +39,15 @@ STATUS: dict[str, pb.Status.ValueType] = {
     "source_needed": pb.STATUS_SOURCE_NEEDED,
 }
 MAX_BATCH = 4096
+
+
+class Prepared(NamedTuple):
+    """An operation as its jail gets it, its wall-clock limit, and for a step the time its session
+    sat idle before it (the runtime's `StepOp.idle_ms`; 0 for anything else)."""
+
+    request: Request
+    wall_ms: int
+    idle_ms: int = 0
 
 
 class BadOperation(ValueError):
@@ -126,7 +135,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         self.pending: set[object] = set()
         self.draining = False
 
-    def _request(self, op: pb.Operation) -> tuple[Request, int] | pb.OperationResult:
+    def _request(self, op: pb.Operation) -> Prepared | pb.OperationResult:
         """The jail request for an operation, or a result when it can be answered here."""
         kind = op.WhichOneof("kind")
         if kind is None:
@@ -143,7 +152,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
                 "sha": "",
                 "limits": limits_sent(limits),
             }
-            return release, limits.wall_ms
+            return Prepared(release, limits.wall_ms)
         if op.source.code:
             sha = self.cache.put(op.source.code)
             if op.source.sha256 and op.source.sha256 != sha:
@@ -182,7 +191,10 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         elif kind == "step":
             req["state"] = op.step.state
             req["action"] = op.step.action
-            if op.step.session_key:
+            held = op.step.session_key in self.pool.affinity
+            if op.step.session_key and not self.pool.residency.worth_a_process(op.step.idle_ms, held):
+                self.pool.sparse(op.step.session_key)
+            elif op.step.session_key:
                 req["session"] = op.step.session_key
                 # The version a resident process must hold to take this step (the zygote would
                 # otherwise decode and hash the state itself).
@@ -211,14 +223,13 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             req["args"] = args
             req["kwargs"] = kwargs
             req["stdin"] = op.call_function.stdin
-        return req, limits.wall_ms
+        return Prepared(req, limits.wall_ms, op.step.idle_ms if kind == "step" else 0)
 
-    async def run(self, prepared: tuple[Request, int] | pb.OperationResult) -> pb.OperationResult:
+    async def run(self, prepared: Prepared | pb.OperationResult) -> pb.OperationResult:
         if isinstance(prepared, pb.OperationResult):
             return prepared
-        req, wall_ms = prepared
-        raw = await self.pool.execute(req, wall_ms)
-        return to_result(raw, req["sha"])
+        raw = await self.pool.execute(prepared.request, prepared.wall_ms, prepared.idle_ms)
+        return to_result(raw, prepared.request["sha"])
 
     def _admit(self, count: int) -> None:
         if self.draining:
@@ -261,7 +272,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         # pool serves them by priority (a resident step before a create) and on every free jail.
         limit = asyncio.Semaphore(request.max_parallel) if request.max_parallel else None
 
-        async def one(item: tuple[Request, int] | pb.OperationResult) -> pb.OperationResult:
+        async def one(item: Prepared | pb.OperationResult) -> pb.OperationResult:
             if limit is None:
                 return await self.run(item)
             async with limit:

@@ -94,9 +94,10 @@ class SandboxSettings:
         0,
         "--resident-memory-mb",
         "memory this worker spends on resident sessions (live envs kept between steps), shared by its "
-        "jails; each jail holds its share divided by what a resident is measured to cost. Set it from "
-        "the pod's memory limit; 0 = half the memory this worker may use (its cgroup limit, else the "
-        "machine's)",
+        "jails; each jail holds its share divided by what a resident is measured to cost. A bound, "
+        "not a target: residents are the sessions that stepped within --resident-idle-s, and this "
+        "caps them when more step that often than it pays for. Set it from the pod's memory limit; "
+        "0 = half the memory this worker may use (its cgroup limit, else the machine's)",
     )
     resident_cap: int = option(
         0,
@@ -104,9 +105,15 @@ class SandboxSettings:
         "most resident sessions per jail (0 = 1,024, the jail's ceiling; the memory budget may hold fewer)",
     )
     resident_idle_s: float = option(
-        JailSettings.resident_idle_s,
+        0.0,
         "--resident-idle-s",
-        "idle time after which a resident session is evicted",
+        "a session whose steps come further apart than this gets no resident (its steps run one-shot, "
+        "cold from the committed state), and a resident idle twice this long goes. 0 = derived: a "
+        "resident is kept "
+        "while the CPU it saves its next step (a cold step's 6.5 ms minus a warm one's 1.7 ms, "
+        "bench/step_cost_bench.py) is worth more than its memory, one CPU being worth the memory per "
+        "CPU this worker may use: 4.8 ms x memory per CPU / a resident's measured memory (25 s at 12 GiB "
+        "per CPU and 2.4 MiB; 8 s at 4 GiB per CPU), within 2..600 s",
     )
     resident_sample_s: float = option(
         COST_SAMPLE_S,

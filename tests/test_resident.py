@@ -517,6 +517,116 @@ def test_what_a_resident_costs_is_measured_on_the_live_processes() -> None:
         assert worker.stop() == 0
 
 
+def test_a_session_stepping_further_apart_than_the_idle_time_gets_no_resident() -> None:
+    worker = start_worker("--resident-idle-s", "5", "--metrics-port", "0")
+    try:
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            line = next(t for t in TRAJECTORIES if len(t["steps"]) >= 6)
+            session = Session(stub, "sparse", SOURCES[line["env_id"]], json.dumps(line["config"]))
+            served = []
+            # The session's think time before each step: twice past the 5 s idle time, then within
+            # it, then past it but within the 10 s its process is held, then past that.
+            thinks_ms = (10_000, 10_000, 1_000, 1_000, 7_000, 12_000)
+            for (action, observation), idle_ms in zip(line["steps"], thinks_ms, strict=False):
+                op = pb.Operation(
+                    source=pb.SourceRef(code=session.source),
+                    limits=STEP_LIMITS,
+                    step=pb.StepOp(
+                        state=session.state, action=action, session_key=session.key, idle_ms=idle_ms
+                    ),
+                )
+                result = session.execute(op)
+                assert result.status == pb.STATUS_OK and result.observation == observation
+                session.state = result.state
+                served.append(result.resident)
+            # The sparse steps ran one-shot and left no process; the first close one made the
+            # session's resident, which served the next, and the one after a 7 s turn (a process
+            # there already keeps serving within its hold time); 12 s is past it: one-shot again.
+            assert served == [False, False, False, True, True, False]
+            figures = scrape(metrics_address(worker))
+            assert figures['codegym_sandbox_cold_steps_total{cause="sparse"}'] == 3
+            assert figures["codegym_sandbox_resident_idle_seconds"] == 5
+    finally:
+        assert worker.stop() == 0
+
+
+def test_a_resident_idle_past_twice_the_idle_time_goes() -> None:
+    worker = start_worker("--resident-idle-s", "2", "--metrics-port", "0")
+    try:
+        address = metrics_address(worker)
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            line = next(t for t in TRAJECTORIES if len(t["steps"]) >= 3)
+            config = json.dumps(line["config"])
+            created = time.monotonic()
+            idle = Session(stub, "idle", SOURCES[line["env_id"]], config, resident_create=True)
+            assert scrape(address)["codegym_sandbox_residents"] == 1
+            release = pb.Operation(release=pb.ReleaseOp(session_key="nobody"))
+
+            def gone() -> bool:
+                # The zygote looks for idle residents after each request it serves.
+                stub.Execute(pb.ExecuteRequest(operation=release), timeout=10)
+                return scrape(address).get('codegym_sandbox_evictions_total{reason="idle"}', 0) == 1
+
+            wait_until(gone, 20, "the idle resident to go", poll_s=0.2)
+            # Twice the idle time: a step delayed by load must not find its session evicted.
+            assert time.monotonic() - created >= 4
+            assert scrape(address)["codegym_sandbox_residents"] == 0
+            # Its next step runs cold from the committed state, as after a worker's death.
+            action, observation = line["steps"][0]
+            result = idle.step(action)
+            assert result.status == pb.STATUS_OK and not result.resident and result.observation == observation
+    finally:
+        assert worker.stop() == 0
+
+
+def test_a_resident_is_held_longer_while_steps_reach_their_jail_late() -> None:
+    worker = start_worker("--resident-idle-s", "1")
+    try:
+        with grpc.insecure_channel(worker.address) as channel:
+            stub = pb_grpc.SandboxServiceStub(channel)
+            line = next(t for t in TRAJECTORIES if len(t["steps"]) >= 3)
+            config = json.dumps(line["config"])
+            a = Session(stub, "late-a", SOURCES[line["env_id"]], config, resident_create=True)
+            b = Session(stub, "late-b", SOURCES[line["env_id"]], config, resident_create=True)
+            answered = time.monotonic()
+            # Both sit idle 3 s by the jail's clock, past the 2 s a resident is held.
+            wait_until(lambda: time.monotonic() - answered > 3, 10, "3 s of idleness")
+            action, observation = line["steps"][0]
+
+            def step(session: Session) -> pb.OperationResult:
+                # Each session thought 0.1 s by the runtime's clock: the rest was queueing.
+                op = pb.Operation(
+                    source=pb.SourceRef(code=session.source),
+                    limits=STEP_LIMITS,
+                    step=pb.StepOp(state=session.state, action=action, session_key=session.key, idle_ms=100),
+                )
+                result = session.execute(op)
+                assert result.status == pb.STATUS_OK and result.observation == observation
+                return result
+
+            # `a`'s step tells the worker how late steps come; the look for idle residents after it
+            # holds them that much longer, so `b`, as late, still finds its process.
+            assert step(a).resident
+            assert step(b).resident
+    finally:
+        assert worker.stop() == 0
+
+
+def test_the_idle_time_is_derived_from_a_residents_cost_and_a_cold_steps_cpu() -> None:
+    from sandbox_worker.residency import COLD_STEP_CPU_S, DEFAULT_COST, WARM_STEP_CPU_S, memory_per_cpu
+
+    # Not measured during the test: the cost stays the 3 MiB a resident is taken to cost until then.
+    worker = start_worker("--resident-sample-s", "3600", "--metrics-port", "0")
+    try:
+        figures = scrape(metrics_address(worker))
+        derived = (COLD_STEP_CPU_S - WARM_STEP_CPU_S) * memory_per_cpu() / DEFAULT_COST
+        assert figures["codegym_sandbox_resident_idle_seconds"] == pytest.approx(min(600, max(2, derived)))
+    finally:
+        assert worker.stop() == 0
+
+
 def test_a_jails_process_tree_is_read_from_children_files_as_a_scan_of_proc_reads_it() -> None:
     """`sample_cost` finds the zygotes' children from /proc/PID/task/*/children (through
     `codegym.proctree`), not by reading the stat of every process on the machine; both give the

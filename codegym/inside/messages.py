@@ -79,6 +79,9 @@ class Request(TypedDict, total=False):
     # one. It moves with each measurement, never above the jail's own ceiling
     # (`settings.JailSettings.resident_cap`, fixed at its start), which the zygote enforces.
     cap: int
+    # Set by the worker's pool too: how long a resident may sit idle before it goes, in ms. Derived
+    # from a resident's measured cost, so it moves with it (`sandbox_worker/residency.py`, `hold_s`).
+    resident_idle_ms: int
     op: Required[Op]
     # The source's sha256 ("" for a release, which needs no source).
     sha: Required[str]

@@ -35,6 +35,8 @@ class JailSettings:
     # Most resident sessions this jail may hold, its ceiling (its pid, fd and uid limits are sized
     # from it); each request's `cap` says how many its memory budget allows now, below this.
     resident_cap: int = UNBUDGETED_CAP
+    # How long a resident may sit idle before it goes, until a request says (each carries the
+    # worker's `resident_idle_ms`, derived from a resident's measured cost: residency.py).
     resident_idle_s: float = 300.0
     # A resident session idle this long may give its place to a new one when the jail is full.
     # Longer than a model's turn: trainers step each episode every few seconds, and a shorter

@@ -98,8 +98,10 @@ class Zygote:
         self.code = CodeCache(settings.code_cache_bytes)
         self.spare: tuple[int, int, int] | None = None
         self.residents: collections.OrderedDict[str, Resident] = collections.OrderedDict()
-        # Residency the worker's memory budget allows at the measured cost (each request says).
+        # Residency the worker's memory budget allows at the measured cost, and how long a resident
+        # may sit idle (each request says both).
         self.cap = settings.resident_cap
+        self.idle_s = settings.resident_idle_s
         # Residents ended since the last answer, by reason: told to the worker with the next one.
         self.evictions: collections.Counter[EvictionReason] = collections.Counter()
         # Sessions whose process ends after the answer (their episode is over).
@@ -186,6 +188,9 @@ class Zygote:
         cap = req.get("cap")
         if isinstance(cap, int) and cap >= 0:
             self.cap = min(cap, self.settings.resident_cap)
+        idle_ms = req.get("resident_idle_ms")
+        if isinstance(idle_ms, int) and idle_ms > 0:
+            self.idle_s = idle_ms / 1000
         if op == "release":
             self.evict(str(req.get("session") or ""), "release")
             return {"status": "ok"}, None
@@ -349,7 +354,7 @@ class Zygote:
             self.evict(key, "done")
         self.finished.clear()
         # Least recently used first: only the idle head of the order is looked at.
-        idle_since = time.monotonic() - self.settings.resident_idle_s
+        idle_since = time.monotonic() - self.idle_s
         while self.residents:
             key, held = next(iter(self.residents.items()))
             if held.last_used > idle_since:

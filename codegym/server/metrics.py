@@ -55,7 +55,8 @@ RESIDENT_STEPS = Counter(
 COLD_STEPS = Counter(
     "codegym_sandbox_cold_steps_total",
     "Steps that ran cold (fork, unpickle), by cause: new (no process held the session here), "
-    "stale (the process held another state), full (no room: served one-shot)",
+    "stale (the process held another state), full (no room: served one-shot), sparse (the session "
+    "steps further apart than a resident may sit idle: served one-shot)",
     ["cause"],
 )
 EVICTIONS = Counter(
@@ -75,6 +76,11 @@ RESIDENT_BUDGET_BYTES = Gauge(
 )
 RESIDENT_COST_BYTES = Gauge(
     "codegym_sandbox_resident_cost_bytes", "Measured memory of one resident session (private pages, mean)"
+)
+RESIDENT_IDLE_SECONDS = Gauge(
+    "codegym_sandbox_resident_idle_seconds",
+    "The resident idle time: a session stepping further apart gets no resident, and a resident idle "
+    "twice this long goes (derived from a resident's measured cost unless --resident-idle-s)",
 )
 SANDBOX_QUEUE_DEPTH = Gauge("codegym_sandbox_queue_depth", "Operations waiting for a jail")
 SANDBOX_REFUSALS = Counter(

@@ -22,6 +22,14 @@ class RuntimeConfig:
     step_timeout_ms: int = option(5_000, "--step-timeout-ms", "default deadline of one step")
     max_step_timeout_ms: int = 60_000
     create_timeout_ms: int = 10_000
+    # Initial states of seed-independent configurations, copied by later creates (initial_states.py).
+    initial_states_mb: int = option(
+        16,
+        "--initial-states-mb",
+        "memory for the initial states of recently built task configurations: a configuration whose "
+        "first two builds (different seeds) give the same state and observation is copied by its "
+        "later creates instead of built in a sandbox; 0 builds every create",
+    )
     max_action_bytes: int = 64 * 1024
     max_batch: int = 1024
     retry_after_ms: int = 1_000

@@ -49,6 +49,7 @@ from services.runtime.checkpoints import Keyring
 from services.runtime.config import RuntimeConfig, session_seed
 from services.runtime.episode_record import Recorder
 from services.runtime.forking import Copies, history_write, start_entry
+from services.runtime.initial_states import Initial, InitialStates
 from services.runtime.outcomes import action_digest, env_failed, recorded_reply, session_reply, step_error
 from services.runtime.record_desk import STEP_OUTCOMES, RecordDesk
 from services.runtime.requests import action_text, config_json, create_limits, shown
@@ -59,6 +60,7 @@ from services.runtime.tenancy import Quotas, require_operator
 
 log = logging.getLogger(__name__)
 
+MAX_UINT32 = (1 << 32) - 1
 SERVICE_NAME = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
 __all__ = ["SERVICE_NAME", "RuntimeServicer", "add_to_server"]
 
@@ -67,6 +69,13 @@ def add_to_server(servicer: RuntimeServicer, server: grpc.aio.Server) -> None:
     """`add_RuntimeServiceServicer_to_server`, except that a request whose bytes do not decode is
     answered INVALID_ARGUMENT (see `codegym.errors.add_lenient`)."""
     add_lenient(servicer, server, rt.DESCRIPTOR.services_by_name["RuntimeService"], rt)
+
+
+def idle_ms(session: Session) -> int:
+    """How long the session sat idle before this step, as its worker is told (0: unknown): a
+    session that steps further apart than a resident may sit idle gets no process kept for it.
+    A store shared by replicas renews `last_used` as it reads a session, so there it is 0."""
+    return min(MAX_UINT32, max(0, int((time.monotonic() - session.last_used) * 1000)))
 
 
 class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
@@ -98,6 +107,8 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             captured,
             CapturePolicy(self.config.capture_rate, not self.config.no_capture),
         )
+        # Initial states creates copy instead of building (initial_states.py).
+        self.initial = InitialStates(self.config.initial_states_mb << 20)
         self.releases: set[asyncio.Task[None]] = set()
         # One token per step admitted and not yet answered.
         self.steps_in_flight: set[object] = set()
@@ -192,21 +203,27 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                 )
         session_id = secrets.token_hex(16)
         seed = options.seed or session_seed(session_id)
-        op = sb.Operation(
-            source=sb.SourceRef(sha256=record.sha256),
-            limits=sb.Limits(wall_ms=self.config.create_timeout_ms),
-            seed=seed,
-            create=sb.CreateOp(config_json=config_json, session_key=session_id),
-        )
-        result = await self._execute(op, record, session_id)
-        if result.status != sb.STATUS_OK:
-            raise env_failed(result, f"creating {record.env_id}")
+
+        async def build() -> Initial:
+            """The episode built in a sandbox, its process kept there as the session's resident."""
+            op = sb.Operation(
+                source=sb.SourceRef(sha256=record.sha256),
+                limits=sb.Limits(wall_ms=self.config.create_timeout_ms),
+                seed=seed,
+                create=sb.CreateOp(config_json=config_json, session_key=session_id),
+            )
+            result = await self._execute(op, record, session_id)
+            if result.status != sb.STATUS_OK:
+                raise env_failed(result, f"creating {record.env_id}")
+            return Initial(result.state, result.observation)
+
+        initial, _ = await self.initial.make((record.sha256, config_json), seed, build)
         session = Session(
             session_id=session_id,
             env_id=record.env_id,
             config_json=config_json,
             sha256=record.sha256,
-            state=result.state,
+            state=initial.state,
             max_steps=max_steps,
             step_timeout_ms=timeout_ms,
             seed=seed,
@@ -219,12 +236,12 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         )
         session.touch()
         if session.keep_history or session.capture_steps:
-            await self.store.put_new([(session, [self._start_entry(session, result.observation)])])
+            await self.store.put_new([(session, [self._start_entry(session, initial.observation)])])
         else:
             await self.store.put(session)
         return rt.CreateSessionResponse(
             session_id=session_id,
-            observation=result.observation,
+            observation=initial.observation,
             tools=record.specs(),
             tools_text=record.tools_text,
             task_text=record.task_text,
@@ -300,7 +317,12 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
                     source=sb.SourceRef(sha256=record.sha256),
                     limits=sb.Limits(wall_ms=session.step_timeout_ms),
                     seed=(session.seed + session.step_index + 1) % (1 << 63),
-                    step=sb.StepOp(state=session.state, action=action, session_key=session_id),
+                    step=sb.StepOp(
+                        state=session.state,
+                        action=action,
+                        session_key=session_id,
+                        idle_ms=idle_ms(session),
+                    ),
                 )
                 result = await self._execute(op, record, session_id)
                 error = step_error(result)

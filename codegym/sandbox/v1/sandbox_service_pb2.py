@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from codegym_client.api.common.v1 import common_pb2 as codegym__client_dot_api_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(codegym/sandbox/v1/sandbox_service.proto\x12\x12\x63odegym.sandbox.v1\x1a)codegym_client/api/common/v1/common.proto\")\n\tSourceRef\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\"R\n\x06Limits\x12\x0f\n\x07wall_ms\x18\x01 \x01(\r\x12\x0e\n\x06\x63pu_ms\x18\x02 \x01(\r\x12\x11\n\tmemory_mb\x18\x03 \x01(\r\x12\x14\n\x0coutput_bytes\x18\x04 \x01(\r\"4\n\x08\x43reateOp\x12\x13\n\x0b\x63onfig_json\x18\x01 \x01(\t\x12\x13\n\x0bsession_key\x18\x02 \x01(\t\"<\n\x06StepOp\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x13\n\x0bsession_key\x18\x03 \x01(\t\"-\n\x07ResetOp\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\"\"\n\x0bRefAnswerOp\x12\x13\n\x0b\x63onfig_json\x18\x01 \x01(\t\"W\n\x07SolveOp\x12\x13\n\x0b\x63onfig_json\x18\x01 \x01(\t\x12\x14\n\x0csolve_source\x18\x02 \x01(\t\x12\x11\n\tmax_steps\x18\x03 \x01(\r\x12\x0e\n\x06record\x18\x04 \x01(\x08\"\x1c\n\x0bRunScriptOp\x12\r\n\x05stdin\x18\x01 \x01(\t\"^\n\x0e\x43\x61llFunctionOp\x12\x15\n\rfunction_name\x18\x01 \x01(\t\x12\x11\n\targs_json\x18\x02 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\r\n\x05stdin\x18\x04 \x01(\t\" \n\tReleaseOp\x12\x13\n\x0bsession_key\x18\x01 \x01(\t\"\x91\x04\n\tOperation\x12-\n\x06source\x18\x01 \x01(\x0b\x32\x1d.codegym.sandbox.v1.SourceRef\x12*\n\x06limits\x18\x02 \x01(\x0b\x32\x1a.codegym.sandbox.v1.Limits\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12.\n\x06\x63reate\x18\n \x01(\x0b\x32\x1c.codegym.sandbox.v1.CreateOpH\x00\x12*\n\x04step\x18\x0b \x01(\x0b\x32\x1a.codegym.sandbox.v1.StepOpH\x00\x12,\n\x05reset\x18\x0c \x01(\x0b\x32\x1b.codegym.sandbox.v1.ResetOpH\x00\x12\x35\n\nref_answer\x18\r \x01(\x0b\x32\x1f.codegym.sandbox.v1.RefAnswerOpH\x00\x12,\n\x05solve\x18\x0e \x01(\x0b\x32\x1b.codegym.sandbox.v1.SolveOpH\x00\x12\x35\n\nrun_script\x18\x0f \x01(\x0b\x32\x1f.codegym.sandbox.v1.RunScriptOpH\x00\x12;\n\rcall_function\x18\x10 \x01(\x0b\x32\".codegym.sandbox.v1.CallFunctionOpH\x00\x12\x30\n\x07release\x18\x11 \x01(\x0b\x32\x1d.codegym.sandbox.v1.ReleaseOpH\x00\x42\x06\n\x04kind\"\x9c\x03\n\x0fOperationResult\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.codegym.sandbox.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06stdout\x18\x03 \x01(\t\x12\x0e\n\x06stderr\x18\x04 \x01(\t\x12\x18\n\x10output_truncated\x18\x05 \x01(\x08\x12/\n\x05usage\x18\x06 \x01(\x0b\x32 .codegym.common.v1.ResourceUsage\x12\r\n\x05state\x18\x07 \x01(\x0c\x12\x13\n\x0bobservation\x18\x08 \x01(\t\x12\x0e\n\x06reward\x18\t \x01(\x01\x12\x0c\n\x04\x64one\x18\n \x01(\x08\x12\x12\n\nstep_count\x18\x0b \x01(\r\x12\x13\n\x0b\x61nswer_json\x18\x0c \x01(\t\x12\x13\n\x0b\x61nswer_repr\x18\r \x01(\t\x12\x11\n\texit_code\x18\x0e \x01(\x05\x12\x15\n\rsource_sha256\x18\x0f \x01(\t\x12\x11\n\tenv_class\x18\x10 \x01(\t\x12\x12\n\ntrajectory\x18\x11 \x03(\t\x12\x10\n\x08resident\x18\x12 \x01(\x08\"B\n\x0e\x45xecuteRequest\x12\x30\n\toperation\x18\x01 \x01(\x0b\x32\x1d.codegym.sandbox.v1.Operation\"F\n\x0f\x45xecuteResponse\x12\x33\n\x06result\x18\x01 \x01(\x0b\x32#.codegym.sandbox.v1.OperationResult\"^\n\x13\x45xecuteBatchRequest\x12\x31\n\noperations\x18\x01 \x03(\x0b\x32\x1d.codegym.sandbox.v1.Operation\x12\x14\n\x0cmax_parallel\x18\x02 \x01(\r\"L\n\x14\x45xecuteBatchResponse\x12\x34\n\x07results\x18\x01 \x03(\x0b\x32#.codegym.sandbox.v1.OperationResult\"\x16\n\x14GetWorkerInfoRequest\"\xf6\x01\n\x15GetWorkerInfoResponse\x12\r\n\x05jails\x18\x01 \x01(\r\x12\x13\n\x0bjails_alive\x18\x02 \x01(\r\x12\x16\n\x0ejails_replaced\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61\x63hed_sources\x18\x04 \x01(\r\x12\x32\n\x0e\x64\x65\x66\x61ult_limits\x18\x05 \x01(\x0b\x32\x1a.codegym.sandbox.v1.Limits\x12.\n\nmax_limits\x18\x06 \x01(\x0b\x32\x1a.codegym.sandbox.v1.Limits\x12\x11\n\tisolation\x18\x07 \x01(\t\x12\x12\n\noperations\x18\x08 \x01(\x04*\xe4\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x14\n\x10STATUS_ENV_ERROR\x10\x02\x12\x12\n\x0eSTATUS_TIMEOUT\x10\x03\x12\x17\n\x13STATUS_MEMORY_LIMIT\x10\x04\x12\x17\n\x13STATUS_OUTPUT_LIMIT\x10\x05\x12\x11\n\rSTATUS_KILLED\x10\x06\x12\x12\n\x0eSTATUS_CRASHED\x10\x07\x12\x16\n\x12STATUS_BAD_REQUEST\x10\x08\x12\x18\n\x14STATUS_SOURCE_NEEDED\x10\t2\xad\x02\n\x0eSandboxService\x12R\n\x07\x45xecute\x12\".codegym.sandbox.v1.ExecuteRequest\x1a#.codegym.sandbox.v1.ExecuteResponse\x12\x61\n\x0c\x45xecuteBatch\x12\'.codegym.sandbox.v1.ExecuteBatchRequest\x1a(.codegym.sandbox.v1.ExecuteBatchResponse\x12\x64\n\rGetWorkerInfo\x12(.codegym.sandbox.v1.GetWorkerInfoRequest\x1a).codegym.sandbox.v1.GetWorkerInfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(codegym/sandbox/v1/sandbox_service.proto\x12\x12\x63odegym.sandbox.v1\x1a)codegym_client/api/common/v1/common.proto\")\n\tSourceRef\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\"R\n\x06Limits\x12\x0f\n\x07wall_ms\x18\x01 \x01(\r\x12\x0e\n\x06\x63pu_ms\x18\x02 \x01(\r\x12\x11\n\tmemory_mb\x18\x03 \x01(\r\x12\x14\n\x0coutput_bytes\x18\x04 \x01(\r\"4\n\x08\x43reateOp\x12\x13\n\x0b\x63onfig_json\x18\x01 \x01(\t\x12\x13\n\x0bsession_key\x18\x02 \x01(\t\"M\n\x06StepOp\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x13\n\x0bsession_key\x18\x03 \x01(\t\x12\x0f\n\x07idle_ms\x18\x04 \x01(\r\"-\n\x07ResetOp\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\"\"\n\x0bRefAnswerOp\x12\x13\n\x0b\x63onfig_json\x18\x01 \x01(\t\"W\n\x07SolveOp\x12\x13\n\x0b\x63onfig_json\x18\x01 \x01(\t\x12\x14\n\x0csolve_source\x18\x02 \x01(\t\x12\x11\n\tmax_steps\x18\x03 \x01(\r\x12\x0e\n\x06record\x18\x04 \x01(\x08\"\x1c\n\x0bRunScriptOp\x12\r\n\x05stdin\x18\x01 \x01(\t\"^\n\x0e\x43\x61llFunctionOp\x12\x15\n\rfunction_name\x18\x01 \x01(\t\x12\x11\n\targs_json\x18\x02 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\r\n\x05stdin\x18\x04 \x01(\t\" \n\tReleaseOp\x12\x13\n\x0bsession_key\x18\x01 \x01(\t\"\x91\x04\n\tOperation\x12-\n\x06source\x18\x01 \x01(\x0b\x32\x1d.codegym.sandbox.v1.SourceRef\x12*\n\x06limits\x18\x02 \x01(\x0b\x32\x1a.codegym.sandbox.v1.Limits\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12.\n\x06\x63reate\x18\n \x01(\x0b\x32\x1c.codegym.sandbox.v1.CreateOpH\x00\x12*\n\x04step\x18\x0b \x01(\x0b\x32\x1a.codegym.sandbox.v1.StepOpH\x00\x12,\n\x05reset\x18\x0c \x01(\x0b\x32\x1b.codegym.sandbox.v1.ResetOpH\x00\x12\x35\n\nref_answer\x18\r \x01(\x0b\x32\x1f.codegym.sandbox.v1.RefAnswerOpH\x00\x12,\n\x05solve\x18\x0e \x01(\x0b\x32\x1b.codegym.sandbox.v1.SolveOpH\x00\x12\x35\n\nrun_script\x18\x0f \x01(\x0b\x32\x1f.codegym.sandbox.v1.RunScriptOpH\x00\x12;\n\rcall_function\x18\x10 \x01(\x0b\x32\".codegym.sandbox.v1.CallFunctionOpH\x00\x12\x30\n\x07release\x18\x11 \x01(\x0b\x32\x1d.codegym.sandbox.v1.ReleaseOpH\x00\x42\x06\n\x04kind\"\x9c\x03\n\x0fOperationResult\x12*\n\x06status\x18\x01 \x01(\x0e\x32\x1a.codegym.sandbox.v1.Status\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06stdout\x18\x03 \x01(\t\x12\x0e\n\x06stderr\x18\x04 \x01(\t\x12\x18\n\x10output_truncated\x18\x05 \x01(\x08\x12/\n\x05usage\x18\x06 \x01(\x0b\x32 .codegym.common.v1.ResourceUsage\x12\r\n\x05state\x18\x07 \x01(\x0c\x12\x13\n\x0bobservation\x18\x08 \x01(\t\x12\x0e\n\x06reward\x18\t \x01(\x01\x12\x0c\n\x04\x64one\x18\n \x01(\x08\x12\x12\n\nstep_count\x18\x0b \x01(\r\x12\x13\n\x0b\x61nswer_json\x18\x0c \x01(\t\x12\x13\n\x0b\x61nswer_repr\x18\r \x01(\t\x12\x11\n\texit_code\x18\x0e \x01(\x05\x12\x15\n\rsource_sha256\x18\x0f \x01(\t\x12\x11\n\tenv_class\x18\x10 \x01(\t\x12\x12\n\ntrajectory\x18\x11 \x03(\t\x12\x10\n\x08resident\x18\x12 \x01(\x08\"B\n\x0e\x45xecuteRequest\x12\x30\n\toperation\x18\x01 \x01(\x0b\x32\x1d.codegym.sandbox.v1.Operation\"F\n\x0f\x45xecuteResponse\x12\x33\n\x06result\x18\x01 \x01(\x0b\x32#.codegym.sandbox.v1.OperationResult\"^\n\x13\x45xecuteBatchRequest\x12\x31\n\noperations\x18\x01 \x03(\x0b\x32\x1d.codegym.sandbox.v1.Operation\x12\x14\n\x0cmax_parallel\x18\x02 \x01(\r\"L\n\x14\x45xecuteBatchResponse\x12\x34\n\x07results\x18\x01 \x03(\x0b\x32#.codegym.sandbox.v1.OperationResult\"\x16\n\x14GetWorkerInfoRequest\"\xf6\x01\n\x15GetWorkerInfoResponse\x12\r\n\x05jails\x18\x01 \x01(\r\x12\x13\n\x0bjails_alive\x18\x02 \x01(\r\x12\x16\n\x0ejails_replaced\x18\x03 \x01(\x04\x12\x16\n\x0e\x63\x61\x63hed_sources\x18\x04 \x01(\r\x12\x32\n\x0e\x64\x65\x66\x61ult_limits\x18\x05 \x01(\x0b\x32\x1a.codegym.sandbox.v1.Limits\x12.\n\nmax_limits\x18\x06 \x01(\x0b\x32\x1a.codegym.sandbox.v1.Limits\x12\x11\n\tisolation\x18\x07 \x01(\t\x12\x12\n\noperations\x18\x08 \x01(\x04*\xe4\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x14\n\x10STATUS_ENV_ERROR\x10\x02\x12\x12\n\x0eSTATUS_TIMEOUT\x10\x03\x12\x17\n\x13STATUS_MEMORY_LIMIT\x10\x04\x12\x17\n\x13STATUS_OUTPUT_LIMIT\x10\x05\x12\x11\n\rSTATUS_KILLED\x10\x06\x12\x12\n\x0eSTATUS_CRASHED\x10\x07\x12\x16\n\x12STATUS_BAD_REQUEST\x10\x08\x12\x18\n\x14STATUS_SOURCE_NEEDED\x10\t2\xad\x02\n\x0eSandboxService\x12R\n\x07\x45xecute\x12\".codegym.sandbox.v1.ExecuteRequest\x1a#.codegym.sandbox.v1.ExecuteResponse\x12\x61\n\x0c\x45xecuteBatch\x12\'.codegym.sandbox.v1.ExecuteBatchRequest\x1a(.codegym.sandbox.v1.ExecuteBatchResponse\x12\x64\n\rGetWorkerInfo\x12(.codegym.sandbox.v1.GetWorkerInfoRequest\x1a).codegym.sandbox.v1.GetWorkerInfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'codegym.sandbox.v1.sandbox_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUS']._serialized_start=2217
-  _globals['_STATUS']._serialized_end=2445
+  _globals['_STATUS']._serialized_start=2234
+  _globals['_STATUS']._serialized_end=2462
   _globals['_SOURCEREF']._serialized_start=107
   _globals['_SOURCEREF']._serialized_end=148
   _globals['_LIMITS']._serialized_start=150
@@ -41,35 +41,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATEOP']._serialized_start=234
   _globals['_CREATEOP']._serialized_end=286
   _globals['_STEPOP']._serialized_start=288
-  _globals['_STEPOP']._serialized_end=348
-  _globals['_RESETOP']._serialized_start=350
-  _globals['_RESETOP']._serialized_end=395
-  _globals['_REFANSWEROP']._serialized_start=397
-  _globals['_REFANSWEROP']._serialized_end=431
-  _globals['_SOLVEOP']._serialized_start=433
-  _globals['_SOLVEOP']._serialized_end=520
-  _globals['_RUNSCRIPTOP']._serialized_start=522
-  _globals['_RUNSCRIPTOP']._serialized_end=550
-  _globals['_CALLFUNCTIONOP']._serialized_start=552
-  _globals['_CALLFUNCTIONOP']._serialized_end=646
-  _globals['_RELEASEOP']._serialized_start=648
-  _globals['_RELEASEOP']._serialized_end=680
-  _globals['_OPERATION']._serialized_start=683
-  _globals['_OPERATION']._serialized_end=1212
-  _globals['_OPERATIONRESULT']._serialized_start=1215
-  _globals['_OPERATIONRESULT']._serialized_end=1627
-  _globals['_EXECUTEREQUEST']._serialized_start=1629
-  _globals['_EXECUTEREQUEST']._serialized_end=1695
-  _globals['_EXECUTERESPONSE']._serialized_start=1697
-  _globals['_EXECUTERESPONSE']._serialized_end=1767
-  _globals['_EXECUTEBATCHREQUEST']._serialized_start=1769
-  _globals['_EXECUTEBATCHREQUEST']._serialized_end=1863
-  _globals['_EXECUTEBATCHRESPONSE']._serialized_start=1865
-  _globals['_EXECUTEBATCHRESPONSE']._serialized_end=1941
-  _globals['_GETWORKERINFOREQUEST']._serialized_start=1943
-  _globals['_GETWORKERINFOREQUEST']._serialized_end=1965
-  _globals['_GETWORKERINFORESPONSE']._serialized_start=1968
-  _globals['_GETWORKERINFORESPONSE']._serialized_end=2214
-  _globals['_SANDBOXSERVICE']._serialized_start=2448
-  _globals['_SANDBOXSERVICE']._serialized_end=2749
+  _globals['_STEPOP']._serialized_end=365
+  _globals['_RESETOP']._serialized_start=367
+  _globals['_RESETOP']._serialized_end=412
+  _globals['_REFANSWEROP']._serialized_start=414
+  _globals['_REFANSWEROP']._serialized_end=448
+  _globals['_SOLVEOP']._serialized_start=450
+  _globals['_SOLVEOP']._serialized_end=537
+  _globals['_RUNSCRIPTOP']._serialized_start=539
+  _globals['_RUNSCRIPTOP']._serialized_end=567
+  _globals['_CALLFUNCTIONOP']._serialized_start=569
+  _globals['_CALLFUNCTIONOP']._serialized_end=663
+  _globals['_RELEASEOP']._serialized_start=665
+  _globals['_RELEASEOP']._serialized_end=697
+  _globals['_OPERATION']._serialized_start=700
+  _globals['_OPERATION']._serialized_end=1229
+  _globals['_OPERATIONRESULT']._serialized_start=1232
+  _globals['_OPERATIONRESULT']._serialized_end=1644
+  _globals['_EXECUTEREQUEST']._serialized_start=1646
+  _globals['_EXECUTEREQUEST']._serialized_end=1712
+  _globals['_EXECUTERESPONSE']._serialized_start=1714
+  _globals['_EXECUTERESPONSE']._serialized_end=1784
+  _globals['_EXECUTEBATCHREQUEST']._serialized_start=1786
+  _globals['_EXECUTEBATCHREQUEST']._serialized_end=1880
+  _globals['_EXECUTEBATCHRESPONSE']._serialized_start=1882
+  _globals['_EXECUTEBATCHRESPONSE']._serialized_end=1958
+  _globals['_GETWORKERINFOREQUEST']._serialized_start=1960
+  _globals['_GETWORKERINFOREQUEST']._serialized_end=1982
+  _globals['_GETWORKERINFORESPONSE']._serialized_start=1985
+  _globals['_GETWORKERINFORESPONSE']._serialized_end=2231
+  _globals['_SANDBOXSERVICE']._serialized_start=2465
+  _globals['_SANDBOXSERVICE']._serialized_end=2766
 # @@protoc_insertion_point(module_scope)

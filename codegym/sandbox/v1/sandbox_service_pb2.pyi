@@ -171,6 +171,7 @@ class StepOp(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     ACTION_FIELD_NUMBER: _builtins.int
     SESSION_KEY_FIELD_NUMBER: _builtins.int
+    IDLE_MS_FIELD_NUMBER: _builtins.int
     state: _builtins.bytes
     """State from an earlier create/step/reset result. Produced and read only inside jails."""
     action: _builtins.str
@@ -180,16 +181,23 @@ class StepOp(_message.Message):
     next step with the same key and the state this step returned runs there (no fork, no
     unpickling); any other state runs cold from `state`. Empty: a one-shot step.
     """
+    idle_ms: _builtins.int
+    """How long the session sat idle before this step (since its last step or create), in
+    milliseconds of the caller's clock; 0: unknown. A session whose steps come further apart than
+    the worker's resident idle time gets no resident process for this step (it would be evicted,
+    idle, before the next one): the step runs one-shot, cold from `state`.
+    """
     def __init__(
         self,
         *,
         state: _builtins.bytes = ...,
         action: _builtins.str = ...,
         session_key: _builtins.str = ...,
+        idle_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "session_key", b"session_key", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "idle_ms", b"idle_ms", "session_key", b"session_key", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
