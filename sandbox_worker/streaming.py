@@ -1,0 +1,200 @@
+"""`ExecuteStream`: many operations over one long-lived call, each answered by its id when done.
+
+A unary call per operation costs both ends a call's setup and several completion-queue wakeups;
+a message on an open stream costs about half of that. The runtime keeps one stream per worker for
+its sessions' operations (services/dispatcher.py, `WorkerStream`).
+
+The operations of a stream run as `ExecuteBatch`'s do: all at once, waiting for a jail by the
+pool's priorities, each answered as soon as it finishes (the answers carry the request's id, not
+its position). Every refusal is one operation's answer and never ends the call: an operation that
+cannot be served (INVALID_ARGUMENT), one past the worker's `max_pending` over all its calls and
+streams (RESOURCE_EXHAUSTED with a retry-after, never a queue of its own), one that arrives while
+the worker drains (UNAVAILABLE: the caller sends it to another worker), a request that does not
+decode (INVALID_ARGUMENT under id 0, since its id could not be read).
+
+Bounded per stream too: a request takes one of `cap` slots before it is read, and its answer gives
+the slot back once gRPC has taken it, so at most `cap` of the stream's operations are running or
+answered and not yet sent. With every slot taken the worker reads no more, and HTTP/2 flow control
+holds the caller's sends: a caller that sends faster than the worker answers, or does not read
+its answers, waits at its end instead of growing a queue here.
+
+A draining worker refuses what it reads and ends the stream (UNAVAILABLE, reason draining) as soon
+as nothing of it runs, so the drain is not held up by streams left open and the caller opens its
+next stream elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from typing import Protocol
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from codegym.errors import Reason, Refusal, Undecodable, clipped, entry_status, fail_internally, refuse
+from codegym.inside.messages import Request
+from codegym.sandbox.v1 import sandbox_service_pb2 as pb
+
+Prepared = tuple[Request, int] | pb.OperationResult
+DRAINING = "worker is draining; retry on another worker"
+
+
+class Executor(Protocol):
+    """What a stream needs of the servicer (`sandbox_worker.service.SandboxServicer`)."""
+
+    # One token per operation admitted and not yet answered, over every call and stream.
+    pending: set[object]
+    # Set when the worker starts draining.
+    drain: asyncio.Event
+
+    def admit(self, count: int) -> None: ...
+
+    def prepare(self, op: pb.Operation) -> Prepared: ...
+
+    def run(self, prepared: Prepared) -> Awaitable[pb.OperationResult]: ...
+
+
+def refusal(op_id: int, exc: BaseException, what: str) -> pb.ExecuteStreamResponse:
+    """An operation's answer for a failure: the status, reason and retry-after its call would have had."""
+    code, message, reason = entry_status(exc, what)
+    retry = exc.retry_after_ms if isinstance(exc, Refusal) else 0
+    return pb.ExecuteStreamResponse(
+        id=op_id, code=code, message=message, reason=reason.name, retry_after_ms=retry
+    )
+
+
+async def execute_stream(
+    requests: AsyncIterator[pb.ExecuteStreamRequest | Undecodable],
+    context: grpc.aio.ServicerContext,
+    executor: Executor,
+    cap: int,
+) -> AsyncIterator[pb.ExecuteStreamResponse]:
+    """Answer every operation read from `requests` as it finishes (see the module doc).
+
+    The call ends OK when the caller ends its side and every operation is answered; UNAVAILABLE
+    when the worker drains; INVALID_ARGUMENT when gRPC itself could not decode a request (only
+    without lenient decoding: with it, that request is answered under id 0 and the call goes on).
+    The caller going away cancels the operations still running."""
+    stream = OperationStream(executor, max(1, cap))
+    loop = asyncio.get_running_loop()
+    reader = loop.create_task(stream.read(requests))
+    watcher = loop.create_task(stream.watch_drain())
+    try:
+        while (answer := await stream.answers.get()) is not None:
+            yield answer
+            stream.slots.release()  # gRPC has taken the answer
+        if stream.reading:  # only the drain ends the call before the caller's side ends
+            raise Refusal(Reason.UNAVAILABLE, DRAINING)
+        await reader
+        if stream.broken:
+            raise Refusal(Reason.INVALID_REQUEST, stream.broken[0])
+    except Refusal as exc:
+        await refuse(context, exc)
+    except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit):
+        raise
+    except Exception:
+        await fail_internally(context, "ExecuteStream")
+    finally:
+        reader.cancel()
+        watcher.cancel()
+        for task in list(stream.running):
+            task.cancel()
+
+
+class OperationStream:
+    """One `ExecuteStream` call: its operations running, its answers not yet sent, and the slots
+    that bound both."""
+
+    def __init__(self, executor: Executor, cap: int) -> None:
+        self.executor = executor
+        self.slots = asyncio.Semaphore(cap)
+        # Every answer queued holds a slot, so the queue never holds more than `cap` answers, and
+        # the one place left is for the final None: `put_nowait` never waits nor fails.
+        self.answers: asyncio.Queue[pb.ExecuteStreamResponse | None] = asyncio.Queue(maxsize=cap + 1)
+        self.running: set[asyncio.Task[None]] = set()
+        self.broken: list[str] = []
+        self.draining = False
+        self.ended = False
+        self.reading = True
+
+    def end(self) -> None:
+        """Queue the final None, once: the call ends after the answers queued before it."""
+        if not self.ended:
+            self.ended = True
+            self.answers.put_nowait(None)
+
+    def settled(self) -> None:
+        """End the call when nothing more will be answered: the caller's side ended or the worker
+        drains, and nothing runs."""
+        if not self.running and (not self.reading or self.draining):
+            self.end()
+
+    async def watch_drain(self) -> None:
+        await self.executor.drain.wait()
+        self.draining = True
+        self.settled()
+
+    async def one(self, op_id: int, prepared: Prepared, token: object) -> None:
+        """Run one operation on the slot taken for it; its answer keeps the slot until it is sent."""
+        queued = False
+        try:
+            try:
+                answer = pb.ExecuteStreamResponse(id=op_id, result=await self.executor.run(prepared))
+            except Exception as exc:  # a bug: this operation's INTERNAL, the stream goes on
+                answer = refusal(op_id, exc, "an operation of ExecuteStream")
+            self.answers.put_nowait(answer)
+            queued = True
+        finally:
+            self.executor.pending.discard(token)
+            if not queued:
+                self.slots.release()
+
+    def start(self, item: pb.ExecuteStreamRequest) -> None:
+        """Admit, check and start one operation, or queue its refusal (it holds its slot either way)."""
+        try:
+            self.executor.admit(1)
+            prepared = self.executor.prepare(item.operation)
+        except Exception as exc:  # a refusal, or a bug (INTERNAL): this operation's answer
+            self.answers.put_nowait(refusal(item.id, exc, "an operation of ExecuteStream"))
+            return
+        if isinstance(prepared, pb.OperationResult):  # answered without a jail (SOURCE_NEEDED)
+            self.answers.put_nowait(pb.ExecuteStreamResponse(id=item.id, result=prepared))
+            return
+        token = object()
+        self.executor.pending.add(token)  # counted from admission on, as a unary call is
+        task = asyncio.get_running_loop().create_task(self.one(item.id, prepared, token))
+        self.running.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.running.discard(task)
+        self.settled()
+
+    async def read(self, requests: AsyncIterator[pb.ExecuteStreamRequest | Undecodable]) -> None:
+        """Take a slot, read a request, start its operation; until the caller's side ends."""
+        try:
+            stream = aiter(requests)
+            while True:
+                await self.slots.acquire()  # the next request's slot, before reading it
+                try:
+                    item = await anext(stream)
+                except StopAsyncIteration:
+                    self.slots.release()
+                    break
+                except DecodeError as exc:  # gRPC decodes lazily here: the caller's side ends
+                    self.slots.release()
+                    self.broken.append(f"a request is not a valid ExecuteStreamRequest: {exc}")
+                    break
+                if isinstance(item, Undecodable):
+                    code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+                    self.answers.put_nowait(
+                        pb.ExecuteStreamResponse(
+                            code=code, message=clipped(item.reason), reason=Reason.INVALID_REQUEST.name
+                        )
+                    )
+                else:
+                    self.start(item)
+        finally:
+            self.reading = False
+            self.settled()

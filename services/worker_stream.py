@@ -1,0 +1,318 @@
+"""The runtime's one long-lived `ExecuteStream` per sandbox worker, for its sessions' operations.
+
+A unary call per operation costs both ends a call's setup and several completion-queue wakeups,
+most of the CPU of a step on that hop; a message on an open stream about half of that. So each
+worker gets one stream (`WorkerStream`), opened when the first operation needs it, that carries
+every operation of the sessions pinned to that worker: steps, creates, resets, releases. The
+worker runs them concurrently, by its pool's priorities, and answers each by its id as it finishes
+(sandbox_worker/streaming.py); here a future per id waits for its answer.
+
+What a unary call gave for free is kept per operation:
+
+- **Deadline.** Each operation has the deadline its own call had (its wall limit times
+  `RUNS_PER_OPERATION`, plus `DEADLINE_SLACK_S`); past it the operation fails DEADLINE_EXCEEDED
+  (nothing was applied: the runtime commits only an answer), and a late answer is dropped.
+- **Refusals.** A worker's refusal of one operation (overloaded, draining, malformed) arrives as
+  the `grpc.aio.AioRpcError` the unary call would have raised, with the reason and retry-after
+  trailers, so the failure table (codegym_client.errors) decides as it did.
+- **A broken stream.** When the stream ends under operations still waiting (the worker killed or
+  restarted, the connection lost), each fails UNAVAILABLE: the dispatcher marks the worker down
+  and re-runs them on the session's next worker (every operation is a pure function of source,
+  state, input and seed, so a re-run gives the same answer). The next operation opens a new
+  stream. A refusal of the stream itself for its token (UNAUTHENTICATED, PERMISSION_DENIED) is
+  each operation's, as it was each call's: no other worker would take that token either.
+- **Bounded.** At most `max_in_flight` operations wait for a worker's answers (counted from the
+  futures held); past that `submit` raises `QueueFull` and the runtime answers CAPACITY. The
+  worker reads a stream no faster than it admits (flow control then holds the writes here).
+
+A stream is retired after `max_age_s`: it takes no new operations (they go on a new stream),
+ends its side once its writes are out, and closes when its last answer arrives. Servers recycle
+their connections (`grpc.max_connection_age_ms`, five minutes, then a 30 s grace) and a call still
+open at the end of the grace is cut; a stream younger than the grace never is, so recycling never
+looks like a worker lost.
+
+A worker without `ExecuteStream` (an older release, during a rolling upgrade) answers
+UNIMPLEMENTED: that worker is then sent one `Execute` call per operation, as before, for
+`UNARY_S` (then its stream is tried again: it may have been upgraded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable
+
+import grpc
+
+from codegym.sandbox.v1 import sandbox_service_pb2 as sb
+from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
+from codegym_client.errors import REASON_TRAILER, RETRY_AFTER_TRAILER, access_refused
+
+log = logging.getLogger(__name__)
+# Time a call may take beyond the operation's own wall limit (queueing, transport, jail restart).
+DEADLINE_SLACK_S = 5.0
+# A worker runs an operation once more, cold, after a failure its own code may not have caused
+# (sandbox_worker/pool.py): a call's deadline allows for both runs.
+RUNS_PER_OPERATION = 2
+# Operations waiting for one worker's answers, past which the runtime answers CAPACITY.
+MAX_IN_FLIGHT = 4096
+# A stream's age when it is retired: well within a connection's 30 s grace after GOAWAY (see the
+# module doc), however long the operations it carries take to finish (steps: milliseconds).
+STREAM_AGE_S = 10.0
+# How long a worker found without ExecuteStream gets unary calls before its stream is tried again
+# (it may have been upgraded in the meantime).
+UNARY_S = 60.0
+STATUS_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+class QueueFull(Exception):
+    """A worker holds as many of the runtime's operations as it may: the runtime answers CAPACITY."""
+
+
+class StreamUnsupported(Exception):
+    """The worker has no `ExecuteStream` (UNIMPLEMENTED): it takes unary calls only."""
+
+
+def deadline_s(op: sb.Operation, slack_s: float = DEADLINE_SLACK_S) -> float:
+    """The time the worker may take to answer `op`: what its unary call's deadline was."""
+    return (op.limits.wall_ms or 5000) / 1000 * RUNS_PER_OPERATION + slack_s
+
+
+def rpc_error(
+    code: grpc.StatusCode, details: str, reason: str = "", retry_after_ms: int = 0
+) -> grpc.aio.AioRpcError:
+    """The error a unary call answered `code` would have raised, trailers included."""
+    trailers = []
+    if reason:
+        trailers.append((REASON_TRAILER, reason))
+    if retry_after_ms:
+        trailers.append((RETRY_AFTER_TRAILER, str(retry_after_ms)))
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(*trailers), details)
+
+
+def answer_error(response: sb.ExecuteStreamResponse) -> grpc.aio.AioRpcError:
+    code = STATUS_BY_NUMBER.get(response.code, grpc.StatusCode.UNKNOWN)
+    return rpc_error(code, response.message, response.reason, response.retry_after_ms)
+
+
+class StreamCall:
+    """One `ExecuteStream` call: its writer, its reader, and a future per operation waiting."""
+
+    def __init__(self, stub: sb_grpc.SandboxServiceStub, address: str, on_end: Callable[[StreamCall], None]):
+        loop = asyncio.get_running_loop()
+        self.address = address
+        self.on_end = on_end
+        self.opened = loop.time()
+        # Operations waiting for their answer: id -> (future, deadline timer).
+        self.waiting: dict[int, tuple[asyncio.Future[sb.OperationResult], asyncio.TimerHandle]] = {}
+        # Requests not yet written (None: end the call's side). Bounded by `waiting`: every
+        # request put here has its future there, and `WorkerStream` caps those.
+        self.outbox: asyncio.Queue[sb.ExecuteStreamRequest | None] = asyncio.Queue()
+        self.unsent = 0
+        self.open = True  # takes new operations
+        self.call = stub.ExecuteStream()
+        self.writer = loop.create_task(self._write())
+        self.reader = loop.create_task(self._read())
+
+    def submit(self, op_id: int, op: sb.Operation, timeout_s: float) -> asyncio.Future[sb.OperationResult]:
+        """Send `op` under `op_id`; the future is its answer, or its failure (see the module doc)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[sb.OperationResult] = loop.create_future()
+        timer = loop.call_later(timeout_s, self._expire, op_id)
+        self.waiting[op_id] = (future, timer)
+        self.unsent += 1
+        self.outbox.put_nowait(sb.ExecuteStreamRequest(id=op_id, operation=op))
+        return future
+
+    def forget(self, op_id: int) -> None:
+        """Stop waiting for `op_id` (its caller went away); a late answer is dropped."""
+        entry = self.waiting.pop(op_id, None)
+        if entry is not None:
+            entry[1].cancel()
+
+    def retire(self) -> None:
+        """Take no new operations; end the call's side once what is queued is written."""
+        if self.open:
+            self.open = False
+            self.outbox.put_nowait(None)
+
+    def close(self) -> None:
+        """End the call now: what waits fails UNAVAILABLE."""
+        self.open = False
+        self.call.cancel()
+        self.writer.cancel()
+        self.reader.cancel()
+
+    def _expire(self, op_id: int) -> None:
+        entry = self.waiting.pop(op_id, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(
+                rpc_error(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"sandbox worker {self.address} did not answer an operation in time",
+                )
+            )
+
+    async def _write(self) -> None:
+        try:
+            while (request := await self.outbox.get()) is not None:
+                try:
+                    await self.call.write(request)
+                finally:
+                    self.unsent -= 1
+            await self.call.done_writing()
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass  # the call ended: the reader fails what waits, with the call's status
+
+    async def _read(self) -> None:
+        ended: BaseException | None = None
+        try:
+            while (response := await self.call.read()) is not grpc.aio.EOF:
+                assert isinstance(response, sb.ExecuteStreamResponse)
+                entry = self.waiting.pop(response.id, None)
+                if entry is None:  # late (past its deadline, or its caller went away) or id 0
+                    if response.code:
+                        log.warning("sandbox worker %s: %s", self.address, response.message)
+                    continue
+                future, timer = entry
+                timer.cancel()
+                if future.done():
+                    continue
+                if response.code:
+                    future.set_exception(answer_error(response))
+                else:
+                    future.set_result(response.result)
+        except grpc.aio.AioRpcError as exc:
+            ended = exc
+        except asyncio.CancelledError as exc:
+            ended = exc
+            raise
+        finally:
+            self.open = False
+            self._fail_waiting(ended)
+            self.writer.cancel()
+            self.on_end(self)
+
+    def _fail_waiting(self, ended: BaseException | None) -> None:
+        """Fail every operation still waiting, as the call's end says (see the module doc)."""
+        if not self.waiting:
+            return
+        error: BaseException
+        if isinstance(ended, grpc.aio.AioRpcError) and access_refused(ended):
+            error = ended
+        elif isinstance(ended, grpc.aio.AioRpcError) and ended.code() == grpc.StatusCode.UNIMPLEMENTED:
+            error = StreamUnsupported(ended.details() or "")
+        else:
+            why = (
+                f"{ended.code().name}: {ended.details()}"
+                if isinstance(ended, grpc.aio.AioRpcError)
+                else "closed"
+                if isinstance(ended, asyncio.CancelledError)
+                else "ended with operations unanswered"
+            )
+            error = rpc_error(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the stream to sandbox worker {self.address} broke ({why}); nothing was applied",
+            )
+        log.info("stream to %s ended with %d operations waiting: %s", self.address, len(self.waiting), error)
+        waiting, self.waiting = self.waiting, {}
+        for future, timer in waiting.values():
+            timer.cancel()
+            if not future.done():
+                future.set_exception(error)
+
+
+class WorkerStream:
+    """The operations the runtime sends one worker, over one stream at a time (see the module doc)."""
+
+    def __init__(
+        self,
+        stub: sb_grpc.SandboxServiceStub,
+        address: str,
+        *,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        max_age_s: float = STREAM_AGE_S,
+        slack_s: float = DEADLINE_SLACK_S,
+    ) -> None:
+        """`slack_s`: what an operation's deadline allows beyond its runs (`deadline_s`)."""
+        self.stub = stub
+        self.slack_s = slack_s
+        self.address = address
+        self.max_in_flight = max_in_flight
+        self.max_age_s = max_age_s
+        self.ids = itertools.count(1)
+        self.current: StreamCall | None = None
+        self.retiring: set[StreamCall] = set()  # older calls waiting for their last answers
+        self.unary_until = 0.0  # the worker has no ExecuteStream: unary calls until then
+        self.unary_in_flight = 0
+        self.opened = 0  # calls opened, for the tests and the logs
+
+    @property
+    def in_flight(self) -> int:
+        """Operations sent to this worker and not yet answered (or queued to be written)."""
+        calls = [*self.retiring, *([self.current] if self.current is not None else [])]
+        return sum(len(call.waiting) for call in calls) + self.unary_in_flight
+
+    @property
+    def unsent(self) -> int:
+        """Operations waiting here to be written (the worker is not reading: flow control)."""
+        calls = [*self.retiring, *([self.current] if self.current is not None else [])]
+        return sum(call.unsent for call in calls)
+
+    async def submit(self, op: sb.Operation) -> sb.OperationResult:
+        """The worker's answer to `op`; raises what its unary call would have (see the module doc)."""
+        if self.in_flight >= self.max_in_flight:
+            raise QueueFull(f"{self.in_flight} operations in flight to sandbox worker {self.address}")
+        now = asyncio.get_running_loop().time()
+        if now < self.unary_until:
+            return await self._unary(op)
+        call = self._call()
+        op_id = next(self.ids)
+        try:
+            return await call.submit(op_id, op, deadline_s(op, self.slack_s))
+        except StreamUnsupported as exc:
+            if now >= self.unary_until:
+                log.warning(
+                    "sandbox worker %s has no ExecuteStream (%s): unary calls for %.0f s",
+                    self.address,
+                    exc,
+                    UNARY_S,
+                )
+                self.unary_until = asyncio.get_running_loop().time() + UNARY_S
+            return await self._unary(op)
+        finally:
+            call.forget(op_id)
+
+    async def _unary(self, op: sb.Operation) -> sb.OperationResult:
+        self.unary_in_flight += 1
+        try:
+            request = sb.ExecuteRequest(operation=op)
+            response = await self.stub.Execute(request, timeout=deadline_s(op, self.slack_s))
+            return response.result
+        finally:
+            self.unary_in_flight -= 1
+
+    def _call(self) -> StreamCall:
+        """The open call, a new one when there is none or it is due to retire."""
+        current = self.current
+        if current is not None and current.open:
+            if asyncio.get_running_loop().time() - current.opened < self.max_age_s:
+                return current
+            current.retire()
+            self.retiring.add(current)
+        self.current = StreamCall(self.stub, self.address, self._ended)
+        self.opened += 1
+        return self.current
+
+    def _ended(self, call: StreamCall) -> None:
+        self.retiring.discard(call)
+        if self.current is call:
+            self.current = None
+
+    async def close(self) -> None:
+        calls = [*self.retiring, *([self.current] if self.current is not None else [])]
+        for call in calls:
+            call.close()
+        for call in calls:
+            await asyncio.gather(call.reader, call.writer, return_exceptions=True)
