@@ -128,9 +128,9 @@ class SandboxDispatcher:
 
     @property
     def queued(self) -> int:
-        """Operations waiting in the runtime to be written to a worker's stream: the workers are
-        not reading them (each reads no faster than it admits; HTTP/2 flow control holds the rest)."""
-        return sum(w.stream.unsent for w in self.workers.values())
+        """Operations waiting in the runtime to be sent to a worker: for one of its slots for
+        creates, or to be written to its stream (the worker is not reading: flow control)."""
+        return sum(w.stream.queued for w in self.workers.values())
 
     @property
     def in_flight(self) -> int:

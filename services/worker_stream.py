@@ -21,9 +21,12 @@ What a unary call gave for free is kept per operation:
   state, input and seed, so a re-run gives the same answer). The next operation opens a new
   stream. A refusal of the stream itself for its token (UNAUTHENTICATED, PERMISSION_DENIED) is
   each operation's, as it was each call's: no other worker would take that token either.
-- **Bounded.** At most `max_in_flight` operations wait for a worker's answers (counted from the
-  futures held); past that `submit` raises `QueueFull` and the runtime answers CAPACITY. The
-  worker reads a stream no faster than it admits (flow control then holds the writes here).
+- **Bounded.** At most `max_in_flight` operations are held for a worker (counted from the futures
+  held and the operations waiting for a slot); past that `submit` raises `QueueFull` and the
+  runtime answers CAPACITY. Steps and releases are sent at once; creates, resets and one-shot
+  operations at most `OTHERS_IN_FLIGHT` at a time, so a burst of creates waits here and never
+  fills the worker's slots for the stream ahead of the steps. The worker reads a stream no faster
+  than it admits (flow control then holds the writes here).
 
 A stream is retired after `max_age_s`: it takes no new operations (they go on a new stream),
 ends its side once its writes are out, and closes when its last answer arrives. Servers recycle
@@ -55,8 +58,17 @@ DEADLINE_SLACK_S = 5.0
 # A worker runs an operation once more, cold, after a failure its own code may not have caused
 # (sandbox_worker/pool.py): a call's deadline allows for both runs.
 RUNS_PER_OPERATION = 2
-# Operations waiting for one worker's answers, past which the runtime answers CAPACITY.
+# Operations held for one worker (sent, or waiting here to be), past which the runtime answers CAPACITY.
 MAX_IN_FLIGHT = 4096
+# Operations sent at once to a worker on behalf of everything but steps and releases (creates,
+# resets, one-shot operations): enough to keep every jail of a worker busy with them (the worker
+# orders them behind steps), few enough that a burst of thousands of creates waits here, where
+# MAX_IN_FLIGHT bounds it, rather than in the worker, where it would fill the stream's slots and
+# hold up the steps behind it.
+OTHERS_IN_FLIGHT = 32
+# What is sent at once, whatever else is out: a step waits for nothing of the runtime's, and a
+# release frees a process.
+PROMPT = frozenset({"step", "release"})
 # A stream's age when it is retired: well within a connection's 30 s grace after GOAWAY (see the
 # module doc), however long the operations it carries take to finish (steps: milliseconds).
 STREAM_AGE_S = 10.0
@@ -171,9 +183,9 @@ class StreamCall:
             while (response := await self.call.read()) is not grpc.aio.EOF:
                 assert isinstance(response, sb.ExecuteStreamResponse)
                 entry = self.waiting.pop(response.id, None)
-                if entry is None:  # late (past its deadline, or its caller went away) or id 0
-                    if response.code:
-                        log.warning("sandbox worker %s: %s", self.address, response.message)
+                if entry is None:  # late: past its deadline, or its caller went away
+                    if response.id == 0:  # a request the worker could not read: a bug here
+                        log.error("sandbox worker %s: %s", self.address, response.message)
                     continue
                 future, timer = entry
                 timer.cancel()
@@ -232,38 +244,56 @@ class WorkerStream:
         address: str,
         *,
         max_in_flight: int = MAX_IN_FLIGHT,
+        others_in_flight: int = OTHERS_IN_FLIGHT,
         max_age_s: float = STREAM_AGE_S,
         slack_s: float = DEADLINE_SLACK_S,
     ) -> None:
         """`slack_s`: what an operation's deadline allows beyond its runs (`deadline_s`)."""
         self.stub = stub
-        self.slack_s = slack_s
         self.address = address
         self.max_in_flight = max_in_flight
+        self.others = asyncio.Semaphore(others_in_flight)
         self.max_age_s = max_age_s
+        self.slack_s = slack_s
         self.ids = itertools.count(1)
         self.current: StreamCall | None = None
         self.retiring: set[StreamCall] = set()  # older calls waiting for their last answers
         self.unary_until = 0.0  # the worker has no ExecuteStream: unary calls until then
         self.unary_in_flight = 0
+        self.held = 0  # operations waiting here for one of the `others` slots
         self.opened = 0  # calls opened, for the tests and the logs
+
+    def calls(self) -> list[StreamCall]:
+        return [*self.retiring, *([self.current] if self.current is not None else [])]
 
     @property
     def in_flight(self) -> int:
-        """Operations sent to this worker and not yet answered (or queued to be written)."""
-        calls = [*self.retiring, *([self.current] if self.current is not None else [])]
-        return sum(len(call.waiting) for call in calls) + self.unary_in_flight
+        """Operations held for this worker and not yet answered: waiting here, or sent."""
+        return sum(len(call.waiting) for call in self.calls()) + self.unary_in_flight + self.held
 
     @property
-    def unsent(self) -> int:
-        """Operations waiting here to be written (the worker is not reading: flow control)."""
-        calls = [*self.retiring, *([self.current] if self.current is not None else [])]
-        return sum(call.unsent for call in calls)
+    def queued(self) -> int:
+        """Operations waiting here to be sent: for a slot of `others`, or to be written (the
+        worker is not reading: flow control)."""
+        return self.held + sum(call.unsent for call in self.calls())
 
     async def submit(self, op: sb.Operation) -> sb.OperationResult:
         """The worker's answer to `op`; raises what its unary call would have (see the module doc)."""
         if self.in_flight >= self.max_in_flight:
             raise QueueFull(f"{self.in_flight} operations in flight to sandbox worker {self.address}")
+        if op.WhichOneof("kind") in PROMPT:
+            return await self._send(op)
+        self.held += 1
+        try:
+            await self.others.acquire()
+        finally:
+            self.held -= 1
+        try:
+            return await self._send(op)
+        finally:
+            self.others.release()
+
+    async def _send(self, op: sb.Operation) -> sb.OperationResult:
         now = asyncio.get_running_loop().time()
         if now < self.unary_until:
             return await self._unary(op)
@@ -296,11 +326,16 @@ class WorkerStream:
     def _call(self) -> StreamCall:
         """The open call, a new one when there is none or it is due to retire."""
         current = self.current
+        now = asyncio.get_running_loop().time()
         if current is not None and current.open:
-            if asyncio.get_running_loop().time() - current.opened < self.max_age_s:
+            if now - current.opened < self.max_age_s:
                 return current
             current.retire()
             self.retiring.add(current)
+        # A call retired long ago that waits for nothing any more holds only operations given up
+        # on (past their deadline): end it, so a worker that never answers them holds nothing here.
+        for call in [c for c in self.retiring if not c.waiting and now - c.opened > 2 * self.max_age_s]:
+            call.close()
         self.current = StreamCall(self.stub, self.address, self._ended)
         self.opened += 1
         return self.current
@@ -311,7 +346,7 @@ class WorkerStream:
             self.current = None
 
     async def close(self) -> None:
-        calls = [*self.retiring, *([self.current] if self.current is not None else [])]
+        calls = self.calls()
         for call in calls:
             call.close()
         for call in calls:

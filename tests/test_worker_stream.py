@@ -241,15 +241,28 @@ async def test_an_operation_past_its_deadline_fails_alone_and_its_late_answer_is
 
 
 @pytest.mark.jail
-async def test_past_its_bound_the_stream_refuses_to_queue(workers: list[CodegymServer]) -> None:
-    channel, stream = worker_stream(workers[0].address, max_in_flight=1)
+async def test_creates_wait_for_their_slots_steps_do_not_and_past_the_bound_nothing_queues(
+    workers: list[CodegymServer],
+) -> None:
+    # One slot for creates, resets and one-shot operations; two operations held at most.
+    channel, stream = worker_stream(workers[0].address, others_in_flight=1, max_in_flight=2)
     try:
         running = asyncio.ensure_future(stream.submit(sleeper(0.5)))
-        await until(lambda: stream.in_flight == 1, "the first operation to be sent")
+        await until(lambda: stream.in_flight == 1 and stream.queued == 0, "the first operation to be sent")
+        held = asyncio.ensure_future(stream.submit(sleeper(0)))
+        await until(lambda: stream.queued == 1, "the second one-shot operation to wait for the slot")
+        assert stream.in_flight == 2
+        # Held operations count: a third is refused here, not queued.
         with pytest.raises(QueueFull):
-            await stream.submit(sleeper(0))
+            await stream.submit(sb.Operation(release=sb.ReleaseOp(session_key="nobody")))
+        assert (await running).status == sb.STATUS_OK and (await held).status == sb.STATUS_OK
+        # A release (as a step) never waits for the slot: it is answered while a one-shot holds it.
+        running = asyncio.ensure_future(stream.submit(sleeper(0.5)))
+        await until(lambda: stream.in_flight == 1, "the one-shot operation to be sent")
+        released = await stream.submit(sb.Operation(release=sb.ReleaseOp(session_key="nobody")))
+        assert released.status == sb.STATUS_OK and not running.done()
         assert (await running).status == sb.STATUS_OK
-        assert (await stream.submit(sleeper(0))).status == sb.STATUS_OK
+        assert stream.in_flight == 0 and stream.queued == 0
     finally:
         await stream.close()
         await channel.close()
