@@ -200,6 +200,9 @@ class StreamCall:
         except asyncio.CancelledError as exc:
             ended = exc
             raise
+        except Exception as exc:  # a bug: what waits still fails, as from a broken stream
+            log.exception("reading the stream to sandbox worker %s failed", self.address)
+            ended = exc
         finally:
             self.open = False
             self._fail_waiting(ended)
@@ -210,29 +213,41 @@ class StreamCall:
         """Fail every operation still waiting, as the call's end says (see the module doc)."""
         if not self.waiting:
             return
-        error: BaseException
         if isinstance(ended, grpc.aio.AioRpcError) and access_refused(ended):
-            error = ended
+            code, details = ended.code(), ended.details() or ""
+            trailers = ended.trailing_metadata() or grpc.aio.Metadata()
+
+            def error() -> BaseException:
+                return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailers, details)
+
         elif isinstance(ended, grpc.aio.AioRpcError) and ended.code() == grpc.StatusCode.UNIMPLEMENTED:
-            error = StreamUnsupported(ended.details() or "")
+
+            def error() -> BaseException:
+                return StreamUnsupported(ended.details() or "")
+
         else:
             why = (
                 f"{ended.code().name}: {ended.details()}"
                 if isinstance(ended, grpc.aio.AioRpcError)
                 else "closed"
                 if isinstance(ended, asyncio.CancelledError)
+                else f"{type(ended).__name__}: {ended}"
+                if ended is not None
                 else "ended with operations unanswered"
             )
-            error = rpc_error(
-                grpc.StatusCode.UNAVAILABLE,
-                f"the stream to sandbox worker {self.address} broke ({why}); nothing was applied",
-            )
-        log.info("stream to %s ended with %d operations waiting: %s", self.address, len(self.waiting), error)
+            message = f"the stream to sandbox worker {self.address} broke ({why}); nothing was applied"
+
+            def error() -> BaseException:
+                return rpc_error(grpc.StatusCode.UNAVAILABLE, message)
+
+        log.info(
+            "stream to %s ended with %d operations waiting: %s", self.address, len(self.waiting), error()
+        )
         waiting, self.waiting = self.waiting, {}
         for future, timer in waiting.values():
             timer.cancel()
             if not future.done():
-                future.set_exception(error)
+                future.set_exception(error())  # one each: an exception raised in many places
 
 
 class WorkerStream:
