@@ -132,11 +132,6 @@ class SandboxDispatcher:
         creates, or to be written to its stream (the worker is not reading: flow control)."""
         return sum(w.stream.queued for w in self.workers.values())
 
-    @property
-    def in_flight(self) -> int:
-        """Operations sent to the workers' streams and not yet answered."""
-        return sum(w.stream.in_flight for w in self.workers.values())
-
     async def close(self) -> None:
         await self.channel.close()
         for worker in self.workers.values():
