@@ -222,8 +222,9 @@ async def test_an_operation_past_its_deadline_fails_alone_and_its_late_answer_is
     with sandbox_workers(1, jails=1) as (worker,):
         channel, stream = worker_stream(worker.address, slack_s=0.3)
         try:
-            # The jail is busy for 2 s; an operation with 100 ms of wall time may wait 0.5 s.
-            busy = asyncio.ensure_future(stream.submit(sleeper(2.0, wall_ms=3000)))
+            # The jail is busy for 5 s (a margin for a loaded machine); an operation with 100 ms
+            # of wall time may wait 0.5 s.
+            busy = asyncio.ensure_future(stream.submit(sleeper(5.0, wall_ms=8000)))
             await in_jails(worker.pid)
             started = asyncio.get_running_loop().time()
             with pytest.raises(grpc.aio.AioRpcError) as late:
