@@ -1,8 +1,8 @@
 """`ExecuteStream`: many operations over one long-lived call, each answered by its id when done.
 
-A unary call per operation costs both ends a call's setup and several completion-queue wakeups;
-a message on an open stream costs about half of that. The runtime keeps one stream per worker for
-its sessions' operations (services/dispatcher.py, `WorkerStream`).
+A unary call per operation costs the worker a call's setup and several completion-queue wakeups;
+a message on an open stream costs it about half of that (bench/stream_bench.py). The runtime keeps
+one stream per worker for its sessions' operations (services/worker_stream.py, `WorkerStream`).
 
 The operations of a stream run as `ExecuteBatch`'s do: all at once, waiting for a jail by the
 pool's priorities, each answered as soon as it finishes (the answers carry the request's id, not

@@ -14,7 +14,7 @@ Session affinity: with several worker addresses, operations that carry a session
 session's worker, chosen by rendezvous hashing over the workers not known to be down, over a
 direct channel per worker, because that worker holds the session resident (its live env in a jail
 process) and serves its next step with no fork and no unpickling. They travel on one long-lived
-stream per worker (services/worker_stream.py): a message on an open stream costs both ends about
+stream per worker (services/worker_stream.py): a message on an open stream costs the worker about
 half the CPU of a unary call. A stream that breaks fails what it carried UNAVAILABLE, which is
 what marks a worker down here. A pinned worker that is down
 or overloaded hands the session to the next worker in its hash order (which then serves it cold);

@@ -1,7 +1,8 @@
 """The runtime's one long-lived `ExecuteStream` per sandbox worker, for its sessions' operations.
 
-A unary call per operation costs both ends a call's setup and several completion-queue wakeups,
-most of the CPU of a step on that hop; a message on an open stream about half of that. So each
+A unary call per operation costs the worker a call's setup and several completion-queue wakeups,
+most of its CPU for a step outside the jail; a message on an open stream costs it about half of
+that, and the runtime about as much as the call did (bench/stream_bench.py). So each
 worker gets one stream (`WorkerStream`), opened when the first operation needs it, that carries
 every operation of the sessions pinned to that worker: steps, creates, resets, releases. The
 worker runs them concurrently, by its pool's priorities, and answers each by its id as it finishes
