@@ -5,18 +5,22 @@ a message on an open stream costs it about half of that (bench/stream_bench.py).
 one stream per worker for its sessions' operations (services/worker_stream.py, `WorkerStream`).
 
 The operations of a stream run as `ExecuteBatch`'s do: all at once, waiting for a jail by the
-pool's priorities, each answered as soon as it finishes (the answers carry the request's id, not
-its position). Every refusal is one operation's answer and never ends the call: an operation that
-cannot be served (INVALID_ARGUMENT), one past the worker's `max_pending` over all its calls and
-streams (RESOURCE_EXHAUSTED with a retry-after, never a queue of its own), one that arrives while
-the worker drains (UNAVAILABLE: the caller sends it to another worker), a request that does not
-decode (INVALID_ARGUMENT under id 0, since its id could not be read).
+pool's priorities, each answered as soon as it finishes (the answers carry the operation's id, not
+its position). A message carries the operations its sender had ready at once, and an answer
+message those that finished while the last one was being sent: one each while the stream is not
+busy, many under load, where that saves a message's CPU per operation (as `ExecuteBatch`'s
+coalescing did). Every refusal is one operation's answer and never ends the call: an operation
+that cannot be served (INVALID_ARGUMENT), one past the worker's `max_pending` over all its calls
+and streams (RESOURCE_EXHAUSTED with a retry-after, never a queue of its own), one that arrives
+while the worker drains (UNAVAILABLE: the caller sends it to another worker), a request that does
+not decode (INVALID_ARGUMENT under id 0, since its ids could not be read).
 
-Bounded per stream too: a request takes one of `cap` slots before it is read, and its answer gives
-the slot back once gRPC has taken it, so at most `cap` of the stream's operations are running or
-answered and not yet sent. With every slot taken the worker reads no more, and HTTP/2 flow control
-holds the caller's sends: a caller that sends faster than the worker answers, or does not read
-its answers, waits at its end instead of growing a queue here.
+Bounded per stream too: the worker reads a request only while fewer than `cap` of the stream's
+operations are running or answered and not yet sent (an operation counts from the read of its
+request until gRPC has taken its answer), so at most `cap` plus one request's operations
+(`MAX_OPERATIONS`) are held. With the stream full the worker reads no more, and HTTP/2 flow
+control holds the caller's sends: a caller that sends faster than the worker answers, or does not
+read its answers, waits at its end instead of growing a queue here.
 
 A draining worker refuses what it reads and ends the stream (UNAVAILABLE, reason draining) as soon
 as nothing of it runs, so the drain is not held up by streams left open and the caller opens its
@@ -38,6 +42,11 @@ from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 
 Prepared = tuple[Request, int] | pb.OperationResult
 DRAINING = "worker is draining; retry on another worker"
+# Operations in one request, past which the request is refused (and the call ended).
+MAX_OPERATIONS = 4096
+# Answers in one message: what finished while the previous message was sent, up to this.
+ANSWERS_PER_MESSAGE = 64
+WHAT = "an operation of ExecuteStream"
 
 
 class Executor(Protocol):
@@ -55,13 +64,11 @@ class Executor(Protocol):
     def run(self, prepared: Prepared) -> Awaitable[pb.OperationResult]: ...
 
 
-def refusal(op_id: int, exc: BaseException, what: str) -> pb.ExecuteStreamResponse:
+def refusal(op_id: int, exc: BaseException, what: str = WHAT) -> pb.StreamAnswer:
     """An operation's answer for a failure: the status, reason and retry-after its call would have had."""
     code, message, reason = entry_status(exc, what)
     retry = exc.retry_after_ms if isinstance(exc, Refusal) else 0
-    return pb.ExecuteStreamResponse(
-        id=op_id, code=code, message=message, reason=reason.name, retry_after_ms=retry
-    )
+    return pb.StreamAnswer(id=op_id, code=code, message=message, reason=reason.name, retry_after_ms=retry)
 
 
 async def execute_stream(
@@ -73,17 +80,18 @@ async def execute_stream(
     """Answer every operation read from `requests` as it finishes (see the module doc).
 
     The call ends OK when the caller ends its side and every operation is answered; UNAVAILABLE
-    when the worker drains; INVALID_ARGUMENT when gRPC itself could not decode a request (only
-    without lenient decoding: with it, that request is answered under id 0 and the call goes on).
-    The caller going away cancels the operations still running."""
+    when the worker drains; INVALID_ARGUMENT for a request of more than `MAX_OPERATIONS`, or one
+    gRPC itself could not decode (only without lenient decoding: with it, that request is answered
+    under id 0 and the call goes on), once the operations already read are answered. The caller
+    going away cancels the operations still running."""
     stream = OperationStream(executor, max(1, cap))
     loop = asyncio.get_running_loop()
     reader = loop.create_task(stream.read(requests))
     watcher = loop.create_task(stream.watch_drain())
     try:
-        while (answer := await stream.answers.get()) is not None:
-            yield answer
-            stream.slots.release()  # gRPC has taken the answer
+        while (batch := await stream.next_answers()) is not None:
+            yield pb.ExecuteStreamResponse(answers=batch)
+            stream.sent(len(batch))  # gRPC has taken the answers
         if stream.reading:  # only the drain ends the call before the caller's side ends
             raise Refusal(Reason.UNAVAILABLE, DRAINING)
         await reader
@@ -103,20 +111,43 @@ async def execute_stream(
 
 
 class OperationStream:
-    """One `ExecuteStream` call: its operations running, its answers not yet sent, and the slots
-    that bound both."""
+    """One `ExecuteStream` call: its operations running, its answers not yet sent, and the count
+    of both that bounds the reading."""
 
     def __init__(self, executor: Executor, cap: int) -> None:
         self.executor = executor
-        self.slots = asyncio.Semaphore(cap)
-        # Every answer queued holds a slot, so the queue never holds more than `cap` answers, and
-        # the one place left is for the final None: `put_nowait` never waits nor fails.
-        self.answers: asyncio.Queue[pb.ExecuteStreamResponse | None] = asyncio.Queue(maxsize=cap + 1)
+        self.cap = cap
+        self.held = 0  # operations read and not yet answered to gRPC
+        self.room = asyncio.Event()  # set while held < cap
+        self.room.set()
+        # Answers not yet sent, then None once nothing more will be answered. Bounded by `held`.
+        self.answers: asyncio.Queue[pb.StreamAnswer | None] = asyncio.Queue()
         self.running: set[asyncio.Task[None]] = set()
         self.broken: list[str] = []
         self.draining = False
         self.ended = False
+        self.finishing = False
         self.reading = True
+
+    async def next_answers(self) -> list[pb.StreamAnswer] | None:
+        """The answers ready now (at least one, waiting for it), up to `ANSWERS_PER_MESSAGE`; None
+        once the call is to end and every answer before that was taken."""
+        if self.finishing:
+            return None
+        answer = await self.answers.get()
+        batch: list[pb.StreamAnswer] = []
+        while answer is not None:
+            batch.append(answer)
+            if len(batch) >= ANSWERS_PER_MESSAGE or self.answers.empty():
+                return batch
+            answer = self.answers.get_nowait()
+        self.finishing = True  # the end, behind these answers: the next call returns None
+        return batch or None
+
+    def sent(self, count: int) -> None:
+        self.held -= count
+        if self.held < self.cap:
+            self.room.set()
 
     def end(self) -> None:
         """Queue the final None, once: the call ends after the answers queued before it."""
@@ -136,30 +167,29 @@ class OperationStream:
         self.settled()
 
     async def one(self, op_id: int, prepared: Prepared, token: object) -> None:
-        """Run one operation on the slot taken for it; its answer keeps the slot until it is sent."""
-        queued = False
+        """Run one operation; its answer is queued, an unexpected failure as its INTERNAL."""
         try:
             try:
-                answer = pb.ExecuteStreamResponse(id=op_id, result=await self.executor.run(prepared))
+                answer = pb.StreamAnswer(id=op_id, result=await self.executor.run(prepared))
             except Exception as exc:  # a bug: this operation's INTERNAL, the stream goes on
-                answer = refusal(op_id, exc, "an operation of ExecuteStream")
+                answer = refusal(op_id, exc)
             self.answers.put_nowait(answer)
-            queued = True
+        except BaseException:
+            self.sent(1)  # cancelled: it will never be answered
+            raise
         finally:
             self.executor.pending.discard(token)
-            if not queued:
-                self.slots.release()
 
-    def start(self, item: pb.ExecuteStreamRequest) -> None:
-        """Admit, check and start one operation, or queue its refusal (it holds its slot either way)."""
+    def start(self, item: pb.StreamOperation) -> None:
+        """Admit, check and start one operation, or queue its refusal."""
         try:
             self.executor.admit(1)
             prepared = self.executor.prepare(item.operation)
         except Exception as exc:  # a refusal, or a bug (INTERNAL): this operation's answer
-            self.answers.put_nowait(refusal(item.id, exc, "an operation of ExecuteStream"))
+            self.answers.put_nowait(refusal(item.id, exc))
             return
         if isinstance(prepared, pb.OperationResult):  # answered without a jail (SOURCE_NEEDED)
-            self.answers.put_nowait(pb.ExecuteStreamResponse(id=item.id, result=prepared))
+            self.answers.put_nowait(pb.StreamAnswer(id=item.id, result=prepared))
             return
         token = object()
         self.executor.pending.add(token)  # counted from admission on, as a unary call is
@@ -172,29 +202,39 @@ class OperationStream:
         self.settled()
 
     async def read(self, requests: AsyncIterator[pb.ExecuteStreamRequest | Undecodable]) -> None:
-        """Take a slot, read a request, start its operation; until the caller's side ends."""
+        """Wait for room, read a request, start its operations; until the caller's side ends."""
         try:
             stream = aiter(requests)
             while True:
-                await self.slots.acquire()  # the next request's slot, before reading it
+                await self.room.wait()
                 try:
                     item = await anext(stream)
                 except StopAsyncIteration:
-                    self.slots.release()
                     break
                 except DecodeError as exc:  # gRPC decodes lazily here: the caller's side ends
-                    self.slots.release()
                     self.broken.append(f"a request is not a valid ExecuteStreamRequest: {exc}")
                     break
                 if isinstance(item, Undecodable):
+                    self.take(1)
                     code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+                    reason = Reason.INVALID_REQUEST.name
                     self.answers.put_nowait(
-                        pb.ExecuteStreamResponse(
-                            code=code, message=clipped(item.reason), reason=Reason.INVALID_REQUEST.name
-                        )
+                        pb.StreamAnswer(code=code, message=clipped(item.reason), reason=reason)
                     )
-                else:
-                    self.start(item)
+                    continue
+                if len(item.operations) > MAX_OPERATIONS:
+                    self.broken.append(
+                        f"a request of {len(item.operations)} operations (max {MAX_OPERATIONS}); none was run"
+                    )
+                    break
+                self.take(len(item.operations))
+                for operation in item.operations:
+                    self.start(operation)
         finally:
             self.reading = False
             self.settled()
+
+    def take(self, count: int) -> None:
+        self.held += count
+        if self.held >= self.cap:
+            self.room.clear()

@@ -6,7 +6,10 @@ that, and the runtime about as much as the call did (bench/stream_bench.py). So 
 worker gets one stream (`WorkerStream`), opened when the first operation needs it, that carries
 every operation of the sessions pinned to that worker: steps, creates, resets, releases. The
 worker runs them concurrently, by its pool's priorities, and answers each by its id as it finishes
-(sandbox_worker/streaming.py); here a future per id waits for its answer.
+(sandbox_worker/streaming.py); here a future per id waits for its answer. A message carries the
+operations queued while the previous one was written (one each while the stream is not busy),
+and the worker answers alike, so under load many operations share a message's CPU, as the
+`ExecuteBatch` calls this replaces shared a call's.
 
 What a unary call gave for free is kept per operation:
 
@@ -61,6 +64,8 @@ DEADLINE_SLACK_S = 5.0
 RUNS_PER_OPERATION = 2
 # Operations held for one worker (sent, or waiting here to be), past which the runtime answers CAPACITY.
 MAX_IN_FLIGHT = 4096
+# Operations in one message: those queued while the previous message was written, up to this.
+OPERATIONS_PER_MESSAGE = 64
 # Operations sent at once to a worker on behalf of everything but steps and releases (creates,
 # resets, one-shot operations): enough to keep every jail of a worker busy with them (the worker
 # orders them behind steps), few enough that a burst of thousands of creates waits here, where
@@ -104,9 +109,9 @@ def rpc_error(
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(*trailers), details)
 
 
-def answer_error(response: sb.ExecuteStreamResponse) -> grpc.aio.AioRpcError:
-    code = STATUS_BY_NUMBER.get(response.code, grpc.StatusCode.UNKNOWN)
-    return rpc_error(code, response.message, response.reason, response.retry_after_ms)
+def answer_error(answer: sb.StreamAnswer) -> grpc.aio.AioRpcError:
+    code = STATUS_BY_NUMBER.get(answer.code, grpc.StatusCode.UNKNOWN)
+    return rpc_error(code, answer.message, answer.reason, answer.retry_after_ms)
 
 
 class StreamCall:
@@ -119,9 +124,9 @@ class StreamCall:
         self.opened = loop.time()
         # Operations waiting for their answer: id -> (future, deadline timer).
         self.waiting: dict[int, tuple[asyncio.Future[sb.OperationResult], asyncio.TimerHandle]] = {}
-        # Requests not yet written (None: end the call's side). Bounded by `waiting`: every
-        # request put here has its future there, and `WorkerStream` caps those.
-        self.outbox: asyncio.Queue[sb.ExecuteStreamRequest | None] = asyncio.Queue()
+        # Operations not yet written (None: end the call's side). Bounded by `waiting`: every
+        # operation put here has its future there, and `WorkerStream` caps those.
+        self.outbox: asyncio.Queue[sb.StreamOperation | None] = asyncio.Queue()
         self.unsent = 0
         self.open = True  # takes new operations
         self.call = stub.ExecuteStream()
@@ -135,7 +140,7 @@ class StreamCall:
         timer = loop.call_later(timeout_s, self._expire, op_id)
         self.waiting[op_id] = (future, timer)
         self.unsent += 1
-        self.outbox.put_nowait(sb.ExecuteStreamRequest(id=op_id, operation=op))
+        self.outbox.put_nowait(sb.StreamOperation(id=op_id, operation=op))
         return future
 
     def forget(self, op_id: int) -> None:
@@ -168,12 +173,24 @@ class StreamCall:
             )
 
     async def _write(self) -> None:
+        """Write what is queued, as it comes: one operation a message while the stream is not
+        busy, everything queued meanwhile (up to `OPERATIONS_PER_MESSAGE`) in the next one."""
         try:
-            while (request := await self.outbox.get()) is not None:
-                try:
-                    await self.call.write(request)
-                finally:
-                    self.unsent -= 1
+            ending = False
+            while not ending:
+                item = await self.outbox.get()
+                batch: list[sb.StreamOperation] = []
+                while item is not None:
+                    batch.append(item)
+                    if len(batch) >= OPERATIONS_PER_MESSAGE or self.outbox.empty():
+                        break
+                    item = self.outbox.get_nowait()
+                ending = item is None
+                if batch:
+                    try:
+                        await self.call.write(sb.ExecuteStreamRequest(operations=batch))
+                    finally:
+                        self.unsent -= len(batch)
             await self.call.done_writing()
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             pass  # the call ended: the reader fails what waits, with the call's status
@@ -183,19 +200,8 @@ class StreamCall:
         try:
             while (response := await self.call.read()) is not grpc.aio.EOF:
                 assert isinstance(response, sb.ExecuteStreamResponse)
-                entry = self.waiting.pop(response.id, None)
-                if entry is None:  # late: past its deadline, or its caller went away
-                    if response.id == 0:  # a request the worker could not read: a bug here
-                        log.error("sandbox worker %s: %s", self.address, response.message)
-                    continue
-                future, timer = entry
-                timer.cancel()
-                if future.done():
-                    continue
-                if response.code:
-                    future.set_exception(answer_error(response))
-                else:
-                    future.set_result(response.result)
+                for answer in response.answers:
+                    self._answer(answer)
         except grpc.aio.AioRpcError as exc:
             ended = exc
         except asyncio.CancelledError as exc:
@@ -209,6 +215,21 @@ class StreamCall:
             self._fail_waiting(ended)
             self.writer.cancel()
             self.on_end(self)
+
+    def _answer(self, answer: sb.StreamAnswer) -> None:
+        entry = self.waiting.pop(answer.id, None)
+        if entry is None:  # late: past its deadline, or its caller went away
+            if answer.id == 0:  # a request the worker could not read: a bug here
+                log.error("sandbox worker %s: %s", self.address, answer.message)
+            return
+        future, timer = entry
+        timer.cancel()
+        if future.done():
+            return
+        if answer.code:
+            future.set_exception(answer_error(answer))
+        else:
+            future.set_result(answer.result)
 
     def _fail_waiting(self, ended: BaseException | None) -> None:
         """Fail every operation still waiting, as the call's end says (see the module doc)."""

@@ -158,27 +158,56 @@ async def test_operations_over_the_stream_answer_as_unary_calls_do(workers: list
         await channel.close()
 
 
+def request(*ops: tuple[int, sb.Operation]) -> bytes:
+    return sb.ExecuteStreamRequest(
+        operations=[sb.StreamOperation(id=i, operation=op) for i, op in ops]
+    ).SerializeToString()
+
+
+async def raw_stream(address: str, *messages: bytes) -> tuple[list[sb.StreamAnswer], grpc.StatusCode, str]:
+    """Send `messages` as they are on one ExecuteStream, end the side: every answer, and the status."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.stream_stream(
+            f"/{SANDBOX_SERVICE}/ExecuteStream", response_deserializer=sb.ExecuteStreamResponse.FromString
+        )()
+        for message in messages:
+            await call.write(message)
+        await call.done_writing()
+        answers: list[sb.StreamAnswer] = []
+        try:
+            async for response in call:
+                answers.extend(response.answers)
+        except grpc.aio.AioRpcError:
+            pass
+        return answers, await call.code(), await call.details() or ""
+
+
 @pytest.mark.jail
 async def test_an_undecodable_message_is_answered_alone_and_the_stream_goes_on(
     workers: list[CodegymServer],
 ) -> None:
-    ok = sb.ExecuteStreamRequest(id=7, operation=sleeper(0))
-    async with grpc.aio.insecure_channel(workers[0].address) as channel:
-        call = channel.stream_stream(
-            f"/{SANDBOX_SERVICE}/ExecuteStream", response_deserializer=sb.ExecuteStreamResponse.FromString
-        )()
-        await call.write(ok.SerializeToString())
+    answers, code, _ = await raw_stream(
+        workers[0].address,
+        request((7, sleeper(0))),
         # An operation whose run_script stdin is not UTF-8: not an ExecuteStreamRequest.
-        await call.write(b"\x08\x08\x12\x06\x7a\x04\x0a\x02\xff\xfe")
-        await call.write(sb.ExecuteStreamRequest(id=9, operation=sleeper(0)).SerializeToString())
-        await call.done_writing()
-        answers = [answer async for answer in call]
-        assert await call.code() == grpc.StatusCode.OK
+        b"\x0a\x0a\x08\x08\x12\x06\x7a\x04\x0a\x02\xff\xfe",
+        request((9, sleeper(0)), (10, sleeper(0))),  # two in one message
+    )
+    assert code == grpc.StatusCode.OK
     by_id = {a.id: a for a in answers}
-    assert sorted(by_id) == [0, 7, 9], answers
+    assert sorted(by_id) == [0, 7, 9, 10], answers
     assert by_id[0].code == grpc.StatusCode.INVALID_ARGUMENT.value[0] and by_id[0].reason == "INVALID_REQUEST"
     assert "not a valid ExecuteStreamRequest" in by_id[0].message and "Traceback" not in by_id[0].message
-    assert [by_id[i].result.stdout for i in (7, 9)] == ["slept\n", "slept\n"]
+    assert [by_id[i].result.stdout for i in (7, 9, 10)] == ["slept\n"] * 3
+
+    # A message of more operations than a request may carry runs none of them and ends the call
+    # (a caller that breaks the protocol), once what was read before it is answered.
+    empty = sb.Operation()
+    answers, code, details = await raw_stream(
+        workers[0].address, request((1, sleeper(0))), request(*((i, empty) for i in range(2, 4099)))
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "a request of 4097 operations (max 4096)" in details
+    assert [(a.id, a.result.stdout) for a in answers] == [(1, "slept\n")]
 
 
 @pytest.mark.jail

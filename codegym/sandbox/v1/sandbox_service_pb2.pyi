@@ -641,7 +641,31 @@ Global___ExecuteBatchResponse: _TypeAlias = ExecuteBatchResponse  # noqa: Y015
 
 @_typing.final
 class ExecuteStreamRequest(_message.Message):
-    """One operation sent on an ExecuteStream."""
+    """Operations sent together on an ExecuteStream (those the caller had ready at once)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamOperation]:
+        """At most 4096; a message with more ends the call INVALID_ARGUMENT."""
+
+    def __init__(
+        self,
+        *,
+        operations: _abc.Iterable[Global___StreamOperation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operations", b"operations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecuteStreamRequest: _TypeAlias = ExecuteStreamRequest  # noqa: Y015
+
+@_typing.final
+class StreamOperation(_message.Message):
+    """One operation of an ExecuteStreamRequest."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -667,11 +691,35 @@ class ExecuteStreamRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ExecuteStreamRequest: _TypeAlias = ExecuteStreamRequest  # noqa: Y015
+Global___StreamOperation: _TypeAlias = StreamOperation  # noqa: Y015
 
 @_typing.final
 class ExecuteStreamResponse(_message.Message):
-    """One answer on an ExecuteStream."""
+    """Answers sent together on an ExecuteStream (those finished at once)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamAnswer]:
+        """One per operation, in the order they finished."""
+
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___StreamAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecuteStreamResponse: _TypeAlias = ExecuteStreamResponse  # noqa: Y015
+
+@_typing.final
+class StreamAnswer(_message.Message):
+    """The answer to one operation of an ExecuteStream."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -682,7 +730,7 @@ class ExecuteStreamResponse(_message.Message):
     RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
     RESULT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
-    """The request's id (0: a request that could not be decoded, so its id is unknown)."""
+    """The operation's id (0: a request that could not be decoded, so its ids are unknown)."""
     code: _builtins.int
     """gRPC status code of this operation (0 = OK: `result` is set), as the unary Execute would
     have ended: INVALID_ARGUMENT, RESOURCE_EXHAUSTED (overloaded), UNAVAILABLE (draining).
@@ -713,7 +761,7 @@ class ExecuteStreamResponse(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ExecuteStreamResponse: _TypeAlias = ExecuteStreamResponse  # noqa: Y015
+Global___StreamAnswer: _TypeAlias = StreamAnswer  # noqa: Y015
 
 @_typing.final
 class GetWorkerInfoRequest(_message.Message):

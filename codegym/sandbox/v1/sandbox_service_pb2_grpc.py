@@ -80,10 +80,12 @@ class SandboxServiceServicer:
     def ExecuteStream(self, request_iterator, context):
         """Run operations sent over one long-lived call, each answered (by its id) as soon as it
         finishes, in any order; the operations of one call run concurrently, by the pool's
-        priorities. A refused operation (malformed, the worker overloaded or draining) is its own
-        answer and never ends the call. A caller that sends more than the worker holds for one call
-        is not read until answers are taken (flow control). A draining worker refuses new
-        operations UNAVAILABLE and ends the call once nothing runs on it.
+        priorities. A message carries the operations the caller had ready at once, and an answer
+        those finished at once (one each when the stream is not busy). A refused operation
+        (malformed, the worker overloaded or draining) is its own answer and never ends the call. A
+        caller that sends more than the worker holds for one call is not read until answers are
+        taken (flow control). A draining worker refuses new operations UNAVAILABLE and ends the call
+        once nothing runs on it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
