@@ -40,11 +40,13 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "dispatch",
         (
             "services/dispatcher.py",
+            "services/worker_stream.py",
             "sandbox_calls.py",
             "sandbox_worker/pool.py",
             "scheduling.py",
             "residency.py",
             "sandbox_worker/service.py",
+            "sandbox_worker/streaming.py",
             "runtime/service.py",
             "runtime/outcomes.py",
             "runtime/requests.py",

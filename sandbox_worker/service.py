@@ -10,11 +10,12 @@ import asyncio
 import hashlib
 import json
 import logging
-from typing import Any, NamedTuple
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
-from codegym.errors import Reason, Refusal, guarded
+from codegym.errors import Reason, Refusal, Undecodable, guarded
 from codegym.inside.messages import Limits, Request, Result
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
@@ -22,7 +23,9 @@ from codegym.server.metrics import SANDBOX_REFUSALS
 from codegym_client.api.common.v1 import common_pb2
 from sandbox_worker.cache import SourceCache
 from sandbox_worker.pool import JailPool
+from sandbox_worker.prepared import Prepared
 from sandbox_worker.settings import DEFAULT_LIMITS, MAX_LIMITS, RequestLimits
+from sandbox_worker.streaming import DRAINING, execute_stream
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +42,6 @@ STATUS: dict[str, pb.Status.ValueType] = {
     "source_needed": pb.STATUS_SOURCE_NEEDED,
 }
 MAX_BATCH = 4096
-
-
-class Prepared(NamedTuple):
-    """An operation as its jail gets it, its wall-clock limit, and for a step the time its session
-    sat idle before it (the runtime's `StepOp.idle_ms`; 0 for anything else)."""
-
-    request: Request
-    wall_ms: int
-    idle_ms: int = 0
 
 
 class BadOperation(ValueError):
@@ -124,16 +118,33 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         defaults: RequestLimits = DEFAULT_LIMITS,
         maximum: RequestLimits = MAX_LIMITS,
         max_pending: int | None = None,
+        stream_in_flight: int | None = None,
         source_cache_bytes: int = 64 * 1024 * 1024,
     ) -> None:
+        """`stream_in_flight`: the operations of one ExecuteStream running or answered and not yet
+        sent, past which the stream is not read (default `max_pending`: one stream is never read
+        further than the worker could admit)."""
         self.pool = pool
         self.cache = SourceCache(source_cache_bytes)
         self.defaults = defaults
         self.maximum = maximum
         self.max_pending = max_pending or pool.size * 256
-        # One token per operation admitted and not yet answered.
+        self.stream_in_flight = stream_in_flight or self.max_pending
+        # One token per operation admitted and not yet answered, over every call and stream.
         self.pending: set[object] = set()
-        self.draining = False
+        # Set once the worker drains: open streams end as soon as nothing of theirs runs.
+        self.drain = asyncio.Event()
+
+    @property
+    def draining(self) -> bool:
+        return self.drain.is_set()
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        if value:
+            self.drain.set()
+        else:
+            self.drain.clear()
 
     def _request(self, op: pb.Operation) -> Prepared | pb.OperationResult:
         """The jail request for an operation, or a result when it can be answered here."""
@@ -225,15 +236,23 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
             req["stdin"] = op.call_function.stdin
         return Prepared(req, limits.wall_ms, op.step.idle_ms if kind == "step" else 0)
 
+    def prepare(self, op: pb.Operation) -> Prepared | pb.OperationResult:
+        """`_request`, with an operation that cannot be served as the refusal the RPCs answer."""
+        try:
+            return self._request(op)
+        except BadOperation as exc:
+            raise Refusal(Reason.INVALID_REQUEST, str(exc)) from None
+
     async def run(self, prepared: Prepared | pb.OperationResult) -> pb.OperationResult:
         if isinstance(prepared, pb.OperationResult):
             return prepared
         raw = await self.pool.execute(prepared.request, prepared.wall_ms, prepared.idle_ms)
         return to_result(raw, prepared.request["sha"])
 
-    def _admit(self, count: int) -> None:
+    def admit(self, count: int) -> None:
+        """Refuse `count` more operations when the worker drains or would hold more than `max_pending`."""
         if self.draining:
-            raise Refusal(Reason.UNAVAILABLE, "worker is draining; retry on another worker")
+            raise Refusal(Reason.UNAVAILABLE, DRAINING)
         if len(self.pending) + count > self.max_pending:
             SANDBOX_REFUSALS.inc()
             raise Refusal(
@@ -246,13 +265,11 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
     async def Execute(
         self, request: pb.ExecuteRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExecuteResponse:
-        self._admit(1)
+        self.admit(1)
         token = object()
         self.pending.add(token)
         try:
-            return pb.ExecuteResponse(result=await self.run(self._request(request.operation)))
-        except BadOperation as exc:
-            raise Refusal(Reason.INVALID_REQUEST, str(exc)) from None
+            return pb.ExecuteResponse(result=await self.run(self.prepare(request.operation)))
         finally:
             self.pending.discard(token)
 
@@ -263,7 +280,7 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         count = len(request.operations)
         if count > MAX_BATCH:
             raise Refusal(Reason.INVALID_REQUEST, f"batch of {count} operations (max {MAX_BATCH})")
-        self._admit(count)
+        self.admit(count)
         try:
             prepared = [self._request(op) for op in request.operations]
         except BadOperation as exc:
@@ -285,6 +302,16 @@ class SandboxServicer(pb_grpc.SandboxServiceServicer):
         finally:
             self.pending.difference_update(tokens)
         return pb.ExecuteBatchResponse(results=results)
+
+    async def ExecuteStream(
+        self,
+        request_iterator: AsyncIterator[pb.ExecuteStreamRequest | Undecodable],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ExecuteStreamResponse]:
+        # An async generator function itself: gRPC (and the auth interceptor) tell streaming
+        # handlers apart by that. Failures are answers per operation (sandbox_worker/streaming.py).
+        async for answer in execute_stream(request_iterator, context, self, self.stream_in_flight):
+            yield answer
 
     @guarded
     async def GetWorkerInfo(

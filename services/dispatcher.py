@@ -13,7 +13,10 @@ operation is resent once with the code (a create carries its code from the start
 Session affinity: with several worker addresses, operations that carry a session key go to the
 session's worker, chosen by rendezvous hashing over the workers not known to be down, over a
 direct channel per worker, because that worker holds the session resident (its live env in a jail
-process) and serves its next step with no fork and no unpickling. A pinned worker that is down
+process) and serves its next step with no fork and no unpickling. They travel on one long-lived
+stream per worker (services/worker_stream.py): a message on an open stream costs the worker about
+half the CPU of a unary call. A stream that breaks fails what it carried UNAVAILABLE, which is
+what marks a worker down here. A pinned worker that is down
 or overloaded hands the session to the next worker in its hash order (which then serves it cold);
 the session moves back once the first worker answers again. A single address (or one `dns:///`
 name, where the workers are not known one by one) uses the round_robin channel only.
@@ -45,21 +48,15 @@ from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
 from codegym_client.channels import Access, aio_channel
 from codegym_client.errors import retryable_answer
+from services.worker_stream import DEADLINE_SLACK_S, RUNS_PER_OPERATION, QueueFull, WorkerStream
+
+__all__ = ["QueueFull", "SandboxDispatcher", "SandboxUnavailable", "sourced", "with_source"]
 
 log = logging.getLogger(__name__)
 SANDBOX_SERVICE = sb.DESCRIPTOR.services_by_name["SandboxService"].full_name
-# Time a call may take beyond the operation's own wall limit (queueing, transport, jail restart).
-DEADLINE_SLACK_S = 5.0
-# A worker runs an operation once more, cold, after a failure its own code may not have caused
-# (sandbox_worker/pool.py): a call's deadline allows for both runs.
-RUNS_PER_OPERATION = 2
 T = TypeVar("T")
 # How long a worker that answered UNAVAILABLE is skipped by pinned sessions.
 DOWN_S = 2.0
-# Creates, resets and one-shot operations out at once per worker, each its own call: enough to keep
-# every jail of a worker busy with them (the worker orders them behind steps), few enough that a
-# burst of thousands waits here, where QueueFull bounds it, rather than in the worker.
-OTHERS_IN_FLIGHT = 32
 
 
 def with_source(op: sb.Operation, code: str) -> sb.Operation:
@@ -80,95 +77,6 @@ async def sourced(
     return result
 
 
-class QueueFull(Exception):
-    """A worker's queue holds as many operations as it may: the runtime answers CAPACITY."""
-
-
-class WorkerQueue:
-    """Coalesces concurrent operations bound for one worker into `ExecuteBatch` calls.
-
-    No operation waits for company: while fewer than `max_in_flight` calls are out, an operation
-    goes at once; otherwise it queues, and everything queued (up to `max_batch`) goes in one call
-    as soon as a call returns. At 32 sessions most steps then share a call with others, which saves
-    a gRPC round trip's CPU per step on both sides of the runtime → worker hop. A call is answered
-    when its last operation is, so steps and creates never share one (`SandboxDispatcher` keeps a
-    queue of each per worker): a burst of creates must not hold the answers of steps. Creates are
-    not coalesced at all (`max_batch=1`, many calls in flight): a create costs milliseconds of a
-    jail (a compile and the environment's start), and in a shared call each would wait for the
-    slowest of its batch. At most `max_queued` operations wait; past that `submit` raises
-    `QueueFull` instead of queueing without bound.
-    """
-
-    def __init__(
-        self,
-        stub: sb_grpc.SandboxServiceStub,
-        max_in_flight: int = 2,
-        max_batch: int = 64,
-        max_queued: int = 4096,
-    ) -> None:
-        self.stub = stub
-        self.max_in_flight = max_in_flight
-        self.max_batch = max_batch
-        self.max_queued = max_queued
-        self.pending: list[tuple[sb.Operation, asyncio.Future[sb.OperationResult]]] = []
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.calls = 0
-        self.operations = 0
-
-    @property
-    def in_flight(self) -> int:
-        """Calls out: the tasks sending them."""
-        return len(self.tasks)
-
-    async def submit(self, op: sb.Operation) -> sb.OperationResult:
-        if len(self.pending) >= self.max_queued:
-            raise QueueFull(f"{len(self.pending)} operations queued for this worker")
-        future: asyncio.Future[sb.OperationResult] = asyncio.get_running_loop().create_future()
-        self.pending.append((op, future))
-        if self.in_flight < self.max_in_flight:
-            self._launch()
-        return await future
-
-    def _launch(self) -> None:
-        batch, self.pending = self.pending[: self.max_batch], self.pending[self.max_batch :]
-        task = asyncio.get_running_loop().create_task(self._send(batch))
-        self.tasks.add(task)
-        task.add_done_callback(self._sent)
-
-    def _sent(self, task: asyncio.Task[None]) -> None:
-        self.tasks.discard(task)
-        if self.pending and self.in_flight < self.max_in_flight:
-            self._launch()
-
-    async def _send(self, batch: list[tuple[sb.Operation, asyncio.Future[sb.OperationResult]]]) -> None:
-        ops = [op for op, _ in batch]
-        wall_s = max((op.limits.wall_ms or 5000) for op in ops) / 1000
-        self.calls += 1
-        self.operations += len(ops)
-        try:
-            if len(ops) == 1:
-                response = await self.stub.Execute(
-                    sb.ExecuteRequest(operation=ops[0]),
-                    timeout=wall_s * RUNS_PER_OPERATION + DEADLINE_SLACK_S,
-                )
-                results = [response.result]
-            else:
-                request = sb.ExecuteBatchRequest(operations=ops)
-                batch_response = await self.stub.ExecuteBatch(
-                    request, timeout=wall_s * RUNS_PER_OPERATION * len(ops) + DEADLINE_SLACK_S
-                )
-                results = list(batch_response.results)
-            for (_, future), result in zip(batch, results, strict=True):
-                if not future.done():
-                    future.set_result(result)
-        except BaseException as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-
-
 def worker_addresses(addresses: str | Sequence[str]) -> list[str]:
     """The individual `host:port` workers of a target, or [] when they are not known one by one."""
     items = [
@@ -181,11 +89,10 @@ def worker_addresses(addresses: str | Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Worker:
-    """One worker's channel, and its queues: steps apart from everything else."""
+    """One worker's channel, and the stream its sessions' operations go over."""
 
     channel: grpc.aio.Channel
-    steps: WorkerQueue
-    others: WorkerQueue
+    stream: WorkerStream
 
 
 class SandboxUnavailable(RuntimeError):
@@ -215,19 +122,20 @@ class SandboxDispatcher:
             channel = aio_channel(
                 address, [SANDBOX_SERVICE], retry=False, health_service=SANDBOX_SERVICE, access=access
             )
-            stub = sb_grpc.SandboxServiceStub(channel)
-            others = WorkerQueue(stub, max_in_flight=OTHERS_IN_FLIGHT, max_batch=1)
-            self.workers[address] = Worker(channel, WorkerQueue(stub), others)
+            stream = WorkerStream(sb_grpc.SandboxServiceStub(channel), address)
+            self.workers[address] = Worker(channel, stream)
         self.down_until: dict[str, float] = {}
 
     @property
     def queued(self) -> int:
-        """Operations waiting in the runtime for a call to a worker."""
-        return sum(len(w.steps.pending) + len(w.others.pending) for w in self.workers.values())
+        """Operations waiting in the runtime to be sent to a worker: for one of its slots for
+        creates, or to be written to its stream (the worker is not reading: flow control)."""
+        return sum(w.stream.queued for w in self.workers.values())
 
     async def close(self) -> None:
         await self.channel.close()
         for worker in self.workers.values():
+            await worker.stream.close()
             await worker.channel.close()
 
     def order(self, key: str) -> list[str]:
@@ -257,7 +165,7 @@ class SandboxDispatcher:
                 now = time.monotonic()
                 home = next((a for a in self.order(key) if self.down_until.get(a, 0.0) <= now), None)
                 if home is not None:
-                    await self.workers[home].steps.submit(op)
+                    await self.workers[home].stream.submit(op)
             else:
                 await self.stub.Execute(sb.ExecuteRequest(operation=op), timeout=DEADLINE_SLACK_S)
         except (grpc.aio.AioRpcError, QueueFull) as exc:
@@ -269,10 +177,8 @@ class SandboxDispatcher:
         for address in self.order(key):
             if self.down_until.get(address, 0.0) > now:
                 continue
-            worker = self.workers[address]
-            queue = worker.steps if op.WhichOneof("kind") == "step" else worker.others
             try:
-                return await sourced(queue.submit, op, source)
+                return await sourced(self.workers[address].stream.submit, op, source)
             except grpc.aio.AioRpcError as exc:
                 if not retryable_answer(exc.code()):  # the failure table (codegym_client.errors)
                     raise

@@ -53,6 +53,7 @@ from services.synthesis.service import SynthesisServer
 from services.synthesis.settings import LLMSettings, SynthesisSettings
 from services.verification.service import VerificationServer
 from services.verification.settings import VerificationSettings
+from services.worker_stream import WorkerStream
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.servers import CodegymServer, sandbox_workers
 
@@ -380,6 +381,29 @@ async def test_a_worker_takes_services_and_operators_only(secured_workers: list[
         async with aio_channel(address, [SANDBOX], access=Access(token=token)) as channel:
             reply = await sb_grpc.SandboxServiceStub(channel).Execute(solve_request(), timeout=30)
         assert reply.result.status == sb.STATUS_OK, reply.result
+
+
+@pytest.mark.jail
+async def test_a_workers_stream_takes_the_same_tokens(secured_workers: list[CodegymServer]) -> None:
+    """ExecuteStream (the runtime's path to its sessions' workers) is checked as the unary calls
+    are: its operations fail with the stream's refusal, never taken for a worker lost."""
+    address = secured_workers[0].address
+    op = solve_request().operation
+    for token, code in (
+        ("", grpc.StatusCode.UNAUTHENTICATED),
+        ("trainer-token", grpc.StatusCode.PERMISSION_DENIED),
+    ):
+        async with aio_channel(address, [SANDBOX], access=Access(token=token)) as channel:
+            stream = WorkerStream(sb_grpc.SandboxServiceStub(channel), address)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stream.submit(op)
+            await stream.close()
+        assert info.value.code() == code and reason_of(info.value) == code.name
+    async with aio_channel(address, [SANDBOX], access=Access(token="service-token")) as channel:
+        stream = WorkerStream(sb_grpc.SandboxServiceStub(channel), address)
+        result = await stream.submit(op)
+        await stream.close()
+    assert result.status == sb.STATUS_OK and result.answer_json == "6", result
 
 
 @pytest.mark.jail

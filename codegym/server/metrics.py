@@ -106,7 +106,8 @@ ADMISSION_REFUSALS = Counter(
     ["limit"],
 )
 WORKER_QUEUE_DEPTH = Gauge(
-    "codegym_runtime_worker_queue_depth", "Operations queued for sandbox workers, not yet sent"
+    "codegym_runtime_worker_queue_depth",
+    "Operations queued for sandbox workers, not yet sent (written to a worker's stream)",
 )
 # The episode record (services/runtime/episode_record.py): totals and bands only, never an env or
 # task label (there are tens of thousands); per-task figures come through the Stats RPC.

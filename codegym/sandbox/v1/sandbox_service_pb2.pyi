@@ -648,6 +648,130 @@ class ExecuteBatchResponse(_message.Message):
 Global___ExecuteBatchResponse: _TypeAlias = ExecuteBatchResponse  # noqa: Y015
 
 @_typing.final
+class ExecuteStreamRequest(_message.Message):
+    """Operations sent together on an ExecuteStream (those the caller had ready at once)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OPERATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def operations(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamOperation]:
+        """At most 4096; a message with more ends the call INVALID_ARGUMENT."""
+
+    def __init__(
+        self,
+        *,
+        operations: _abc.Iterable[Global___StreamOperation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["operations", b"operations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecuteStreamRequest: _TypeAlias = ExecuteStreamRequest  # noqa: Y015
+
+@_typing.final
+class StreamOperation(_message.Message):
+    """One operation of an ExecuteStreamRequest."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    OPERATION_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """Chosen by the caller, echoed in the answer; distinct among the call's operations not yet
+    answered (0 is kept for answers to requests that could not be read).
+    """
+    @_builtins.property
+    def operation(self) -> Global___Operation:
+        """The operation."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        operation: Global___Operation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["operation", b"operation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["id", b"id", "operation", b"operation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamOperation: _TypeAlias = StreamOperation  # noqa: Y015
+
+@_typing.final
+class ExecuteStreamResponse(_message.Message):
+    """Answers sent together on an ExecuteStream (those finished at once)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamAnswer]:
+        """One per operation, in the order they finished."""
+
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___StreamAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExecuteStreamResponse: _TypeAlias = ExecuteStreamResponse  # noqa: Y015
+
+@_typing.final
+class StreamAnswer(_message.Message):
+    """The answer to one operation of an ExecuteStream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
+    RESULT_FIELD_NUMBER: _builtins.int
+    id: _builtins.int
+    """The operation's id (0: a request that could not be decoded, so its ids are unknown)."""
+    code: _builtins.int
+    """gRPC status code of this operation (0 = OK: `result` is set), as the unary Execute would
+    have ended: INVALID_ARGUMENT, RESOURCE_EXHAUSTED (overloaded), UNAVAILABLE (draining).
+    """
+    message: _builtins.str
+    """Status detail when code != 0."""
+    reason: _builtins.str
+    """The failure table's reason when code != 0 (what the `codegym-reason` trailer says of a call)."""
+    retry_after_ms: _builtins.int
+    """When to send again, for RESOURCE_EXHAUSTED (what the `retry-after-ms` trailer says of a call)."""
+    @_builtins.property
+    def result(self) -> Global___OperationResult:
+        """The result when code == 0."""
+
+    def __init__(
+        self,
+        *,
+        id: _builtins.int = ...,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        retry_after_ms: _builtins.int = ...,
+        result: Global___OperationResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "id", b"id", "message", b"message", "reason", b"reason", "result", b"result", "retry_after_ms", b"retry_after_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamAnswer: _TypeAlias = StreamAnswer  # noqa: Y015
+
+@_typing.final
 class GetWorkerInfoRequest(_message.Message):
     """Request of GetWorkerInfo."""
 

@@ -46,6 +46,11 @@ class SandboxServiceStub:
                 request_serializer=codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteBatchRequest.SerializeToString,
                 response_deserializer=codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteBatchResponse.FromString,
                 _registered_method=True)
+        self.ExecuteStream = channel.stream_stream(
+                '/codegym.sandbox.v1.SandboxService/ExecuteStream',
+                request_serializer=codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteStreamRequest.SerializeToString,
+                response_deserializer=codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteStreamResponse.FromString,
+                _registered_method=True)
         self.GetWorkerInfo = channel.unary_unary(
                 '/codegym.sandbox.v1.SandboxService/GetWorkerInfo',
                 request_serializer=codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.GetWorkerInfoRequest.SerializeToString,
@@ -72,6 +77,20 @@ class SandboxServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecuteStream(self, request_iterator, context):
+        """Run operations sent over one long-lived call, each answered (by its id) as soon as it
+        finishes, in any order; the operations of one call run concurrently, by the pool's
+        priorities. A message carries the operations the caller had ready at once, and an answer
+        those finished at once (one each when the stream is not busy). A refused operation
+        (malformed, the worker overloaded or draining) is its own answer and never ends the call. A
+        caller that sends more than the worker holds for one call is not read until answers are
+        taken (flow control). A draining worker refuses new operations UNAVAILABLE and ends the call
+        once nothing runs on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetWorkerInfo(self, request, context):
         """Report pool size, cache size and the limits in force.
         """
@@ -91,6 +110,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ExecuteBatch,
                     request_deserializer=codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteBatchRequest.FromString,
                     response_serializer=codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteBatchResponse.SerializeToString,
+            ),
+            'ExecuteStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ExecuteStream,
+                    request_deserializer=codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteStreamRequest.FromString,
+                    response_serializer=codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteStreamResponse.SerializeToString,
             ),
             'GetWorkerInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetWorkerInfo,
@@ -154,6 +178,33 @@ class SandboxService:
             '/codegym.sandbox.v1.SandboxService/ExecuteBatch',
             codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteBatchRequest.SerializeToString,
             codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/codegym.sandbox.v1.SandboxService/ExecuteStream',
+            codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteStreamRequest.SerializeToString,
+            codegym_dot_sandbox_dot_v1_dot_sandbox__service__pb2.ExecuteStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,16 @@ class SandboxServiceStub:
     """Run one operation. Failures of the untrusted code are data in the result, not RPC errors."""
     ExecuteBatch: _grpc.UnaryUnaryMultiCallable[_sandbox_service_pb2.ExecuteBatchRequest, _sandbox_service_pb2.ExecuteBatchResponse]
     """Run many independent operations with bounded parallelism; results come back in request order."""
+    ExecuteStream: _grpc.StreamStreamMultiCallable[_sandbox_service_pb2.ExecuteStreamRequest, _sandbox_service_pb2.ExecuteStreamResponse]
+    """Run operations sent over one long-lived call, each answered (by its id) as soon as it
+    finishes, in any order; the operations of one call run concurrently, by the pool's
+    priorities. A message carries the operations the caller had ready at once, and an answer
+    those finished at once (one each when the stream is not busy). A refused operation
+    (malformed, the worker overloaded or draining) is its own answer and never ends the call. A
+    caller that sends more than the worker holds for one call is not read until answers are
+    taken (flow control). A draining worker refuses new operations UNAVAILABLE and ends the call
+    once nothing runs on it.
+    """
     GetWorkerInfo: _grpc.UnaryUnaryMultiCallable[_sandbox_service_pb2.GetWorkerInfoRequest, _sandbox_service_pb2.GetWorkerInfoResponse]
     """Report pool size, cache size and the limits in force."""
 
@@ -53,6 +63,16 @@ class SandboxServiceAsyncStub(SandboxServiceStub):
     """Run one operation. Failures of the untrusted code are data in the result, not RPC errors."""
     ExecuteBatch: _aio.UnaryUnaryMultiCallable[_sandbox_service_pb2.ExecuteBatchRequest, _sandbox_service_pb2.ExecuteBatchResponse]  # type: ignore[assignment]
     """Run many independent operations with bounded parallelism; results come back in request order."""
+    ExecuteStream: _aio.StreamStreamMultiCallable[_sandbox_service_pb2.ExecuteStreamRequest, _sandbox_service_pb2.ExecuteStreamResponse]  # type: ignore[assignment]
+    """Run operations sent over one long-lived call, each answered (by its id) as soon as it
+    finishes, in any order; the operations of one call run concurrently, by the pool's
+    priorities. A message carries the operations the caller had ready at once, and an answer
+    those finished at once (one each when the stream is not busy). A refused operation
+    (malformed, the worker overloaded or draining) is its own answer and never ends the call. A
+    caller that sends more than the worker holds for one call is not read until answers are
+    taken (flow control). A draining worker refuses new operations UNAVAILABLE and ends the call
+    once nothing runs on it.
+    """
     GetWorkerInfo: _aio.UnaryUnaryMultiCallable[_sandbox_service_pb2.GetWorkerInfoRequest, _sandbox_service_pb2.GetWorkerInfoResponse]  # type: ignore[assignment]
     """Report pool size, cache size and the limits in force."""
 
@@ -76,6 +96,22 @@ class SandboxServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_sandbox_service_pb2.ExecuteBatchResponse, _abc.Awaitable[_sandbox_service_pb2.ExecuteBatchResponse]]:
         """Run many independent operations with bounded parallelism; results come back in request order."""
+
+    @_abc_1.abstractmethod
+    def ExecuteStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_sandbox_service_pb2.ExecuteStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_sandbox_service_pb2.ExecuteStreamResponse], _abc.AsyncIterator[_sandbox_service_pb2.ExecuteStreamResponse]]:
+        """Run operations sent over one long-lived call, each answered (by its id) as soon as it
+        finishes, in any order; the operations of one call run concurrently, by the pool's
+        priorities. A message carries the operations the caller had ready at once, and an answer
+        those finished at once (one each when the stream is not busy). A refused operation
+        (malformed, the worker overloaded or draining) is its own answer and never ends the call. A
+        caller that sends more than the worker holds for one call is not read until answers are
+        taken (flow control). A draining worker refuses new operations UNAVAILABLE and ends the call
+        once nothing runs on it.
+        """
 
     @_abc_1.abstractmethod
     def GetWorkerInfo(
