@@ -291,10 +291,10 @@ async def test_undecodable_requests_take_slots_and_never_block(ending: str) -> N
         if ending == "decode error":
             raise DecodeError("Error parsing message")
 
-    async def entry(step: rt.StepRequest) -> tuple[rt.StepResponse | None, int, str]:
+    async def entry(step: rt.StepRequest) -> rt.StepResponse:
         await asyncio.sleep(0)
         applied[step.session_id] = applied.get(step.session_id, 0) + 1
-        return rt.StepResponse(step_index=applied[step.session_id]), 0, ""
+        return rt.StepResponse(step_index=applied[step.session_id])
 
     context = Context()
     answers = step_stream(requests(), context, entry, max_batch)  # type: ignore[arg-type]
@@ -308,7 +308,7 @@ async def test_undecodable_requests_take_slots_and_never_block(ending: str) -> N
     assert len(pulled) == 30 and len(taken) == 30
     bad = [a for a in taken if not a.tag]
     assert len(bad) == 10 and all(a.code == grpc.StatusCode.INVALID_ARGUMENT.value[0] for a in bad)
-    assert all("bad " in a.message for a in bad)
+    assert all("bad " in a.message and a.reason == "INVALID_REQUEST" for a in bad)
     for sid in ("s0", "s1"):
         mine = [a for a in taken if a.session_id == sid]
         assert [a.response.step_index for a in mine] == list(range(1, len(mine) + 1))

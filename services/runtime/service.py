@@ -24,7 +24,15 @@ from typing import Any
 
 import grpc
 
-from codegym.errors import Reason, Refusal, add_lenient, entry_status, guarded, guarded_stream
+from codegym.errors import (
+    EntryStatus,
+    Reason,
+    Refusal,
+    add_lenient,
+    entry_status,
+    guarded,
+    guarded_stream,
+)
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.server.auth import CALLER, OPERATOR
 from codegym.server.logs import SESSION_ID
@@ -467,13 +475,14 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def Step(self, request: rt.StepRequest, context: grpc.aio.ServicerContext) -> rt.StepResponse:
         return await self._step(request)
 
-    async def _entry(self, step: rt.StepRequest) -> tuple[rt.StepResponse | None, int, str]:
-        """One step of a BatchStep or StepStream: the response, or the status code and message."""
+    async def _entry(self, step: rt.StepRequest) -> rt.StepResponse | EntryStatus:
+        """One step of a BatchStep or StepStream: the response, or the status a unary Step would
+        have ended with (its reason and retry-after too)."""
         try:
-            return await self._step(step), 0, ""
+            return await self._step(step)
         except Exception as exc:
-            code, message, _ = entry_status(exc, f"a step of session {shown(step.session_id)}")
-            return None, code, message
+            what = f"a step of session {shown(step.session_id)}"
+            return entry_status(exc, what, self.config.retry_after_ms)
 
     @guarded
     async def BatchStep(
