@@ -338,8 +338,8 @@ class StepStream:
     order they were sent. A step the runtime refuses (e.g. an unknown session) is an answer with a
     gRPC status `code` and `message`, and the `reason` and `retry_after_ms` a unary Step's trailers
     would carry, not an exception; only the call itself failing raises a `CodeGymError`.
-    (`AsyncRuntimeClient.step` sends over such calls itself and raises as a unary Step would.) `done_sending()` ends the request side; `recv()` returns None once every
-    answer has arrived.
+    `done_sending()` ends the request side; `recv()` returns None once every answer has arrived.
+    (`AsyncRuntimeClient.step` sends over such calls itself, and raises as a unary Step would.)
 
     Nothing is resent here: a stream may hold several steps of one session at once, and an
     errored step leaves the index where it was, so the client cannot number them in advance.

@@ -203,6 +203,8 @@ class Lane:
         """The call is over: every step still in flight fails with its status; the lane is dropped."""
         self.ended = True
         self.owner.dropped(self)
+        if self.sent:
+            self.owner.broken += 1
         for sent in self.sent.values():
             if not sent.future.done():
                 sent.future.set_exception(failure())
@@ -227,6 +229,7 @@ class StepStreams:
         self.slots: list[Lane | None] = [None] * max(1, streams)
         self.lanes: set[Lane] = set()  # every lane not ended: the slots' and the retired ones
         self.where: dict[str, Lane] = {}  # session → the lane holding its steps in flight
+        self.broken = 0  # streams that ended with steps in flight (each failed, to be resent)
 
     async def step(self, request: rt.StepRequest, timeout_s: float) -> rt.StepResponse:
         """Send one step and await its answer for at most `timeout_s`; a refused step, a broken
