@@ -38,12 +38,15 @@ from codegym_client import (
 )
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 from codegym_client.channels import TLS_CA_ENV, TOKEN_ENV
+from codegym_client.errors import reason_sent
 from codegym_client.step_streams import STREAMS
 from services.dispatcher import SandboxDispatcher
 from services.runtime.catalog import Catalog
 from services.runtime.config import RuntimeConfig
+from services.runtime.server import RuntimeServer
 from services.runtime.service import SERVICE_NAME, RuntimeServicer, add_to_server
 from services.runtime.sessions import InMemorySessionStore
+from services.runtime.settings import RuntimeSettings
 from tests.conftest import ENV_DIR, ROOT, SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, library_fixture
 from tests.helpers.servers import CodegymServer, Redis, workers_fixture
@@ -542,3 +545,92 @@ async def test_steps_over_the_stream_carry_the_trainers_token_and_tenant(
         assert time.monotonic() - started < 2.0
         assert (await roomy.get_session(mine)).step_index == 1
         assert roomy.streams.broken == 0 and tight.step_transport == "stream"
+
+
+# ---- a runtime that stops --------------------------------------------------------------------------
+
+
+async def test_a_stopping_runtime_refuses_new_steps_on_its_streams_and_ends_them(
+    library: Path, workers: str
+) -> None:
+    """A runtime draining finishes the steps its streams hold and refuses every one sent after
+    (UNAVAILABLE with its reason, nothing applied, and `stopping`): the client resends such a step
+    at once even without an index, on another stream, and closes the refused streams, which the
+    runtime then ends cleanly. The step is never applied by the stopping runtime."""
+    async with (
+        in_process(library, workers) as (servicer, address),
+        AsyncRuntimeClient(address, timeout_s=60) as owner,
+        AsyncRuntimeClient(address, timeout_s=60, attempts=3) as client,
+    ):
+        running, refused = [
+            (await owner.create_session(env_id=COUNTER, config={"target": 5})).session_id for _ in range(2)
+        ]
+        slow_step = asyncio.create_task(client.step(running, slow(1500)))
+        await until(lambda: bool(servicer.steps_in_flight), "slow step running")
+        servicer.draining = True
+        with pytest.raises(RuntimeUnavailable) as info:
+            await client.step(refused, OBSERVE)  # a session this client never saw: no index
+        # The runtime's own reason (not the status's default): nothing applied, so it was resent,
+        # each time on a new stream, each refused and retired.
+        assert reason_sent(info.value.trailing_metadata()) == "UNAVAILABLE" and info.value.retryable
+        assert "stopping" in info.value.details()
+        assert client.streams.drained == 3
+        assert (await slow_step).observation == "1"  # the step it held was run and answered
+        # The refused streams were closed by the client and ended; the slow step's, never sent
+        # another step, is still open (the server's own stop ends it).
+        await until(lambda: servicer.open == 1 and len(client.streams.lanes) == 1, "refused streams ended")
+        assert client.streams.in_flight() == 0 and client.streams.broken == 0
+        assert (await owner.get_session(refused)).step_index == 0
+        servicer.draining = False
+        assert (await client.step(refused, OBSERVE)).step_index == 1
+
+
+async def test_a_runtime_stopping_mid_play_costs_no_step_even_without_indexes(
+    library: Path, workers: str, redis: Redis, recorded: list[dict[str, Any]]
+) -> None:
+    """Two runtimes in process sharing Redis; the sessions are another client's, and the client
+    that steps them forgets each index, so it may resend a step only when the runtime said nothing
+    of it was applied. One runtime stops (drains, as on SIGTERM) mid-play: the steps it was running
+    finish, those sent to its streams after are refused or never read, and are sent again to the
+    other runtime; every episode plays as recorded. (Unary steps without an index can be lost
+    here: a call the stopping runtime had taken but not started ends CANCELLED, which may or may
+    not have been applied.)"""
+    settings = RuntimeSettings(
+        library=str(library), sandbox=workers, port=0, sessions=redis.url, no_record=True
+    )
+    a, b = RuntimeServer(settings), RuntimeServer(settings)
+    await a.start()
+    await b.start()
+    total = sum(len(t["steps"]) for t in recorded)
+    answered = [0]
+    stopped = False
+    try:
+        async with (
+            AsyncRuntimeClient([a.address, b.address], timeout_s=60) as owner,
+            AsyncRuntimeClient([a.address, b.address], timeout_s=60) as client,
+        ):
+            created = [await owner.create_session(env_id=t["env_id"], config=t["config"]) for t in recorded]
+
+            async def steps_of(
+                trajectory: dict[str, Any], sid: str, first: str
+            ) -> list[rt.StepResponse | str]:
+                seen: list[rt.StepResponse | str] = [first]
+                for action, _ in trajectory["steps"]:
+                    client.indexes.forget(sid)  # as a client that never saw the session
+                    seen.append(await client.step(sid, action))
+                    answered[0] += 1
+                return seen
+
+            playing = asyncio.gather(
+                *(steps_of(t, c.session_id, c.observation) for t, c in zip(recorded, created, strict=True))
+            )
+            await until(lambda: answered[0] >= total // 4, "steps played")
+            await a.stop(5.0)
+            stopped = True
+            played = await playing
+            for trajectory, seen in zip(recorded, played, strict=True):
+                assert_as_recorded(trajectory, seen)
+    finally:
+        if not stopped:
+            await a.stop(0)
+        await b.stop(0)

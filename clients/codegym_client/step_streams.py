@@ -1,14 +1,14 @@
 """Steps of many sessions over a few shared `StepStream` calls, each awaited as a unary `Step` is:
 how `AsyncRuntimeClient.step` sends its steps (unless `step_transport="unary"`).
 
-Why: a trainer drives hundreds of episodes from one client, and a unary call costs the runtime
-about twice the CPU of a message on an open stream (gRPC's per-call machinery: a call object,
-metadata, the status trailer). The runtime's `StepStream` (services/runtime/streaming.py) runs
-every step sent on it as `Step` would and answers each as soon as it is done, tagged, with the
-status a unary `Step` would have ended with (code, message, reason, retry-after), so a step sent
-here raises exactly what it raises sent alone: `StepStreams.step` turns a refused answer into the
-same `grpc.RpcError` (its trailers rebuilt from the answer) that the client types and resends as
-before (`AsyncRuntimeClient._send`).
+Why: a trainer drives hundreds of episodes from one client, and a unary call costs the runtime's
+gRPC machinery about twice what a message on an open stream costs (a call object, metadata, the
+status trailer): a quarter of the runtime's CPU per step goes with it. The runtime's `StepStream`
+(services/runtime/streaming.py) runs every step sent on it as `Step` would and answers each as soon
+as it is done, tagged, with the status a unary `Step` would have ended with (code, message, reason,
+retry-after), so a step sent here raises exactly what it raises sent alone: `StepStreams.step` turns
+a refused answer into the same `grpc.RpcError` (its trailers rebuilt from the answer) that the
+client types and resends as before (`AsyncRuntimeClient._send`).
 
 How many streams: at most `STREAMS` (4) at a time, opened as steps need them (the least loaded
 taken, a new one only when every open one holds steps). A channel over several replicas
@@ -34,9 +34,15 @@ Failures: a stream that ends while steps are in flight on it (a runtime restarte
 connection broken, the client closed) fails each of them with the call's status (UNAVAILABLE when
 the connection broke), as a unary call broken the same way would fail; the client resends a step
 that carries its index (the runtime answers it from its record if it had been applied), and the
-next step opens a new stream. Bounds: what a stream holds is its steps in flight, each awaited by
-a caller or answered by the runtime (`max_batch` slots per stream there, and HTTP/2 flow control
-holding this side's writes beyond them); nothing else is kept.
+next step opens a new stream. A runtime that stops (drains) answers every step sent on its streams
+from then on with UNAVAILABLE, its reason (nothing applied) and `stopping`: the client resends such
+a step at once, on another stream (another replica), gives that stream no more steps and closes
+its side once its steps are answered, so the runtime ends it cleanly. (Steps still unanswered on a
+stream the runtime ended cleanly were never read, never applied: they fail the same way.)
+
+Bounds: what a stream holds is its steps in flight, each awaited by a caller or answered by the
+runtime (`max_batch` slots per stream there, and HTTP/2 flow control holding this side's writes
+beyond them); nothing else is kept.
 
 Steps carry the channel's call credentials (a trainer's token) like every call. A stream carries
 the metadata of the call that opened it, not of each step: a client whose interceptors add
@@ -62,6 +68,8 @@ STREAMS = 4
 STREAM_LIFETIME_S = 20.0
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+# The details of the INTERNAL status grpc.aio gives a call whose write failed in gRPC's core.
+CORE_INTERNAL = "Internal error from Core"
 
 
 class StepFailed(grpc.RpcError):
@@ -184,17 +192,32 @@ class Lane:
             pass  # the call has ended: `read` fails what is in flight
 
     async def read(self) -> None:
-        code, details, trailers = grpc.StatusCode.UNAVAILABLE, "the step stream ended unanswered", ()
+        # A call that ended OK answered every step it read (services/runtime/streaming.py): those
+        # left were never read, never applied; the runtime ends a call so when it stops (drains).
+        code, details = (
+            grpc.StatusCode.UNAVAILABLE,
+            "the runtime ended the step stream before reading the step",
+        )
+        trailers: tuple[tuple[str, str | bytes], ...] = ((REASON_TRAILER, "UNAVAILABLE"),)
         try:
             while (answer := await self.call.read()) is not grpc.aio.EOF:
-                sent = self._done(cast(rt.StepStreamResponse, answer).tag)
+                answer = cast(rt.StepStreamResponse, answer)
+                if answer.stopping and not self.retired:  # the runtime is stopping: no more here
+                    self.owner.retire(self)
+                    self.owner.drained += 1
+                sent = self._done(answer.tag)
                 if sent is not None and not sent.future.done():
                     sent.future.set_result(answer)
         except grpc.RpcError as exc:
             code, details = exc.code(), str(exc.details() or "")
             trailers = tuple(exc.trailing_metadata() or ())
+            if (code, details, trailers) == (grpc.StatusCode.INTERNAL, CORE_INTERNAL, ()):
+                # gRPC's own status for a write that failed as the call ended, which replaces the
+                # call's real one: the call broke, nobody knows how (as UNAVAILABLE says).
+                code, details = grpc.StatusCode.UNAVAILABLE, "the step stream broke while sending"
         except asyncio.CancelledError:
             code, details = grpc.StatusCode.CANCELLED, "the client was closed with the step in flight"
+            trailers = ()
             raise
         finally:
             self.end(lambda: StepFailed(code, details, trailers))
@@ -230,6 +253,7 @@ class StepStreams:
         self.lanes: set[Lane] = set()  # every lane not ended: the slots' and the retired ones
         self.where: dict[str, Lane] = {}  # session → the lane holding its steps in flight
         self.broken = 0  # streams that ended with steps in flight (each failed, to be resent)
+        self.drained = 0  # streams retired because their runtime said it was stopping
 
     async def step(self, request: rt.StepRequest, timeout_s: float) -> rt.StepResponse:
         """Send one step and await its answer for at most `timeout_s`; a refused step, a broken
@@ -261,6 +285,13 @@ class StepStreams:
             lane = self.slots[best] = Lane(self.open_call(), self)
             self.lanes.add(lane)
         return lane
+
+    def retire(self, lane: Lane) -> None:
+        """Give the lane no new session (its runtime is stopping); it ends once answered."""
+        lane.retire()
+        for k, held in enumerate(self.slots):
+            if held is lane:
+                self.slots[k] = None
 
     def dropped(self, lane: Lane) -> None:
         self.lanes.discard(lane)

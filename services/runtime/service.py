@@ -107,6 +107,8 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
             CapturePolicy(self.config.capture_rate, not self.config.no_capture),
         )
         self.releases: set[asyncio.Task[None]] = set()
+        # Set as the runtime stops: its StepStream calls take no more steps (streaming.py).
+        self.draining = False
         # One token per step admitted and not yet answered.
         self.steps_in_flight: set[object] = set()
         # Forks, checkpoints and restores (forking.py).
@@ -494,7 +496,10 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self, request_iterator: AsyncIterator[rt.StepStreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rt.StepStreamResponse]:
         # An async generator function itself: gRPC tells streaming handlers apart by that.
-        async for answer in step_stream(request_iterator, context, self._entry, self.config.max_batch):
+        answers = step_stream(
+            request_iterator, context, self._entry, self.config.max_batch, lambda: self.draining
+        )
+        async for answer in answers:
             yield answer
 
     @guarded

@@ -43,6 +43,7 @@ async def step_stream(
     context: grpc.aio.ServicerContext,
     entry: Entry,
     max_batch: int,
+    draining: Callable[[], bool] = lambda: False,
 ) -> AsyncIterator[rt.StepStreamResponse]:
     """Run every step sent as it arrives and answer each when done, with back-pressure.
 
@@ -58,8 +59,17 @@ async def step_stream(
     the stream (holding a slot like a step) when the server decodes leniently (`add_to_server`);
     otherwise it ends the request side, and the call ends INVALID_ARGUMENT once the steps already
     sent are answered. The client going away cancels the steps still running.
+
+    Draining (`draining()`, the runtime stopping): every request read from then on is answered
+    UNAVAILABLE with its reason (nothing applied: send it again, to another replica) and
+    `stopping` set, so the client sends no more on this call and closes its side once its steps
+    are answered (codegym_client/step_streams.py); the steps already running are answered as
+    usual. The call then ends OK, having answered every request it read: a client left with steps
+    it has no answer for knows they were never read, never applied. The server reads on rather
+    than end the call itself: a write racing the call's end fails on the client's side with
+    gRPC's INTERNAL, which says nothing of what the runtime did.
     """
-    stream = StreamedSteps(entry, max(1, max_batch))
+    stream = StreamedSteps(entry, max(1, max_batch), draining)
     reader = asyncio.get_running_loop().create_task(stream.read(request_iterator))
     try:
         while (answer := await stream.answers.get()) is not None:
@@ -84,8 +94,9 @@ class StreamedSteps:
     """The steps of one `StepStream` call: those running, the answers not yet sent, and the slots
     (`max_batch`) that bound both (see `step_stream`)."""
 
-    def __init__(self, entry: Entry, max_batch: int) -> None:
+    def __init__(self, entry: Entry, max_batch: int, draining: Callable[[], bool] = lambda: False) -> None:
         self.entry = entry
+        self.draining = draining
         self.slots = asyncio.Semaphore(max_batch)
         # Every answer queued holds a slot, so the queue never has more than `max_batch` answers,
         # and the one place left is for the final None: `put_nowait` never waits nor fails (if it
@@ -145,6 +156,17 @@ class StreamedSteps:
                         code=code, message=clipped(item.reason), reason=Reason.INVALID_REQUEST.name
                     )
                     self.answers.put_nowait(refused)
+                elif self.draining():  # its slot is held by its answer, as a step's
+                    self.answers.put_nowait(
+                        rt.StepStreamResponse(
+                            session_id=item.step.session_id,
+                            tag=item.tag,
+                            code=grpc.StatusCode.UNAVAILABLE.value[0],
+                            message="the runtime is stopping: the step was not applied; send it again",
+                            reason=Reason.UNAVAILABLE.name,
+                            stopping=True,
+                        )
+                    )
                 else:
                     self.start(item)
             await asyncio.gather(*list(self.running))

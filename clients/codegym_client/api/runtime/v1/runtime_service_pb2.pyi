@@ -521,6 +521,7 @@ class StepStreamResponse(_message.Message):
     RESPONSE_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
+    STOPPING_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session."""
     tag: _builtins.str
@@ -537,6 +538,11 @@ class StepStreamResponse(_message.Message):
     """When code != 0 and the runtime gave one: how long to back off before sending the step again,
     in milliseconds (a unary Step's `retry-after-ms` trailer); 0 = none given.
     """
+    stopping: _builtins.bool
+    """The runtime is stopping: this call runs no more steps (each one sent is refused like this one,
+    UNAVAILABLE, nothing applied). Send them on another call, and end this one (close the sending
+    side) once its steps are answered.
+    """
     @_builtins.property
     def response(self) -> Global___StepResponse:
         """Step result when code == 0."""
@@ -551,10 +557,11 @@ class StepStreamResponse(_message.Message):
         response: Global___StepResponse | None = ...,
         reason: _builtins.str = ...,
         retry_after_ms: _builtins.int = ...,
+        stopping: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "reason", b"reason", "response", b"response", "retry_after_ms", b"retry_after_ms", "session_id", b"session_id", "tag", b"tag"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "reason", b"reason", "response", b"response", "retry_after_ms", b"retry_after_ms", "session_id", b"session_id", "stopping", b"stopping", "tag", b"tag"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
