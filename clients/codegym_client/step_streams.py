@@ -192,8 +192,9 @@ class Lane:
             pass  # the call has ended: `read` fails what is in flight
 
     async def read(self) -> None:
-        # A call that ended OK answered every step it read (services/runtime/streaming.py): those
-        # left were never read, never applied; the runtime ends a call so when it stops (drains).
+        # A call that ended OK answered every step it read (services/runtime/streaming.py): a step
+        # left was never read, never applied (this side closes a stream only once all is answered,
+        # so none is left unless the runtime ended the call by itself).
         code, details = (
             grpc.StatusCode.UNAVAILABLE,
             "the runtime ended the step stream before reading the step",
