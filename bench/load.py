@@ -247,6 +247,8 @@ class Plan:
     max_episodes: int
     seed: int
     transport: str = "grpc"  # or "openenv"
+    # How the client sends its steps (AsyncRuntimeClient's step_transport): "stream" or "unary".
+    client_steps: str = "stream"
     read_memory: bool = False
     read_roles: RoleReader | None = None  # also read idle and halfway through the window
     min_warmup_s: float = 2.0  # for T = 0: the first steps of a fresh stack are cold
@@ -269,7 +271,8 @@ async def warm_up(tally: Tally, plan: Plan, started: float) -> float:
 async def measure(stack: Stack, lines: Sequence[Line], plan: Plan) -> Figures:
     """Run `plan` against a stack and read its figures; the rollouts are stopped however it ends."""
     rng = random.Random(plan.seed)
-    async with AsyncRuntimeClient(stack.address, timeout_s=CLIENT_TIMEOUT_S) as client:
+    client = AsyncRuntimeClient(stack.address, timeout_s=CLIENT_TIMEOUT_S, step_transport=plan.client_steps)
+    async with client:
         await client.wait_ready(60)
         if plan.transport == "openenv":
             load = Load(lambda: WsEpisode(stack.openenv_url), lines, plan.think_s, rng, plan.max_episodes)
@@ -286,7 +289,7 @@ async def measure(stack: Stack, lines: Sequence[Line], plan: Plan) -> Figures:
         try:
             warmup = await warm_up(load.tally, plan, started)
             window_s = max(1.0, min(plan.window_s, plan.max_seconds - warmup))
-            beside = asyncio.create_task(plan.during(stack, window_s)) if plan.during else None
+            beside = asyncio.ensure_future(plan.during(stack, window_s)) if plan.during else None
             figures = await observe(stack, load.tally, window_s, plan.read_memory, plan.read_roles)
             if beside is not None:
                 figures.update(await beside)
@@ -361,6 +364,8 @@ async def observe(
         **{f"{role}_ms_per_step": s * 1000 / steps if steps else None for role, s in cpu.items()},
         "stack_cpu_pct": 100 * stack_cpu / window_s,
         "gen_cpu_pct": 100 * (gen_after - gen_before - read_cpu) / window_s,
+        # The load generator's CPU per step: its client's share of a step (and the rollouts' own work).
+        "gen_ms_per_step": (gen_after - gen_before - read_cpu) * 1000 / steps if steps else None,
         "other_cpu_pct": other,
         "other_top": others,
         "pss_mib": pss_kb / 1024 if pss_kb is not None else None,
@@ -397,7 +402,10 @@ async def burst(
     """N creates at once (the episodes `plans_of` draws), then every episode plays its steps
     (`burst_steps`) thinking T before each."""
     rng = random.Random(args.seed)
-    async with AsyncRuntimeClient(stack.address, timeout_s=CLIENT_TIMEOUT_S) as client:
+    transport = getattr(args, "client_steps", ["stream"])[0]
+    async with AsyncRuntimeClient(
+        stack.address, timeout_s=CLIENT_TIMEOUT_S, step_transport=transport
+    ) as client:
         await client.wait_ready(60)
         load = Load(lambda: GrpcEpisode(client), lines, args.burst_think, rng, args.burst_n)
         plans, note = plans_of(lines, args, rng, load)

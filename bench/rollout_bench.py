@@ -37,8 +37,11 @@ The parts, each its own module: the stacks (bench/stacks.py), the episodes over 
 against its recording (bench/judge.py), and the tables (bench/tables.py).
 
     .venv/bin/python bench/rollout_bench.py [--quick] [--shapes steady,burst] [--base REV | --no-base]
-        [--steady 256:1,1024:4,4096:16] [--window-s 30] [--json FILE]
+        [--steady 256:1,1024:4,4096:16] [--window-s 30] [--client-steps unary,stream] [--json FILE]
     .venv/bin/python bench/rollout_bench.py --alternate=--no-capture [--runs 3] [--quick]
+
+`--client-steps unary,stream` measures each steady point twice on the same stack, the client's
+steps as one unary call each and then over its shared StepStream calls, with a stream/unary row.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -63,6 +67,7 @@ from bench.common import Figures, Line, median, progress  # noqa: E402
 from bench.load import burst, measure, plan  # noqa: E402
 from bench.stacks import StackSpec, stack_specs, up  # noqa: E402
 from bench.tables import print_table, report_problems  # noqa: E402
+from codegym_client.async_client import STEP_TRANSPORTS  # noqa: E402
 from codegym_jobs.oracle import read_trajectories  # noqa: E402
 
 SHAPES = ("steady", "burst", "overload", "backtoback", "openenv")
@@ -93,6 +98,9 @@ def on_each_stack(specs: list[StackSpec], label: str, run: Callable[[StackSpec],
 def run_steady(specs: list[StackSpec], lines: list[Line], args: argparse.Namespace) -> list[Figures]:
     rows = []
     for n, think in args.steady:
+        if len(args.client_steps) > 1:
+            rows += client_steps_ab(specs, lines, args, n, think)
+            continue
 
         def one(spec: StackSpec, n: int = n, think: float = think) -> Figures:
             with up(spec) as stack:
@@ -101,6 +109,34 @@ def run_steady(specs: list[StackSpec], lines: list[Line], args: argparse.Namespa
                 )
 
         rows += on_each_stack(specs, f"{n}:{think:g}", one)
+    return rows
+
+
+def client_steps_ab(
+    specs: list[StackSpec], lines: list[Line], args: argparse.Namespace, n: int, think: float
+) -> list[Figures]:
+    """One steady point on each stack, once per `--client-steps` value, one after the other on the
+    same running stack (its processes and their warm state shared by both), rows "<stack> <mode>".
+    The load generator imports the working tree's client for every stack: the comparison is the
+    client's unary steps against its stream steps, on one stack."""
+    rows = []
+    for spec in specs:
+        with up(spec) as stack:
+            for turn, mode in itertools.product(range(1, args.ab_rounds + 1), args.client_steps):
+                label = f"{n}:{think:g}" + (f" #{turn}" if args.ab_rounds > 1 else "")
+                progress(f"{label} on {spec.name} ({spec.revision}), client steps {mode}")
+                try:
+                    figures = asyncio.run(
+                        measure(
+                            stack,
+                            lines,
+                            plan(args, n, think, args.window_s, read_memory=True, client_steps=mode),
+                        )
+                    )
+                except Exception as exc:
+                    progress(f"!!! {label} on {spec.name} ({mode}) failed: {exc}")
+                    figures = {"failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                rows.append({"stack": f"{spec.name} {mode}", "point": label, "client_steps": mode, **figures})
     return rows
 
 
@@ -229,6 +265,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--trajectories", type=Path, default=ROOT / "codegym" / "samples" / "trajectories.jsonl"
     )
+    parser.add_argument(
+        "--client-steps",
+        type=lambda text: [m for m in text.split(",") if m],
+        default=["stream"],
+        help="how the load generator's client sends steps: stream (its default: shared StepStream "
+        "calls) or unary (one Step call each); 'unary,stream' runs each steady point with both, one "
+        "after the other on the same stack, and adds a stream/unary ratio row",
+    )
+    parser.add_argument(
+        "--ab-rounds",
+        type=int,
+        default=1,
+        help="with several --client-steps: how many times the modes take turns on the stack",
+    )
     parser.add_argument("--json", type=Path, help="also write every figure to this file")
     parser.add_argument(
         "--quick",
@@ -244,6 +294,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = set(args.shapes) - set(SHAPES)
     if unknown:
         parser.error(f"unknown shapes: {', '.join(sorted(unknown))}")
+    if not args.client_steps or set(args.client_steps) - set(STEP_TRANSPORTS):
+        parser.error(f"--client-steps takes a comma list of {', '.join(STEP_TRANSPORTS)}")
     if args.quick:
         args.steady = [(max(1, n // 4), max(0.25, t / 4)) for n, t in args.steady]
         args.openenv = (max(1, args.openenv[0] // 4), max(0.25, args.openenv[1] / 4))

@@ -51,6 +51,7 @@ STEADY_COLS = [
     Col("errors", "errors", "d"),
     Col("mismatch", "mismatches", "d"),
     Col("gen CPU %", "gen_cpu_pct"),
+    Col("gen ms/step", "gen_ms_per_step", ".2f", ratio=True),
 ]
 COLUMNS: dict[str, tuple[str, list[Col]]] = {
     "steady": (
@@ -126,6 +127,16 @@ def ratio_cell(base: Figures, new: Figures, col: Col) -> str:
     return f"{n / b:.2f}x"
 
 
+def comparisons(by_stack: dict[str, Figures]) -> list[tuple[str, str]]:
+    """The rows a ratio row compares: new against base, and on one stack the client's stream steps
+    against its unary ones (`--client-steps unary,stream`: rows named "<stack> unary|stream")."""
+    pairs = [("base", "new")] if "base" in by_stack and "new" in by_stack else []
+    for name in by_stack:
+        if name.endswith(" unary") and (stream := name.removesuffix(" unary") + " stream") in by_stack:
+            pairs.append((name, stream))
+    return pairs
+
+
 def print_table(
     shape: str, rows: list[Figures], specs: list[StackSpec], columns: tuple[str, list[Col]] | None = None
 ) -> None:
@@ -140,9 +151,10 @@ def print_table(
         for name, row in by_stack.items():
             cells = ["n/a" for _ in cols] if "failed" in row else [cell(row, c) for c in cols]
             body.append([point, name, *cells])
-        base, new = by_stack.get("base"), by_stack.get("new")
-        if base and new and "failed" not in base and "failed" not in new:
-            body.append(["", "new/base", *(ratio_cell(base, new, c) for c in cols)])
+        for before, after in comparisons(by_stack):
+            base, new = by_stack[before], by_stack[after]
+            if "failed" not in base and "failed" not in new:
+                body.append(["", f"{after}/{before}", *(ratio_cell(base, new, c) for c in cols)])
     print(f"\n{title}")
     print_rows(header, body)
     revisions = ", ".join(f"{s.name} = {s.revision}" for s in specs)

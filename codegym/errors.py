@@ -202,18 +202,31 @@ async def fail_internally(context: grpc.aio.ServicerContext, rpc: str) -> NoRetu
     raise AssertionError("context.abort returned")
 
 
-def entry_status(exc: BaseException, what: str) -> tuple[int, str, Reason]:
-    """The status code, message and reason of one entry of a batch or stream that failed."""
+@dataclass(frozen=True)
+class EntryStatus:
+    """How one entry of a batch or stream failed: what a unary call would have ended with (its
+    status code, message, and the trailers' reason and retry-after), carried in the entry."""
+
+    code: int
+    message: str
+    reason: Reason
+    retry_after_ms: int = 0
+
+
+def entry_status(exc: BaseException, what: str, unavailable_retry_ms: int = 0) -> EntryStatus:
+    """The status of one entry of a batch or stream that failed; `unavailable_retry_ms` is the
+    retry-after an `Unavailable` gets (what `guarded` sends with it on a unary call)."""
     if isinstance(exc, Refusal):
-        return exc.code.value[0], clipped(exc.message), exc.reason
+        return EntryStatus(exc.code.value[0], clipped(exc.message), exc.reason, exc.retry_after_ms)
     if isinstance(exc, Unavailable):
-        return grpc.StatusCode.UNAVAILABLE.value[0], clipped(str(exc)), Reason.UNAVAILABLE
+        code = grpc.StatusCode.UNAVAILABLE.value[0]
+        return EntryStatus(code, clipped(str(exc)), Reason.UNAVAILABLE, unavailable_retry_ms)
     ref = secrets.token_hex(4)
     log.error("%s failed (ref %s)", what, ref, exc_info=exc)
-    return (
+    return EntryStatus(
         grpc.StatusCode.INTERNAL.value[0],
         f"internal error in {what} (ref {ref}); see the server log",
-        (Reason.INTERNAL),
+        Reason.INTERNAL,
     )
 
 

@@ -66,9 +66,14 @@ class Executor(Protocol):
 
 def refusal(op_id: int, exc: BaseException, what: str = WHAT) -> pb.StreamAnswer:
     """An operation's answer for a failure: the status, reason and retry-after its call would have had."""
-    code, message, reason = entry_status(exc, what)
-    retry = exc.retry_after_ms if isinstance(exc, Refusal) else 0
-    return pb.StreamAnswer(id=op_id, code=code, message=message, reason=reason.name, retry_after_ms=retry)
+    status = entry_status(exc, what)
+    return pb.StreamAnswer(
+        id=op_id,
+        code=status.code,
+        message=status.message,
+        reason=status.reason.name,
+        retry_after_ms=status.retry_after_ms,
+    )
 
 
 async def execute_stream(

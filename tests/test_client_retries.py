@@ -185,6 +185,7 @@ def test_a_replica_killed_mid_replay_costs_no_episode(
 DRIVERS = [
     "RuntimeClient.step",
     "AsyncRuntimeClient.step",
+    "AsyncRuntimeClient.step (unary)",
     "RuntimeClient.batch_step",
     "OnlineGymEnv",
     "RemoteEnv",
@@ -197,15 +198,19 @@ def drive(driver: str, target: str, reached_slow: threading.Event) -> tuple[str,
     Every client gets a generous send budget: the replica comes back on its address after the
     kill, and the client must keep resending until it does."""
     config = {"target": 5}
-    if driver == "AsyncRuntimeClient.step":
+    if driver.startswith("AsyncRuntimeClient.step"):
+        transport = "unary" if driver.endswith("(unary)") else "stream"
 
         async def run() -> tuple[str, list[str]]:
-            async with AsyncRuntimeClient(target, attempts=30) as client:
+            async with AsyncRuntimeClient(target, attempts=30, step_transport=transport) as client:
                 created = await client.create_session(env_id=COUNTER, config=config)
                 sid = created.session_id
                 seen = [created.observation, (await client.step(sid, add(1))).observation]
                 reached_slow.set()
                 seen.append((await client.step(sid, slow(1500))).observation)
+                # Over the shared streams, the kill broke the stream holding the slow step (and
+                # each resend's new stream failed until the replica was back).
+                assert (client.streams.broken >= 1) == (transport == "stream")
                 seen.append((await client.step(sid, OBSERVE)).observation)
                 return sid, seen
 

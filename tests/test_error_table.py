@@ -107,6 +107,48 @@ def test_a_step_whose_commit_failed_is_resent_only_with_its_index() -> None:
     assert Reason.OUTCOME_UNKNOWN.code == grpc.StatusCode.UNAVAILABLE
 
 
+async def test_a_stream_entry_is_typed_and_resent_as_the_unary_refusal_it_stands_for() -> None:
+    """Every reason, refused in a StepStream entry (`entry_status` → the stream's answer → the
+    client's `refused`), raises the exception a unary Step refused with the same reason and
+    retry-after raises (`trailers` of the refusal), and is resent the same way."""
+    from codegym.errors import EntryStatus, Refusal, entry_status, trailers
+    from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
+    from codegym_client.errors import typed_error
+    from codegym_client.resend import resend_kind
+    from codegym_client.step_streams import refused
+    from services.runtime.streaming import StreamedSteps
+
+    reasons = {f"s{k}": reason for k, reason in enumerate(Reason)}
+
+    async def entry(step: rt.StepRequest) -> rt.StepResponse | EntryStatus:
+        return entry_status(Refusal(reasons[step.session_id], "refused", 250), "a step")
+
+    stream = StreamedSteps(entry, len(reasons))
+    for sid in reasons:
+        stream.start(rt.StepStreamRequest(step=rt.StepRequest(session_id=sid), tag=sid))
+    answers = {}
+    while len(answers) < len(reasons):
+        answer = await stream.answers.get()
+        assert answer is not None
+        answers[answer.tag] = answer
+    for sid, reason in reasons.items():
+        unary = typed_error(RawError(reason.code, trailers(Refusal(reason, "refused", 250))), "Step")
+        streamed = typed_error(refused(answers[sid]), "Step")
+        assert (type(streamed), streamed.reason, streamed.code(), streamed.details()) == (
+            type(unary),
+            unary.reason,
+            unary.code(),
+            "refused",
+        ), reason
+        assert (streamed.retryable, streamed.infrastructure, streamed.retry_after_s) == (
+            unary.retryable,
+            unary.infrastructure,
+            0.25,
+        )
+        for repeatable in (False, True):
+            assert resend_kind(streamed, repeatable) == resend_kind(unary, repeatable), reason
+
+
 # -- the failure table: every column, and no second table ------------------------------------------
 
 

@@ -1,7 +1,10 @@
 """`AsyncRuntimeClient`, the asyncio client of the runtime service, and `StepStream`.
 
-The same resending and typed errors as `RuntimeClient` (`codegym_client.runtime_client`); a
-trainer that drives many sessions from one process sends their steps over one `StepStream` call.
+The same resending and typed errors as `RuntimeClient` (`codegym_client.runtime_client`). Its
+`step` goes over a few `StepStream` calls the client shares between all its sessions
+(`codegym_client.step_streams`: the runtime spends about half the CPU on a step sent that way),
+answered, typed and resent exactly as a unary `Step` is; `step_transport="unary"` sends one call
+per step instead. `StepStream` is the raw call, for a caller that manages one itself.
 """
 
 from __future__ import annotations
@@ -44,9 +47,13 @@ from codegym_client.resend import (
     resend_kind,
     step_requests,
 )
+from codegym_client.step_streams import STREAMS, StepStreams
 from codegym_client.typed_calls import raises_typed, unreachable
 
-__all__ = ["AsyncRuntimeClient", "StepStream"]
+__all__ = ["STEP_TRANSPORTS", "AsyncRuntimeClient", "StepStream"]
+
+# How `step` reaches the runtime: over the client's shared StepStream calls, or one call per step.
+STEP_TRANSPORTS = ("stream", "unary")
 
 R = TypeVar("R")
 
@@ -57,6 +64,12 @@ class AsyncRuntimeClient:
     Same resending and access as `RuntimeClient` (`timeout_s` per send, `attempts` sends at most;
     `token` and `tls_ca`, else `CODEGYM_TOKEN` and `CODEGYM_TLS_CA`). `interceptors` see every call
     (a front end adds metadata to its own calls: the OpenEnv gateway names its caller's tenant).
+
+    `step_transport`: "stream" (the default without interceptors) sends `step` over at most
+    `step_streams` StepStream calls shared by every session of this client (see
+    `codegym_client.step_streams`); "unary" (the default with interceptors: a shared stream carries
+    the metadata of the call that opened it, not each step's) sends one `Step` call per step. Both
+    answer, raise and resend alike.
     """
 
     def __init__(
@@ -69,7 +82,14 @@ class AsyncRuntimeClient:
         tls_ca: str | Path | None = None,
         access: Access | None = None,
         interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+        step_transport: str | None = None,
+        step_streams: int = STREAMS,
     ) -> None:
+        transport = step_transport or ("unary" if interceptors else "stream")
+        if transport not in STEP_TRANSPORTS:
+            raise ValueError(f"step_transport must be one of {', '.join(STEP_TRANSPORTS)}, not {transport!r}")
+        if step_streams < 1:
+            raise ValueError(f"step_streams must be at least 1, not {step_streams}")
         self.target = target_text(target)
         access = access or Access.from_env(token, tls_ca)
         self.channel = aio_channel(
@@ -79,10 +99,15 @@ class AsyncRuntimeClient:
         self.timeout_s = timeout_s
         self.attempts = max(1, attempts)
         self.indexes = StepIndexes()
+        self.step_transport = transport
+        self.streams = StepStreams(lambda: self.stub.StepStream(timeout=None), step_streams)
         self._closed = False
 
     async def close(self) -> None:
+        """Close the channel; steps in flight on the shared streams fail CANCELLED, and no task of
+        the client is left running."""
         self._closed = True
+        await self.streams.close()
         await self.channel.close()
 
     async def __aenter__(self) -> AsyncRuntimeClient:
@@ -139,12 +164,14 @@ class AsyncRuntimeClient:
         async with self.indexes.holding_async((session_id,)):
             deadline = self.indexes.deadline((session_id,), self.timeout_s)
             request, numbered = step_requests(session_id, action, step_index, self.indexes)
+            stream = self.step_transport == "stream"
+
+            def send(first: bool) -> Awaitable[rt.StepResponse]:
+                sent = request if first else numbered
+                return self.streams.step(sent, deadline) if stream else self.stub.Step(sent, timeout=deadline)
+
             try:
-                response: rt.StepResponse = await self._send(
-                    "Step",
-                    lambda first: self.stub.Step(request if first else numbered, timeout=deadline),
-                    repeatable=numbered.HasField("step_index"),
-                )
+                response = await self._send("Step", send, repeatable=numbered.HasField("step_index"))
             except SessionNotFound:
                 self.indexes.forget(session_id)
                 raise
@@ -309,9 +336,10 @@ class StepStream:
 
     Answers carry the session id and the tag given to `send`; steps of one session apply in the
     order they were sent. A step the runtime refuses (e.g. an unknown session) is an answer with a
-    gRPC status `code` and `message`, not an exception; only the call itself failing raises a
-    `CodeGymError`. `done_sending()` ends the request side; `recv()` returns None once every
-    answer has arrived.
+    gRPC status `code` and `message`, and the `reason` and `retry_after_ms` a unary Step's trailers
+    would carry, not an exception; only the call itself failing raises a `CodeGymError`.
+    `done_sending()` ends the request side; `recv()` returns None once every answer has arrived.
+    (`AsyncRuntimeClient.step` sends over such calls itself, and raises as a unary Step would.)
 
     Nothing is resent here: a stream may hold several steps of one session at once, and an
     errored step leaves the index where it was, so the client cannot number them in advance.

@@ -24,7 +24,9 @@ __all__ = [
 ]
 
 SERVICE = rt.DESCRIPTOR.services_by_name["RuntimeService"].full_name
-NOT_RETRIED = [(SERVICE, "Step"), (SERVICE, "BatchStep")]
+# Calls the channel must never retry by itself: they change sessions, and a blind retry could apply
+# a step twice (a StepStream retried before its first answer would send all its steps again).
+NOT_RETRIED = [(SERVICE, "Step"), (SERVICE, "BatchStep"), (SERVICE, "StepStream")]
 
 ActionLike = str | dict[str, Any] | Action | rt.ToolCall
 

@@ -7,6 +7,11 @@ Steps, creates and resets are resent here instead, safely, with the session's st
 (`codegym_client.resend`). A call the runtime refuses raises the `CodeGymError` of its reason
 (`codegym_client.errors`). Per-entry codes of `BatchStep` answers stay in the answers (`code`,
 `message`).
+
+Each step is one unary `Step` call: this client is used from many threads, each blocking on its
+call, where a shared stream would need a thread of its own to read answers. The asyncio client
+(`AsyncRuntimeClient`) sends its steps over shared `StepStream` calls instead
+(`codegym_client.step_streams`), which costs the runtime less per step.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class RuntimeClient:
     None); `tls_ca`: the PEM file of the CA that signed the runtime's certificate, which turns TLS
     on (`CODEGYM_TLS_CA` when None); `access`: both at once, as a command line reads them (then
     `token` and `tls_ca` are not read). A refused token raises `Unauthenticated` or `PermissionDenied`.
+    Every step is one unary `Step` call (unlike `AsyncRuntimeClient`'s, sent over shared streams).
     """
 
     def __init__(

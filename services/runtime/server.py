@@ -81,6 +81,9 @@ class RuntimeServer:
         return f"runtime listening on {self.address} ({len(self.catalog)} environments)"
 
     async def stop(self, grace_s: float = 5.0) -> None:
+        # New calls are refused by gRPC as the drain starts; steps sent on open StepStream calls
+        # are refused by the servicer (nothing applied, the client sends them elsewhere).
+        self.servicer.draining = True
         await self.managed.drain(grace_s)
         if self._reaper is not None:
             self._reaper.cancel()

@@ -24,7 +24,15 @@ from typing import Any
 
 import grpc
 
-from codegym.errors import Reason, Refusal, add_lenient, entry_status, guarded, guarded_stream
+from codegym.errors import (
+    EntryStatus,
+    Reason,
+    Refusal,
+    add_lenient,
+    entry_status,
+    guarded,
+    guarded_stream,
+)
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.server.auth import CALLER, OPERATOR
 from codegym.server.logs import SESSION_ID
@@ -110,6 +118,8 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         # Initial states creates copy instead of building (initial_states.py).
         self.initial = InitialStates(self.config.initial_states_mb << 20)
         self.releases: set[asyncio.Task[None]] = set()
+        # Set as the runtime stops: its StepStream calls take no more steps (streaming.py).
+        self.draining = False
         # One token per step admitted and not yet answered.
         self.steps_in_flight: set[object] = set()
         # Forks, checkpoints and restores (forking.py).
@@ -489,13 +499,14 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
     async def Step(self, request: rt.StepRequest, context: grpc.aio.ServicerContext) -> rt.StepResponse:
         return await self._step(request)
 
-    async def _entry(self, step: rt.StepRequest) -> tuple[rt.StepResponse | None, int, str]:
-        """One step of a BatchStep or StepStream: the response, or the status code and message."""
+    async def _entry(self, step: rt.StepRequest) -> rt.StepResponse | EntryStatus:
+        """One step of a BatchStep or StepStream: the response, or the status a unary Step would
+        have ended with (its reason and retry-after too)."""
         try:
-            return await self._step(step), 0, ""
+            return await self._step(step)
         except Exception as exc:
-            code, message, _ = entry_status(exc, f"a step of session {shown(step.session_id)}")
-            return None, code, message
+            what = f"a step of session {shown(step.session_id)}"
+            return entry_status(exc, what, self.config.retry_after_ms)
 
     @guarded
     async def BatchStep(
@@ -507,7 +518,10 @@ class RuntimeServicer(rt_grpc.RuntimeServiceServicer):
         self, request_iterator: AsyncIterator[rt.StepStreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rt.StepStreamResponse]:
         # An async generator function itself: gRPC tells streaming handlers apart by that.
-        async for answer in step_stream(request_iterator, context, self._entry, self.config.max_batch):
+        answers = step_stream(
+            request_iterator, context, self._entry, self.config.max_batch, lambda: self.draining
+        )
+        async for answer in answers:
             yield answer
 
     @guarded

@@ -1,7 +1,10 @@
 """Many steps in one call: `BatchStep` (one answer for all) and `StepStream` (each answered when done).
 
-Both run each step exactly as `Step` does (`entry`: the step's response, or its status code and
-message), so a failure of one entry is that entry's answer and never ends the call.
+Both run each step exactly as `Step` does (`entry`: the step's response, or the status a unary
+`Step` would have ended with), so a failure of one entry is that entry's answer and never ends the
+call. A stream's answer carries the whole status (code, message, reason, retry-after): the client
+sends its steps over a shared stream (codegym_client/step_streams.py) and must raise exactly what a
+unary `Step` raises.
 """
 
 from __future__ import annotations
@@ -12,10 +15,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
-from codegym.errors import Reason, Refusal, Undecodable, clipped, fail_internally, refuse
+from codegym.errors import EntryStatus, Reason, Refusal, Undecodable, clipped, fail_internally, refuse
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
 
-Entry = Callable[[rt.StepRequest], Awaitable[tuple[rt.StepResponse | None, int, str]]]
+Entry = Callable[[rt.StepRequest], Awaitable[rt.StepResponse | EntryStatus]]
 
 
 async def batch_step(request: rt.BatchStepRequest, entry: Entry, max_batch: int) -> rt.BatchStepResponse:
@@ -27,10 +30,10 @@ async def batch_step(request: rt.BatchStepRequest, entry: Entry, max_batch: int)
         raise Refusal(Reason.INVALID_REQUEST, "a batch must name distinct sessions (one step per session)")
 
     async def one(step: rt.StepRequest) -> rt.BatchStepResult:
-        response, code, message = await entry(step)
-        if response is None:
-            return rt.BatchStepResult(session_id=step.session_id, code=code, message=message)
-        return rt.BatchStepResult(session_id=step.session_id, response=response)
+        answer = await entry(step)
+        if isinstance(answer, EntryStatus):
+            return rt.BatchStepResult(session_id=step.session_id, code=answer.code, message=answer.message)
+        return rt.BatchStepResult(session_id=step.session_id, response=answer)
 
     return rt.BatchStepResponse(results=await asyncio.gather(*(one(s) for s in steps)))
 
@@ -40,6 +43,7 @@ async def step_stream(
     context: grpc.aio.ServicerContext,
     entry: Entry,
     max_batch: int,
+    draining: Callable[[], bool] = lambda: False,
 ) -> AsyncIterator[rt.StepStreamResponse]:
     """Run every step sent as it arrives and answer each when done, with back-pressure.
 
@@ -55,8 +59,17 @@ async def step_stream(
     the stream (holding a slot like a step) when the server decodes leniently (`add_to_server`);
     otherwise it ends the request side, and the call ends INVALID_ARGUMENT once the steps already
     sent are answered. The client going away cancels the steps still running.
+
+    Draining (`draining()`, the runtime stopping): every request read from then on is answered
+    UNAVAILABLE with its reason (nothing applied: send it again, to another replica) and
+    `stopping` set, so the client sends no more on this call and closes its side once its steps
+    are answered (codegym_client/step_streams.py); the steps already running are answered as
+    usual. The call then ends OK, having answered every request it read: a client left with steps
+    it has no answer for knows they were never read, never applied. The server reads on rather
+    than end the call itself: a write racing the call's end fails on the client's side with
+    gRPC's INTERNAL, which says nothing of what the runtime did.
     """
-    stream = StreamedSteps(entry, max(1, max_batch))
+    stream = StreamedSteps(entry, max(1, max_batch), draining)
     reader = asyncio.get_running_loop().create_task(stream.read(request_iterator))
     try:
         while (answer := await stream.answers.get()) is not None:
@@ -81,8 +94,9 @@ class StreamedSteps:
     """The steps of one `StepStream` call: those running, the answers not yet sent, and the slots
     (`max_batch`) that bound both (see `step_stream`)."""
 
-    def __init__(self, entry: Entry, max_batch: int) -> None:
+    def __init__(self, entry: Entry, max_batch: int, draining: Callable[[], bool] = lambda: False) -> None:
         self.entry = entry
+        self.draining = draining
         self.slots = asyncio.Semaphore(max_batch)
         # Every answer queued holds a slot, so the queue never has more than `max_batch` answers,
         # and the one place left is for the final None: `put_nowait` never waits nor fails (if it
@@ -98,12 +112,13 @@ class StreamedSteps:
         try:
             if before is not None:
                 await asyncio.wait([before])  # this session's earlier step first
-            response, code, message = await self.entry(item.step)
+            done = await self.entry(item.step)
             answer = rt.StepStreamResponse(session_id=item.step.session_id, tag=item.tag)
-            if response is None:
-                answer.code, answer.message = code, message
+            if isinstance(done, EntryStatus):
+                answer.code, answer.message = done.code, done.message
+                answer.reason, answer.retry_after_ms = done.reason.name, done.retry_after_ms
             else:
-                answer.response.CopyFrom(response)
+                answer.response.CopyFrom(done)
             self.answers.put_nowait(answer)
             queued = True
         finally:
@@ -137,7 +152,21 @@ class StreamedSteps:
                     break
                 if isinstance(item, Undecodable):
                     code = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-                    self.answers.put_nowait(rt.StepStreamResponse(code=code, message=clipped(item.reason)))
+                    refused = rt.StepStreamResponse(
+                        code=code, message=clipped(item.reason), reason=Reason.INVALID_REQUEST.name
+                    )
+                    self.answers.put_nowait(refused)
+                elif self.draining():  # its slot is held by its answer, as a step's
+                    self.answers.put_nowait(
+                        rt.StepStreamResponse(
+                            session_id=item.step.session_id,
+                            tag=item.tag,
+                            code=grpc.StatusCode.UNAVAILABLE.value[0],
+                            message="the runtime is stopping: the step was not applied; send it again",
+                            reason=Reason.UNAVAILABLE.name,
+                            stopping=True,
+                        )
+                    )
                 else:
                     self.start(item)
             await asyncio.gather(*list(self.running))

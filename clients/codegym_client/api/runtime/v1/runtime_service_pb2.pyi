@@ -519,6 +519,9 @@ class StepStreamResponse(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     RESPONSE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    RETRY_AFTER_MS_FIELD_NUMBER: _builtins.int
+    STOPPING_FIELD_NUMBER: _builtins.int
     session_id: _builtins.str
     """Session."""
     tag: _builtins.str
@@ -527,6 +530,19 @@ class StepStreamResponse(_message.Message):
     """gRPC status code of this step (0 = OK); e.g. NOT_FOUND for an unknown session."""
     message: _builtins.str
     """Status detail when code != 0."""
+    reason: _builtins.str
+    """When code != 0: the reason from the error table (what a unary Step sends as its
+    `codegym-reason` trailer), so the client raises the same exception as for a unary Step.
+    """
+    retry_after_ms: _builtins.int
+    """When code != 0 and the runtime gave one: how long to back off before sending the step again,
+    in milliseconds (a unary Step's `retry-after-ms` trailer); 0 = none given.
+    """
+    stopping: _builtins.bool
+    """The runtime is stopping: this call runs no more steps (each one sent is refused like this one,
+    UNAVAILABLE, nothing applied). Send them on another call, and end this one (close the sending
+    side) once its steps are answered.
+    """
     @_builtins.property
     def response(self) -> Global___StepResponse:
         """Step result when code == 0."""
@@ -539,10 +555,13 @@ class StepStreamResponse(_message.Message):
         code: _builtins.int = ...,
         message: _builtins.str = ...,
         response: Global___StepResponse | None = ...,
+        reason: _builtins.str = ...,
+        retry_after_ms: _builtins.int = ...,
+        stopping: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "response", b"response", "session_id", b"session_id", "tag", b"tag"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "message", b"message", "reason", b"reason", "response", b"response", "retry_after_ms", b"retry_after_ms", "session_id", b"session_id", "stopping", b"stopping", "tag", b"tag"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
