@@ -23,7 +23,6 @@ from services.runtime.episode_record import ALL_RUNS, ENV_SCOPE, task_scope
 from services.runtime.record_store import RedisRecordStore, SqliteRecordStore
 from services.runtime.tallies import (
     DECLARED,
-    GROUP_VERSIONS,
     HISTORY_KEEP,
     MEASURING,
     EnvTally,
@@ -124,8 +123,7 @@ async def read_everything(store: Any) -> dict[str, Any]:
         "worst": await store.worst_envs(len(ENVS) + 1),
         "history": {
             run: [
-                (p.version, p.played, p.learnable, p.mastered, p.unsolved)
-                + (p.groups, p.multi_episode_groups, p.zero_variance_groups, p.moves)
+                (p.version, p.played, p.learnable, p.mastered, p.unsolved, *counts_of_point(p))
                 for p in await store.history(run)
             ]
             for run in [*RUNS, ""]
@@ -140,6 +138,10 @@ def redis_url() -> AsyncIterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+def counts_of_point(p: Any) -> tuple[Any, ...]:
+    return (p.groups, p.multi_episode_groups, p.zero_variance_groups, p.moves)
 
 
 def run(coro: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
