@@ -27,8 +27,8 @@ of a task's body too, never from a walk:
   episodes or more, zero-variance groups: two or more, every reward equal), so a version's counts
   hold its open groups as well as its closed ones, and a group's episodes merged from two replicas
   count as they would from one (each merge adds what the group gained). A group older than the
-  kept versions when its episodes arrive (an episode of a policy version 4 behind the task's
-  latest) counts as a group of its own;
+  kept versions when its episodes arrive (the task was played at 4 newer versions since) counts
+  as a group of its own;
 - its tasks that moved pools: the latest group of a task holds the task's pool when that version
   first reached the record (`start`); each merge moves the task's contribution at that version
   from (start → pool before) to (start → pool after). So a version counts each task once, by where
@@ -63,9 +63,9 @@ FailureKind = Literal["env_error", "step_timeout", "sandbox_limit"]
 FAILURE_KINDS: tuple[FailureKind, ...] = ("env_error", "step_timeout", "sandbox_limit")
 # A task's pool score while the run has played it fewer than `DEFAULT_MIN_EPISODES` times.
 MEASURING = -1.0
-# Policy versions of a task whose (task, version) groups its run's body keeps open: an episode of
-# a version up to 3 behind the task's latest (a trainer's off-policy lag, a replica's late flush)
-# still joins its group.
+# Policy versions of a task whose (task, version) groups its run's body keeps open: the 4 latest
+# versions that played it, so an episode arriving late (a trainer's off-policy lag, a replica's
+# late flush) still joins its group unless the task was played at 4 newer versions since.
 GROUP_VERSIONS = 4
 # Significant digits a group's rewards are kept to: Redis's Lua writes numbers with 14, so both
 # stores keep the same lowest and highest reward and agree on which groups are all equal.

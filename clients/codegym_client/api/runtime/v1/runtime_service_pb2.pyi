@@ -1635,7 +1635,7 @@ class RunHistoryPoint(_message.Message):
     groups: _builtins.int
     """The run's (task, policy version) groups of this version: a task's episodes at this version,
     open ones included (a group still receiving episodes is counted as it stands). Episodes that
-    reach the runtime after the task was played 4 versions later count as a group of their own.
+    reach the runtime after the task was played at 4 newer versions count as a group of their own.
     """
     multi_episode_groups: _builtins.int
     """Of those, the groups of two episodes or more."""
