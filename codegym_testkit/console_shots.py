@@ -5,9 +5,10 @@ The stack: one sandbox worker, a runtime over a library of `--envs` environments
 task configs each (copies of a verified sample, `big_library`; 20,000 x 4 = 80,000 tasks plus the
 samples by default) capturing every episode, and the console without tokens (loopback). A few
 episodes are played first for the run `shots` at 5 policy versions (a rewarded group, a flagged
-shortcut, a group answered wrong then right), so Episodes and Curriculum have something to show; then each page is loaded `--loads` times in
-headless Chromium and its load time read from Navigation Timing (navigation start to the end of
-the load event). Prints one line per page: median and worst in milliseconds, and the library size.
+shortcut, a group answered wrong then right), so Episodes and Curriculum have something to
+show; then each page is loaded `--loads` times in headless Chromium and its load time read from
+Navigation Timing (navigation start to the end of the load event). Prints one line per page:
+median and worst in milliseconds, and the library size.
 
   .venv/bin/python -m codegym_testkit.console_shots --out docs/console
 """

@@ -301,10 +301,12 @@ class SqliteRecordStore:
                     " ORDER BY version DESC LIMIT 1 OFFSET ?)",
                     (run, run, HISTORY_KEEP - 1),
                 )
+            # The counts of versions the history no longer keeps go (a range of the key; a count
+            # back at 0 stays until then, and is not read).
             for run in {run for run, _, _ in counted}:
                 db.execute(
-                    "DELETE FROM version_counts WHERE run = ? AND (n = 0 OR version <"
-                    " (SELECT COALESCE(MIN(version), -1) FROM history WHERE run = ?))",
+                    "DELETE FROM version_counts WHERE run = ? AND version <"
+                    " (SELECT COALESCE(MIN(version), -1) FROM history WHERE run = ?)",
                     (run, run),
                 )
             for run, seen in runs.items():

@@ -28,7 +28,9 @@ of a task's body too, never from a walk:
   hold its open groups as well as its closed ones, and a group's episodes merged from two replicas
   count as they would from one (each merge adds what the group gained). A group older than the
   kept versions when its episodes arrive (the task was played at 4 newer versions since) counts
-  as a group of its own;
+  as a group of its own. A replica's unflushed delta keeps 4 versions of a task too: a task played
+  at more than 4 versions while the store cannot be written (held deltas, `Recorder.flush`) has
+  its oldest groups left out of the counts (its other tallies keep every episode);
 - its tasks that moved pools: the latest group of a task holds the task's pool when that version
   first reached the record (`start`); each merge moves the task's contribution at that version
   from (start → pool before) to (start → pool after). So a version counts each task once, by where
@@ -110,11 +112,6 @@ class Group(NamedTuple):
     low: float  # the lowest reward (to `REWARD_DIGITS` significant digits)
     high: float  # the highest
     start: str  # the task's pool when the version first reached the record ("" in a delta)
-
-    @property
-    def zero_variance(self) -> bool:
-        """Two episodes or more, every reward equal: a GRPO group without advantage."""
-        return self.episodes >= 2 and self.low == self.high
 
 
 def group_of(version: int, reward: float) -> list[Any]:
@@ -253,6 +250,12 @@ def merge(schema: str, body: dict[str, Any], delta: dict[str, Any]) -> dict[str,
 def merge_groups(held: list[list[Any]], added: list[list[Any]], keep: int) -> list[list[Any]]:
     """Groups by version: `added`'s join `held`'s of their version (episodes add, the lowest and
     highest reward, the start held first), the `keep` latest versions kept, oldest first."""
+    if len(added) == 1 and held and held[-1][0] == added[0][0]:  # one more episode of the latest
+        g, last = added[0], list(held[-1])
+        last[1] += g[1]
+        last[2], last[3] = min(last[2], g[2]), max(last[3], g[3])
+        last[4] = last[4] or g[4]
+        return [*held[:-1], last][-keep:]
     by_version = {int(g[0]): list(g) for g in held}
     for g in added:
         mine = by_version.get(int(g[0]))
@@ -327,14 +330,14 @@ def pool_score(body: dict[str, Any]) -> float | None:
     failed step alone does not make a task played)."""
     if not body.get("episodes"):
         return None
-    seen, rate = TaskTally.of(body).recent_rate(POOL_WINDOW)
-    return rate if seen >= DEFAULT_MIN_EPISODES else MEASURING
+    marks = str(body.get("recent", ""))[-POOL_WINDOW:]  # read off the body: each merge asks, twice
+    return marks.count("1") / len(marks) if len(marks) >= DEFAULT_MIN_EPISODES else MEASURING
 
 
 def recent_score(body: dict[str, Any]) -> float | None:
     """The task's pass rate over its whole recent window (what the gauges band); None when empty."""
-    seen, rate = TaskTally.of(body).recent_rate()
-    return rate if seen else None
+    marks = str(body.get("recent", ""))
+    return marks.count("1") / len(marks) if marks else None
 
 
 def quarantined(body: dict[str, Any]) -> bool:
@@ -445,6 +448,7 @@ local function contribute(counted, group, sign)
   end
 end
 local quarantine = KEYS[#KEYS]
+local pending = {{}}  -- the counts' changes of the whole call, by hash and version: written once
 for i = 1, n do
   local schema, field = ARGV[3 * i - 2], ARGV[3 * i - 1]
   local decl = declared[schema]
@@ -532,19 +536,11 @@ for i = 1, n do
     else
       redis.call('ZREM', KEYS[4 * i - 1], field)
     end
-    for version, names in pairs(counted) do
-      local key = string.format('%d', version)
-      local held = redis.call('HGET', KEYS[4 * i], key)
-      local counts = {{}}
-      if held then counts = cjson.decode(held) end
-      for name, change in pairs(names) do
-        local total = (counts[name] or 0) + change
-        if total == 0 then counts[name] = nil else counts[name] = total end
-      end
-      if next(counts) == nil then
-        redis.call('HDEL', KEYS[4 * i], key)
-      else
-        redis.call('HSET', KEYS[4 * i], key, cjson.encode(counts))
+    if next(counted) ~= nil then
+      local run = pending[KEYS[4 * i]]
+      if run == nil then run = {{}}; pending[KEYS[4 * i]] = run end
+      for version, names in pairs(counted) do
+        for name, change in pairs(names) do add(run, version, name, change) end
       end
     end
   else
@@ -560,6 +556,23 @@ for i = 1, n do
       redis.call('SADD', quarantine, field)
     else
       redis.call('SREM', quarantine, field)
+    end
+  end
+end
+for hash, versions in pairs(pending) do
+  for version, names in pairs(versions) do
+    local key = string.format('%d', version)
+    local held = redis.call('HGET', hash, key)
+    local counts = {{}}
+    if held then counts = cjson.decode(held) end
+    for name, change in pairs(names) do
+      local total = (counts[name] or 0) + change
+      if total == 0 then counts[name] = nil else counts[name] = total end
+    end
+    if next(counts) == nil then
+      redis.call('HDEL', hash, key)
+    else
+      redis.call('HSET', hash, key, cjson.encode(counts))
     end
   end
 end
