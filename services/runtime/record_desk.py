@@ -245,7 +245,12 @@ class RecordDesk:
                 )
                 for p in points
             ],
-            now=rt.RunHistoryPoint(played=sum(pools.values()), **pools),
+            now=rt.RunHistoryPoint(
+                played=sum(pools.values()),
+                learnable=pools["learnable"],
+                mastered=pools["mastered"],
+                unsolved=pools["unsolved"],
+            ),
             recent_pass_rates=gauge_bands(counts),
             library_tasks=library_tasks,
         )
