@@ -24,7 +24,10 @@ runtime, loopback; bench/rollout_bench.py's `up`, stopped by pid):
               Per arm over --steps: zero-variance groups % (all 8 rewards equal; also over the
               second half), useful episodes per 1,000 served (those of mixed groups), the learner's
               mean pass rate over all tasks before and after. Target: curriculum zero-variance
-              <= 10 % where uniform gives >= 50 %.
+              <= 10 % where uniform gives >= 50 %. After each arm the runtime's own count
+              (RunHistory: each step's groups and zero-variance groups, a step being a policy
+              version) must equal what the bench played, or the bench stops; each step's figures
+              keep the record's pool moves.
   recording   rollout_bench's steady shape (256 rollouts thinking 1 s, 20 s windows) on the 12
               samples, recording on and off (`codegym up --no-record`), alternating (on/off,
               off/on, ...) for --repeats rounds: step p50/p99 per run, the episodes the runtime
@@ -213,6 +216,10 @@ class SimulationWrong(AssertionError):
     """A success was not rewarded or a failure was: the simulation does not mean what it says."""
 
 
+class RecordWrong(AssertionError):
+    """The runtime's history (RunHistory) counts a step's groups otherwise than the bench played them."""
+
+
 async def resent(call: Any, *args: Any, **kwargs: Any) -> Any:
     """`await call(...)`, sent again after each capacity refusal, as a trainer would."""
     while True:
@@ -323,7 +330,30 @@ async def play_arm(address: str, arm: Arm, args: argparse.Namespace) -> Figures:
                 f"rate {figures['pass_rate']:.3f}, {figures['env_steps']} env steps in {figures['seconds']:.1f} s"
                 f" (sampler {figures.get('sample_s', 0):.2f} s) {figures.get('chosen', '')}"
             )
+        check_history(arm, await client.run_history(arm.run_id))
     return arm.summary(start_rate)
+
+
+def check_history(arm: Arm, points: list[Any]) -> None:
+    """The runtime's count of each step's groups (RunHistory: a step is a policy version) against
+    the groups the bench played: B distinct tasks x 8 episodes, zero-variance when all 8 rewards
+    are equal. Each step's figures get the record's, with its pool moves."""
+    by_version = {int(p.policy_version): p for p in points}
+    for figures in arm.steps:
+        point = by_version.get(figures["step"])
+        got = (
+            (0, 0, 0)
+            if point is None
+            else (point.groups, point.multi_episode_groups, point.zero_variance_groups)
+        )
+        want = (figures["groups"], figures["groups"], figures["zero_variance"])
+        if got != want:
+            raise RecordWrong(
+                f"{arm.name} step {figures['step']}: RunHistory counts {got}, the bench played {want}"
+            )
+        figures["record_moves"] = (
+            {} if point is None else {f"{m.from_pool}>{m.to_pool}": m.tasks for m in point.moves}
+        )
 
 
 def run_curriculum(args: argparse.Namespace, workdir: Path, logs: Path, revision: str) -> list[Figures]:

@@ -9,8 +9,10 @@ against any runtime, local or deployed, and never open its store:
 - `sample` asks the runtime's sampler for N task configurations chosen for a run to learn from;
 - `quarantine` lists the environments kept out of sampling, with their evidence, and `--lift`
   lets one be sampled again (nothing is ever deleted);
-- `history` prints a run's played tasks by pool at each policy version it reached (the runtime
-  keeps the last 1,000 versions of each of its last 256 runs), as JSON lines;
+- `history` prints a run's played tasks by pool at each policy version it reached, with the
+  version's (task, policy version) groups (zero-variance ones among them) and the tasks that moved
+  pools during it (the runtime keeps the last 1,000 versions of each of its last 256 runs), as
+  JSON lines;
 - `label --from-stats` writes each played task's learnability (unsolved / learnable / mastered)
   into a library, where `codegym export --learnability` and `codegym eval --learnability` filter
   by it. It is kept apart from the published easy/medium/hard `difficulty`.

@@ -125,12 +125,15 @@ def add_sample(lib_sub: argparse._SubParsersAction) -> None:
 def add_history(lib_sub: argparse._SubParsersAction) -> None:
     history = lib_sub.add_parser(
         "history",
-        help="a run's played tasks by pool at each policy version it reached, as JSON lines",
+        help="a run's pools, groups and pool moves at each policy version it reached, as JSON lines",
         description="A line per policy version the run reached (CreateSession's policy_version), oldest "
         "first: the run's played tasks then, and how many of them were learnable (a pass rate strictly "
         "between 0 and 1 over their last 16 episodes, or fewer than 4 episodes), mastered and unsolved, "
-        "as they stood after the last episodes recorded at that version. Bounded: the runtime keeps the "
-        "last 1,000 versions of each of its last 256 runs. An unknown run is an error.",
+        "as they stood after the last episodes recorded at that version; its (task, policy version) "
+        "groups (groups, multi_episode_groups: of 2 episodes or more, zero_variance_groups: of those, "
+        "every reward equal), open ones included; and its tasks that moved pools during that version "
+        "(moves: from_pool, to_pool, tasks). Bounded: the runtime keeps the last 1,000 versions of each "
+        "of its last 256 runs. An unknown run is an error.",
     )
     add_runtime_arguments(history, prefix=False)
     history.add_argument("--run", default="", metavar="RUN", help="the trainer run (default: every run)")

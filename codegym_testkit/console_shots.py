@@ -4,10 +4,11 @@ load time measured in the browser, on an idle stack over a library of the publis
 The stack: one sandbox worker, a runtime over a library of `--envs` environments with `--tasks`
 task configs each (copies of a verified sample, `big_library`; 20,000 x 4 = 80,000 tasks plus the
 samples by default) capturing every episode, and the console without tokens (loopback). A few
-episodes are played first (a rewarded one, a flagged shortcut, a failed one) for the run `shots`,
-so Episodes and Curriculum have something to show; then each page is loaded `--loads` times in
-headless Chromium and its load time read from Navigation Timing (navigation start to the end of
-the load event). Prints one line per page: median and worst in milliseconds, and the library size.
+episodes are played first for the run `shots` at 5 policy versions (a rewarded group, a flagged
+shortcut, a group answered wrong then right), so Episodes and Curriculum have something to
+show; then each page is loaded `--loads` times in headless Chromium and its load time read from
+Navigation Timing (navigation start to the end of the load event). Prints one line per page:
+median and worst in milliseconds, and the library size.
 
   .venv/bin/python -m codegym_testkit.console_shots --out docs/console
 """
@@ -46,12 +47,18 @@ def play_some(runtime: str) -> str:
         if json.loads(line)["env_id"] == GCD and json.loads(line)["reward"] == 1.0
     )
     played = ""
+    oracle = (run["config"], [a for a, _ in run["steps"]])
     with RuntimeClient(runtime) as client:
-        for version in range(5):  # a task decides its pool at its 4th episode: the plot moves at v3
+        # Per version: the oracle's task twice (a group of equal rewards: zero variance), the
+        # shortcut once, and a task answered wrong then right (a group that teaches). A task
+        # decides its pool at its 4th episode: the oracle's is mastered at v1.
+        for version in range(5):
             for config, actions in (
-                (run["config"], [a for a, _ in run["steps"]]),
+                oracle,
+                oracle,
                 (SHORTCUT, ['{"name": "Done", "parameters": {"answer": 1}}']),
                 ({"nums": [10, 10]}, ['{"name": "Done", "parameters": {"answer": 3}}']),
+                ({"nums": [10, 10]}, ['{"name": "Done", "parameters": {"answer": 10}}']),
             ):
                 made = client.create_session(env_id=GCD, config=config, run_id=RUN, policy_version=version)
                 for action in actions:

@@ -606,7 +606,8 @@ def test_curriculum_of_a_run_past_the_per_task_bound_reads_the_kept_counts_only(
     library: Path, workers: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past `PER_TASK_MAX` played tasks the page reads RunHistory's counts (pools now, recent pass
-    rates) and no task's Stats line; within it, the same pools with the per-task figures."""
+    rates, each version's groups and moves) and no task's Stats line; within it, the same pools
+    with the per-task figures."""
     import asyncio
 
     from codegym_client.async_client import AsyncRuntimeClient
@@ -671,6 +672,19 @@ def test_curriculum_of_a_run_past_the_per_task_bound_reads_the_kept_counts_only(
             assert big.pools["unseen"] == lib.counts()[1] - len(tasks)  # the library's size from RunHistory
         # The pools-by-version table lists the last versions, with a link to every one.
         assert [row.version for row in big.versions] == [0, 1, 2] and big.listed == big.versions
+        # Each version's 4 groups of 4 episodes: all passed (n % 3 == 0) or all failed (2) are
+        # zero-variance; each task moved out of the unseen by its group's pass rate.
+        assert [(row.groups, row.multi, row.zero) for row in big.versions] == [
+            (4, 4, 3),
+            (4, 4, 2),
+            (4, 4, 3),
+        ]
+        assert big.versions[0].moves == [
+            ("unseen", "mastered", 2),
+            ("unseen", "learnable", 1),
+            ("unseen", "unsolved", 1),
+        ]
+        assert big.groups.zero_share == pytest.approx(8 / 12) and small.groups == big.groups
         short = asyncio.run(view(len(tasks), listed=2))
         assert [row.version for row in short.listed] == [1, 2]
         console = Console(ConsoleConfig(runtime=server.address))
@@ -680,5 +694,7 @@ def test_curriculum_of_a_run_past_the_per_task_bound_reads_the_kept_counts_only(
         )
         assert 'data-version="0"' not in html and 'data-version="2"' in html
         assert "The last 2 of 3 versions" in html and "versions=all" in html
+        assert 'id="zero-variance">67%</b> of 12 groups of two episodes or more' in html
+        assert '<tr data-version="1"><td>1</td><td>4</td><td>4</td><td>2</td><td>50%</td></tr>' in html
     finally:
         server.stop()

@@ -467,23 +467,60 @@ def version_bars(driver: Any) -> dict[str, str]:
     }
 
 
+def rows_of(driver: Any, table: str) -> dict[str, list[str]]:
+    """A by-version table's rows: policy version -> its cells after the version."""
+    from selenium.webdriver.common.by import By
+
+    rows = driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr[data-version]")
+    return {
+        row.get_attribute("data-version"): [
+            cell.text for cell in row.find_elements(By.CSS_SELECTOR, "td")[1:]
+        ]
+        for row in rows
+    }
+
+
+def moves_of(driver: Any) -> dict[str, dict[str, str]]:
+    """The moves table: policy version -> {"from>to": tasks}."""
+    from selenium.webdriver.common.by import By
+
+    return {
+        row.get_attribute("data-version"): {
+            move.get_attribute("data-move"): move.get_attribute("data-tasks")
+            for move in row.find_elements(By.CSS_SELECTOR, ".move")
+        }
+        for row in driver.find_elements(By.CSS_SELECTOR, "#moves tbody tr[data-version]")
+    }
+
+
+def zero_variance_bars(driver: Any) -> dict[str, str]:
+    from selenium.webdriver.common.by import By
+
+    return {
+        rect.get_attribute("data-label"): rect.get_attribute("data-value")
+        for rect in driver.find_elements(By.CSS_SELECTOR, "#zero-variance-chart rect")
+    }
+
+
 def test_pools_by_policy_version_follow_episodes_played_at_two_versions(
     driver: Any, stack: dict[str, str]
 ) -> None:
-    """The table and plot come from the record's RunHistory: a version's row stays as it stood,
-    the next version's row adds what its episodes did."""
+    """The tables and plots come from the record's RunHistory: a version's row stays as it stood,
+    the next version's row adds what its episodes did; each version's groups (their zero-variance
+    share) and its tasks that moved pools are counted from the same episodes."""
     base, run_id = stack["console"], "grpo-versions"
     sign_in(driver, base, "trainer-a")
     driver.get(f"{base}/curriculum?run={run_id}")
     assert history_rows(driver) == {} and version_bars(driver) == {}
-    assert "not shown" in text_of(driver, "#zero-variance-note")
+    assert rows_of(driver, "groups") == {} and moves_of(driver) == {} and zero_variance_bars(driver) == {}
     run = oracle_run(GCD)
     solved = (run["config"], [a for a, _ in run["steps"]])
     failed = ({"nums": [11, 13]}, [{"name": "Done", "parameters": {"answer": 2}}])  # gcd is 1
+    right = ({"nums": [11, 13]}, [{"name": "Done", "parameters": {"answer": 1}}])
 
-    def play_at(version: int, config: dict[str, Any], actions: list[Any]) -> None:
+    def play_at(version: int, config: dict[str, Any], actions: list[Any], times: int = 4) -> None:
         with RuntimeClient(stack["runtime"], token="trainer-a") as client:
-            for _ in range(4):  # 4 episodes: past "still measured", so the pool is decided
+            for _ in range(times):  # 4 episodes: past "still measured", so the pool is decided
                 created = client.create_session(
                     env_id=GCD, config=config, run_id=run_id, policy_version=version
                 )
@@ -507,6 +544,19 @@ def test_pools_by_policy_version_follow_episodes_played_at_two_versions(
     assert int(second["5"][0]) == int(first["3"][0]) - 1  # one more task left the unseen
     drawn = version_bars(driver)
     assert drawn["5:unsolved"] == "1" and drawn["5:mastered"] == "1" and drawn["3:unsolved"] == "0", drawn
+    # Each version's group has 4 equal rewards: zero variance; each task left the unseen.
+    assert rows_of(driver, "groups") == {"3": ["1", "1", "1", "100%"], "5": ["1", "1", "1", "100%"]}
+    assert zero_variance_bars(driver) == {"3": "100%", "5": "100%"}
+    assert moves_of(driver) == {"3": {"unseen>mastered": "1"}, "5": {"unseen>unsolved": "1"}}
+
+    # At version 6 the unsolved task is answered right twice and wrong twice: a group that teaches.
+    play_at(6, *right, times=2)
+    play_at(6, *failed, times=2)
+    driver.get(f"{base}/curriculum?run={run_id}")
+    assert rows_of(driver, "groups")["6"] == ["1", "1", "0", "0%"]
+    assert zero_variance_bars(driver)["6"] == "0%"
+    assert moves_of(driver)["6"] == {"unsolved>learnable": "1"}
+    assert "67% of 3 groups of two episodes or more" in text_of(driver, "#zero-variance-note")
 
 
 # Episodes --------------------------------------------------------------------------------------

@@ -176,6 +176,87 @@ def test_history_rows_count_the_unseen_from_the_library_and_each_pools_change() 
     assert rows[1].change == {"learnable": -2, "mastered": 2, "unsolved": 1}
 
 
+def history_with_groups() -> list[rt.RunHistoryPoint]:
+    """Two versions: 4 groups of 2+ episodes of which 3 zero-variance and 2 tasks moved; then 2
+    groups, none zero-variance, a task unsolved to learnable."""
+    return [
+        rt.RunHistoryPoint(
+            policy_version=2,
+            at=1.0,
+            played=3,
+            learnable=3,
+            groups=5,
+            multi_episode_groups=4,
+            zero_variance_groups=3,
+            moves=[
+                rt.PoolMove(from_pool="unseen", to_pool="learnable", tasks=1),
+                rt.PoolMove(from_pool="unseen", to_pool="mastered", tasks=2),
+            ],
+        ),
+        rt.RunHistoryPoint(
+            policy_version=7,
+            at=2.0,
+            played=3,
+            learnable=3,
+            groups=2,
+            multi_episode_groups=2,
+            zero_variance_groups=0,
+            moves=[rt.PoolMove(from_pool="unsolved", to_pool="learnable", tasks=1)],
+        ),
+    ]
+
+
+def test_history_rows_carry_each_versions_groups_zero_variance_share_and_moves() -> None:
+    first, second = curriculum.version_rows(history_with_groups(), total=100)
+    assert (first.groups, first.multi, first.zero, first.zero_share) == (5, 4, 3, 0.75)
+    assert first.moves == [("unseen", "mastered", 2), ("unseen", "learnable", 1)] and first.moved == 3
+    assert (second.zero_share, second.moved) == (0.0, 1)
+    alone = curriculum.version_rows([rt.RunHistoryPoint(policy_version=1, groups=1)], total=1)[0]
+    assert alone.zero_share is None  # a group of one episode has no variance to speak of
+
+
+def test_the_curriculum_page_shows_the_zero_variance_share_and_moves_per_version_escaped() -> None:
+    console = Console(ConsoleConfig(runtime="127.0.0.1:1"))
+    evil = "<script>alert(1)</script>"
+    task = rt.TaskStats(ability=evil, env_id=evil, episodes=4, passes=4, pass_rate=1.0, pool="mastered")
+    task.prior_pass_rate = 0.0
+    versions = curriculum.version_rows(history_with_groups(), total=100)
+    groups = curriculum.groups_of(versions)
+    assert [(b.label, b.value) for b in groups.zero_chart.bars] == [("2", "75%"), ("7", "0%")]
+    assert groups.zero_chart.bars[0].height == pytest.approx((plots.BASE - 20) * 0.75)  # a share of 1.0
+    assert groups.zero_share == pytest.approx(3 / 6) and (groups.groups, groups.multi) == (7, 6)
+    into = {b.label: b.value for column in groups.moves_chart.columns for b in column.segments}
+    assert into == {
+        "2:learnable": "1",
+        "2:mastered": "2",
+        "2:unsolved": "0",
+        "7:learnable": "1",
+        "7:mastered": "0",
+        "7:unsolved": "0",
+    }
+    view = curriculum.CurriculumView(
+        pools={"unseen": 97, "learnable": 3, "mastered": 0, "unsolved": 0},
+        played=3,
+        pool_chart=plots.bar_chart("pools", [("unseen", 97.0)]),
+        pass_rates=plots.bar_chart("rates", [("1", 3.0)]),
+        versions=versions,
+        listed=versions,
+        version_chart=plots.stacked_chart("versions", []),
+        groups=groups,
+        history_note="",
+        per_task=curriculum.per_task([task]),
+    )
+    _, login = Logins({}).sign_in("")
+    html = console.templates.get_template("curriculum.html").render(
+        run_id=evil, view=view, login=login, page="curriculum", signin=False, grafana_url="", path="/"
+    )
+    assert "<script>" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "not shown" not in html and 'id="zero-variance">50%</b> of 6 groups of two episodes' in html
+    assert '<tr data-version="2"><td>2</td><td>5</td><td>4</td><td>3</td><td>75%</td></tr>' in html
+    assert 'data-move="unsolved>learnable" data-tasks="1"' in html
+    assert 'id="zero-variance-chart"' in html and 'id="moves-chart"' in html
+
+
 def test_highlighting_keeps_the_code_as_text() -> None:
     code = "def f():\n    return '<script>'  # x\n"
     pieces = highlight(code)

@@ -359,12 +359,17 @@ def test_history_prints_the_runs_pools_by_policy_version_and_refuses_an_unknown_
     played: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The run played at policy version 7: one point, its three played tasks by pool (the default
-    band, fewer than 4 episodes each: all still learnable). A run nobody played is one clear line."""
+    band, fewer than 4 episodes each: all still learnable), their three groups of two episodes
+    (two of them with rewards all equal) and their moves out of unseen. A run nobody played is one
+    clear line."""
     code, points, err = cli(capsys, "library", "history", "--target", played, "--run", RUN)
     assert code == 0, err
     assert [
         (p["policy_version"], p["played"], p["learnable"], p["mastered"], p["unsolved"]) for p in points
     ] == [(7, 3, 3, 0, 0)]
+    assert [
+        (p["groups"], p["multi_episode_groups"], p["zero_variance_groups"], p["moves"]) for p in points
+    ] == [(3, 3, 2, [{"from_pool": "unseen", "to_pool": "learnable", "tasks": 3}])]
     assert points[0]["at"] > 0 and "1 policy versions of run" in err
     code, points, err = cli(capsys, "library", "history", "--target", played, "--run", "nobody-ran-this")
     assert code == 1 and points == []

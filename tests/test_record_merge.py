@@ -3,8 +3,8 @@ and the indexes kept beside the bodies always equal what a full recomputation gi
 
 Random histories of deltas, seeded (each seed names a history that can be replayed), are applied
 to the SQLite store and to a real redis-server; the bodies, the pool index, the counts, the
-quarantined environments and the history must agree with each other and with the bodies
-recomputed from scratch by the declaration.
+quarantined environments and the history (with each version's group and move counts) must agree
+with each other and with the bodies and counts recomputed from scratch by the declaration.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from services.runtime.tallies import (
     Merge,
     TaskTally,
     UnknownField,
+    account,
     classes,
     error_score,
     merge,
@@ -55,8 +56,13 @@ def random_delta(rng: random.Random, schema: str) -> dict[str, Any]:
         elif kind is Merge.MAXIMUM:
             delta[name] = rng.randrange(0, 50)
         elif kind is Merge.WINDOW:
-            marks = "01" if schema == "task" else ".xxl"
+            marks = rng.choice(("0", "1", "01")) if schema == "task" else ".xxl"  # pools move now and then
             delta[name] = "".join(rng.choice(marks) for _ in range(rng.randrange(1, keep + 8)))
+        elif kind is Merge.GROUPS:  # a few versions, past the kept ones now and then
+            delta[name] = []
+            for version in sorted(rng.sample(range(12), rng.randrange(0, keep + 2))):
+                low, high = sorted(rng.choice((0.0, 0.25, 1.0, -1.5)) for _ in range(2))
+                delta[name].append([version, rng.randrange(1, 9), low, high, ""])
         else:
             delta[name] = [f"m{rng.randrange(100)}" for _ in range(rng.randrange(0, keep + 3))]
     if schema == "env" and rng.random() < 0.1:
@@ -78,14 +84,25 @@ def random_history(seed: int, flushes: int = 12) -> list[Deltas]:
     return history
 
 
-def recomputed(history: list[Deltas]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Every scope's bodies from scratch, by the declaration."""
+def recomputed(
+    history: list[Deltas],
+) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, dict[int, Counter[str]]]]:
+    """Every scope's bodies from scratch, by the declaration, and each run's counts per version
+    (the sum of what each merge changed)."""
     bodies: dict[str, dict[str, dict[str, Any]]] = {}
+    counts: dict[str, dict[int, Counter[str]]] = {}
     for deltas in history:
         for (scope, key), delta in deltas.items():
             schema = "env" if scope == ENV_SCOPE else "task"
-            merge(schema, bodies.setdefault(scope, {}).setdefault(key, {}), delta)
-    return bodies
+            held = bodies.setdefault(scope, {})
+            old = held.get(key)
+            body = held[key] = merge(schema, json.loads(json.dumps(old or {})), delta)
+            if schema == "task":
+                for version, names in account(old, body, delta).items():
+                    counts.setdefault(scope.removeprefix("task:"), {}).setdefault(version, Counter()).update(
+                        names
+                    )
+    return bodies, counts
 
 
 def counts_of(bodies: dict[str, dict[str, Any]]) -> dict[str, int]:
@@ -106,7 +123,8 @@ async def read_everything(store: Any) -> dict[str, Any]:
         "worst": await store.worst_envs(len(ENVS) + 1),
         "history": {
             run: [
-                (p.version, p.played, p.learnable, p.mastered, p.unsolved) for p in await store.history(run)
+                (p.version, p.played, p.learnable, p.mastered, p.unsolved, *counts_of_point(p))
+                for p in await store.history(run)
             ]
             for run in [*RUNS, ""]
         },
@@ -120,6 +138,10 @@ def redis_url() -> AsyncIterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+def counts_of_point(p: Any) -> tuple[Any, ...]:
+    return (p.groups, p.multi_episode_groups, p.zero_variance_groups, p.moves)
 
 
 def run(coro: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -142,7 +164,7 @@ def test_both_stores_merge_random_histories_by_the_declaration_and_index_them_ex
                     await redis.apply(deltas, {})
                 from_sqlite, from_redis = await read_everything(sqlite), await read_everything(redis)
                 await sqlite.close()
-                expected = recomputed(history)
+                expected, counted = recomputed(history)
                 for got in (from_sqlite, from_redis):
                     for scope, bodies in got["bodies"].items():
                         assert bodies == expected.get(scope, {}), (seed, scope)
@@ -159,6 +181,18 @@ def test_both_stores_merge_random_histories_by_the_declaration_and_index_them_ex
                     worst = sorted(((r, env) for env, r in scores.items() if r is not None), reverse=True)
                     assert got["worst"] == [env for _, env in worst], (seed, scores)
                 assert from_sqlite["learnable"] == from_redis["learnable"], seed
+                for name, points in from_sqlite["history"].items():  # every counted version has a point
+                    want = {
+                        version: (
+                            c["groups"],
+                            c["multi"],
+                            c["zero"],
+                            {k: n for k, n in sorted(c.items()) if ">" in k},
+                        )
+                        for version, c in ((v, +c) for v, c in counted.get(name or ALL_RUNS, {}).items())
+                        if c
+                    }
+                    assert {p[0]: p[5:] for p in points if p[5] or p[8]} == want, (seed, name)
                 assert from_sqlite["history"].keys() == from_redis["history"].keys()
                 for name in from_sqlite["history"]:  # the same points (`at` aside)
                     assert from_sqlite["history"][name] == from_redis["history"][name], (seed, name)
@@ -208,13 +242,19 @@ def test_a_runs_history_keeps_its_last_versions_only(tmp_path: Path, redis_url: 
             for store in (sqlite, redis):
                 for version in range(HISTORY_KEEP + extra):
                     recent = "1" if version % 2 else "0"
-                    await store.apply(
-                        {(task_scope("r"), "E@{}"): {"episodes": 1, "recent": recent, "version": version}}, {}
-                    )
+                    group = [version, 2, 1.0, 1.0, ""]
+                    delta = {"episodes": 1, "recent": recent, "version": version, "groups": [group]}
+                    await store.apply({(task_scope("r"), "E@{}"): delta}, {})
                 points = await store.history("r")
                 assert [p.version for p in points] == list(range(extra, HISTORY_KEEP + extra)), store
                 assert points[-1].played == 1 and points[-1].learnable == 1
+                assert {(p.groups, p.zero_variance_groups) for p in points} == {(1, 1)}
                 assert await store.history("nobody") == []
+            # The counts of versions the history no longer keeps went with them.
+            assert sqlite.db.execute("SELECT COUNT(DISTINCT version) FROM version_counts").fetchone() == (
+                HISTORY_KEEP,
+            )
+            assert await redis.redis.hlen(redis.versions_key(task_scope("r"))) == HISTORY_KEEP
         finally:
             await sqlite.close()
             await redis.close()

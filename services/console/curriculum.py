@@ -4,31 +4,28 @@
   each policy version it reached (the record's bounded history, 1,000 versions per run), and as
   they stand now with their recent pass rates in bands: counts the record keeps as it is written,
   so the page costs the same for a run of ten played tasks or of eighty thousand; unseen is the
-  library's size less the played tasks;
+  library's size less the played tasks. Per version too, counted the same way:
+  - its (task, policy version) groups, open ones included, and of those with two episodes or more
+    the share whose rewards are all equal (zero variance: no GRPO advantage). A version's groups
+    are counted as their episodes reach the record, so the newest versions' shares may still move;
+  - its tasks that moved pools during the version (each task once: its pool when the version
+    began against its pool at the version's end, or now), as from -> to counts;
 - `Stats` of the run with `played_only` and `tasks_only` (indexed: it reads the played tasks'
-  rows, not the library's), for a run of at most `PER_TASK_MAX` played tasks only: its episodes,
-  the tasks that moved pools (where the published prior put a task, and where the run's own
-  episodes have) and the zero-variance share below; a larger run's page says how to list them;
+  rows, not the library's), for a run of at most `PER_TASK_MAX` played tasks only: its episodes
+  and, by name, the played tasks whose own episodes placed them away from their published prior;
+  a larger run's page says how to list them;
 - the library's size, from `RunHistory` too (a runtime that predates it: one `SampleTasks`, its
   pools' sum, kept for 5 minutes).
 
 A runtime that predates `RunHistory`'s counts now is read as before: the pools and the pass-rate
-histogram from every played task's `Stats` line.
-
-What the API does not give is said on the page, not approximated: the record counts a task's
-episodes over the whole run (`Stats`) and its pools per version as counts (`RunHistory`), so
-
-- the share of zero-variance groups, a (task, policy version) group whose rewards are all equal,
-  cannot be computed; the page shows instead the share of played tasks (two episodes or more)
-  whose rewards over the whole run were all equal, named as that;
-- which tasks moved pools between two policy versions is not known, only each pool's net change
-  from one version to the next (and, per task, its prior pool against its pool now).
+histogram from every played task's `Stats` line; one that predates its groups and moves gives
+none (the tables say "none"). Groups are a run's: the record keeps none for every run together.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -40,9 +37,9 @@ from services.console.plays import CONSOLE_RUN
 POOLS = ("unseen", "learnable", "mastered", "unsolved")
 PLAYED_POOLS = POOLS[1:]
 LOW, HIGH = 0.0, 1.0  # the sampler's default learnable band
-VERSIONS_DRAWN = 20  # the pools-by-version chart draws the last this many versions
-VERSIONS_LISTED = 100  # and its table lists the last this many (`?versions=all`: every one kept)
-MOVED_SHOWN = 200  # rows of the moved-tasks table
+VERSIONS_DRAWN = 20  # the by-version charts draw the last this many versions
+VERSIONS_LISTED = 100  # and their tables list the last this many (`?versions=all`: every one kept)
+MOVED_SHOWN = 200  # rows of the moved-from-prior table
 # Played tasks up to which the page reads each one's Stats line (a page's bounded work): past it,
 # the per-task figures are left to `codegym library stats --run R --played-only`.
 PER_TASK_MAX = 1_000
@@ -70,12 +67,61 @@ class Moved:
 
 @dataclass
 class VersionRow:
-    """Pools at one policy version, and each played pool's net change from the version before."""
+    """One policy version: pools then and each played pool's net change from the version before;
+    its groups; its tasks that moved pools ((from, to, tasks), the largest first)."""
 
     version: int
     at: float
     pools: dict[str, int]
     change: dict[str, int]
+    groups: int = 0
+    multi: int = 0  # groups of two episodes or more
+    zero: int = 0  # of those, rewards all equal
+    moves: list[tuple[str, str, int]] = field(default_factory=list)
+
+    @property
+    def zero_share(self) -> float | None:
+        """The share of its groups of two episodes or more whose rewards are all equal (None: none)."""
+        return self.zero / self.multi if self.multi else None
+
+    @property
+    def moved(self) -> int:
+        return sum(n for _, _, n in self.moves)
+
+
+@dataclass
+class Groups:
+    """The by-version figures of groups and moves, drawn (the last `VERSIONS_DRAWN` versions)."""
+
+    zero_chart: plots.BarChart  # the zero-variance share of each drawn version that has one
+    zero_share: float | None  # over every version kept: zero-variance groups of all multi-episode ones
+    groups: int  # over every version kept
+    multi: int  # of those, of two episodes or more
+    moves_chart: plots.StackedChart  # tasks that moved into each played pool, per drawn version
+
+
+def moved_into(row: VersionRow, pool: str) -> int:
+    return sum(n for _, to, n in row.moves if to == pool)
+
+
+def groups_of(versions: list[VersionRow]) -> Groups:
+    drawn = versions[-VERSIONS_DRAWN:]
+    multi = sum(row.multi for row in versions)
+    return Groups(
+        zero_chart=plots.bar_chart(
+            "zero-variance share of the groups of 2+ episodes at each policy version",
+            [(str(row.version), row.zero_share) for row in drawn if row.zero_share is not None],
+            percent=True,
+            scale=1.0,
+        ),
+        zero_share=sum(row.zero for row in versions) / multi if multi else None,
+        groups=sum(row.groups for row in versions),
+        multi=multi,
+        moves_chart=plots.stacked_chart(
+            "tasks that moved into each pool during each policy version",
+            [(str(row.version), [(p, float(moved_into(row, p))) for p in PLAYED_POOLS]) for row in drawn],
+        ),
+    )
 
 
 @dataclass
@@ -83,8 +129,7 @@ class PerTask:
     """What the run's played tasks' Stats lines give (a run of at most `PER_TASK_MAX` of them)."""
 
     episodes: int
-    zero_variance_tasks: float  # over the whole run, per task: not per (task, policy version)
-    moved: list[Moved]
+    moved: list[Moved]  # away from their published prior
     moved_total: int
 
 
@@ -97,6 +142,7 @@ class CurriculumView:
     versions: list[VersionRow]
     listed: list[VersionRow]  # the table's rows: the last `VERSIONS_LISTED`, or every one
     version_chart: plots.StackedChart
+    groups: Groups
     history_note: str  # why there is no history, from the runtime ("" when there is)
     per_task: PerTask | None  # None: the run has played more than PER_TASK_MAX tasks
     per_task_max: int = PER_TASK_MAX
@@ -167,18 +213,16 @@ async def curriculum_view(
                 for row in versions[-VERSIONS_DRAWN:]
             ],
         ),
+        groups=groups_of(versions),
         history_note=history_note,
         per_task=per_task(played_tasks) if played_tasks is not None else None,
     )
 
 
 def per_task(played: list[rt.TaskStats]) -> PerTask:
-    multi = [task for task in played if task.episodes >= 2]
-    zero = sum(1 for task in multi if task.passes in (0, task.episodes))
     moved = [m for m in (moved_from_prior(task) for task in played) if m is not None]
     return PerTask(
         episodes=sum(task.episodes for task in played),
-        zero_variance_tasks=zero / len(multi) if multi else 0.0,
         moved=moved[:MOVED_SHOWN],
         moved_total=len(moved),
     )
@@ -231,5 +275,19 @@ def version_rows(history: list[rt.RunHistoryPoint], total: int) -> list[VersionR
         }
         before = rows[-1].pools if rows else dict.fromkeys(POOLS, 0)
         change = {p: pools[p] - before[p] for p in PLAYED_POOLS}
-        rows.append(VersionRow(int(point.policy_version), float(point.at), pools, change))
+        moves = sorted(
+            ((m.from_pool, m.to_pool, int(m.tasks)) for m in point.moves), key=lambda m: (-m[2], m[0], m[1])
+        )
+        rows.append(
+            VersionRow(
+                int(point.policy_version),
+                float(point.at),
+                pools,
+                change,
+                int(point.groups),
+                int(point.multi_episode_groups),
+                int(point.zero_variance_groups),
+                moves,
+            )
+        )
     return rows

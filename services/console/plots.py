@@ -30,10 +30,15 @@ class BarChart:
 
 
 def bar_chart(
-    title: str, items: Sequence[tuple[str, float]], css: Sequence[str] = (), percent: bool = False
+    title: str,
+    items: Sequence[tuple[str, float]],
+    css: Sequence[str] = (),
+    percent: bool = False,
+    scale: float | None = None,
 ) -> BarChart:
-    """Bars of `items` (label, value) scaled to the tallest; `css` names each bar's class."""
-    top = max((value for _, value in items), default=0.0) or 1.0
+    """Bars of `items` (label, value) scaled to the tallest, or to `scale` (a share's 1.0: a half
+    is drawn half high); `css` names each bar's class."""
+    top = scale or max((value for _, value in items), default=0.0) or 1.0
     slot = WIDTH / max(1, len(items))
     bars = []
     for i, (label, value) in enumerate(items):

@@ -11,8 +11,10 @@ keeps this record (issue: a curriculum from served episodes). What is recorded:
   error, a time-out, a sandbox limit): the evidence of an environment's health.
 
 It is bounded by construction: per task and run a `Tally` of counters plus a window of the last
-`TASK_WINDOW` outcomes; per environment counters, a window of the last `ENV_WINDOW` steps and a few
-examples; at most `MAX_RUNS` runs (the least recently seen goes first). Never every episode.
+`TASK_WINDOW` outcomes and the task's groups of its `GROUP_VERSIONS` latest policy versions; per
+environment counters, a window of the last `ENV_WINDOW` steps and a few examples; per run its
+counts of its last `HISTORY_KEEP` policy versions; at most `MAX_RUNS` runs (the least recently seen
+goes first). Never every episode.
 
 Recording costs the step path a dict update: `Recorder` folds outcomes into deltas in memory and a
 background task merges them into the store (`record_store.py`) about once a second. A delta is a
@@ -26,13 +28,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from codegym.server.metrics import RECORD_EVENTS
-from services.runtime.tallies import EnvTally, HistoryPoint, TaskTally, merge
+from services.runtime.tallies import EnvTally, HistoryPoint, TaskTally, group_of, merge
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +147,7 @@ class RecordStore(Protocol):
         ...
 
     async def history(self, run: str) -> list[HistoryPoint]:
-        """The run's pools by policy version, oldest first (at most `HISTORY_KEEP`)."""
+        """The run's pools and counts by policy version, oldest first (at most `HISTORY_KEEP`)."""
         ...
 
     async def close(self) -> None: ...
@@ -200,7 +203,15 @@ class Recorder:
         if outcome.policy_version is not None:
             delta["version"] = outcome.policy_version
         for scope in run_scopes(outcome.run_id):
-            self._delta(scope, outcome.task_key, dict(delta))
+            # The episode's (task, policy version) group: in its run's body only (a version is a
+            # run's; every run's together would mix them), never for a reward that is no number.
+            grouped = (
+                outcome.policy_version is not None
+                and scope != task_scope("")
+                and math.isfinite(outcome.reward)
+            )
+            extra = {"groups": [group_of(outcome.policy_version or 0, outcome.reward)]} if grouped else {}
+            self._delta(scope, outcome.task_key, {**delta, **extra})
         env: dict[str, Any] = {"episodes": 1, "passes": int(outcome.passed)}
         oracle = self.oracle_steps(outcome.env_id, outcome.config_json) if outcome.passed else 0
         if oracle and outcome.steps * 4 < oracle:

@@ -212,8 +212,9 @@ class RecordDesk:
             raise Refusal(Reason.INVALID_REQUEST, str(exc)) from None
 
     async def history(self, request: rt.RunHistoryRequest) -> rt.RunHistoryResponse:
-        """The run's pools by policy version, and now with its played tasks' recent pass rates (the
-        counts the record keeps); a run the record does not hold is refused by name."""
+        """The run's pools, groups and pool moves by policy version, and its pools now with its
+        played tasks' recent pass rates (the counts the record keeps); a run the record does not
+        hold is refused by name."""
         store = (await self.flushed()).store
         counts = await store.counts(task_scope(request.run_id))
         pools = pool_counts(counts)
@@ -234,10 +235,22 @@ class RecordDesk:
                     learnable=p.learnable,
                     mastered=p.mastered,
                     unsolved=p.unsolved,
+                    groups=p.groups,
+                    multi_episode_groups=p.multi_episode_groups,
+                    zero_variance_groups=p.zero_variance_groups,
+                    moves=[
+                        rt.PoolMove(from_pool=name.partition(">")[0], to_pool=name.partition(">")[2], tasks=n)
+                        for name, n in p.moves.items()
+                    ],
                 )
                 for p in points
             ],
-            now=rt.RunHistoryPoint(played=sum(pools.values()), **pools),
+            now=rt.RunHistoryPoint(
+                played=sum(pools.values()),
+                learnable=pools["learnable"],
+                mastered=pools["mastered"],
+                unsolved=pools["unsolved"],
+            ),
             recent_pass_rates=gauge_bands(counts),
             library_tasks=library_tasks,
         )

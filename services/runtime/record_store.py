@@ -10,7 +10,10 @@ stored, kept up to date as each body changes:
 - the quarantined environments, and the environments with a failed step by their share of them
   (what Health lists first: the worst few are a range, not a walk);
 - per run, its history: the pools of its played tasks at each policy version it reached (the
-  last flush at that version), at most `HISTORY_KEEP` versions (the oldest go first).
+  last flush at that version), and its counts per version (`tallies.account`: its (task, version)
+  groups, zero-variance ones among them, and its tasks that moved pools), changed by each merge of
+  a task's body (in the same transaction, or the same Lua call); at most `HISTORY_KEEP` versions
+  (the oldest go first, their counts with them).
 
 SQLite serves one runtime (the default `codegym up`); Redis serves every replica of a shared
 deployment, where the sessions already are, with the merge done by a Lua script generated from the
@@ -26,7 +29,6 @@ import sqlite3
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,6 +40,8 @@ from services.runtime.tallies import (
     HISTORY_KEEP,
     LUA_MERGE,
     HistoryPoint,
+    TaskTally,
+    account,
     classes,
     encode,
     error_score,
@@ -86,7 +90,36 @@ CREATE TABLE IF NOT EXISTS history (
     unsolved  INTEGER NOT NULL,
     PRIMARY KEY (run, version)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS version_counts (
+    run     TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    name    TEXT NOT NULL,
+    n       INTEGER NOT NULL,
+    PRIMARY KEY (run, version, name)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS record_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+# Redis: a run's history points by version, written per flush: the flush's latest version's point
+# replaced, the point of each other version it holds added when there is none, then the history
+# kept to its last versions and the counts of versions it no longer keeps dropped. KEYS: the
+# history (sorted set), the counts (hash). ARGV: the bound, then per version (version, point JSON,
+# '1' to replace).
+LUA_HISTORY = """
+for i = 2, #ARGV, 3 do
+  local version = ARGV[i]
+  if ARGV[i + 2] == '1' or redis.call('ZCOUNT', KEYS[1], version, version) == 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], version, version)
+    redis.call('ZADD', KEYS[1], version, ARGV[i + 1])
+  end
+end
+if redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -tonumber(ARGV[1]) - 1) > 0 then
+  local oldest = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2])
+  for _, version in ipairs(redis.call('HKEYS', KEYS[2])) do
+    if tonumber(version) < oldest then redis.call('HDEL', KEYS[2], version) end
+  end
+end
+return 0
 """
 
 
@@ -97,16 +130,31 @@ INDEXES = "2"
 
 def history_point(version: int, counts: dict[str, int]) -> HistoryPoint:
     pools = pool_counts(counts)
-    return HistoryPoint(version, time.time(), sum(pools.values()), **pools)
+    return HistoryPoint(
+        version, time.time(), sum(pools.values()), pools["learnable"], pools["mastered"], pools["unsolved"]
+    )
 
 
-def versions_of(deltas: dict[tuple[str, str], dict[str, Any]]) -> dict[str, int]:
-    """The highest policy version each task scope's deltas carry (scopes with none left out)."""
-    out: dict[str, int] = {}
+def versions_of(deltas: dict[tuple[str, str], dict[str, Any]]) -> dict[str, list[int]]:
+    """The policy versions each task scope's deltas hold (a task's latest, and its groups'), the
+    last `HISTORY_KEEP` of them, oldest first (scopes with none left out): the flush writes a
+    history point for each (its latest replaced, the others added when missing)."""
+    found: dict[str, set[int]] = {}
     for (scope, _), delta in deltas.items():
-        if "version" in delta and run_of(scope) is not None:
-            out[scope] = max(out.get(scope, 0), int(delta["version"]))
-    return out
+        if run_of(scope) is None:
+            continue
+        versions = {int(g[0]) for g in delta.get("groups", ())}
+        if "version" in delta:
+            versions.add(int(delta["version"]))
+        if versions:
+            found.setdefault(scope, set()).update(versions)
+    return {scope: sorted(versions)[-HISTORY_KEEP:] for scope, versions in found.items()}
+
+
+def attach(points: list[HistoryPoint], counts: dict[int, dict[str, int]]) -> list[HistoryPoint]:
+    """The points with their versions' counts (a version's counts without a point are not shown:
+    only while a flush is between its two writes, or for a version past the history's bound)."""
+    return [point.counted(counts.get(point.version, {})) for point in points]
 
 
 def successor(prefix: str) -> str | None:
@@ -220,24 +268,46 @@ class SqliteRecordStore:
                     )
                     held.update(((scope, key), body) for key, body in rows)
             merged, changes = [], []
+            counted: Counter[tuple[str, int, str]] = Counter()
             for (scope, key), delta in deltas.items():
                 old = json.loads(held[(scope, key)]) if (scope, key) in held else None
-                body = merge(schema_of(scope), dict(old or {}), delta)
+                schema = schema_of(scope)
+                body = merge(schema, dict(old or {}), delta)
+                if schema == TaskTally.SCHEMA:
+                    for version, names in account(old, body, delta).items():
+                        counted.update(
+                            {(cast(str, run_of(scope)), version, name): n for name, n in names.items()}
+                        )
                 merged.append((scope, key, encode(body)))
                 changes.append((scope, key, old, body))
             db.executemany("INSERT OR REPLACE INTO tallies (scope, key, body) VALUES (?, ?, ?)", merged)
             self._write_indexes(changes)
-            for scope, version in versions_of(deltas).items():
-                point = history_point(version, self._counts(scope))
-                db.execute(
-                    "INSERT OR REPLACE INTO history (run, version, at, played, learnable, mastered, unsolved)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (run_of(scope), *asdict(point).values()),
-                )
+            db.executemany(
+                "INSERT INTO version_counts (run, version, name, n) VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (run, version, name) DO UPDATE SET n = n + excluded.n",
+                [(*at, n) for at, n in counted.items() if n],
+            )
+            for scope, versions in versions_of(deltas).items():
+                run = run_of(scope)
+                point = history_point(versions[-1], self._counts(scope))
+                for version in versions:
+                    db.execute(
+                        f"INSERT OR {'REPLACE' if version == versions[-1] else 'IGNORE'} INTO history"
+                        " (run, version, at, played, learnable, mastered, unsolved) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (run, version, *list(point.pools().values())[1:]),
+                    )
                 db.execute(
                     "DELETE FROM history WHERE run = ? AND version < (SELECT version FROM history WHERE run = ?"
                     " ORDER BY version DESC LIMIT 1 OFFSET ?)",
-                    (run_of(scope), run_of(scope), HISTORY_KEEP - 1),
+                    (run, run, HISTORY_KEEP - 1),
+                )
+            # The counts of versions the history no longer keeps go (a range of the key; a count
+            # back at 0 stays until then, and is not read).
+            for run in {run for run, _, _ in counted}:
+                db.execute(
+                    "DELETE FROM version_counts WHERE run = ? AND version <"
+                    " (SELECT COALESCE(MIN(version), -1) FROM history WHERE run = ?)",
+                    (run, run),
                 )
             for run, seen in runs.items():
                 db.execute("INSERT OR REPLACE INTO runs (run, last_seen) VALUES (?, ?)", (run, seen))
@@ -248,6 +318,7 @@ class SqliteRecordStore:
                 for table in ("tallies", "task_index", "class_counts"):
                     db.execute(f"DELETE FROM {table} WHERE scope = ?", (task_scope(run),))
                 db.execute("DELETE FROM history WHERE run = ?", (run,))
+                db.execute("DELETE FROM version_counts WHERE run = ?", (run,))
                 db.execute("DELETE FROM runs WHERE run = ?", (run,))
             db.execute("COMMIT")
         except BaseException:
@@ -337,15 +408,24 @@ class SqliteRecordStore:
         return {run for (run,) in rows}
 
     async def history(self, run: str) -> list[HistoryPoint]:
-        """The run's history, oldest version first."""
-        rows = await self._call(
-            lambda: self.db.execute(
+        """The run's history with each version's counts, oldest version first."""
+
+        def query() -> tuple[list[Any], list[Any]]:
+            points = self.db.execute(
                 "SELECT version, at, played, learnable, mastered, unsolved FROM history WHERE run = ?"
                 " ORDER BY version",
                 (run or ALL_RUNS,),
             ).fetchall()
-        )
-        return [HistoryPoint(*row) for row in rows]
+            counts = self.db.execute(
+                "SELECT version, name, n FROM version_counts WHERE run = ? AND n != 0", (run or ALL_RUNS,)
+            ).fetchall()
+            return points, counts
+
+        points, rows = await self._call(query)
+        counts: dict[int, dict[str, int]] = {}
+        for version, name, n in rows:
+            counts.setdefault(int(version), {})[name] = int(n)
+        return attach([HistoryPoint(*row) for row in points], counts)
 
     async def close(self) -> None:
         async with self.lock:
@@ -367,6 +447,7 @@ class RedisRecordStore:
         self.indexed_key = f"{prefix}record-indexed"
         self.errors_key = f"{prefix}record-env-errors"
         self._merge = self.redis.register_script(LUA_MERGE)
+        self._history = self.redis.register_script(LUA_HISTORY)
         self._indexed = False
 
     def hash(self, scope: str) -> str:
@@ -377,6 +458,10 @@ class RedisRecordStore:
 
     def history_key(self, run: str) -> str:
         return f"{self.prefix}record-history:{run or ALL_RUNS}"
+
+    def versions_key(self, scope: str) -> str:
+        """A scope's counts per policy version (a hash: version -> JSON counts)."""
+        return f"{self.prefix}record-versions:{scope}"
 
     async def _index_all(self) -> None:
         """Index a record written before the indexes were kept (once: a marker key says it is done).
@@ -403,6 +488,7 @@ class RedisRecordStore:
                 keys += [self.hash(scope), self.errors_key, self.index("recent", scope)]
             else:
                 keys += [self.hash(scope), self.index("pool", scope), self.index("recent", scope)]
+            keys.append(self.versions_key(scope))  # the environments' is never written
             args += [schema_of(scope), key, json.dumps(delta, ensure_ascii=False)]
         await self._merge(keys=[*keys, self.quarantine_key], args=args)
 
@@ -411,14 +497,15 @@ class RedisRecordStore:
         items = list(deltas.items())
         for start in range(0, len(items), 500):
             await self._merge_part(items[start : start + 500])
-        for scope, version in versions_of(deltas).items():
-            point = history_point(version, await self.counts(scope))
-            key = self.history_key(run_of(scope) or "")
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.zremrangebyscore(key, version, version)
-                pipe.zadd(key, {json.dumps(asdict(point)): version})
-                pipe.zremrangebyrank(key, 0, -HISTORY_KEEP - 1)
-                await pipe.execute()
+        for scope, versions in versions_of(deltas).items():
+            point = history_point(versions[-1], await self.counts(scope))
+            args: list[Any] = [HISTORY_KEEP]
+            for version in versions:
+                pools = {**point.pools(), "version": version}
+                args += [version, json.dumps(pools), int(version == versions[-1])]
+            await self._history(
+                keys=[self.history_key(run_of(scope) or ""), self.versions_key(scope)], args=args
+            )
         if runs:
             await self.redis.zadd(self.runs_key, {run: seen for run, seen in runs.items()})
             for raw in await self.redis.zrevrange(self.runs_key, MAX_RUNS, -1):
@@ -430,6 +517,7 @@ class RedisRecordStore:
                         self.index("pool", scope),
                         self.index("recent", scope),
                         self.history_key(run),
+                        self.versions_key(scope),
                     )
                     await self.redis.zrem(self.runs_key, run)
 
@@ -502,8 +590,12 @@ class RedisRecordStore:
         }
 
     async def history(self, run: str) -> list[HistoryPoint]:
-        found = await self.redis.zrange(self.history_key(run), 0, -1)
-        return [HistoryPoint(**json.loads(cast(bytes, raw))) for raw in found]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrange(self.history_key(run), 0, -1)
+            pipe.hgetall(self.versions_key(task_scope(run)))
+            found, held = await pipe.execute()
+        counts = {int(version): json.loads(raw) for version, raw in held.items()}
+        return attach([HistoryPoint(**json.loads(cast(bytes, raw))) for raw in found], counts)
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -1623,7 +1623,8 @@ Global___RunHistoryRequest: _TypeAlias = RunHistoryRequest  # noqa: Y015
 @_typing.final
 class RunHistoryPoint(_message.Message):
     """A run's played tasks by pool (the default band: a task still being measured is learnable) as
-    they stood after the last episodes recorded at one policy version.
+    they stood after the last episodes recorded at one policy version; its (task, policy version)
+    groups; and its tasks that moved pools during that version.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -1634,6 +1635,10 @@ class RunHistoryPoint(_message.Message):
     LEARNABLE_FIELD_NUMBER: _builtins.int
     MASTERED_FIELD_NUMBER: _builtins.int
     UNSOLVED_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    MULTI_EPISODE_GROUPS_FIELD_NUMBER: _builtins.int
+    ZERO_VARIANCE_GROUPS_FIELD_NUMBER: _builtins.int
+    MOVES_FIELD_NUMBER: _builtins.int
     policy_version: _builtins.int
     """The policy version (CreateSession's policy_version)."""
     at: _builtins.float
@@ -1646,6 +1651,21 @@ class RunHistoryPoint(_message.Message):
     """Of those, mastered (every recent episode passed)."""
     unsolved: _builtins.int
     """Of those, unsolved (no recent episode passed)."""
+    groups: _builtins.int
+    """The run's (task, policy version) groups of this version: a task's episodes at this version,
+    open ones included (a group still receiving episodes is counted as it stands). Episodes that
+    reach the runtime after the task was played at 4 newer versions count as a group of their own.
+    """
+    multi_episode_groups: _builtins.int
+    """Of those, the groups of two episodes or more."""
+    zero_variance_groups: _builtins.int
+    """Of those, the groups whose rewards are all equal (zero variance: no GRPO advantage)."""
+    @_builtins.property
+    def moves(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolMove]:
+        """The run's tasks that moved pools during this version: a task counts once, by its pool when the
+        version first reached the runtime's record and its pool at the version's end (or now).
+        """
+
     def __init__(
         self,
         *,
@@ -1655,14 +1675,48 @@ class RunHistoryPoint(_message.Message):
         learnable: _builtins.int = ...,
         mastered: _builtins.int = ...,
         unsolved: _builtins.int = ...,
+        groups: _builtins.int = ...,
+        multi_episode_groups: _builtins.int = ...,
+        zero_variance_groups: _builtins.int = ...,
+        moves: _abc.Iterable[Global___PoolMove] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "learnable", b"learnable", "mastered", b"mastered", "played", b"played", "policy_version", b"policy_version", "unsolved", b"unsolved"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "groups", b"groups", "learnable", b"learnable", "mastered", b"mastered", "moves", b"moves", "multi_episode_groups", b"multi_episode_groups", "played", b"played", "policy_version", b"policy_version", "unsolved", b"unsolved", "zero_variance_groups", b"zero_variance_groups"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RunHistoryPoint: _TypeAlias = RunHistoryPoint  # noqa: Y015
+
+@_typing.final
+class PoolMove(_message.Message):
+    """Tasks that moved from one pool to another during a policy version."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FROM_POOL_FIELD_NUMBER: _builtins.int
+    TO_POOL_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    from_pool: _builtins.str
+    """Where they were (unseen, learnable, mastered or unsolved)."""
+    to_pool: _builtins.str
+    """Where they went."""
+    tasks: _builtins.int
+    """How many tasks."""
+    def __init__(
+        self,
+        *,
+        from_pool: _builtins.str = ...,
+        to_pool: _builtins.str = ...,
+        tasks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_pool", b"from_pool", "tasks", b"tasks", "to_pool", b"to_pool"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolMove: _TypeAlias = PoolMove  # noqa: Y015
 
 @_typing.final
 class RunHistoryResponse(_message.Message):
