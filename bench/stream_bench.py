@@ -5,12 +5,13 @@ One sandbox worker process (`codegym serve sandbox --jails 1`) and, in this proc
 runtime runs, a caller that starts operations at a fixed rate (open loop: arrivals do not wait for
 answers). Each operation is a step (a ~600-byte state, as the sample environments' are) whose
 source the worker has not cached: it answers SOURCE_NEEDED at once, without a jail, so what is
-measured is the transport and the servicer, both ends, and nothing of the environment. The modes
-alternate (unary, stream, unary, stream, ...) so drift on a shared machine falls on both alike;
-CPU is this process's (every thread: gRPC's poller too) and the worker's own (its jails do
-nothing here), per operation.
+measured is the transport and the servicer, both ends, and nothing of the environment. With
+`--concurrency C` the callers send back to back instead (the saturated peak, where operations
+queue up and share messages). The modes alternate (unary, stream, unary, stream, ...) so drift on
+a shared machine falls on both alike; CPU is this process's (every thread: gRPC's poller too) and
+the worker's own (its jails do nothing here), per operation.
 
-    .venv/bin/python bench/stream_bench.py [--rate 256] [--seconds 10] [--rounds 3]
+    .venv/bin/python bench/stream_bench.py [--rate 256 | --concurrency 32] [--seconds 10] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -62,6 +63,27 @@ async def offered(
     return sum(r.status == pb.STATUS_SOURCE_NEEDED for r in results)
 
 
+async def back_to_back(
+    send: Callable[[pb.Operation], Awaitable[pb.OperationResult]], concurrency: int, seconds: float
+) -> int:
+    """`concurrency` callers, each sending its next operation as soon as its last is answered,
+    for `seconds`; the count answered (the saturated peak, where operations queue up together)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    answered = 0
+
+    async def caller(first: int) -> None:
+        nonlocal answered
+        i = first
+        while loop.time() < end:
+            result = await send(operation(i))  # awaited before `answered` is read, not within +=
+            answered += result.status == pb.STATUS_SOURCE_NEEDED
+            i += concurrency
+
+    await asyncio.gather(*(caller(k) for k in range(concurrency)))
+    return answered
+
+
 async def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, float]]]:
     worker = start_process(["-m", "codegym_cli.cli", "serve", "sandbox", "--port", "0", "--jails", "1"])
     figures: dict[str, list[tuple[float, float]]] = {"unary": [], "stream": []}
@@ -79,7 +101,10 @@ async def measure(args: argparse.Namespace) -> dict[str, list[tuple[float, float
         for round_ in range(args.rounds):
             for mode, send in modes.items():
                 cpu_before, ticks_before = rusage_cpu_s(), proctree.cpu_ticks(worker.pid, reaped=False)
-                answered = await offered(send, args.rate, args.seconds)
+                if args.concurrency:
+                    answered = await back_to_back(send, args.concurrency, args.seconds)
+                else:
+                    answered = await offered(send, args.rate, args.seconds)
                 mine = rusage_cpu_s() - cpu_before
                 theirs = (proctree.cpu_ticks(worker.pid, reaped=False) - ticks_before) / proctree.CLK_TCK
                 figures[mode].append((mine * 1000 / answered, theirs * 1000 / answered))
@@ -98,6 +123,12 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rate", type=float, default=256.0, help="operations started per second")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=0,
+        help="instead of --rate: this many callers back to back (e.g. 32: the saturated peak)",
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="length of one measurement")
     parser.add_argument("--rounds", type=int, default=3, help="measurements of each mode, alternating")
     args = parser.parse_args()
@@ -108,8 +139,9 @@ def main() -> None:
     except ImportError:
         figures = asyncio.run(measure(args))
     load = os.getloadavg()[0]
+    shape = f"{args.concurrency} back to back" if args.concurrency else f"{args.rate:g}/s"
     print(
-        f"\nCPU ms per operation, median of {args.rounds} ({args.rate:g}/s for {args.seconds:g} s; load {load:.1f})"
+        f"\nCPU ms per operation, median of {args.rounds} ({shape} for {args.seconds:g} s; load {load:.1f})"
     )
     print(f"{'mode':8} {'caller':>8} {'worker':>8} {'both':>8}")
     for mode, rows in figures.items():
