@@ -1,10 +1,10 @@
 """A bench's stopped stack is made sure gone by process, never by a pid alone (`bench/stacks.py`).
 
 A stack's jails fork thousands of processes, and the pid space (32,768 on the development
-machine) hands their pids out again within seconds of their end. `make_sure_gone` once SIGKILLed
-every pid of the stack still in use 15 s after the stop, which on a machine shared with other work
-killed other people's test runs and compilers that happened to get those pids. It now checks each
-pid's start time, through a pidfd, before it signals.
+machine) hands their pids out again within seconds of their end. `make_sure_gone` SIGKILLed every
+pid of the stack still in use 15 s after the stop, so on a machine shared with other work it could
+kill whatever process had been handed one of those pids since. It now checks each pid's start
+time, through a pidfd, before it signals.
 """
 
 from __future__ import annotations
