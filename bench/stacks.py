@@ -160,25 +160,45 @@ def stack_specs(args: argparse.Namespace, cleanup: contextlib.ExitStack, workdir
     return specs
 
 
-def tree_pids(root: int) -> set[int]:
-    """A process and its descendants now."""
-    return set(proctree.descendants([root]))
+def tree_pids(root: int) -> dict[int, str]:
+    """A process and its descendants now, each with its start time: a pid is handed out again once
+    its process is gone (a stack's jails fork thousands, and the pid space is 32,768 here), so
+    only the process with that pid and that start time is the stack's."""
+    found = {}
+    for pid in proctree.descendants([root]):
+        fields = proctree.stat_fields(pid)
+        if fields is not None:
+            found[pid] = fields[19]
+    return found
 
 
-def alive(pid: int) -> bool:
+def alive(pid: int, started: str) -> bool:
+    """Whether the process that had `pid` and started at `started` still runs."""
     fields = proctree.stat_fields(pid)
-    return fields is not None and fields[0] != "Z"
+    return fields is not None and fields[0] != "Z" and fields[19] == started
 
 
-def make_sure_gone(pids: set[int], name: str) -> None:
-    """Every process of a stopped stack must be gone: wait a little, then SIGKILL stragglers by pid."""
+def make_sure_gone(pids: dict[int, str], name: str) -> None:
+    """Every process of a stopped stack must be gone: wait a little, then SIGKILL stragglers by pid,
+    each checked to be the stack's own process (by start time) right before: a pid of the stack's
+    that another process took since (another bench's test run, a compiler) is never killed."""
     deadline = time.monotonic() + 15
-    while (left := {p for p in pids if alive(p)}) and time.monotonic() < deadline:
+    while (left := {p for p, started in pids.items() if alive(p, started)}) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid in left:
-        progress(f"!!! {name}: pid {pid} outlived its stack; SIGKILL")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        try:
+            handle = os.pidfd_open(pid)
+        except OSError:  # gone meanwhile
+            continue
+        try:
+            # Checked through the handle's process: the signal cannot reach a pid's next owner.
+            if alive(pid, pids[pid]):
+                progress(f"!!! {name}: pid {pid} outlived its stack; SIGKILL")
+                signal.pidfd_send_signal(handle, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(handle)
 
 
 def gateway_address(server: ServerProcess, timeout_s: float = 30.0) -> str:

@@ -21,6 +21,7 @@ import pytest
 
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc
+from codegym_client.errors import EnvFailed
 from codegym_client.runtime_client import RuntimeClient
 from tests.conftest import SAMPLES
 from tests.helpers.libraries import SAMPLE_LIBRARY, build_library
@@ -123,11 +124,14 @@ TOSS = TEMPLATE.format(
     doc="A secret drawn at reset from the seeded random: every seed starts another episode.",
     reset="        self.answer = random.randint(0, 10**9)",
 )
-# Seed-independent, with a state of about `n` x 110 bytes (distinct strings: pickle keeps each).
+# Seed-independent, with a state of about `n` x 110 bytes (distinct strings: pickle keeps each);
+# a config with "fail" cannot start.
 BULKY = TEMPLATE.format(
     name="BulkyEnv",
     doc="A large state made from the config alone.",
     reset=(
+        '        if options.get("fail"):\n'
+        '            raise RuntimeError("this config cannot start")\n'
         '        label = options.get("label", "")\n'
         '        self.items = [f"{label}-{i}-" + "x" * 100 for i in range(int(options.get("n", 1)))]\n'
         "        self.answer = len(self.items)"
@@ -277,3 +281,29 @@ def test_the_initial_states_held_stay_within_their_byte_budget(
     assert sandbox_operations(workers) == before + 1
     for session in (latest, first):
         assert client.step(session.session_id, LOOK).observation == "1000"
+
+
+def test_a_configuration_that_cannot_start_fails_every_create_and_holds_none_back(
+    client: RuntimeClient, workers: list[CodegymServer]
+) -> None:
+    config = {"label": "broken", "fail": 1}
+
+    def create(_: int) -> str:
+        with pytest.raises(EnvFailed) as failed:
+            client.create_session(env_id="Test_0102_I__BulkyEnv", config=config)
+        return str(failed.value)
+
+    before = sandbox_operations(workers)
+    # Sent at once: two are trials, the rest wait for a verdict that never comes (both trials
+    # fail), then build themselves; each gets the environment's own error, none waits for ever.
+    with ThreadPoolExecutor(6) as pool:
+        messages = list(pool.map(create, range(6)))
+    assert all("this config cannot start" in message for message in messages)
+    assert sandbox_operations(workers) == before + 6
+    # Nothing of it is held: a configuration of the same environment that starts is measured as usual.
+    good = {"label": "fine", "n": 3}
+    built = [client.create_session(env_id="Test_0102_I__BulkyEnv", config=good) for _ in range(2)]
+    before = sandbox_operations(workers)
+    copied = client.create_session(env_id="Test_0102_I__BulkyEnv", config=good)
+    assert sandbox_operations(workers) == before
+    assert copied.observation == built[0].observation == "ready: fine"
