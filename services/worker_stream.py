@@ -27,9 +27,10 @@ What a unary call gave for free is kept per operation:
   each operation's, as it was each call's: no other worker would take that token either.
 - **Bounded.** At most `max_in_flight` operations are held for a worker (counted from the futures
   held and the operations waiting for a slot); past that `submit` raises `QueueFull` and the
-  runtime answers CAPACITY. Steps and releases are sent at once; creates, resets and one-shot
-  operations at most `OTHERS_IN_FLIGHT` at a time, so a burst of creates waits here and never
-  fills the worker's slots for the stream ahead of the steps. The worker reads a stream no faster
+  runtime answers CAPACITY. Steps and releases go at most `STEPS_IN_FLIGHT` at a time, creates,
+  resets and one-shot operations at most `OTHERS_IN_FLIGHT` (never ahead of steps), so a burst
+  waits here and never fills the worker's admission (a refusal there would be sent round every
+  worker) nor the worker's slots for the stream ahead of the steps. The worker reads a stream no faster
   than it admits (flow control then holds the writes here).
 
 A stream is retired after `max_age_s`: it takes no new operations (they go on a new stream),
@@ -72,9 +73,16 @@ OPERATIONS_PER_MESSAGE = 64
 # MAX_IN_FLIGHT bounds it, rather than in the worker, where it would fill the stream's slots and
 # hold up the steps behind it.
 OTHERS_IN_FLIGHT = 32
-# What is sent at once, whatever else is out: a step waits for nothing of the runtime's, and a
-# release frees a process.
+# Steps and releases: never queued behind creates (a release frees a process), and sent at once
+# while fewer than `STEPS_IN_FLIGHT` of them are out to the worker.
 PROMPT = frozenset({"step", "release"})
+# Steps and releases out at once to one worker. Below the worker's own admission (`max_pending`,
+# 256 operations a jail) together with `OTHERS_IN_FLIGHT`, even for a worker of one jail: a burst
+# of first steps (16,384 rollouts starting, each first step cold at several ms) waits here, where
+# `MAX_IN_FLIGHT` bounds it and a caller past it gets CAPACITY with a retry-after, instead of being
+# refused by the worker and sent round every worker until the dispatcher gives up (UNAVAILABLE).
+# 192 steps keep two jails busy for hundreds of milliseconds: more out would only queue there.
+STEPS_IN_FLIGHT = 192
 # A stream's age when it is retired: well within a connection's 30 s grace after GOAWAY (see the
 # module doc), however long the operations it carries take to finish (steps: milliseconds).
 STREAM_AGE_S = 10.0
@@ -282,6 +290,7 @@ class WorkerStream:
         *,
         max_in_flight: int = MAX_IN_FLIGHT,
         others_in_flight: int = OTHERS_IN_FLIGHT,
+        steps_in_flight: int = STEPS_IN_FLIGHT,
         max_age_s: float = STREAM_AGE_S,
         slack_s: float = DEADLINE_SLACK_S,
     ) -> None:
@@ -290,6 +299,7 @@ class WorkerStream:
         self.address = address
         self.max_in_flight = max_in_flight
         self.others = asyncio.Semaphore(others_in_flight)
+        self.prompt = asyncio.Semaphore(steps_in_flight)
         self.max_age_s = max_age_s
         self.slack_s = slack_s
         self.ids = itertools.count(1)
@@ -297,7 +307,7 @@ class WorkerStream:
         self.retiring: set[StreamCall] = set()  # older calls waiting for their last answers
         self.unary_until = 0.0  # the worker has no ExecuteStream: unary calls until then
         self.unary_in_flight = 0
-        self.held = 0  # operations waiting here for one of the `others` slots
+        self.held = 0  # operations waiting here for a slot (`others` or `prompt`)
         self.opened = 0  # calls opened, for the tests and the logs
 
     def calls(self) -> list[StreamCall]:
@@ -310,7 +320,7 @@ class WorkerStream:
 
     @property
     def queued(self) -> int:
-        """Operations waiting here to be sent: for a slot of `others`, or to be written (the
+        """Operations waiting here to be sent: for a slot (`others`, `prompt`), or to be written (the
         worker is not reading: flow control)."""
         return self.held + sum(call.unsent for call in self.calls())
 
@@ -318,17 +328,16 @@ class WorkerStream:
         """The worker's answer to `op`; raises what its unary call would have (see the module doc)."""
         if self.in_flight >= self.max_in_flight:
             raise QueueFull(f"{self.in_flight} operations in flight to sandbox worker {self.address}")
-        if op.WhichOneof("kind") in PROMPT:
-            return await self._send(op)
+        slots = self.prompt if op.WhichOneof("kind") in PROMPT else self.others
         self.held += 1
         try:
-            await self.others.acquire()
+            await slots.acquire()
         finally:
             self.held -= 1
         try:
             return await self._send(op)
         finally:
-            self.others.release()
+            slots.release()
 
     async def _send(self, op: sb.Operation) -> sb.OperationResult:
         now = asyncio.get_running_loop().time()

@@ -300,6 +300,32 @@ async def test_creates_wait_for_their_slots_steps_do_not_and_past_the_bound_noth
 
 
 @pytest.mark.jail
+async def test_steps_past_their_slots_wait_in_the_runtime_and_are_all_answered(
+    workers: list[CodegymServer],
+) -> None:
+    """A burst of steps larger than the steps a worker is sent at once waits here (counted as
+    queued and held), never refused by the worker, and every step is answered in full."""
+    channel, stream = worker_stream(workers[0].address, steps_in_flight=1)
+    try:
+        made = await asyncio.gather(*(stream.submit(create(f"w{i}")) for i in range(3)))
+        slow = asyncio.ensure_future(stream.submit(step("w0", made[0].state, "Slow", ms=1500)))
+        await until(lambda: stream.in_flight == 1 and stream.queued == 0, "the slow step to be sent")
+        quick = [
+            asyncio.ensure_future(stream.submit(step(f"w{i}", made[i].state, "Add", amount=i)))
+            for i in (1, 2)
+        ]
+        await until(lambda: stream.queued == 2, "the two steps to wait for the one step slot")
+        assert stream.in_flight == 3 and not any(q.done() for q in quick)
+        answers = await asyncio.gather(slow, *quick)
+        assert all(a.status == sb.STATUS_OK for a in answers)
+        assert [a.observation for a in answers[1:]] == ["1", "2"]
+        assert stream.in_flight == 0 and stream.queued == 0
+    finally:
+        await stream.close()
+        await channel.close()
+
+
+@pytest.mark.jail
 async def test_streams_are_retired_by_age_and_lose_nothing(workers: list[CodegymServer]) -> None:
     # Every operation after the first finds its stream too old: it goes on a new one, while the
     # old one ends once its last answer is in.
