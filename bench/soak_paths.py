@@ -250,7 +250,7 @@ class TrlEpisode:
         env = self.env
         await self._call(lambda: env.reset(ability=ability(line)))
         if env.get_reward() is None:  # CreateSession failed: the row is not scored
-            raise Unscored(failure_reason(env._failure))  # the adapter's own record of why
+            raise Unscored(failure_reason(env._session.failure))  # the adapter's own record of why
 
     async def step(self, action: str) -> str:
         call = json.loads(action)

@@ -164,7 +164,7 @@ def recording_class(cls: type[CodeGymEnvironment]) -> type[CodeGymEnvironment]:
     def reset(self: Any, **row: Any) -> str:
         episode = self._soak_episode = RolloutRecord(row)
         text = base_reset(self, **row)
-        episode.reset_text, episode.reset_failed = text, self._failure is not None
+        episode.reset_text, episode.reset_failed = text, self._session.failure is not None
         return text
 
     reset.__doc__ = base_reset.__doc__
@@ -230,7 +230,7 @@ def judge(env: Any, lines: list[Line], reward_seen: float | None, advantage: flo
     returned = [(tool, value) for tool, raised, value in episode.calls if not raised]
     raised = [(tool, value) for tool, is_raised, value in episode.calls if is_raised]
     out["steps"] = len(returned)
-    failure = env._failure
+    failure = env._session.failure
     # Shaped: an observation the trainer saw that is not the recorded one (a failure does not excuse it).
     first = str(line.get("first", ""))
     if not episode.reset_failed and first and not str(episode.reset_text or "").endswith(first):
