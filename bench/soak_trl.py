@@ -253,7 +253,7 @@ def judge(env: Any, lines: list[Line], reward_seen: float | None, advantage: flo
         return out
     verdict = judge.verdict(
         failure=failure_reason(failure) if failure is not None else None,
-        done=bool(env._done),
+        done=bool(env._session.done),
         reward=math.nan if reward_seen is None else reward_seen,  # NaN: TRL left it unscored
     )
     out |= {"outcome": verdict.outcome, "reason": verdict.reason, "example": verdict.example}
