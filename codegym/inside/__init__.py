@@ -18,5 +18,6 @@ one protocol and read configs and answers by one rule.
 - `watchdog`: waiting for a child's result within its limits, and saying why there is none.
 - `residents`: a session kept alive in its own process between steps.
 - `codecache`: the sources a jail has compiled, kept by bytes and mirrored by the worker.
+- `immortal`: the preloads made immortal, so a fork's children and the zygote copy fewer pages.
 - `zygote`: the jail's long-lived process, serving one request at a time.
 """

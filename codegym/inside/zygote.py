@@ -33,6 +33,7 @@ from .hygiene import (
     vm_bytes,
     wipe_tmp,
 )
+from .immortal import immortalize
 from .messages import REQUEST_PARTS, Blob, Cold, EvictionReason, Hello, Request, Result
 from .residents import Resident, child_main
 from .settings import JailSettings
@@ -400,6 +401,8 @@ def main() -> None:
             __import__(name)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     zygote = Zygote(settings, vm_bytes())
+    if settings.immortalize:
+        immortalize()
     gc.collect()
     gc.freeze()
     zygote.prefork()
