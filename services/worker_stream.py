@@ -306,8 +306,10 @@ class WorkerStream:
         self.current: StreamCall | None = None
         self.retiring: set[StreamCall] = set()  # older calls waiting for their last answers
         self.unary_until = 0.0  # the worker has no ExecuteStream: unary calls until then
-        self.unary_in_flight = 0
-        self.held = 0  # operations waiting here for a slot (`others` or `prompt`)
+        # Operations in a unary call, and operations waiting here for a slot (`others` or
+        # `prompt`): each held by a token while it is, so the counts are what is held.
+        self.unary_calls: set[object] = set()
+        self.slot_waiters: set[object] = set()
         self.opened = 0  # calls opened, for the tests and the logs
 
     def calls(self) -> list[StreamCall]:
@@ -316,24 +318,27 @@ class WorkerStream:
     @property
     def in_flight(self) -> int:
         """Operations held for this worker and not yet answered: waiting here, or sent."""
-        return sum(len(call.waiting) for call in self.calls()) + self.unary_in_flight + self.held
+        return (
+            sum(len(call.waiting) for call in self.calls()) + len(self.unary_calls) + len(self.slot_waiters)
+        )
 
     @property
     def queued(self) -> int:
         """Operations waiting here to be sent: for a slot (`others`, `prompt`), or to be written (the
         worker is not reading: flow control)."""
-        return self.held + sum(call.unsent for call in self.calls())
+        return len(self.slot_waiters) + sum(call.unsent for call in self.calls())
 
     async def submit(self, op: sb.Operation) -> sb.OperationResult:
         """The worker's answer to `op`; raises what its unary call would have (see the module doc)."""
         if self.in_flight >= self.max_in_flight:
             raise QueueFull(f"{self.in_flight} operations in flight to sandbox worker {self.address}")
         slots = self.prompt if op.WhichOneof("kind") in PROMPT else self.others
-        self.held += 1
+        waiter = object()
+        self.slot_waiters.add(waiter)
         try:
             await slots.acquire()
         finally:
-            self.held -= 1
+            self.slot_waiters.discard(waiter)
         try:
             return await self._send(op)
         finally:
@@ -361,13 +366,14 @@ class WorkerStream:
             call.forget(op_id)
 
     async def _unary(self, op: sb.Operation) -> sb.OperationResult:
-        self.unary_in_flight += 1
+        token = object()
+        self.unary_calls.add(token)
         try:
             request = sb.ExecuteRequest(operation=op)
             response = await self.stub.Execute(request, timeout=deadline_s(op, self.slack_s))
             return response.result
         finally:
-            self.unary_in_flight -= 1
+            self.unary_calls.discard(token)
 
     def _call(self) -> StreamCall:
         """The open call, a new one when there is none or it is due to retire."""
