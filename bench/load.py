@@ -47,6 +47,8 @@ class Tally:
     window_start: float = math.inf
     window_end: float = math.inf
     latencies: list[float] = field(default_factory=list)
+    # The window's latencies of episodes' first steps (a session new to every worker: cold), apart.
+    first_latencies: list[float] = field(default_factory=list)
     create_latencies: list[float] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     in_window: Counter[str] = field(default_factory=Counter)
@@ -57,13 +59,15 @@ class Tally:
         if self.window_start <= time.monotonic() < self.window_end:
             self.in_window[what] += 1
 
-    def step_answered(self, started: float, who: int) -> None:
+    def step_answered(self, started: float, who: int, first: bool = False) -> None:
         now = time.monotonic()
         self.counts["steps"] += 1
         self.stepped.add(who)
         if self.window_start <= now < self.window_end:
             self.in_window["steps"] += 1
             self.latencies.append(now - started)
+            if first:
+                self.first_latencies.append(now - started)
 
     def create_answered(self, started: float) -> None:
         now = time.monotonic()
@@ -72,6 +76,18 @@ class Tally:
 
     def errors(self) -> int:
         return sum(n for key, n in self.counts.items() if key.startswith("error:"))
+
+
+def later_steps(tally: Tally) -> list[float]:
+    """The window's step latencies but the episodes' first steps."""
+    left = Counter(tally.first_latencies)
+    later = []
+    for latency in tally.latencies:
+        if left[latency]:
+            left[latency] -= 1
+        else:
+            later.append(latency)
+    return later
 
 
 class Load:
@@ -139,7 +155,7 @@ class Load:
             except Exception as exc:
                 self.failed(exc)
                 return False
-            self.tally.step_answered(started, who)
+            self.tally.step_answered(started, who, first=index == 0)
             if not judge.saw(observation):
                 self.mismatch(line, index, observation, judge.expected[index])
                 return False
@@ -309,6 +325,11 @@ async def measure(stack: Stack, lines: Sequence[Line], plan: Plan) -> Figures:
         creates_in_window=len(tally.create_latencies),
         create_p50_ms=ms(tally.create_latencies, 0.5),
         create_p99_ms=ms(tally.create_latencies, 0.99),
+        # Where the step tail sits: episodes' first steps (cold, new to every worker) and the rest.
+        first_steps_in_window=len(tally.first_latencies),
+        first_step_p50_ms=ms(tally.first_latencies, 0.5),
+        first_step_p99_ms=ms(tally.first_latencies, 0.99),
+        later_step_p99_ms=ms(later_steps(tally), 0.99),
         counts=dict(tally.counts),
         counts_in_window=dict(tally.in_window),
         # The window on the monotonic clock: a load run beside this one (bench/fork_bench.py)

@@ -89,12 +89,14 @@ class JailPool:
         admit_idle_s: float = JailSettings.admit_idle_s,
         cost_sample_s: float = COST_SAMPLE_S,
         code_cache_mb: int = JailSettings.code_cache_bytes >> 20,
+        immortal_preloads: bool = JailSettings.immortalize,
     ) -> None:
         """`resident_memory_mb`: memory the worker spends on resident sessions (0: a default from
         the memory it may use); `resident_cap`: most residents per jail whatever the budget (0:
         what the budget holds at the least a resident costs); `resident_idle_s`: how long a
         resident may sit idle (0: derived from its measured cost, `Residency.idle_s`);
-        `cost_sample_s`: how often what a resident costs is measured again."""
+        `cost_sample_s`: how often what a resident costs is measured again; `immortal_preloads`:
+        whether the zygotes make their preloads immortal (`codegym.inside.immortal`)."""
         self.cost_sample_s = cost_sample_s
         self.size = size
         self.limits = limits or JailLimits()
@@ -108,6 +110,7 @@ class JailPool:
             admit_idle_s=admit_idle_s,
             resident_memory_mb=self.residency.jail_budget_bytes // (1024 * 1024),
             code_cache_bytes=code_cache_mb * 1024 * 1024,
+            immortalize=immortal_preloads,
         )
         self.cgroups = detect_cgroups()
         self.isolation = isolation_summary(self.cgroups)

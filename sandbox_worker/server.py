@@ -33,6 +33,7 @@ class SandboxWorker:
             admit_idle_s=settings.admit_idle_s,
             cost_sample_s=settings.resident_sample_s,
             code_cache_mb=settings.code_cache_mb,
+            immortal_preloads=not settings.mortal_preloads,
         )
         self.servicer = SandboxServicer(
             self.pool,

@@ -136,6 +136,13 @@ class SandboxSettings:
         "when a jail is full, a resident idle this long gives its place to a newcomer (which otherwise "
         "runs cold, one-shot); longer than an agent's turn, so playing episodes stay warm",
     )
+    mortal_preloads: bool = option(
+        False,
+        "--mortal-preloads",
+        "leave the zygotes' preloaded objects mortal: each fork's children and the zygote then copy a "
+        "page each time they count a reference to one (about 15 %% more jail CPU per cold step and 25 %% "
+        "more memory per resident, docs/benchmarks.md); for measuring what immortal ones save",
+    )
     log_level: str = log_level()
     output: Output = nested(Output)
     access: GrpcAccess = nested(GrpcAccess)

@@ -50,7 +50,7 @@ class JailSettings:
     # Largest result a child may report.
     max_result_bytes: int = 32 * 1024 * 1024
     # Make the zygote's preloaded objects immortal before it forks (`immortal`): fewer pages
-    # copied after each fork. Off only to measure what it saves.
+    # copied after each fork. Off only to measure what it saves (`serve sandbox --mortal-preloads`).
     immortalize: bool = True
 
     def to_json(self) -> str:
