@@ -191,7 +191,11 @@ def steady_on(spec: StackSpec, built: Built, args: argparse.Namespace) -> Figure
             read_memory=True,
             read_roles=pss_by_role,
         )
-        figures = asyncio.run(measure(stack, built.lines, plan))
+        lines = built.lines
+        if args.episode_steps:
+            # Episodes cut to their first K steps: creates recur K times less far apart.
+            lines = [{**line, "steps": line["steps"][: args.episode_steps]} for line in lines]
+        figures = asyncio.run(measure(stack, lines, plan))
     return {
         **figures,
         **flatten_roles(figures),
@@ -267,6 +271,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--steady", type=lambda s: points(s)[0], default=(1024, 4.0), help="N:T of the steady shape"
     )
     parser.add_argument("--window-s", type=float, default=30.0, help="steady window after the warm-up, s")
+    parser.add_argument(
+        "--episode-steps",
+        type=int,
+        default=0,
+        help="steady episodes play at most this many of their recorded steps (0: all; 10 makes "
+        "creates recur at about 25/s at 1,024:4)",
+    )
     parser.add_argument("--burst-configs", type=int, default=64, help="configurations of the GRPO burst")
     parser.add_argument("--burst-group", type=int, default=8, help="episodes of each configuration")
     parser.add_argument("--burst-steps", type=int, default=20, help="steps each burst episode plays")

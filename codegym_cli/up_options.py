@@ -31,7 +31,9 @@ from sandbox_worker.settings import SandboxSettings
 from services.runtime.settings import RuntimeSettings
 
 # Which server options `up` passes through to its servers, by server (the rest are up's own).
-SANDBOX_OPTIONS = ("jails", "jail_nice", "resident_memory_mb")
+# The resident idle time and mortal preloads too: what a step's CPU and a resident's memory are
+# traded on, so a stack of `up` can be measured with either changed (rollout_bench --alternate).
+SANDBOX_OPTIONS = ("jails", "jail_nice", "resident_memory_mb", "resident_idle_s", "mortal_preloads")
 # The capture options too: what the runtimes capture and keep (docs/console.md), so a stack of `up`
 # can run with captures off or bounded small (bench/rollout_bench.py --alternate, bench/soak.py).
 RUNTIME_OPTIONS = (

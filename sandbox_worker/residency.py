@@ -24,7 +24,7 @@ while its session steps again within
 
     idle time = (COLD_STEP_CPU_S - WARM_STEP_CPU_S) x memory per CPU / the measured cost of a resident
 
-and not after (`Residency.idle_s`: about 25 s on a 2-CPU machine of 24 GiB at 2.4 MiB a
+and not after (`Residency.idle_s`: about 37 s on a 2-CPU machine of 24 GiB at 1.6 MiB a
 resident). A session that steps further apart than that gets no resident at all (the runtime tells
 the worker how long the session sat idle before each step, its think time): at agentic think times
 of a minute, a rollout in flight costs its kilobytes, not a process. The budget still bounds what

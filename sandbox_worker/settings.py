@@ -112,8 +112,8 @@ class SandboxSettings:
         "resident is kept "
         "while the CPU it saves its next step (a cold step's 6.5 ms minus a warm one's 1.7 ms, "
         "bench/step_cost_bench.py) is worth more than its memory, one CPU being worth the memory per "
-        "CPU this worker may use: 4.8 ms x memory per CPU / a resident's measured memory (25 s at 12 GiB "
-        "per CPU and 2.4 MiB; 8 s at 4 GiB per CPU), within 2..600 s",
+        "CPU this worker may use: 4.8 ms x memory per CPU / a resident's measured memory (37 s at 12 GiB "
+        "per CPU and 1.6 MiB; 13 s at 4 GiB per CPU), within 2..600 s",
     )
     resident_sample_s: float = option(
         COST_SAMPLE_S,
