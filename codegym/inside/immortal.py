@@ -4,9 +4,11 @@ After a fork, the zygote and its children share every page until one of them wri
 first write copies the page (4 KiB, a page fault, a memory cgroup charge). CPython writes to an
 object each time it takes or drops a reference to it, so merely *using* a function, a module's
 dict, a type or a constant copies its page: measured in a jail serving cold steps, the zygote took
-about 260 such faults per request (it runs json, frames and its own code while the spare child it
-just forked shares its pages), and each child about 600. Made immortal: 157 and 288, and a resident
-session's private memory 2.11 -> 1.58 MiB (`bench/step_cost_bench.py`, 2026-11-29).
+about 260 page faults per request (it runs json, frames and its own code while the spare child it
+just forked shares its pages), and each child about 600, many of them such copies. Made immortal, a child that touches every
+preloaded object copies 194 pages instead of 2,075 (`tests/test_immortal.py`), a resident session's
+private memory falls from 2.11 to 1.58 MiB, and a cold step's jail CPU by 15-18 %
+(docs/benchmarks.md, "A cold step").
 
 Python 3.12 has immortal objects (PEP 683): an object whose reference count holds the immortal
 value is never written by Py_INCREF or Py_DECREF and never freed. The interpreter makes its own
