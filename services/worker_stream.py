@@ -24,7 +24,9 @@ What a unary call gave for free is kept per operation:
   and re-runs them on the session's next worker (every operation is a pure function of source,
   state, input and seed, so a re-run gives the same answer). The next operation opens a new
   stream. A refusal of the stream itself for its token (UNAUTHENTICATED, PERMISSION_DENIED) is
-  each operation's, as it was each call's: no other worker would take that token either.
+  each operation's, as it was each call's: no other worker would take that token either. When
+  grpc.aio hides the worker's status behind its own INTERNAL (a write that raced the worker's end
+  of the call, `StreamStatusLost`), each waiting operation asks the worker again in a unary call.
 - **Bounded.** At most `max_in_flight` operations are held for a worker (counted from the futures
   held and the operations waiting for a slot); past that `submit` raises `QueueFull` and the
   runtime answers CAPACITY. Steps and releases go at most `STEPS_IN_FLIGHT` at a time, creates,
@@ -98,6 +100,21 @@ class QueueFull(Exception):
 
 class StreamUnsupported(Exception):
     """The worker has no `ExecuteStream` (UNIMPLEMENTED): it takes unary calls only."""
+
+
+class StreamStatusLost(Exception):
+    """The stream ended with gRPC's own INTERNAL "Internal error from Core", not the worker's
+    status: a write raced the worker's end of the call (grpc.aio then replaces the status it had
+    not yet read with that one). The worker's real answer, a refusal of the token included, is
+    asked for again over a unary call (`WorkerStream._send`)."""
+
+
+# What grpc.aio's `_write` sets as a call's status when sending fails (its `set_internal_error`).
+LOCAL_WRITE_FAULT = "Internal error from Core"
+
+
+def status_lost(exc: grpc.aio.AioRpcError) -> bool:
+    return exc.code() == grpc.StatusCode.INTERNAL and LOCAL_WRITE_FAULT in (exc.details() or "")
 
 
 def deadline_s(op: sb.Operation, slack_s: float = DEADLINE_SLACK_S) -> float:
@@ -255,6 +272,11 @@ class StreamCall:
             def error() -> BaseException:
                 return StreamUnsupported(ended.details() or "")
 
+        elif isinstance(ended, grpc.aio.AioRpcError) and status_lost(ended):
+
+            def error() -> BaseException:
+                return StreamStatusLost(ended.details() or "")
+
         else:
             why = (
                 f"{ended.code().name}: {ended.details()}"
@@ -361,6 +383,10 @@ class WorkerStream:
                     UNARY_S,
                 )
                 self.unary_until = asyncio.get_running_loop().time() + UNARY_S
+            return await self._unary(op)
+        except StreamStatusLost:
+            # Nothing was applied on the stream, and every operation is a pure function of what it
+            # carries: the unary call gives the worker's own answer (or its refusal).
             return await self._unary(op)
         finally:
             call.forget(op_id)

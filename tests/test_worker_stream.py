@@ -16,7 +16,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -477,6 +477,42 @@ async def test_a_worker_without_the_stream_gets_unary_calls() -> None:
         assert (await stream.submit(sleeper(0))).stdout == "call 1"
         assert (await stream.submit(sleeper(0))).stdout == "call 2"
         assert stream.opened == 1 and stream.unary_until > 0 and older.calls == 2
+    finally:
+        await stream.close()
+        await channel.close()
+        await server.stop(0)
+
+
+class LostStatusWorker(OlderWorker):
+    """A worker whose streams end as grpc.aio reports one when a write raced the worker's end of
+    the call: INTERNAL "Internal error from Core" in place of the worker's own status (seen under
+    load with a refused token: 10 streams in 150)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.streams = 0
+
+    async def ExecuteStream(
+        self, request_iterator: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[sb.ExecuteStreamResponse]:
+        self.streams += 1
+        await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+        yield sb.ExecuteStreamResponse()  # pragma: no cover - abort raised
+
+
+async def test_a_stream_whose_status_grpc_lost_asks_the_worker_again_in_a_unary_call() -> None:
+    lost = LostStatusWorker()
+    server = grpc.aio.server()
+    sb_grpc.add_SandboxServiceServicer_to_server(lost, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel, stream = worker_stream(f"127.0.0.1:{port}")
+    try:
+        # Not a worker lost (UNAVAILABLE, sent round the others): the worker's own answer.
+        assert (await stream.submit(sleeper(0))).stdout == "call 1"
+        # Nor a worker without streams: the next operation tries a stream again.
+        assert (await stream.submit(sleeper(0))).stdout == "call 2"
+        assert lost.streams == 2 and stream.unary_until == 0 and lost.calls == 2
     finally:
         await stream.close()
         await channel.close()
