@@ -33,7 +33,16 @@ from services.runtime.settings import RuntimeSettings
 # Which server options `up` passes through to its servers, by server (the rest are up's own).
 # The resident idle time and mortal preloads too: what a step's CPU and a resident's memory are
 # traded on, so a stack of `up` can be measured with either changed (rollout_bench --alternate).
-SANDBOX_OPTIONS = ("jails", "jail_nice", "resident_memory_mb", "resident_idle_s", "mortal_preloads")
+# And the caches of sources and compiled code: what a library larger than them pays in compiles.
+SANDBOX_OPTIONS = (
+    "jails",
+    "jail_nice",
+    "resident_memory_mb",
+    "resident_idle_s",
+    "mortal_preloads",
+    "source_cache_mb",
+    "code_cache_mb",
+)
 # The capture options too: what the runtimes capture and keep (docs/console.md), so a stack of `up`
 # can run with captures off or bounded small (bench/rollout_bench.py --alternate, bench/soak.py).
 RUNTIME_OPTIONS = (
