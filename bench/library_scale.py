@@ -275,8 +275,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--episode-steps",
         type=int,
         default=0,
-        help="steady episodes play at most this many of their recorded steps (0: all; 10 makes "
-        "creates recur at about 25/s at 1,024:4)",
+        help="steady episodes play at most this many of their recorded steps (0: all; at 1,024:4 on "
+        "13,200 envs, 10 gave 17 creates/s and 6 gave 36)",
     )
     parser.add_argument("--burst-configs", type=int, default=64, help="configurations of the GRPO burst")
     parser.add_argument("--burst-group", type=int, default=8, help="episodes of each configuration")
