@@ -57,7 +57,7 @@ import grpc
 
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
-from codegym_client.errors import REASON_TRAILER, RETRY_AFTER_TRAILER, access_refused
+from codegym_client.errors import REASON_TRAILER, RETRY_AFTER_TRAILER, access_refused, status_lost_in_write
 
 log = logging.getLogger(__name__)
 # Time a call may take beyond the operation's own wall limit (queueing, transport, jail restart).
@@ -107,14 +107,6 @@ class StreamStatusLost(Exception):
     status: a write raced the worker's end of the call (grpc.aio then replaces the status it had
     not yet read with that one). The worker's real answer, a refusal of the token included, is
     asked for again over a unary call (`WorkerStream._send`)."""
-
-
-# What grpc.aio's `_write` sets as a call's status when sending fails (its `set_internal_error`).
-LOCAL_WRITE_FAULT = "Internal error from Core"
-
-
-def status_lost(exc: grpc.aio.AioRpcError) -> bool:
-    return exc.code() == grpc.StatusCode.INTERNAL and LOCAL_WRITE_FAULT in (exc.details() or "")
 
 
 def deadline_s(op: sb.Operation, slack_s: float = DEADLINE_SLACK_S) -> float:
@@ -272,7 +264,7 @@ class StreamCall:
             def error() -> BaseException:
                 return StreamUnsupported(ended.details() or "")
 
-        elif isinstance(ended, grpc.aio.AioRpcError) and status_lost(ended):
+        elif isinstance(ended, grpc.aio.AioRpcError) and status_lost_in_write(ended):
 
             def error() -> BaseException:
                 return StreamStatusLost(ended.details() or "")

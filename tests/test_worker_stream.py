@@ -11,6 +11,7 @@ a new stream; a worker without the RPC gets unary calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -466,21 +467,29 @@ class OlderWorker(sb_grpc.SandboxServiceServicer):
         return sb.ExecuteResponse(result=sb.OperationResult(status=sb.STATUS_OK, stdout=f"call {self.calls}"))
 
 
-async def test_a_worker_without_the_stream_gets_unary_calls() -> None:
-    older = OlderWorker()
+@contextlib.asynccontextmanager
+async def streaming_to(servicer: sb_grpc.SandboxServiceServicer) -> AsyncIterator[WorkerStream]:
+    """A `WorkerStream` to a real gRPC server (port 0) serving `servicer` (a worker of another
+    behaviour than ours); the stream, its channel and the server are closed on the way out."""
     server = grpc.aio.server()
-    sb_grpc.add_SandboxServiceServicer_to_server(older, server)
+    sb_grpc.add_SandboxServiceServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     channel, stream = worker_stream(f"127.0.0.1:{port}")
     try:
-        assert (await stream.submit(sleeper(0))).stdout == "call 1"
-        assert (await stream.submit(sleeper(0))).stdout == "call 2"
-        assert stream.opened == 1 and stream.unary_until > 0 and older.calls == 2
+        yield stream
     finally:
         await stream.close()
         await channel.close()
         await server.stop(0)
+
+
+async def test_a_worker_without_the_stream_gets_unary_calls() -> None:
+    older = OlderWorker()
+    async with streaming_to(older) as stream:
+        assert (await stream.submit(sleeper(0))).stdout == "call 1"
+        assert (await stream.submit(sleeper(0))).stdout == "call 2"
+        assert stream.opened == 1 and stream.unary_until > 0 and older.calls == 2
 
 
 class LostStatusWorker(OlderWorker):
@@ -502,18 +511,9 @@ class LostStatusWorker(OlderWorker):
 
 async def test_a_stream_whose_status_grpc_lost_asks_the_worker_again_in_a_unary_call() -> None:
     lost = LostStatusWorker()
-    server = grpc.aio.server()
-    sb_grpc.add_SandboxServiceServicer_to_server(lost, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    channel, stream = worker_stream(f"127.0.0.1:{port}")
-    try:
+    async with streaming_to(lost) as stream:
         # Not a worker lost (UNAVAILABLE, sent round the others): the worker's own answer.
         assert (await stream.submit(sleeper(0))).stdout == "call 1"
         # Nor a worker without streams: the next operation tries a stream again.
         assert (await stream.submit(sleeper(0))).stdout == "call 2"
         assert lost.streams == 2 and stream.unary_until == 0 and lost.calls == 2
-    finally:
-        await stream.close()
-        await channel.close()
-        await server.stop(0)

@@ -430,6 +430,22 @@ def access_refused(exc: BaseException) -> bool:
     return row is not None and issubclass(row.error, Unauthenticated | PermissionDenied)
 
 
+# The details of the INTERNAL status grpc.aio sets on a call whose write failed in gRPC's core
+# (`set_internal_error` in grpc/aio/_call.py): a write that raced the server's end of the call.
+CORE_INTERNAL = "Internal error from Core"
+
+
+def status_lost_in_write(exc: grpc.RpcError) -> bool:
+    """Whether a streaming call's status is grpc.aio's own INTERNAL for a failed write, which
+    replaces the server's status it had not read yet (no trailers: nothing came from the server).
+    The server's real outcome is unknown: the call broke, nobody knows how."""
+    return (exc.code(), str(exc.details() or ""), tuple(exc.trailing_metadata() or ())) == (
+        grpc.StatusCode.INTERNAL,
+        CORE_INTERNAL,
+        (),
+    )
+
+
 def error_class(code: grpc.StatusCode, reason: str, method: str) -> type[CodeGymError]:
     """The exception for a status: the reason's row when the reason agrees with the status (a
     reason under another status was not this status's cause, e.g. a proxy's), else by status."""

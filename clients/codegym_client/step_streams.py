@@ -60,7 +60,7 @@ from typing import Any, cast
 import grpc
 
 from codegym_client.api.runtime.v1 import runtime_service_pb2 as rt
-from codegym_client.errors import REASON_TRAILER, RETRY_AFTER_TRAILER
+from codegym_client.errors import REASON_TRAILER, RETRY_AFTER_TRAILER, status_lost_in_write
 
 __all__ = ["STREAMS", "STREAM_LIFETIME_S", "StepFailed", "StepStreams"]
 
@@ -68,8 +68,6 @@ STREAMS = 4
 STREAM_LIFETIME_S = 20.0
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
-# The details of the INTERNAL status grpc.aio gives a call whose write failed in gRPC's core.
-CORE_INTERNAL = "Internal error from Core"
 
 
 class StepFailed(grpc.RpcError):
@@ -212,7 +210,7 @@ class Lane:
         except grpc.RpcError as exc:
             code, details = exc.code(), str(exc.details() or "")
             trailers = tuple(exc.trailing_metadata() or ())
-            if (code, details, trailers) == (grpc.StatusCode.INTERNAL, CORE_INTERNAL, ()):
+            if status_lost_in_write(exc):
                 # gRPC's own status for a write that failed as the call ended, which replaces the
                 # call's real one: the call broke, nobody knows how (as UNAVAILABLE says).
                 code, details = grpc.StatusCode.UNAVAILABLE, "the step stream broke while sending"
