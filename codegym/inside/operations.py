@@ -17,7 +17,6 @@ import sys
 import time
 import traceback
 import types
-from collections.abc import Mapping
 from typing import Any
 
 from . import frames
@@ -272,9 +271,7 @@ def warm_up() -> None:
     resource.getrusage(resource.RUSAGE_SELF)
 
 
-def run_request(
-    req: Request, codes: Mapping[str, types.CodeType], child: "Child | None"
-) -> tuple[Result, "Child | None"]:
+def run_request(req: Request, child: "Child | None") -> tuple[Result, "Child | None"]:
     """Serve one request in this process (a fresh `Child`, or the resident one for its next step)."""
     import random
 
@@ -286,13 +283,10 @@ def run_request(
         numpy.random.seed(req.get("seed", 0) % 2**32)
     try:
         if child is None:
-            code = codes.get(req["sha"])
-            if code is None and req.get("code"):
-                # Compiled by the zygote after this process was forked (zygote.code_for_spare).
-                code = marshal.loads(req["code"])
-            if code is None:
-                code = compile(req["source"], "<env>", "exec")
-            child = Child(req, code)
+            if not req.get("code"):
+                raise BadRequest("no compiled code in the request")
+            # Compiled by the zygote, which keeps it marshalled (`codecache`).
+            child = Child(req, marshal.loads(req["code"]))
             sys.stdout, sys.stderr = child.stdout, child.stderr
             result = child.run()
         else:

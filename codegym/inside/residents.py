@@ -20,8 +20,6 @@ import os
 import resource
 import select
 import time
-import types
-from collections.abc import Mapping
 
 from . import frames
 from .messages import REQUEST_PARTS, Request, Result
@@ -66,7 +64,7 @@ def limit_cpu(step_cpu_ms: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
 
 
-def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType], base_vm_bytes: int) -> None:
+def child_main(req_fd: int, result_fd: int, base_vm_bytes: int) -> None:
     """A spare child: wait for one request, serve it, report; exit, or stay as a resident session.
 
     `base_vm_bytes`: the zygote's address space, which the child inherits and its memory limit
@@ -90,7 +88,7 @@ def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType],
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     memory = base_vm_bytes + limits["memory_mb"] * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    result, child = run_request(req, codes, None)
+    result, child = run_request(req, None)
     frames.write_all(result_fd, result_frame(result))
     if not (
         req.get("keep_process")
@@ -115,7 +113,7 @@ def child_main(req_fd: int, result_fd: int, codes: Mapping[str, types.CodeType],
             bad: Result = {"status": "bad_request", "message": f"bad resident request: {exc}"}
             frames.write_all(result_fd, result_frame(bad))
             break
-        out, _ = run_request(step_req, codes, child)
+        out, _ = run_request(step_req, child)
         frames.write_all(result_fd, result_frame(out))
         if out.get("status") != "ok":
             break

@@ -34,7 +34,7 @@ from .hygiene import (
     wipe_tmp,
 )
 from .immortal import immortalize
-from .messages import REQUEST_PARTS, Blob, Cold, EvictionReason, Hello, Request, Result
+from .messages import REQUEST_PARTS, Blob, Cold, EvictionReason, Hello, Request, Result, without
 from .residents import Resident, child_main
 from .settings import JailSettings
 from .watchdog import collect
@@ -131,7 +131,6 @@ class Zygote:
         req_r, req_w = os.pipe()
         res_r, res_w = os.pipe()
         uid = self.allocate_uid() if JailFacts.isolated else 0
-        self.code.spare_forked()
         pid = os.fork()
         if pid == 0:
             become(uid)
@@ -146,7 +145,7 @@ class Zygote:
             # large jail (closerange is one close_range call, whatever the span).
             os.closerange(high + 1, fd_ceiling())
             try:
-                child_main(req_r, res_w, self.code.codes, self.base_vm_bytes)
+                child_main(req_r, res_w, self.base_vm_bytes)
             finally:
                 os._exit(70)
         os.close(req_r)
@@ -216,9 +215,9 @@ class Zygote:
             req["keep_process"] = False
             if cold:
                 cold = "full"
-        problem = self.code.check(req)
-        if problem is not None:
-            return problem, None
+        code = self.code.check(req)
+        if not isinstance(code, bytes):
+            return code, None
         if self.spare is not None and self.spare_died():
             self.spare = None
         if self.spare is None:
@@ -228,8 +227,10 @@ class Zygote:
         self.spare = None
         # spare_uid stays until the next prefork: the resident made from this child keeps it.
         started = time.monotonic()
+        sent = without(req, "source")  # the child is sent the code, compiled once here
+        sent["code"] = code
         with contextlib.suppress(OSError):
-            frames.send(req_w, self.code.for_spare(req))
+            frames.send(req_w, sent)
         result = collect(pid, res_r, started, req["limits"], self.settings.max_result_bytes)
         if cold:
             result["cold"] = cold
@@ -375,7 +376,6 @@ class Zygote:
             self.since_scan = 0
         wipe_tmp()
         self.reap()
-        self.code.touch(str(req.get("sha", "")))
         if self.spare is None:
             self.prefork()
             seen = last_pid()
