@@ -139,7 +139,8 @@ cache = CodeCache(32 << 20)
 n = 0
 while cache.held_bytes < 16 << 20:
     source = "\\n".join(f"def f{i}(x):\\n    return x + {n * 1000 + i}" for i in range(300))
-    assert isinstance(cache.check({"op": "create", "sha": hashlib.sha256(source.encode()).hexdigest(), "source": source}), bytes)
+    sha = hashlib.sha256(source.encode()).hexdigest()
+    assert isinstance(cache.check({"op": "create", "sha": sha, "source": source}), bytes)
     n += 1
 read, write = os.pipe()
 pid = os.fork()
