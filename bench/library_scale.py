@@ -190,6 +190,7 @@ def steady_on(spec: StackSpec, built: Built, args: argparse.Namespace) -> Figure
             args.seed,
             read_memory=True,
             read_roles=pss_by_role,
+            staggered=args.staggered,
         )
         lines = built.lines
         if args.episode_steps:
@@ -277,6 +278,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="steady episodes play at most this many of their recorded steps (0: all; at 1,024:4 on "
         "13,200 envs, 10 gave 17 creates/s and 6 gave 36)",
+    )
+    parser.add_argument(
+        "--staggered",
+        action="store_true",
+        help="each rollout's first steady episode plays a random prefix of its recording, so episodes "
+        "end at every phase instead of in one wave an episode after the ramp (the window then sees "
+        "creates at their steady rate, not the wave's)",
     )
     parser.add_argument("--burst-configs", type=int, default=64, help="configurations of the GRPO burst")
     parser.add_argument("--burst-group", type=int, default=8, help="episodes of each configuration")

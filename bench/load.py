@@ -100,12 +100,14 @@ class Load:
         think_s: float,
         rng: random.Random,
         max_episodes: int,
+        staggered: bool = False,
     ) -> None:
         self.new_episode = new_episode
         self.lines = lines
         self.think_s = think_s
         self.rng = rng
         self.max_episodes = max_episodes
+        self.staggered = staggered
         self.tally = Tally()
 
     def thinks(self, count: int) -> list[float]:
@@ -171,11 +173,18 @@ class Load:
     async def rollout(self, who: int, offset_s: float) -> None:
         """Episode after episode (until cancelled or the episode cap), starting `offset_s` late."""
         await asyncio.sleep(offset_s)
+        first = True
         while self.tally.counts["episodes"] < self.max_episodes:
             line = self.rng.choice(self.lines)
             episode = self.new_episode()
             try:
                 steps = line["steps"]
+                if first and self.staggered and steps:
+                    # The first episode plays a prefix of its recording, of random length: the
+                    # rollouts' episodes then end at every phase from the start, as in a steady
+                    # run, instead of all together an episode's length after the ramp.
+                    steps = steps[: self.rng.randint(1, len(steps))]
+                first = False
                 ok = await self.create(episode, line) and await self.play(
                     episode, line, steps, self.thinks(len(steps)), who
                 )
@@ -268,6 +277,8 @@ class Plan:
     read_memory: bool = False
     read_roles: RoleReader | None = None  # also read idle and halfway through the window
     min_warmup_s: float = 2.0  # for T = 0: the first steps of a fresh stack are cold
+    # Each rollout's first episode cut to a random prefix (`Load.staggered`).
+    staggered: bool = False
     # Run beside the window (given the stack and the window's length), its figures added to the
     # window's: a profiler attached to the stack's processes (bench/profile_bench.py).
     during: Callable[[Stack, float], Coroutine[Any, Any, Figures]] | None = None
@@ -291,9 +302,18 @@ async def measure(stack: Stack, lines: Sequence[Line], plan: Plan) -> Figures:
     async with client:
         await client.wait_ready(60)
         if plan.transport == "openenv":
-            load = Load(lambda: WsEpisode(stack.openenv_url), lines, plan.think_s, rng, plan.max_episodes)
+            load = Load(
+                lambda: WsEpisode(stack.openenv_url),
+                lines,
+                plan.think_s,
+                rng,
+                plan.max_episodes,
+                plan.staggered,
+            )
         else:
-            load = Load(lambda: GrpcEpisode(client), lines, plan.think_s, rng, plan.max_episodes)
+            load = Load(
+                lambda: GrpcEpisode(client), lines, plan.think_s, rng, plan.max_episodes, plan.staggered
+            )
         idle_pss = (await asyncio.to_thread(memory_read, stack.pid))[0] if plan.read_memory else None
         idle_roles = (await asyncio.to_thread(plan.read_roles, stack.pid)) if plan.read_roles else None
         # The generator's own heap (the recordings it replays, thousands of lines for a large
