@@ -19,7 +19,9 @@ import subprocess
 import sys
 
 from codegym.inside.codecache import MIN_STORE_BYTES, CodeCache
-from codegym.inside.messages import Request
+from codegym.inside.messages import Limits, Request, Result
+
+LIMITS: Limits = {"wall_ms": 5000, "cpu_ms": 5000, "memory_mb": 256, "output_bytes": 65536}
 
 
 def source_of(n: int, lines: int) -> str:
@@ -28,7 +30,7 @@ def source_of(n: int, lines: int) -> str:
 
 
 def request(source: str, with_text: bool) -> Request:
-    req: Request = {"op": "create", "sha": hashlib.sha256(source.encode()).hexdigest()}
+    req: Request = {"op": "create", "limits": LIMITS, "sha": hashlib.sha256(source.encode()).hexdigest()}
     if with_text:
         req["source"] = source
     return req
@@ -68,9 +70,9 @@ def test_every_answer_is_the_code_asked_for_through_wraps_evictions_and_rewrites
         assert answer_of(answer) == n
         hits += sha in known
         known.add(sha)
-        report: dict[str, object] = {}
-        cache.report(report)  # type: ignore[arg-type]
-        known.difference_update(report.get("forgotten", []))  # type: ignore[arg-type]
+        report: Result = {}
+        cache.report(report)
+        known.difference_update(report.get("forgotten", []))
         assert known == set(cache.slots)
         assert cache.held_bytes <= max_bytes
     # Both paths were taken many times: answered from the store, and sent the text again.
@@ -88,9 +90,9 @@ def test_a_source_used_again_stays_while_the_ring_turns() -> None:
         for source in (source_of(n, 50), hot):
             answer = cache.check(request(source, with_text=True))
             assert isinstance(answer, bytes)
-        report: dict[str, object] = {}
-        cache.report(report)  # type: ignore[arg-type]
-        dropped += report.get("forgotten", [])  # type: ignore[arg-type]
+        report: Result = {}
+        cache.report(report)
+        dropped += report.get("forgotten", [])
     hot_sha = hashlib.sha256(hot.encode()).hexdigest()
     assert len(dropped) > 1000 and hot_sha not in dropped
     assert isinstance(cache.check(request(hot, with_text=False)), bytes)
@@ -109,15 +111,15 @@ def test_the_newest_source_is_kept_however_small_the_bound_and_one_too_big_is_se
     huge = source_of(3, 30_000)  # marshals to more than the whole store
     code = cache.check(request(huge, with_text=True))
     assert isinstance(code, bytes) and len(code) > MIN_STORE_BYTES and answer_of(code) == 3
-    report: dict[str, object] = {}
-    cache.report(report)  # type: ignore[arg-type]
-    assert hashlib.sha256(huge.encode()).hexdigest() in report["forgotten"]  # type: ignore[operator]
+    report: Result = {}
+    cache.report(report)
+    assert hashlib.sha256(huge.encode()).hexdigest() in report["forgotten"]
 
 
 def test_bad_sources_are_refused_and_not_kept() -> None:
     cache = CodeCache(1 << 20)
     good = source_of(1, 3)
-    lying: Request = {"op": "create", "sha": "0" * 64, "source": good}
+    lying: Request = {"op": "create", "limits": LIMITS, "sha": "0" * 64, "source": good}
     broken = "def f(:\n"
     for req, message in ((lying, "does not match"), (request(broken, with_text=True), "does not compile")):
         answer = cache.check(req)
