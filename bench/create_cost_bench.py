@@ -36,17 +36,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import pct, progress, start_process  # noqa: E402
-from bench.step_cost_bench import LIMITS, SOURCES  # noqa: E402
+from bench.stacks import add_tree_options, compared_trees  # noqa: E402
+from bench.step_cost_bench import LIMITS, SOURCES, worker_cpu_s  # noqa: E402
 from codegym import proctree  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2 as pb  # noqa: E402
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as pb_grpc  # noqa: E402
 from codegym_jobs.oracle import read_trajectories  # noqa: E402
-
-
-def jail_cpu_s(worker_pid: int) -> float:
-    links = proctree.children_by_parent()
-    jailed = proctree.descendants(links.get(worker_pid, []), links)
-    return sum(proctree.cpu_ticks(pid, reaped=True) for pid in jailed) / proctree.CLK_TCK
 
 
 def zygote_rss_mib(worker_pid: int) -> float:
@@ -69,7 +64,7 @@ async def one_round(
     round_no: int,
 ) -> dict[str, Any]:
     latencies = []
-    cpu_before = jail_cpu_s(worker_pid)
+    _, cpu_before = worker_cpu_s(worker_pid)
     for i in range(creates):
         line = lines[i % len(lines)]
         source = SOURCES[line["env_id"]]
@@ -92,7 +87,7 @@ async def one_round(
     return {
         "kind": kind,
         "p50_ms": pct(latencies, 0.5) * 1000,
-        "jail_ms": (jail_cpu_s(worker_pid) - cpu_before) * 1000 / creates,
+        "jail_ms": (worker_cpu_s(worker_pid)[1] - cpu_before) * 1000 / creates,
         "zygote_rss_mib": zygote_rss_mib(worker_pid),
     }
 
@@ -119,8 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--base", default="main", help="the commit to compare with (default main)")
-    parser.add_argument("--no-base", action="store_true", help="measure the working tree only")
+    add_tree_options(parser)
     parser.add_argument("--rounds", type=int, default=12, help="rounds of creates of new sources")
     parser.add_argument("--creates", type=int, default=200, help="creates per round")
     parser.add_argument(
@@ -128,26 +122,19 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    from bench.stacks import base_worktree, git
-
     results: dict[str, list[dict[str, Any]]] = {}
     with contextlib.ExitStack() as cleanup:
-        trees = {}
-        if not args.no_base:
-            trees[f"base {git('rev-parse', '--short', args.base)}"] = cleanup.enter_context(
-                base_worktree(args.base)
-            )
-        trees[f"new {git('rev-parse', '--short', 'HEAD')}"] = ROOT
-        for name, tree in trees.items():
+        for name, tree in compared_trees(args, cleanup).items():
             progress(f"{name}: {args.rounds} rounds of {args.creates} new sources between two known rounds")
             results[name] = asyncio.run(measure(tree, args))
+    width = max(len("stack"), *(len(name) for name in results))
     print(
-        f"{'stack':12} {'round':>5} {'kind':6} {'create p50 ms':>13} {'jail CPU ms':>11} {'zygote RSS MiB':>14}"
+        f"{'stack':{width}} {'round':>5} {'kind':6} {'create p50 ms':>13} {'jail CPU ms':>11} {'zygote RSS MiB':>14}"
     )
     for name, rows in results.items():
         for index, row in enumerate(rows):
             print(
-                f"{name:12} {index:5d} {row['kind']:6} {row['p50_ms']:13.1f} {row['jail_ms']:11.2f} "
+                f"{name:{width}} {index:5d} {row['kind']:6} {row['p50_ms']:13.1f} {row['jail_ms']:11.2f} "
                 f"{row['zygote_rss_mib']:14.0f}"
             )
     for name, rows in results.items():

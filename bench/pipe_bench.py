@@ -151,16 +151,10 @@ def main() -> None:
         print(json.dumps(figures))
         return
     sys.path.insert(0, str(ROOT))
-    from bench.stacks import base_worktree, git
+    from bench.stacks import compared_trees
 
-    trees: dict[str, Path] = {}
     with contextlib.ExitStack() as cleanup:
-        if not args.no_base:
-            trees[f"base {git('rev-parse', '--short', args.base)}"] = cleanup.enter_context(
-                base_worktree(args.base)
-            )
-        dirty = " + changes" if git("status", "--porcelain", "--untracked-files=no") else ""
-        trees[f"new {git('rev-parse', '--short', 'HEAD')}{dirty}"] = ROOT
+        trees = compared_trees(args, cleanup)
         rows = {name: run_tree(tree, args) for name, tree in trees.items()}
     keys = [
         "state_bytes",

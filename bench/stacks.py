@@ -138,6 +138,25 @@ def base_worktree(rev: str) -> Iterator[Path]:
             git("worktree", "prune")
 
 
+def add_tree_options(parser: argparse.ArgumentParser) -> None:
+    """`--base REV` and `--no-base`: which commit a bench compares the working tree with."""
+    parser.add_argument("--base", default="main", help="the commit to compare with (default main)")
+    parser.add_argument("--no-base", action="store_true", help="measure the working tree only")
+
+
+def compared_trees(args: argparse.Namespace, cleanup: contextlib.ExitStack) -> dict[str, Path]:
+    """The checkouts a bench that starts its own processes runs, base first, by the name its
+    tables print: the base commit in a worktree (unless --no-base), then the working tree."""
+    trees: dict[str, Path] = {}
+    if not args.no_base:
+        trees[f"base {git('rev-parse', '--short', args.base)}"] = cleanup.enter_context(
+            base_worktree(args.base)
+        )
+    dirty = " + changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    trees[f"new {git('rev-parse', '--short', 'HEAD')}{dirty}"] = ROOT
+    return trees
+
+
 def stack_specs(args: argparse.Namespace, cleanup: contextlib.ExitStack, workdir: Path) -> list[StackSpec]:
     """The stacks to measure, base first: ("base" unless --no-base, "new")."""
     head = git("rev-parse", "--short", "HEAD")
