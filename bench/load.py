@@ -47,8 +47,10 @@ class Tally:
     window_start: float = math.inf
     window_end: float = math.inf
     latencies: list[float] = field(default_factory=list)
-    # The window's latencies of episodes' first steps (a session new to every worker: cold), apart.
+    # The same latencies split: episodes' first steps (a session new to every worker: cold), and
+    # the rest.
     first_latencies: list[float] = field(default_factory=list)
+    later_latencies: list[float] = field(default_factory=list)
     create_latencies: list[float] = field(default_factory=list)
     counts: Counter[str] = field(default_factory=Counter)
     in_window: Counter[str] = field(default_factory=Counter)
@@ -66,8 +68,7 @@ class Tally:
         if self.window_start <= now < self.window_end:
             self.in_window["steps"] += 1
             self.latencies.append(now - started)
-            if first:
-                self.first_latencies.append(now - started)
+            (self.first_latencies if first else self.later_latencies).append(now - started)
 
     def create_answered(self, started: float) -> None:
         now = time.monotonic()
@@ -76,18 +77,6 @@ class Tally:
 
     def errors(self) -> int:
         return sum(n for key, n in self.counts.items() if key.startswith("error:"))
-
-
-def later_steps(tally: Tally) -> list[float]:
-    """The window's step latencies but the episodes' first steps."""
-    left = Counter(tally.first_latencies)
-    later = []
-    for latency in tally.latencies:
-        if left[latency]:
-            left[latency] -= 1
-        else:
-            later.append(latency)
-    return later
 
 
 class Load:
@@ -301,19 +290,12 @@ async def measure(stack: Stack, lines: Sequence[Line], plan: Plan) -> Figures:
     client = AsyncRuntimeClient(stack.address, timeout_s=CLIENT_TIMEOUT_S, step_transport=plan.client_steps)
     async with client:
         await client.wait_ready(60)
-        if plan.transport == "openenv":
-            load = Load(
-                lambda: WsEpisode(stack.openenv_url),
-                lines,
-                plan.think_s,
-                rng,
-                plan.max_episodes,
-                plan.staggered,
-            )
-        else:
-            load = Load(
-                lambda: GrpcEpisode(client), lines, plan.think_s, rng, plan.max_episodes, plan.staggered
-            )
+        new_episode: Callable[[], EpisodeTransport] = (
+            (lambda: WsEpisode(stack.openenv_url))
+            if plan.transport == "openenv"
+            else (lambda: GrpcEpisode(client))
+        )
+        load = Load(new_episode, lines, plan.think_s, rng, plan.max_episodes, plan.staggered)
         idle_pss = (await asyncio.to_thread(memory_read, stack.pid))[0] if plan.read_memory else None
         idle_roles = (await asyncio.to_thread(plan.read_roles, stack.pid)) if plan.read_roles else None
         # The generator's own heap (the recordings it replays, thousands of lines for a large
@@ -349,7 +331,7 @@ async def measure(stack: Stack, lines: Sequence[Line], plan: Plan) -> Figures:
         first_steps_in_window=len(tally.first_latencies),
         first_step_p50_ms=ms(tally.first_latencies, 0.5),
         first_step_p99_ms=ms(tally.first_latencies, 0.99),
-        later_step_p99_ms=ms(later_steps(tally), 0.99),
+        later_step_p99_ms=ms(tally.later_latencies, 0.99),
         counts=dict(tally.counts),
         counts_in_window=dict(tally.in_window),
         # The window on the monotonic clock: a load run beside this one (bench/fork_bench.py)
