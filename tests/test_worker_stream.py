@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from codegym.sandbox.v1 import sandbox_service_pb2 as sb
 from codegym.sandbox.v1 import sandbox_service_pb2_grpc as sb_grpc
 from codegym_client.channels import aio_channel
-from codegym_client.errors import REASON_TRAILER, RETRY_AFTER_TRAILER
+from codegym_client.errors import CORE_INTERNAL, REASON_TRAILER, RETRY_AFTER_TRAILER
 from services.dispatcher import SANDBOX_SERVICE, SandboxDispatcher, sourced
 from services.worker_stream import QueueFull, WorkerStream
 from tests.conftest import ROOT
@@ -505,7 +505,7 @@ class LostStatusWorker(OlderWorker):
         self, request_iterator: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[sb.ExecuteStreamResponse]:
         self.streams += 1
-        await context.abort(grpc.StatusCode.INTERNAL, "Internal error from Core")
+        await context.abort(grpc.StatusCode.INTERNAL, CORE_INTERNAL)
         yield sb.ExecuteStreamResponse()  # pragma: no cover - abort raised
 
 
